@@ -1,0 +1,30 @@
+//! vigil's health model and its policies.
+//!
+//! Everything here is sans-IO: a policy is a plain state machine that takes the current
+//! time ([`time::Time`], passed in by its driver) and an observation, and returns a
+//! decision. Nothing here reads a clock, owns a timer, does I/O or spawns a task. The
+//! load balancer, the controller and the simulator drive these very same types, which is
+//! what lets `vigil sim` say something true about production behaviour.
+//!
+//! - [`status`]: `Status` (pass / warn / fail) and its aggregation rules.
+//! - [`report`]: `CheckResult` and `HealthReport`, as the health+json draft spells them.
+//! - [`thresholds`]: rise/fall thresholds turning probe results into a health verdict.
+//! - [`outlier`]: passive outlier detection (consecutive errors, ejection with backoff).
+//! - [`pool`]: a target pool's routing set: fail-open below the panic threshold, slow start.
+//! - [`guard`]: the controller's safety guard (fraction cap, action budget, flap damping,
+//!   cause attribution).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod guard;
+pub mod outlier;
+pub mod pool;
+pub mod report;
+pub mod status;
+pub mod thresholds;
+pub mod time;
+
+pub use report::{CheckResult, HEALTH_JSON, HealthReport, ParseError};
+pub use status::{Criticality, Status};
+pub use thresholds::{Health, Thresholds, ThresholdsConfig, Transition};
+pub use time::Time;

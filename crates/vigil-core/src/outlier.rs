@@ -1,0 +1,1 @@
+//! Passive outlier detection: consecutive errors eject a target, with growing ejection times.

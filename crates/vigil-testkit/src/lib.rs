@@ -1,0 +1,304 @@
+//! Test doubles shared by vigil's crates (like tower's `tower-test`).
+//!
+//! [`Backend`] is a real HTTP/1.1 server on loopback, running on its own thread and
+//! runtime (so it keeps answering whatever the test's runtime is doing), whose health
+//! endpoints and request behaviour a test changes at any time:
+//!
+//! - `/livez` always 200; `/readyz` and `/health` answer the configured health as
+//!   health+json (status code 200 for pass/warn, 503 for fail);
+//! - every other path answers per [`Mode`]: 200 with the backend's name, a chosen
+//!   status, garbage bytes, a frozen connection (accepted, never answered, like a
+//!   SIGSTOPped process), or a delay;
+//! - [`Backend::kill`] closes the listener and every open connection, like a crash.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use vigil_core::{CheckResult, Criticality, HealthReport, Status};
+
+/// How a backend answers application requests (every path but its health endpoints).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Mode {
+    /// 200 with the backend's name as the body.
+    Ok,
+    /// This status code, with the backend's name as the body.
+    Status(u16),
+    /// Bytes that are not HTTP, then the connection closes.
+    Garbage,
+    /// Read the request, never answer (the connection stays open).
+    Freeze,
+    /// Answer 200 after this delay.
+    Delay(Duration),
+}
+
+#[derive(Debug)]
+struct State {
+    name: String,
+    mode: Mode,
+    /// Mode of the health endpoints themselves (`Ok` means: answer the health).
+    health_mode: Mode,
+    checks: BTreeMap<String, Status>,
+}
+
+/// A real HTTP backend on 127.0.0.1 with a port of its own.
+pub struct Backend {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    requests: Arc<AtomicU64>,
+    health_requests: Arc<AtomicU64>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Backend {
+    /// Starts a backend named `name` on an ephemeral loopback port, passing its health.
+    pub fn start(name: &str) -> Backend {
+        Self::start_on(name, "127.0.0.1:0".parse().expect("valid address"))
+    }
+
+    /// Starts a backend on a given address (e.g. to restart a killed one on its port).
+    pub fn start_on(name: &str, addr: SocketAddr) -> Backend {
+        let state = Arc::new(Mutex::new(State {
+            name: name.to_string(),
+            mode: Mode::Ok,
+            health_mode: Mode::Ok,
+            checks: BTreeMap::new(),
+        }));
+        let requests = Arc::new(AtomicU64::new(0));
+        let health_requests = Arc::new(AtomicU64::new(0));
+        let std_listener = std::net::TcpListener::bind(addr).expect("bind test backend");
+        std_listener.set_nonblocking(true).expect("nonblocking");
+        let addr = std_listener.local_addr().expect("local addr");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (st, rq, hq) = (state.clone(), requests.clone(), health_requests.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("backend-{name}"))
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("backend runtime");
+                rt.block_on(serve(std_listener, st, rq, hq, rx));
+                // Dropping the runtime drops every connection task: sockets close.
+                rt.shutdown_background();
+            })
+            .expect("spawn backend thread");
+        Backend {
+            addr,
+            state,
+            requests,
+            health_requests,
+            shutdown: Some(tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// The backend's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Sets how application requests are answered.
+    pub fn set_mode(&self, mode: Mode) {
+        self.state.lock().expect("state lock").mode = mode;
+    }
+
+    /// Sets how the health endpoints themselves behave (`Mode::Ok`: answer the health).
+    pub fn set_health_mode(&self, mode: Mode) {
+        self.state.lock().expect("state lock").health_mode = mode;
+    }
+
+    /// Sets the status of a named check in `/readyz` and `/health` (e.g. `"disk:free"`,
+    /// `"postgres:connect"`). The overall status is their aggregate (all critical).
+    pub fn set_check(&self, name: &str, status: Status) {
+        self.state
+            .lock()
+            .expect("state lock")
+            .checks
+            .insert(name.to_string(), status);
+    }
+
+    /// Sets every check back to pass and forgets them.
+    pub fn clear_checks(&self) {
+        self.state.lock().expect("state lock").checks.clear();
+    }
+
+    /// Application requests answered or received so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Health requests received so far.
+    pub fn health_requests(&self) -> u64 {
+        self.health_requests.load(Ordering::Relaxed)
+    }
+
+    /// Stops listening and closes every open connection, like a crash.
+    pub fn kill(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join().expect("backend thread panicked");
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    state: Arc<Mutex<State>>,
+    requests: Arc<AtomicU64>,
+    health_requests: Arc<AtomicU64>,
+    mut shutdown: tokio::sync::oneshot::Receiver<()>,
+) {
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    loop {
+        let (mut stream, _) = tokio::select! {
+            _ = &mut shutdown => return,
+            r = listener.accept() => match r { Ok(s) => s, Err(_) => continue },
+        };
+        let (st, rq, hq) = (state.clone(), requests.clone(), health_requests.clone());
+        tokio::spawn(async move {
+            // Garbage is decided per connection, before HTTP parsing: peek at the mode.
+            let garbage = st.lock().expect("state lock").mode == Mode::Garbage;
+            if garbage {
+                let mut buf = [0u8; 1024];
+                let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut buf).await;
+                let is_health = buf.windows(7).any(|w| w == b"/readyz" || w == b"/health");
+                if !is_health {
+                    rq.fetch_add(1, Ordering::Relaxed);
+                    let _ = stream.write_all(b"\x00\x01garbage, not HTTP\r\n\r\n").await;
+                    return;
+                }
+                // Health probes still get a real answer on a fresh parse of this request.
+                let (status, body) = health_answer(&st, "/health");
+                let resp = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/health+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(resp.as_bytes()).await;
+                return;
+            }
+            let svc = service_fn(move |req: Request<Incoming>| {
+                let (st, rq, hq) = (st.clone(), rq.clone(), hq.clone());
+                async move { Ok::<_, hyper::Error>(handle(req, &st, &rq, &hq).await) }
+            });
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn health_answer(state: &Mutex<State>, path: &str) -> (u16, String) {
+    let st = state.lock().expect("state lock");
+    let mut report = HealthReport::from_results(
+        st.checks
+            .iter()
+            .map(|(n, s)| (n.clone(), CheckResult::new(*s), Criticality::Critical)),
+    );
+    report.description = Some(format!("{} {}", st.name, path));
+    (report.status.http_code(), report.to_json())
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    state: &Mutex<State>,
+    requests: &AtomicU64,
+    health_requests: &AtomicU64,
+) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_string();
+    let is_health = matches!(path.as_str(), "/readyz" | "/health" | "/healthz" | "/livez");
+    let mode = {
+        let st = state.lock().expect("state lock");
+        if is_health {
+            st.health_mode.clone()
+        } else {
+            st.mode.clone()
+        }
+    };
+    if is_health {
+        health_requests.fetch_add(1, Ordering::Relaxed);
+    } else {
+        requests.fetch_add(1, Ordering::Relaxed);
+    }
+    match mode {
+        Mode::Freeze => std::future::pending::<()>().await,
+        Mode::Delay(d) => tokio::time::sleep(d).await,
+        _ => {}
+    }
+    let (code, body, ctype) = if path == "/livez" {
+        (200, "ok".to_string(), "text/plain")
+    } else if is_health && matches!(mode, Mode::Ok | Mode::Delay(_)) {
+        let (c, b) = health_answer(state, &path);
+        (c, b, vigil_core::HEALTH_JSON)
+    } else {
+        let name = state.lock().expect("state lock").name.clone();
+        match mode {
+            Mode::Status(c) => (c, name, "text/plain"),
+            _ => (200, name, "text/plain"),
+        }
+    };
+    Response::builder()
+        .status(code)
+        .header("content-type", ctype)
+        .header("cache-control", "no-store")
+        .body(Full::new(Bytes::from(body)))
+        .expect("valid response")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+
+    #[test]
+    fn health_follows_the_checks_and_kill_refuses_connections() {
+        let mut b = Backend::start("b1");
+        assert!(get(b.addr(), "/readyz").starts_with("HTTP/1.1 200"));
+        b.set_check("disk:free", Status::Fail);
+        let r = get(b.addr(), "/health");
+        assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+        assert!(r.contains("disk:free"), "{r}");
+        b.set_mode(Mode::Status(500));
+        assert!(get(b.addr(), "/x").starts_with("HTTP/1.1 500"));
+        assert_eq!(b.requests(), 1);
+        let addr = b.addr();
+        b.kill();
+        assert!(
+            std::net::TcpStream::connect(addr).is_err(),
+            "a killed backend must refuse connections"
+        );
+    }
+}

@@ -1,0 +1,1 @@
+//! HAProxy agent-check responder, fed by the health snapshot.

@@ -1,0 +1,1 @@
+//! Built-in checks: disk, file descriptors, memory, saturation, process, TCP, HTTP.

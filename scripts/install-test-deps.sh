@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what vigil's tests need on a fresh machine (Debian, as root). Idempotent:
+# skips anything already present. PostgreSQL, RabbitMQ and NATS are started by the
+# machine itself; this script starts PostgreSQL only if it is not answering.
+set -euo pipefail
+
+need=()
+command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+command -v wrk >/dev/null 2>&1 || need+=(wrk)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if command -v pg_isready >/dev/null 2>&1 && ! pg_isready -h 127.0.0.1 -p 5432 -q; then
+  echo "PostgreSQL is not answering; starting it"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start || true
+fi
