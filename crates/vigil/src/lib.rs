@@ -1,13 +1,67 @@
 //! Health checks for Rust services: `/livez`, `/readyz` and `/health` done right.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use vigil::{CheckOptions, FnCheck, Health, Observation, Status};
+//!
+//! # async fn db_ping() -> bool { true }
+//! #[tokio::main]
+//! async fn main() -> std::io::Result<()> {
+//!     let health = Health::builder()
+//!         .dependency(
+//!             "postgres:connect",
+//!             FnCheck::new(|| async {
+//!                 if db_ping().await { vigil::check::pass() } else { Observation::fail("no connection") }
+//!             }),
+//!             CheckOptions::every(Duration::from_secs(5)).timeout(Duration::from_secs(1)),
+//!         )
+//!         .start();
+//!     // Health endpoints on their own thread and port: they answer under overload.
+//!     let _reserved = health.serve_reserved("127.0.0.1:8081".parse().unwrap())?;
+//!     // The application, with a concurrency limit that sheds instead of queueing.
+//!     let app = axum::Router::new()
+//!         .route("/", axum::routing::get(|| async { "hello" }))
+//!         .layer(health.shed_layer(256));
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//!     axum::serve(listener, app)
+//!         .with_graceful_shutdown(health.clone().shutdown_on_signal())
+//!         .await
+//! }
+//! ```
+//!
+//! Modules:
+//! - [`check`]: the [`Check`] trait and [`FnCheck`].
+//! - [`health`]: the registry ([`HealthBuilder`]) and the handle ([`Health`]).
+//! - `checker` / `watchdog`: the background checker and the task that restarts it.
+//! - [`snapshot`]: the immutable [`Snapshot`] endpoints read.
+//! - [`endpoints`]: `/livez`, `/readyz`, `/healthz`, `/health`.
+//! - [`reserved`]: the endpoints on a dedicated thread and port ([`ReservedServer`]).
+//! - [`shed`]: the concurrency-limit layer for the application's port ([`ShedLayer`]).
+//! - [`checks`]: built-in checks. [`options`]: [`CheckOptions`], [`HealthConfig`].
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 #[cfg(feature = "agent-check")]
 pub mod agent;
 pub mod check;
+mod checker;
 pub mod checks;
+pub mod endpoints;
 #[cfg(feature = "grpc")]
 pub mod grpc;
+pub mod health;
+pub mod options;
+pub mod reserved;
+pub mod shed;
+pub mod shutdown;
+pub mod snapshot;
+mod watchdog;
 
 pub use check::{Check, DynCheck, FnCheck, Observation};
+pub use health::{BuildError, CheckerFault, Health, HealthBuilder, Kind};
+pub use options::{CheckOptions, HealthConfig};
+pub use reserved::ReservedServer;
+pub use shed::{ShedLayer, ShedStats};
+pub use shutdown::shutdown_signal;
+pub use snapshot::{Lifecycle, Snapshot};
 pub use vigil_core::{CheckResult, Criticality, HealthReport, Status};
