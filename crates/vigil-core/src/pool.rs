@@ -1,1 +1,1013 @@
 //! A target pool as the balancer sees it: who may get traffic, fail-open, slow start.
+//!
+//! This module holds the sans-IO routing policies of one pool of targets. A driver (the
+//! load balancer, or the simulator) feeds observations in and asks who to route to; the
+//! types here never read a clock, draw a random number, or do I/O: `now` and randomness
+//! are parameters.
+//!
+//! - [`Pool`]: per target the active-check verdict ([`Thresholds`]), the passive outlier
+//!   state ([`OutlierDetector`]), a weight and a slow-start ramp; pool-wide fail-open.
+//! - [`RoutingSet`]: an immutable snapshot of who may get traffic and with what weight,
+//!   with the two selection policies: [`RoutingSet::pick_p2c`] (power of two choices on
+//!   outstanding requests, based on tower's p2c) and [`RoutingSet::pick_round_robin`].
+//! - [`RetryBudget`]: may this request be retried (or hedged) without amplifying an
+//!   outage (based on Finagle's `RetryBudget` / linkerd's retry budget).
+//!
+//! # Driving a pool
+//!
+//! ```
+//! use vigil_core::pool::{Pool, PoolConfig, PoolEvent, TargetSpec};
+//! use vigil_core::outlier::RequestOutcome;
+//! use vigil_core::Time;
+//!
+//! let mut pool = Pool::new("api", PoolConfig::default());
+//! for t in ["a:80", "b:80", "c:80", "d:80"] {
+//!     pool.add_target(t, TargetSpec::default(), Time::ZERO);
+//! }
+//! // New targets are Unknown (no traffic) until checked: default healthy_threshold is 2.
+//! for s in 1..=2 {
+//!     for t in ["a:80", "b:80", "c:80", "d:80"] {
+//!         pool.observe_probe(&t, Time::from_secs(s), true, "HTTP 200 pass");
+//!     }
+//! }
+//! let routes = pool.routing_set(Time::from_secs(2));
+//! assert_eq!(routes.len(), 4);
+//! // Pick with P2C: the caller supplies two random numbers and the outstanding counts.
+//! let picked = routes.pick_p2c(Time::from_secs(2), [7, 42], |_t| 0, |_t| false);
+//! assert!(picked.is_some());
+//! // Report what happened to requests; 5 x 500 ejects (outlier detection).
+//! for _ in 0..5 {
+//!     pool.observe_request(&"a:80", Time::from_secs(3), RequestOutcome::Response(500), 0.0);
+//! }
+//! assert_eq!(pool.routing_set(Time::from_secs(3)).len(), 3);
+//! // Call tick() regularly: it readmits targets whose ejection ended.
+//! let events = pool.tick(Time::from_secs(40));
+//! assert!(events.iter().any(|e| matches!(e, PoolEvent::Outlier { .. })));
+//! ```
+//!
+//! # Rules
+//!
+//! **In service.** A target is *in service* when its active-check verdict is
+//! [`Health::Healthy`] and outlier detection has not ejected it. Active checks go through
+//! [`Pool::observe_probe`] (`ok` = the check passed; a health+json `warn` is `ok`),
+//! request outcomes through [`Pool::observe_request`], and [`Pool::tick`] readmits
+//! targets whose ejection time ended. A new target starts [`Health::Unknown`] and gets no
+//! traffic until `healthy_threshold` checks pass, unless
+//! [`PoolConfig::new_targets`] is [`NewTargets::Healthy`] (e.g. no active checks).
+//!
+//! **Fail-open (panic mode, Envoy's `healthy_panic_threshold`).** The healthy fraction
+//! is `in service / targets with a verdict` (unknown targets are left out: they are not
+//! evidence of anything, and adding new targets must not trigger panic). When it falls
+//! *below* [`PoolConfig::panic_threshold`] (default 0.5), the pool fails open: the
+//! routing set is *every* target at full weight, because a health check that takes out
+//! most of a fleet at once is more likely broken itself (or measuring a shared
+//! dependency) than right, and serving from all is better than serving from none or
+//! from a few overloaded survivors. It leaves fail-open as soon as the fraction is back
+//! at or above the threshold. Both transitions are [`PoolEvent::FailOpen`] events whose
+//! `Display` says why, e.g. `pool api: 1/4 healthy < 50% panic threshold: failing open`.
+//! A pool whose targets are all unknown is *warming*: nothing to route to, no fail-open.
+//!
+//! **Slow start (Envoy's slow start mode).** A target that enters service (first
+//! verdict, recovery, or readmission after an ejection) gets an effective weight that
+//! rises linearly from `slow_start_min_weight x weight` to `weight` over
+//! `slow_start_window`, so it is not flooded with a full share of traffic while its
+//! caches and connection pools are cold. Routing sets carry the ramp; the effective
+//! weight is computed at pick time from `now`, so a snapshot need not be rebuilt while
+//! the ramp advances.
+//!
+//! **Selection.** Both pickers take a `skip` predicate (targets already tried by this
+//! request, for retries) and never return a skipped target. P2C samples two distinct
+//! candidates with probability proportional to effective weight, then takes the one with
+//! fewer outstanding requests (`load`, the caller's count); ties go to the first sample.
+//! Round-robin takes the caller's counter (an atomic incremented per request) and walks
+//! the candidates in order, each getting a share proportional to its effective weight.
+//!
+//! **Events.** Every method that changes state returns the [`PoolEvent`]s it caused,
+//! with a `Display` suitable for a log line that says what changed and why.
+//! [`PoolEvent::left_service`] names the target that stopped getting traffic (the
+//! balancer uses it to retry that target's in-flight requests elsewhere at once).
+
+use crate::outlier::{Ejection, OutlierConfig, OutlierDetector, OutlierEvent, RequestOutcome};
+use crate::thresholds::{Health, Thresholds, ThresholdsConfig};
+use crate::time::Time;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::time::Duration;
+
+/// Default panic threshold: fail open below 50% healthy, Envoy's default. Below half,
+/// the survivors would carry more than twice their share; a check taking out half a
+/// fleet at once is more likely wrong than right.
+pub const DEFAULT_PANIC_THRESHOLD: f64 = 0.5;
+/// Default slow-start window: 10 s, long enough to warm a target's caches and connection
+/// pools under a growing share, short next to the 30 s base ejection time.
+pub const DEFAULT_SLOW_START_WINDOW: Duration = Duration::from_secs(10);
+/// Default weight at the start of the ramp: 10% of the target's weight (Envoy's
+/// `min_weight_percent`), so a readmitted target gets some traffic to prove itself.
+pub const DEFAULT_SLOW_START_MIN_WEIGHT: f64 = 0.1;
+/// Default target weight: 1 (all targets equal).
+pub const DEFAULT_WEIGHT: u32 = 1;
+
+/// What a new target's verdict is before any active check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NewTargets {
+    /// Unknown: no traffic until `healthy_threshold` checks pass. Defaults to this.
+    #[default]
+    Unknown,
+    /// Healthy until `unhealthy_threshold` checks fail (for pools without active checks).
+    Healthy,
+}
+
+/// One pool's routing policy settings.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Fail open when the healthy fraction falls below this (0 to 1; 0 never fails
+    /// open). Defaults to 0.5.
+    pub panic_threshold: f64,
+    /// Time over which a target entering service ramps up to its full weight (0
+    /// disables slow start). Defaults to 10s.
+    #[serde(with = "humantime_serde")]
+    pub slow_start_window: Duration,
+    /// Fraction of its weight a target gets at the start of the ramp (0 to 1).
+    /// Defaults to 0.1.
+    pub slow_start_min_weight: f64,
+    /// Verdict of a target before its first checks. Defaults to `unknown`.
+    pub new_targets: NewTargets,
+    /// Rise/fall thresholds of the active checks.
+    pub thresholds: ThresholdsConfig,
+    /// Passive outlier detection.
+    pub outlier: OutlierConfig,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            panic_threshold: DEFAULT_PANIC_THRESHOLD,
+            slow_start_window: DEFAULT_SLOW_START_WINDOW,
+            slow_start_min_weight: DEFAULT_SLOW_START_MIN_WEIGHT,
+            new_targets: NewTargets::Unknown,
+            thresholds: ThresholdsConfig::default(),
+            outlier: OutlierConfig::default(),
+        }
+    }
+}
+
+impl PoolConfig {
+    /// Checks the values; the error names the bad key (`outlier.` and `thresholds.`
+    /// prefixed for the nested ones).
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.panic_threshold) {
+            return Err(format!(
+                "panic_threshold must be a fraction between 0 and 1 (0.5 = 50%), got {}",
+                self.panic_threshold
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.slow_start_min_weight) {
+            return Err(format!(
+                "slow_start_min_weight must be between 0 and 1, got {}",
+                self.slow_start_min_weight
+            ));
+        }
+        self.thresholds
+            .validate()
+            .map_err(|e| format!("thresholds.{e}"))?;
+        self.outlier
+            .validate()
+            .map_err(|e| format!("outlier.{e}"))?;
+        Ok(())
+    }
+}
+
+/// A target's static description.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetSpec {
+    /// Relative share of traffic (0 = never any traffic, even in fail-open).
+    pub weight: u32,
+    /// Zone (informational here; reported in views).
+    pub zone: Option<String>,
+}
+
+impl Default for TargetSpec {
+    fn default() -> Self {
+        TargetSpec {
+            weight: DEFAULT_WEIGHT,
+            zone: None,
+        }
+    }
+}
+
+/// The last active check of a target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeRecord {
+    /// When it completed.
+    pub at: Time,
+    /// Whether it passed.
+    pub ok: bool,
+    /// What it saw (status code, health+json status, error).
+    pub detail: String,
+}
+
+/// Where a target stands, as one word (for admin views and metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TargetState {
+    /// Not checked enough yet: no traffic.
+    Unknown,
+    /// In service at full weight.
+    Healthy,
+    /// In service, ramping up after entering service.
+    SlowStart,
+    /// Active checks say it is down.
+    Unhealthy,
+    /// Ejected by outlier detection.
+    Ejected,
+}
+
+impl fmt::Display for TargetState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TargetState::Unknown => "unknown",
+            TargetState::Healthy => "healthy",
+            TargetState::SlowStart => "slow-start",
+            TargetState::Unhealthy => "unhealthy",
+            TargetState::Ejected => "ejected",
+        })
+    }
+}
+
+/// A change in a pool.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PoolEvent<K> {
+    /// The active checks' verdict on a target changed.
+    Health {
+        /// The pool.
+        pool: String,
+        /// The target.
+        target: K,
+        /// Verdict before.
+        from: Health,
+        /// Verdict after.
+        to: Health,
+        /// Consecutive checks that caused it.
+        streak: u32,
+        /// What the last check saw.
+        detail: String,
+    },
+    /// Outlier detection ejected, readmitted, or declined to eject a target.
+    Outlier {
+        /// The pool.
+        pool: String,
+        /// What happened.
+        event: OutlierEvent<K>,
+    },
+    /// The pool entered (`entered`) or left fail-open.
+    FailOpen {
+        /// The pool.
+        pool: String,
+        /// True when entering fail-open, false when leaving.
+        entered: bool,
+        /// Targets in service.
+        healthy: usize,
+        /// Targets with a verdict (the denominator).
+        known: usize,
+        /// The panic threshold.
+        threshold: f64,
+    },
+}
+
+impl<K: Clone> PoolEvent<K> {
+    /// The target that stopped getting traffic through this event, if any: it went
+    /// unhealthy or was ejected. (In fail-open the pool still routes to it; check
+    /// [`Pool::fail_open`].)
+    pub fn left_service(&self) -> Option<&K> {
+        match self {
+            PoolEvent::Health {
+                target,
+                from: Health::Healthy,
+                to: Health::Unhealthy,
+                ..
+            } => Some(target),
+            PoolEvent::Outlier {
+                event: OutlierEvent::Ejected { target, .. },
+                ..
+            } => Some(target),
+            _ => None,
+        }
+    }
+}
+
+impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolEvent::Health {
+                pool,
+                target,
+                from,
+                to,
+                streak,
+                detail,
+            } => {
+                let what = if *to == Health::Healthy {
+                    "passed"
+                } else {
+                    "failed"
+                };
+                write!(
+                    f,
+                    "pool {pool}: target {target} {to} (was {from}) after {streak} {what} checks; last: {detail}"
+                )
+            }
+            PoolEvent::Outlier { pool, event } => write!(f, "pool {pool}: {event}"),
+            PoolEvent::FailOpen {
+                pool,
+                entered: true,
+                healthy,
+                known,
+                threshold,
+            } => write!(
+                f,
+                "pool {pool}: {healthy}/{known} healthy < {}% panic threshold: failing open (routing to all targets)",
+                percent(*threshold)
+            ),
+            PoolEvent::FailOpen {
+                pool,
+                entered: false,
+                healthy,
+                known,
+                threshold,
+            } => write!(
+                f,
+                "pool {pool}: {healthy}/{known} healthy >= {}% panic threshold: fail-open ended",
+                percent(*threshold)
+            ),
+        }
+    }
+}
+
+fn percent(fraction: f64) -> String {
+    let p = fraction * 100.0;
+    if (p - p.round()).abs() < 1e-9 {
+        format!("{}", p.round() as i64)
+    } else {
+        format!("{p:.1}")
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Member<K> {
+    key: K,
+    spec: TargetSpec,
+    thresholds: Thresholds,
+    last_probe: Option<ProbeRecord>,
+    /// When it last entered service (starts the slow-start ramp).
+    entered_service: Option<Time>,
+}
+
+/// A read-only view of one target, for admin endpoints and metrics.
+#[derive(Clone, Debug)]
+pub struct TargetView<'a, K> {
+    /// The target.
+    pub key: &'a K,
+    /// Its weight and zone.
+    pub spec: &'a TargetSpec,
+    /// The one-word state.
+    pub state: TargetState,
+    /// The active checks' verdict.
+    pub health: Health,
+    /// When that verdict began.
+    pub health_since: Time,
+    /// The last active check.
+    pub last_probe: Option<&'a ProbeRecord>,
+    /// The current ejection, if any.
+    pub ejection: Option<Ejection>,
+    /// How many times outlier detection ejected it.
+    pub ejections: u32,
+    /// Its effective weight now (slow start applied; 0 when out of service).
+    pub effective_weight: f64,
+}
+
+/// One pool: its targets' health and ejections, and fail-open. See the module docs.
+#[derive(Clone, Debug)]
+pub struct Pool<K> {
+    name: String,
+    config: PoolConfig,
+    members: Vec<Member<K>>,
+    outlier: OutlierDetector<K>,
+    /// Since when the pool is in fail-open.
+    fail_open: Option<Time>,
+}
+
+impl<K: Ord + Clone> Pool<K> {
+    /// An empty pool.
+    pub fn new(name: impl Into<String>, config: PoolConfig) -> Self {
+        Pool {
+            name: name.into(),
+            outlier: OutlierDetector::new(config.outlier),
+            config,
+            members: Vec::new(),
+            fail_open: None,
+        }
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// Replaces the configuration (a reload) keeping every target's verdict, streaks
+    /// and ejections. Returns the fail-open change it caused, if any.
+    pub fn reconfigure(&mut self, config: PoolConfig, now: Time) -> Vec<PoolEvent<K>> {
+        self.config = config;
+        self.outlier.reconfigure(config.outlier);
+        for m in &mut self.members {
+            m.thresholds.reconfigure(config.thresholds);
+        }
+        self.update_fail_open(now).into_iter().collect()
+    }
+
+    /// Adds a target, or updates the spec of a known one (keeping its state).
+    pub fn add_target(&mut self, key: K, spec: TargetSpec, now: Time) -> Vec<PoolEvent<K>> {
+        if let Some(m) = self.members.iter_mut().find(|m| m.key == key) {
+            m.spec = spec;
+            return Vec::new();
+        }
+        let thresholds = match self.config.new_targets {
+            NewTargets::Unknown => Thresholds::new_unknown(self.config.thresholds, now),
+            NewTargets::Healthy => Thresholds::new_healthy(self.config.thresholds, now),
+        };
+        self.outlier.add_target(key.clone());
+        self.members.push(Member {
+            key,
+            spec,
+            thresholds,
+            last_probe: None,
+            entered_service: None,
+        });
+        self.update_fail_open(now).into_iter().collect()
+    }
+
+    /// Removes a target and its history.
+    pub fn remove_target(&mut self, key: &K, now: Time) -> Vec<PoolEvent<K>> {
+        self.members.retain(|m| &m.key != key);
+        self.outlier.remove_target(key);
+        self.update_fail_open(now).into_iter().collect()
+    }
+
+    /// Makes the target set exactly `targets`: known targets keep their state (and get
+    /// the new spec), new ones start per [`PoolConfig::new_targets`], missing ones go.
+    pub fn set_targets(
+        &mut self,
+        targets: impl IntoIterator<Item = (K, TargetSpec)>,
+        now: Time,
+    ) -> Vec<PoolEvent<K>> {
+        let targets: Vec<(K, TargetSpec)> = targets.into_iter().collect();
+        let gone: Vec<K> = self
+            .members
+            .iter()
+            .filter(|m| !targets.iter().any(|(k, _)| *k == m.key))
+            .map(|m| m.key.clone())
+            .collect();
+        for k in &gone {
+            self.members.retain(|m| &m.key != k);
+            self.outlier.remove_target(k);
+        }
+        let mut events = Vec::new();
+        for (k, spec) in targets {
+            events.extend(self.add_target(k, spec, now));
+        }
+        events.extend(self.update_fail_open(now));
+        events
+    }
+
+    /// Records an active check's result on `key`; `detail` says what it saw (logged
+    /// with the transition it may cause). Unknown keys are ignored.
+    pub fn observe_probe(
+        &mut self,
+        key: &K,
+        now: Time,
+        ok: bool,
+        detail: impl Into<String>,
+    ) -> Vec<PoolEvent<K>> {
+        let Some(i) = self.index(key) else {
+            return Vec::new();
+        };
+        let detail = detail.into();
+        let was_in = self.in_service(i);
+        let m = &mut self.members[i];
+        m.last_probe = Some(ProbeRecord {
+            at: now,
+            ok,
+            detail: detail.clone(),
+        });
+        let mut events = Vec::new();
+        if let Some(t) = m.thresholds.observe(now, ok) {
+            events.push(PoolEvent::Health {
+                pool: self.name.clone(),
+                target: key.clone(),
+                from: t.from,
+                to: t.to,
+                streak: t.streak,
+                detail,
+            });
+        }
+        if !was_in && self.in_service(i) {
+            self.members[i].entered_service = Some(now);
+        }
+        events.extend(self.update_fail_open(now));
+        events
+    }
+
+    /// Records the outcome of a request forwarded to `key` (passive outlier detection).
+    /// `jitter` in `[0, 1)` is the caller's random fraction, used only if this ejects.
+    pub fn observe_request(
+        &mut self,
+        key: &K,
+        now: Time,
+        outcome: RequestOutcome,
+        jitter: f64,
+    ) -> Vec<PoolEvent<K>> {
+        let Some(ev) = self.outlier.observe(key, now, outcome, jitter) else {
+            return Vec::new();
+        };
+        let mut events = vec![PoolEvent::Outlier {
+            pool: self.name.clone(),
+            event: ev,
+        }];
+        events.extend(self.update_fail_open(now));
+        events
+    }
+
+    /// Advances time: readmits targets whose ejection ended. Call it regularly (the
+    /// balancer does every 100 ms) or at [`Pool::next_deadline`].
+    pub fn tick(&mut self, now: Time) -> Vec<PoolEvent<K>> {
+        let readmitted = self.outlier.tick(now);
+        let mut events = Vec::new();
+        for ev in readmitted {
+            if let Some(i) = self.index(ev.target())
+                && self.in_service(i)
+            {
+                self.members[i].entered_service = Some(now);
+            }
+            events.push(PoolEvent::Outlier {
+                pool: self.name.clone(),
+                event: ev,
+            });
+        }
+        events.extend(self.update_fail_open(now));
+        events
+    }
+
+    /// When [`Pool::tick`] next has something to do (the earliest end of an ejection).
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.outlier.next_readmission()
+    }
+
+    /// Since when the pool is in fail-open, if it is.
+    pub fn fail_open(&self) -> Option<Time> {
+        self.fail_open
+    }
+
+    /// Targets in service and targets with a verdict (the healthy fraction's terms).
+    pub fn healthy_counts(&self) -> (usize, usize) {
+        let known = self
+            .members
+            .iter()
+            .filter(|m| m.thresholds.health() != Health::Unknown)
+            .count();
+        let healthy = (0..self.members.len())
+            .filter(|&i| self.in_service(i))
+            .count();
+        (healthy, known)
+    }
+
+    /// Number of targets.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// True when the pool has no targets.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// True when `key` is in service (healthy and not ejected).
+    pub fn is_in_service(&self, key: &K) -> bool {
+        self.index(key).is_some_and(|i| self.in_service(i))
+    }
+
+    /// Who may get traffic now: in fail-open every target at full weight, otherwise the
+    /// targets in service with their slow-start ramps.
+    pub fn routing_set(&self, now: Time) -> RoutingSet<K> {
+        let fail_open = self.fail_open.is_some();
+        let routes = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| fail_open || self.in_service(*i))
+            .map(|(_, m)| Route {
+                key: m.key.clone(),
+                weight: m.spec.weight,
+                ramp: if fail_open { None } else { self.ramp(m, now) },
+            })
+            .collect();
+        RoutingSet { routes, fail_open }
+    }
+
+    /// Every target, for admin views and metrics.
+    pub fn targets(&self, now: Time) -> impl Iterator<Item = TargetView<'_, K>> {
+        self.members.iter().enumerate().map(move |(i, m)| {
+            let ejection = self.outlier.ejection(&m.key);
+            let in_service = self.in_service(i);
+            let ramp = self.ramp(m, now);
+            let state = match (m.thresholds.health(), ejection) {
+                (_, Some(_)) => TargetState::Ejected,
+                (Health::Unknown, None) => TargetState::Unknown,
+                (Health::Unhealthy, None) => TargetState::Unhealthy,
+                (Health::Healthy, None) if ramp.is_some() => TargetState::SlowStart,
+                (Health::Healthy, None) => TargetState::Healthy,
+            };
+            let route = Route {
+                key: (),
+                weight: m.spec.weight,
+                ramp,
+            };
+            TargetView {
+                key: &m.key,
+                spec: &m.spec,
+                state,
+                health: m.thresholds.health(),
+                health_since: m.thresholds.since(),
+                last_probe: m.last_probe.as_ref(),
+                ejection,
+                ejections: self.outlier.ejections(&m.key),
+                effective_weight: if in_service {
+                    route.effective_weight(now)
+                } else {
+                    0.0
+                },
+            }
+        })
+    }
+
+    fn index(&self, key: &K) -> Option<usize> {
+        self.members.iter().position(|m| &m.key == key)
+    }
+
+    fn in_service(&self, i: usize) -> bool {
+        let m = &self.members[i];
+        m.thresholds.health() == Health::Healthy && !self.outlier.is_ejected(&m.key)
+    }
+
+    fn ramp(&self, m: &Member<K>, now: Time) -> Option<Ramp> {
+        let window = self.config.slow_start_window;
+        let start = m.entered_service?;
+        (!window.is_zero() && now.since(start) < window).then_some(Ramp {
+            start,
+            window,
+            min_weight: self.config.slow_start_min_weight,
+        })
+    }
+
+    fn update_fail_open(&mut self, now: Time) -> Option<PoolEvent<K>> {
+        let (healthy, known) = self.healthy_counts();
+        let panic = known > 0 && (healthy as f64) < self.config.panic_threshold * known as f64;
+        let event = |entered| PoolEvent::FailOpen {
+            pool: self.name.clone(),
+            entered,
+            healthy,
+            known,
+            threshold: self.config.panic_threshold,
+        };
+        match (panic, self.fail_open.is_some()) {
+            (true, false) => {
+                self.fail_open = Some(now);
+                Some(event(true))
+            }
+            (false, true) => {
+                self.fail_open = None;
+                Some(event(false))
+            }
+            _ => None,
+        }
+    }
+}
+
+// === impl RoutingSet ===
+
+/// A slow-start ramp: the effective weight rises linearly over `window` from `start`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ramp {
+    /// When the target entered service.
+    pub start: Time,
+    /// How long the ramp lasts.
+    pub window: Duration,
+    /// Fraction of the weight at `start`.
+    pub min_weight: f64,
+}
+
+/// One routable target in a [`RoutingSet`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route<K> {
+    /// The target.
+    pub key: K,
+    /// Its configured weight.
+    pub weight: u32,
+    /// Its slow-start ramp, while it lasts.
+    pub ramp: Option<Ramp>,
+}
+
+impl<K> Route<K> {
+    /// Weight at `now`: `weight x max(min_weight, elapsed / window)` during the ramp.
+    pub fn effective_weight(&self, now: Time) -> f64 {
+        let w = f64::from(self.weight);
+        match self.ramp {
+            Some(r) if !r.window.is_zero() => {
+                let f = now.since(r.start).as_secs_f64() / r.window.as_secs_f64();
+                w * f.clamp(r.min_weight, 1.0)
+            }
+            _ => w,
+        }
+    }
+}
+
+/// Who may get traffic, as of one moment: an immutable snapshot (share it behind an
+/// `ArcSwap`); selection takes `now` for slow-start ramps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoutingSet<K> {
+    /// The routable targets, in pool order.
+    pub routes: Vec<Route<K>>,
+    /// Whether the pool was in fail-open (routes = every target).
+    pub fail_open: bool,
+}
+
+impl<K> Default for RoutingSet<K> {
+    fn default() -> Self {
+        RoutingSet {
+            routes: Vec::new(),
+            fail_open: false,
+        }
+    }
+}
+
+/// Maps a random `u64` to `[0, 1)`.
+fn unit(r: u64) -> f64 {
+    (r >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl<K> RoutingSet<K> {
+    /// Number of routable targets.
+    pub fn len(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// True when nothing is routable.
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+
+    /// Power of two choices (based on tower's p2c, weighted): samples two distinct
+    /// candidates (not `skip`ped, effective weight > 0) with probability proportional
+    /// to their effective weight, using the caller's two random numbers, and returns the
+    /// one whose `load` (outstanding requests) is lower. `None` when no candidate is left.
+    pub fn pick_p2c(
+        &self,
+        now: Time,
+        random: [u64; 2],
+        load: impl Fn(&K) -> u64,
+        skip: impl Fn(&K) -> bool,
+    ) -> Option<&K> {
+        let weights: Vec<f64> = self
+            .routes
+            .iter()
+            .map(|r| {
+                if skip(&r.key) {
+                    0.0
+                } else {
+                    r.effective_weight(now)
+                }
+            })
+            .collect();
+        let total: f64 = weights.iter().sum();
+        let a = sample(&weights, total, unit(random[0]))?;
+        let rest = total - weights[a];
+        let b = if rest > 0.0 {
+            let mut w = weights.clone();
+            w[a] = 0.0;
+            sample(&w, rest, unit(random[1]))
+        } else {
+            None
+        };
+        let a_key = &self.routes[a].key;
+        match b {
+            Some(b) if load(&self.routes[b].key) < load(a_key) => Some(&self.routes[b].key),
+            _ => Some(a_key),
+        }
+    }
+
+    /// Round-robin: the `counter`-th pick (the caller increments it per request) over the
+    /// candidates not `skip`ped, each getting a share proportional to its effective
+    /// weight (equal weights: plain rotation). `None` when no candidate is left.
+    pub fn pick_round_robin(
+        &self,
+        now: Time,
+        counter: u64,
+        skip: impl Fn(&K) -> bool,
+    ) -> Option<&K> {
+        // Integer slots per target: weight x 1000 keeps slow-start ramps fine-grained.
+        let slots: Vec<u64> = self
+            .routes
+            .iter()
+            .map(|r| {
+                if skip(&r.key) {
+                    0
+                } else {
+                    (r.effective_weight(now) * 1000.0).round() as u64
+                }
+            })
+            .collect();
+        let total: u64 = slots.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let equal = slots.iter().filter(|s| **s > 0).all(|s| {
+            *s == *slots
+                .iter()
+                .find(|s| **s > 0)
+                .expect("total > 0 so one is positive")
+        });
+        if equal {
+            let live: Vec<usize> = (0..slots.len()).filter(|i| slots[*i] > 0).collect();
+            return Some(&self.routes[live[(counter % live.len() as u64) as usize]].key);
+        }
+        let mut pos = counter % total;
+        for (i, s) in slots.iter().enumerate() {
+            if pos < *s {
+                return Some(&self.routes[i].key);
+            }
+            pos -= s;
+        }
+        unreachable!("pos < total = sum of slots")
+    }
+}
+
+fn sample(weights: &[f64], total: f64, u: f64) -> Option<usize> {
+    if total <= 0.0 {
+        return None;
+    }
+    let mut x = u * total;
+    let mut last = None;
+    for (i, w) in weights.iter().enumerate() {
+        if *w <= 0.0 {
+            continue;
+        }
+        last = Some(i);
+        if x < *w {
+            return Some(i);
+        }
+        x -= w;
+    }
+    // Rounding can leave x just past the last weight: that is the last candidate.
+    last
+}
+
+// === impl RetryBudget ===
+
+/// Default retry ratio: retries may add 20% to the load (linkerd's default), so retries
+/// never more than 1.2x an outage's load on the survivors.
+pub const DEFAULT_RETRY_RATIO: f64 = 0.2;
+/// Default floor: 10 retries per second whatever the traffic (Finagle's and linkerd's
+/// `min_retries_per_second`), so a quiet pool can still retry its rare failures.
+pub const DEFAULT_MIN_RETRIES_PER_SECOND: u32 = 10;
+/// Default window over which requests and retries are counted: 10 s (Finagle's `ttl`).
+pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(10);
+
+/// Retry budget settings.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryBudgetConfig {
+    /// Retries allowed per original request over the window (0 to 1, or more to allow
+    /// more than one retry per request). Defaults to 0.2.
+    pub ratio: f64,
+    /// Retries allowed per second regardless of traffic. Defaults to 10.
+    pub min_retries_per_second: u32,
+    /// Window over which requests and retries are counted. Defaults to 10s.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+}
+
+impl Default for RetryBudgetConfig {
+    fn default() -> Self {
+        RetryBudgetConfig {
+            ratio: DEFAULT_RETRY_RATIO,
+            min_retries_per_second: DEFAULT_MIN_RETRIES_PER_SECOND,
+            window: DEFAULT_RETRY_WINDOW,
+        }
+    }
+}
+
+impl RetryBudgetConfig {
+    /// Checks the values; the error names the bad key.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.ratio.is_finite() || self.ratio < 0.0 {
+            return Err(format!("ratio must be 0 or more, got {}", self.ratio));
+        }
+        if self.window < Duration::from_millis(100) {
+            return Err("window must be at least 100ms".into());
+        }
+        Ok(())
+    }
+}
+
+const BUCKETS: usize = 10;
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Bucket {
+    epoch: u64,
+    requests: u64,
+    retries: u64,
+}
+
+/// A retry budget (based on Finagle's `RetryBudget` and linkerd's): over the last
+/// `window`, retries (and hedged requests) may number at most
+/// `min_retries_per_second x window + ratio x requests`. Deposit once per original
+/// request ([`RetryBudget::deposit`]), withdraw once per retry
+/// ([`RetryBudget::try_withdraw`], which says whether it may go). Counts are kept in 10
+/// buckets of `window / 10`, so old traffic ages out smoothly.
+#[derive(Clone, Debug)]
+pub struct RetryBudget {
+    config: RetryBudgetConfig,
+    bucket_len: Duration,
+    buckets: [Bucket; BUCKETS],
+}
+
+impl RetryBudget {
+    /// An empty budget (only the floor is available).
+    pub fn new(config: RetryBudgetConfig) -> Self {
+        RetryBudget {
+            bucket_len: (config.window / BUCKETS as u32).max(Duration::from_millis(1)),
+            config,
+            buckets: [Bucket::default(); BUCKETS],
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RetryBudgetConfig {
+        &self.config
+    }
+
+    fn epoch(&self, now: Time) -> u64 {
+        (now.as_elapsed().as_nanos() / self.bucket_len.as_nanos()) as u64
+    }
+
+    fn bucket(&mut self, now: Time) -> &mut Bucket {
+        let e = self.epoch(now);
+        let b = &mut self.buckets[(e % BUCKETS as u64) as usize];
+        if b.epoch != e {
+            *b = Bucket {
+                epoch: e,
+                ..Default::default()
+            };
+        }
+        b
+    }
+
+    fn totals(&self, now: Time) -> (u64, u64) {
+        let e = self.epoch(now);
+        self.buckets
+            .iter()
+            .filter(|b| b.epoch + (BUCKETS as u64) > e && b.epoch <= e)
+            .fold((0, 0), |(q, r), b| (q + b.requests, r + b.retries))
+    }
+
+    /// Records an original request (not a retry).
+    pub fn deposit(&mut self, now: Time) {
+        self.bucket(now).requests += 1;
+    }
+
+    /// Retries still allowed now.
+    pub fn available(&self, now: Time) -> u64 {
+        let (requests, retries) = self.totals(now);
+        let allowed = f64::from(self.config.min_retries_per_second)
+            * self.config.window.as_secs_f64()
+            + self.config.ratio * requests as f64;
+        (allowed.floor() as u64).saturating_sub(retries)
+    }
+
+    /// Takes one retry from the budget if one is available; false means: do not retry.
+    pub fn try_withdraw(&mut self, now: Time) -> bool {
+        if self.available(now) == 0 {
+            return false;
+        }
+        self.bucket(now).retries += 1;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,493 @@
+//! Tests of the pool policies: fail-open, slow start, selection, retry budget.
+
+use super::*;
+use proptest::prelude::*;
+
+const T: [&str; 4] = ["a", "b", "c", "d"];
+
+fn secs(s: u64) -> Time {
+    Time::from_secs(s)
+}
+
+fn no_jitter() -> PoolConfig {
+    PoolConfig {
+        outlier: OutlierConfig {
+            max_ejection_jitter: 0.0,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// A pool of a, b, c, d, all healthy at t=2 (two passing checks each).
+fn healthy_pool(config: PoolConfig) -> Pool<&'static str> {
+    let mut p = Pool::new("api", config);
+    for t in T {
+        p.add_target(t, TargetSpec::default(), Time::ZERO);
+    }
+    for s in 1..=2 {
+        for t in T {
+            p.observe_probe(&t, secs(s), true, "HTTP 200");
+        }
+    }
+    p
+}
+
+fn fail(p: &mut Pool<&'static str>, t: &'static str, from: u64) -> Vec<PoolEvent<&'static str>> {
+    (0..3)
+        .flat_map(|i| p.observe_probe(&t, secs(from + i), false, "HTTP 503 fail"))
+        .collect()
+}
+
+#[test]
+fn new_targets_get_no_traffic_until_checked() {
+    let mut p = Pool::new("api", PoolConfig::default());
+    p.add_target("a", TargetSpec::default(), Time::ZERO);
+    assert!(
+        p.routing_set(Time::ZERO).is_empty(),
+        "unknown targets get no traffic"
+    );
+    assert_eq!(p.fail_open(), None, "a warming pool is not in fail-open");
+    p.observe_probe(&"a", secs(1), true, "HTTP 200");
+    assert!(p.routing_set(secs(1)).is_empty(), "one pass is not enough");
+    let ev = p.observe_probe(&"a", secs(2), true, "HTTP 200");
+    assert!(
+        matches!(
+            ev.as_slice(),
+            [PoolEvent::Health {
+                to: Health::Healthy,
+                ..
+            }]
+        ),
+        "{ev:?}"
+    );
+    assert_eq!(p.routing_set(secs(2)).len(), 1);
+}
+
+#[test]
+fn new_targets_healthy_get_traffic_at_once() {
+    let mut p = Pool::new(
+        "api",
+        PoolConfig {
+            new_targets: NewTargets::Healthy,
+            ..Default::default()
+        },
+    );
+    p.add_target("a", TargetSpec::default(), Time::ZERO);
+    assert_eq!(p.routing_set(Time::ZERO).len(), 1);
+}
+
+#[test]
+fn unhealthy_targets_leave_the_routing_set_and_say_why() {
+    let mut p = healthy_pool(PoolConfig::default());
+    let ev = fail(&mut p, "a", 3);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].left_service(), Some(&"a"));
+    assert_eq!(
+        ev[0].to_string(),
+        "pool api: target a unhealthy (was healthy) after 3 failed checks; last: HTTP 503 fail"
+    );
+    let routes = p.routing_set(secs(10));
+    assert_eq!(routes.len(), 3);
+    assert!(routes.routes.iter().all(|r| r.key != "a"));
+}
+
+#[test]
+fn fails_open_below_the_panic_threshold_and_recovers() {
+    let mut p = healthy_pool(PoolConfig::default());
+    fail(&mut p, "a", 3);
+    let ev = fail(&mut p, "b", 3);
+    assert!(
+        !ev.iter().any(|e| matches!(e, PoolEvent::FailOpen { .. })),
+        "2/4 = 50% is not below 50%"
+    );
+    let ev = fail(&mut p, "c", 3);
+    let fo: Vec<_> = ev
+        .iter()
+        .filter(|e| matches!(e, PoolEvent::FailOpen { .. }))
+        .collect();
+    assert_eq!(fo.len(), 1, "{ev:?}");
+    assert_eq!(
+        fo[0].to_string(),
+        "pool api: 1/4 healthy < 50% panic threshold: failing open (routing to all targets)"
+    );
+    assert_eq!(p.fail_open(), Some(secs(5)));
+    let routes = p.routing_set(secs(6));
+    assert!(routes.fail_open);
+    assert_eq!(routes.len(), 4, "fail-open routes to every target");
+
+    // c recovers: 2/4 is no longer below 50%.
+    p.observe_probe(&"c", secs(7), true, "HTTP 200");
+    let ev = p.observe_probe(&"c", secs(8), true, "HTTP 200");
+    let end = ev
+        .iter()
+        .find(|e| matches!(e, PoolEvent::FailOpen { entered: false, .. }))
+        .expect("fail-open must end when enough recover");
+    assert_eq!(
+        end.to_string(),
+        "pool api: 2/4 healthy >= 50% panic threshold: fail-open ended"
+    );
+    let routes = p.routing_set(secs(8));
+    assert!(!routes.fail_open);
+    assert_eq!(routes.len(), 2);
+}
+
+#[test]
+fn panic_threshold_zero_never_fails_open() {
+    let mut p = healthy_pool(PoolConfig {
+        panic_threshold: 0.0,
+        ..Default::default()
+    });
+    for t in T {
+        fail(&mut p, t, 3);
+    }
+    assert_eq!(p.fail_open(), None);
+    assert!(p.routing_set(secs(9)).is_empty());
+}
+
+#[test]
+fn outlier_ejection_then_slow_start_ramp() {
+    let mut p = healthy_pool(no_jitter());
+    let mut ev = Vec::new();
+    for _ in 0..5 {
+        ev.extend(p.observe_request(&"a", secs(3), RequestOutcome::Response(500), 0.0));
+    }
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].left_service(), Some(&"a"));
+    assert!(
+        ev[0].to_string().starts_with(
+            "pool api: target a ejected for 30s after 5 consecutive errors (last: HTTP 500)"
+        ),
+        "{}",
+        ev[0]
+    );
+    assert_eq!(p.routing_set(secs(4)).len(), 3);
+    assert_eq!(p.next_deadline(), Some(secs(33)));
+    let back = p.tick(secs(33));
+    assert_eq!(back.len(), 1);
+    assert_eq!(
+        back[0].to_string(),
+        "pool api: target a readmitted after 30s ejected"
+    );
+
+    // Slow start: 10% at readmission, 50% halfway through the 10 s window, full after.
+    let routes = p.routing_set(secs(33));
+    let a = routes.routes.iter().find(|r| r.key == "a").unwrap();
+    assert!((a.effective_weight(secs(33)) - 0.1).abs() < 1e-9);
+    assert!((a.effective_weight(secs(38)) - 0.5).abs() < 1e-9);
+    assert!((a.effective_weight(secs(43)) - 1.0).abs() < 1e-9);
+    let view = p.targets(secs(35)).find(|v| *v.key == "a").unwrap();
+    assert_eq!(view.state, TargetState::SlowStart);
+    assert_eq!(view.ejections, 1);
+    let view = p.targets(secs(50)).find(|v| *v.key == "a").unwrap();
+    assert_eq!(view.state, TargetState::Healthy);
+}
+
+#[test]
+fn outlier_detection_is_bounded_by_max_ejection_percent() {
+    let mut p = healthy_pool(no_jitter());
+    let mut ev = Vec::new();
+    for t in ["a", "b"] {
+        for _ in 0..5 {
+            ev.extend(p.observe_request(&t, secs(3), RequestOutcome::Response(500), 0.0));
+        }
+    }
+    assert_eq!(
+        p.routing_set(secs(3)).len(),
+        3,
+        "only one of four may be ejected"
+    );
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            PoolEvent::Outlier {
+                event: OutlierEvent::EjectionSkipped { target: "b", .. },
+                ..
+            }
+        )),
+        "{ev:?}"
+    );
+}
+
+#[test]
+fn reload_keeps_state_of_known_targets() {
+    let mut p = healthy_pool(PoolConfig::default());
+    fail(&mut p, "a", 3);
+    p.set_targets(
+        ["a", "b", "e"].map(|t| (t, TargetSpec::default())),
+        secs(20),
+    );
+    let states: Vec<_> = p.targets(secs(20)).map(|v| (*v.key, v.state)).collect();
+    assert_eq!(
+        states,
+        vec![
+            ("a", TargetState::Unhealthy),
+            ("b", TargetState::Healthy),
+            ("e", TargetState::Unknown)
+        ]
+    );
+    p.reconfigure(
+        PoolConfig {
+            panic_threshold: 0.9,
+            ..Default::default()
+        },
+        secs(21),
+    );
+    assert!(
+        p.fail_open().is_some(),
+        "1/2 healthy < 90% after the reload"
+    );
+}
+
+#[test]
+fn p2c_prefers_the_less_loaded_of_two() {
+    let mut p = Pool::new(
+        "api",
+        PoolConfig {
+            new_targets: NewTargets::Healthy,
+            ..Default::default()
+        },
+    );
+    p.add_target("a", TargetSpec::default(), Time::ZERO);
+    p.add_target("b", TargetSpec::default(), Time::ZERO);
+    let routes = p.routing_set(Time::ZERO);
+    let load = |k: &&str| if *k == "a" { 10 } else { 0 };
+    for r in [[0, 0], [u64::MAX, 0], [1 << 63, 12345]] {
+        assert_eq!(
+            routes.pick_p2c(Time::ZERO, r, load, |_| false),
+            Some(&"b"),
+            "with two targets both are always compared"
+        );
+    }
+    assert_eq!(
+        routes.pick_p2c(Time::ZERO, [0, 0], load, |k| *k == "b"),
+        Some(&"a"),
+        "skipped targets are never picked"
+    );
+    assert_eq!(routes.pick_p2c(Time::ZERO, [0, 0], load, |_| true), None);
+}
+
+#[test]
+fn round_robin_rotates_and_respects_weights() {
+    let mut p = Pool::new(
+        "api",
+        PoolConfig {
+            new_targets: NewTargets::Healthy,
+            ..Default::default()
+        },
+    );
+    for t in ["a", "b", "c"] {
+        p.add_target(t, TargetSpec::default(), Time::ZERO);
+    }
+    let routes = p.routing_set(Time::ZERO);
+    let picks: Vec<_> = (0..6)
+        .map(|i| *routes.pick_round_robin(Time::ZERO, i, |_| false).unwrap())
+        .collect();
+    assert_eq!(picks, ["a", "b", "c", "a", "b", "c"]);
+    let picks: Vec<_> = (0..4)
+        .map(|i| {
+            *routes
+                .pick_round_robin(Time::ZERO, i, |k| *k == "b")
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(picks, ["a", "c", "a", "c"]);
+
+    p.add_target(
+        "c",
+        TargetSpec {
+            weight: 2,
+            zone: None,
+        },
+        Time::ZERO,
+    );
+    let routes = p.routing_set(Time::ZERO);
+    let mut counts = std::collections::BTreeMap::new();
+    for i in 0..4000 {
+        *counts
+            .entry(*routes.pick_round_robin(Time::ZERO, i, |_| false).unwrap())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(counts["c"], 2000, "weight 2 of 4 gets half: {counts:?}");
+}
+
+#[test]
+fn retry_budget_allows_the_ratio_plus_the_floor() {
+    let mut b = RetryBudget::new(RetryBudgetConfig {
+        ratio: 0.2,
+        min_retries_per_second: 1,
+        window: Duration::from_secs(10),
+    });
+    // Floor alone: 1/s x 10 s = 10 retries.
+    let now = secs(100);
+    assert_eq!(b.available(now), 10);
+    for _ in 0..100 {
+        b.deposit(now);
+    }
+    assert_eq!(b.available(now), 30, "10 floor + 20% of 100");
+    let allowed = (0..100).filter(|_| b.try_withdraw(now)).count();
+    assert_eq!(allowed, 30);
+    assert!(!b.try_withdraw(now));
+    // Everything ages out after the window.
+    assert_eq!(b.available(secs(111)), 10);
+}
+
+#[test]
+fn bad_pool_config_names_the_key() {
+    let c = PoolConfig {
+        panic_threshold: 50.0,
+        ..Default::default()
+    };
+    assert!(c.validate().unwrap_err().starts_with("panic_threshold"));
+    let mut c = PoolConfig::default();
+    c.outlier.max_ejection_percent = 200;
+    assert!(
+        c.validate()
+            .unwrap_err()
+            .starts_with("outlier.max_ejection_percent")
+    );
+    let mut c = PoolConfig::default();
+    c.thresholds.healthy_threshold = 0;
+    assert!(
+        c.validate()
+            .unwrap_err()
+            .starts_with("thresholds.healthy_threshold")
+    );
+}
+
+#[test]
+fn pool_config_parses_from_toml_with_every_default() {
+    // serde defaults: an empty table is the default config.
+    let c: PoolConfig = serde_json::from_str("{}").unwrap();
+    assert_eq!(c, PoolConfig::default());
+    let c: PoolConfig = serde_json::from_str(
+        r#"{"slow_start_window": "5s", "outlier": {"base_ejection_time": "1m"}}"#,
+    )
+    .unwrap();
+    assert_eq!(c.slow_start_window, Duration::from_secs(5));
+    assert_eq!(c.outlier.base_ejection_time, Duration::from_secs(60));
+    assert!(serde_json::from_str::<PoolConfig>(r#"{"panic": 1}"#).is_err());
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Probe(usize, bool),
+    Request(usize, u16),
+    Tick,
+    Add(usize),
+    Remove(usize),
+}
+
+fn any_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0usize..8, any::<bool>()).prop_map(|(t, ok)| Op::Probe(t, ok)),
+        4 => (0usize..8, prop_oneof![Just(200u16), Just(500), Just(502)]).prop_map(|(t, c)| Op::Request(t, c)),
+        2 => Just(Op::Tick),
+        1 => (0usize..8).prop_map(Op::Add),
+        1 => (0usize..8).prop_map(Op::Remove),
+    ]
+}
+
+proptest! {
+    /// After any sequence of observations: the pool is in fail-open exactly when the
+    /// healthy fraction is below the threshold; then it routes to every target, and
+    /// otherwise exactly to the targets in service; effective weights stay within
+    /// (0, weight]; at most max_ejection_percent of the pool is ejected.
+    #[test]
+    fn routing_set_follows_the_rules(
+        threshold in 0.0f64..=1.0,
+        ops in proptest::collection::vec((any_op(), 0u64..3000), 1..300),
+        r in any::<[u64; 2]>(),
+    ) {
+        let mut config = no_jitter();
+        config.panic_threshold = threshold;
+        config.outlier.base_ejection_time = Duration::from_secs(2);
+        config.slow_start_window = Duration::from_secs(3);
+        let mut p: Pool<usize> = Pool::new("p", config);
+        for t in 0..4 {
+            p.add_target(t, TargetSpec::default(), Time::ZERO);
+        }
+        let mut now = Time::ZERO;
+        for (op, dt) in ops {
+            now = now + Duration::from_millis(dt);
+            match op {
+                Op::Probe(t, ok) => { p.observe_probe(&t, now, ok, "x"); }
+                Op::Request(t, c) => { p.observe_request(&t, now, RequestOutcome::Response(c), 0.5); }
+                Op::Tick => { p.tick(now); }
+                Op::Add(t) => { p.add_target(t, TargetSpec::default(), now); }
+                Op::Remove(t) => { p.remove_target(&t, now); }
+            }
+            let (healthy, known) = p.healthy_counts();
+            let panic = known > 0 && (healthy as f64) < threshold * known as f64;
+            prop_assert_eq!(p.fail_open().is_some(), panic, "healthy {}/{}", healthy, known);
+            let routes = p.routing_set(now);
+            prop_assert_eq!(routes.fail_open, panic);
+            if panic {
+                prop_assert_eq!(routes.len(), p.len(), "fail-open routes to all");
+            } else {
+                prop_assert_eq!(routes.len(), healthy);
+                for route in &routes.routes {
+                    prop_assert!(p.is_in_service(&route.key));
+                }
+            }
+            for route in &routes.routes {
+                let w = route.effective_weight(now);
+                prop_assert!(w > 0.0 && w <= f64::from(route.weight), "weight {w}");
+            }
+            let ejected = p.targets(now).filter(|v| v.ejection.is_some()).count();
+            prop_assert!(ejected <= config.outlier.max_ejected(p.len()).max(ejected.min(1)));
+            if let Some(k) = routes.pick_p2c(now, r, |_| 0, |_| false) {
+                prop_assert!(routes.routes.iter().any(|x| x.key == *k));
+            } else {
+                prop_assert!(routes.is_empty());
+            }
+        }
+    }
+
+    /// Effective weight never decreases during a ramp, and reaches the full weight at
+    /// the end of the window.
+    #[test]
+    fn slow_start_ramp_is_monotonic(
+        weight in 1u32..100, min in 0.0f64..=1.0, window_ms in 1u64..100_000,
+        times in proptest::collection::vec(0u64..200_000, 1..50),
+    ) {
+        let route = Route { key: (), weight, ramp: Some(Ramp { start: Time::ZERO, window: Duration::from_millis(window_ms), min_weight: min }) };
+        let mut times = times;
+        times.sort();
+        let mut last = 0.0;
+        for t in times {
+            let w = route.effective_weight(Time::from_millis(t));
+            prop_assert!(w >= last);
+            prop_assert!(w <= f64::from(weight));
+            last = w;
+        }
+        prop_assert_eq!(route.effective_weight(Time::from_millis(window_ms)), f64::from(weight));
+    }
+
+    /// The budget never lets retries in any window exceed floor + ratio x requests.
+    #[test]
+    fn retry_budget_never_exceeds_its_allowance(
+        ratio in 0.0f64..1.0, floor in 0u32..5,
+        steps in proptest::collection::vec((0u64..500, any::<bool>()), 1..500),
+    ) {
+        let config = RetryBudgetConfig { ratio, min_retries_per_second: floor, window: Duration::from_secs(1) };
+        let mut b = RetryBudget::new(config);
+        let mut now = Time::ZERO;
+        let mut log: Vec<(Time, bool)> = Vec::new(); // (when, is_retry)
+        for (dt, retry) in steps {
+            now = now + Duration::from_millis(dt);
+            if retry {
+                if b.try_withdraw(now) { log.push((now, true)); }
+            } else {
+                b.deposit(now);
+                log.push((now, false));
+            }
+            // Every retry in the last 0.9 s lies in the bucket window of the latest
+            // retry, whose requests all lie in the last 2 s: so retries in the last 0.9 s
+            // are at most floor x 1 s + ratio x requests of the last 2 s.
+            let retries = log.iter().filter(|(t, rt)| *rt && *t > now - Duration::from_millis(900)).count();
+            let requests = log.iter().filter(|(t, rt)| !rt && *t > now - Duration::from_secs(2)).count();
+            prop_assert!(retries as f64 <= f64::from(floor) + ratio * requests as f64 + 1e-9, "{retries} retries for {requests} requests");
+        }
+    }
+}
