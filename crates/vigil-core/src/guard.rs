@@ -1,1 +1,1461 @@
 //! The controller's safety guard: may it act on this target now, and why (not).
+//!
+//! [`SafetyGuard`] is the policy the fleet controller (`vigil controller`) and the
+//! simulator (`vigil sim`) both drive. It is a pure state machine: every method that
+//! depends on time takes `now: Time` from its driver; nothing here reads a clock, does
+//! I/O or spawns anything. Its whole state ([`GuardState`]) is serde-serialisable so a
+//! driver can persist it and restore it after a restart: budget tokens, flap penalties,
+//! freeze state, holds, failure streaks, all of it.
+//!
+//! # What it decides
+//!
+//! The driver feeds one [`Observation`] per probe of a target (the target's id and zone,
+//! whether the endpoint itself failed, the names of the checks that failed in its
+//! health+json report). [`SafetyGuard::observe`] returns a [`Decision`] when the target
+//! is a *candidate* for replacement, or `None` when there is nothing to decide (it
+//! passed, it is in its grace period, or it has not failed long enough yet).
+//!
+//! A target is a candidate when it failed at least `thresholds.unhealthy_threshold` (N)
+//! consecutive probes spanning at least `min_failing` (T), or when it fails while
+//! flapping. A candidate is acted on ([`Outcome::Act`]: report it for replacement) only
+//! when **all** of these hold; otherwise the decision is [`Outcome::HoldBack`] and its
+//! [`Decision::reasons`] say every reason why:
+//!
+//! 1. **Fraction cap.** The unhealthy fraction of the fleet, and of the target's zone,
+//!    is at most `max_unhealthy_fraction` (default 30%). Above it the fleet (or zone) is
+//!    *frozen* and nobody in it is acted on ([`Reason::FleetFrozen`], "fleet-wide
+//!    failure: 7/10 unhealthy, likely a shared dependency or the checker itself"); the
+//!    freeze lifts by itself when the fraction drops back. A single unhealthy target
+//!    never freezes anything (`freeze_min_unhealthy`, default 2), or a fleet of three
+//!    could never replace a host. "Unhealthy" here is deliberately eager: a target
+//!    counts from its *first* failed probe (or while its verdict is still unhealthy), so
+//!    when many targets fail together the freeze is in place before any of them reaches
+//!    N failures.
+//! 2. **Budget.** A token is left in the action budget ([`budget`]): `budget.actions`
+//!    per `budget.per` (default 2 per 10 minutes). Each token comes back `per` after it
+//!    was spent, so **no window of length `per` holds more than `actions` actions**.
+//! 3. **Local cause.** At least one of the target's failures is its own ([`cause`]): the
+//!    endpoint failed, a local check failed (disk, fd, memory, ...), or a dependency check
+//!    failed that fewer than `cause.shared_min_targets` targets fail. A dependency check
+//!    failing on many targets is attributed to that shared dependency
+//!    ([`Reason::SharedDependency`]) and nobody is replaced for it.
+//! 4. **Not flapping.** Flap damping after BGP route-flap dampening, RFC 2439
+//!    ([`damping`]): each pass-to-fail change adds a penalty that decays with a
+//!    half-life; at the suppress threshold the target is flapping ([`Reason::Flapping`])
+//!    until the penalty decays below the reuse threshold.
+//! 5. **No operator hold.** The target is not silenced nor in maintenance ([`Hold`]),
+//!    and the operator has not frozen the guard ([`SafetyGuard::freeze`]).
+//! 6. **Not already reported.** A target acted on is reported once; it becomes eligible
+//!    again only after it has recovered (its verdict went back to healthy).
+//!
+//! Only when 1 and 3-6 hold is a budget token spent, so a held-back decision never
+//! costs budget.
+//!
+//! # Targets
+//!
+//! Targets are keyed by id (any string). [`SafetyGuard::add_target`] registers one (its
+//! grace period starts then); [`SafetyGuard::observe`] registers unknown ones on the fly.
+//! During the grace period (`grace`, default 60 s, like an Auto Scaling group's health
+//! check grace period) observations are ignored and the target counts nowhere.
+//! [`SafetyGuard::remove_target`] forgets a target completely. Targets in maintenance are
+//! left out of every count (they may be down on purpose); silenced ones still count
+//! towards the fraction cap but are never acted on.
+//!
+//! # Time, persistence and restarts
+//!
+//! `Time` is whatever monotonic time base the driver chooses, but a driver that persists
+//! [`GuardState`] across restarts must use one that survives the restart (the controller
+//! uses wall-clock time since the UNIX epoch, never allowed to go backwards); the
+//! simulator uses its virtual clock. Budget tokens, penalties and freezes are stored
+//! as timestamps, so a restart neither refills the budget nor forgets a flap.
+//! [`SafetyGuard::restore`] from a serialised state gives exactly the decisions the
+//! original would have given.
+//!
+//! # Events
+//!
+//! Guard-level changes (a freeze starting or ending, a target starting or stopping to
+//! flap) are queued as [`GuardEvent`]s; drivers take them with
+//! [`SafetyGuard::drain_events`] and log them. [`Decision::repeated`] is true when a
+//! decision for the target repeats the previous one (same outcome, same kinds of reason),
+//! so a driver can record changes only, not every probe.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use vigil_core::Time;
+//! use vigil_core::guard::{GuardConfig, Observation, Outcome, SafetyGuard};
+//!
+//! let config = GuardConfig {
+//!     grace: Duration::ZERO,
+//!     min_failing: Duration::from_secs(20),
+//!     ..GuardConfig::default()
+//! };
+//! config.validate().unwrap();
+//! let mut guard = SafetyGuard::new(config);
+//! for i in 0..10 {
+//!     guard.add_target(Time::ZERO, &format!("web-{i}"), "zone-a");
+//! }
+//! let mut acted = Vec::new();
+//! for s in (0..=60).step_by(10) {
+//!     let now = Time::from_secs(s);
+//!     for i in 0..10 {
+//!         let obs = if i == 3 {
+//!             Observation::failed_checks(format!("web-{i}"), "zone-a", ["disk:free"])
+//!         } else {
+//!             Observation::pass(format!("web-{i}"), "zone-a")
+//!         };
+//!         if let Some(d) = guard.observe(now, &obs) {
+//!             if d.outcome == Outcome::Act {
+//!                 acted.push(d.to_string());
+//!             }
+//!         }
+//!     }
+//! }
+//! assert_eq!(acted.len(), 1, "reported once: {acted:?}");
+//! assert!(acted[0].contains("local check disk:free failed"));
+//! // Persist and restore.
+//! let saved = serde_json::to_string(guard.state()).unwrap();
+//! let restored = SafetyGuard::restore(guard.config().clone(), serde_json::from_str(&saved).unwrap());
+//! assert_eq!(restored.budget_left(Time::from_secs(60)), 1);
+//! ```
+
+pub mod budget;
+pub mod cause;
+pub mod damping;
+#[cfg(test)]
+mod tests;
+
+use crate::report::HealthReport;
+use crate::status::Status;
+use crate::thresholds::{Health, Thresholds, ThresholdsConfig};
+use crate::time::Time;
+use budget::{Budget, BudgetConfig};
+use cause::{Cause, CauseConfig, SharedIndex};
+use damping::{DampingConfig, FlapDamper};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// Default minimum failing duration T: 30 s. Together with N consecutive failures this
+/// keeps a restart, a deploy or a GC pause (seconds) from looking like a dead host.
+pub const DEFAULT_MIN_FAILING: Duration = Duration::from_secs(30);
+/// Default grace period for a new target: 60 s, long enough for a typical service to
+/// boot and warm up before its health means anything.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
+/// Default fraction cap: 30% unhealthy. Above that, the failure is far likelier shared
+/// (a dependency, the network, the checker itself) than a set of independent bad hosts,
+/// and replacing 30% of a fleet at once risks the fleet.
+pub const DEFAULT_MAX_UNHEALTHY_FRACTION: f64 = 0.3;
+/// Default minimum number of unhealthy targets for a freeze: 2. One unhealthy target is
+/// by definition not a fleet-wide signal, and without this floor a fleet (or zone) of
+/// three or fewer could never replace anything.
+pub const DEFAULT_FREEZE_MIN_UNHEALTHY: u32 = 2;
+
+// === Config ===
+
+/// The guard's configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GuardConfig {
+    /// N: consecutive failed probes before a target is a candidate
+    /// (`unhealthy_threshold`), and consecutive passes that count as recovered
+    /// (`healthy_threshold`). Defaults to 3 and 2.
+    pub thresholds: ThresholdsConfig,
+    /// T: the failure streak must span at least this long, e.g. `"30s"`. Defaults to 30 s.
+    #[serde(with = "humantime_serde")]
+    pub min_failing: Duration,
+    /// Grace period of a new target: observations before its end are ignored.
+    /// Defaults to 60 s.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+    /// Unhealthy fraction of the fleet or of a zone above which it is frozen, in 0..1.
+    /// Defaults to 0.3.
+    pub max_unhealthy_fraction: f64,
+    /// Unhealthy targets needed for any freeze. Defaults to 2.
+    pub freeze_min_unhealthy: u32,
+    /// The action budget. Defaults to 2 per 10 minutes.
+    pub budget: BudgetConfig,
+    /// Flap damping. Defaults to 1000 / 2000 / 750, 15 min half-life.
+    pub damping: DampingConfig,
+    /// Cause attribution.
+    pub cause: CauseConfig,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        GuardConfig {
+            thresholds: ThresholdsConfig::default(),
+            min_failing: DEFAULT_MIN_FAILING,
+            grace: DEFAULT_GRACE,
+            max_unhealthy_fraction: DEFAULT_MAX_UNHEALTHY_FRACTION,
+            freeze_min_unhealthy: DEFAULT_FREEZE_MIN_UNHEALTHY,
+            budget: BudgetConfig::default(),
+            damping: DampingConfig::default(),
+            cause: CauseConfig::default(),
+        }
+    }
+}
+
+impl GuardConfig {
+    /// Checks the values; the error names the bad key (relative to the guard's table).
+    pub fn validate(&self) -> Result<(), String> {
+        self.thresholds
+            .validate()
+            .map_err(|e| format!("thresholds.{e}"))?;
+        if !(0.0..=1.0).contains(&self.max_unhealthy_fraction) {
+            return Err(format!(
+                "max_unhealthy_fraction must be within 0..1, got {}",
+                self.max_unhealthy_fraction
+            ));
+        }
+        if self.freeze_min_unhealthy == 0 {
+            return Err("freeze_min_unhealthy must be at least 1".into());
+        }
+        self.budget.validate()?;
+        self.damping.validate()?;
+        self.cause.validate()?;
+        Ok(())
+    }
+}
+
+// === Observations ===
+
+/// One probe of one target, as the guard sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    /// The target's id.
+    pub target: String,
+    /// The target's zone (any label; `""` when the fleet has no zones).
+    pub zone: String,
+    /// The endpoint itself failed: refused, timed out, answered garbage, or reported
+    /// `fail` without naming a failing check.
+    pub endpoint_failed: bool,
+    /// Names of the checks that failed in its health+json report.
+    pub failing_checks: Vec<String>,
+}
+
+impl Observation {
+    /// A passing probe (pass or warn: degraded is healthy for replacement purposes).
+    pub fn pass(target: impl Into<String>, zone: impl Into<String>) -> Self {
+        Observation {
+            target: target.into(),
+            zone: zone.into(),
+            endpoint_failed: false,
+            failing_checks: Vec::new(),
+        }
+    }
+
+    /// A probe whose endpoint failed as a whole.
+    pub fn endpoint_failure(target: impl Into<String>, zone: impl Into<String>) -> Self {
+        Observation {
+            endpoint_failed: true,
+            ..Self::pass(target, zone)
+        }
+    }
+
+    /// A probe whose report failed these checks.
+    pub fn failed_checks<I, S>(
+        target: impl Into<String>,
+        zone: impl Into<String>,
+        checks: I,
+    ) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Observation {
+            failing_checks: checks.into_iter().map(Into::into).collect(),
+            ..Self::pass(target, zone)
+        }
+    }
+
+    /// The observation for a parsed health+json report: pass and warn pass; fail lists
+    /// the failing checks, or is an endpoint failure when it names none.
+    pub fn from_report(
+        target: impl Into<String>,
+        zone: impl Into<String>,
+        report: &HealthReport,
+    ) -> Self {
+        if report.status != Status::Fail {
+            return Self::pass(target, zone);
+        }
+        let checks: Vec<String> = report.failing_checks().map(String::from).collect();
+        if checks.is_empty() {
+            Self::endpoint_failure(target, zone)
+        } else {
+            Self::failed_checks(target, zone, checks)
+        }
+    }
+
+    /// Whether the probe passed.
+    pub fn is_ok(&self) -> bool {
+        !self.endpoint_failed && self.failing_checks.is_empty()
+    }
+}
+
+// === Decisions ===
+
+/// What the guard decided about a candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Report the target for replacement (the driver runs its actuator).
+    Act,
+    /// Do not act now; the reasons say why.
+    HoldBack,
+}
+
+impl Outcome {
+    /// `act` or `hold_back`, as in metrics labels and the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Act => "act",
+            Outcome::HoldBack => "hold_back",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Outcome::Act => "act on",
+            Outcome::HoldBack => "hold back",
+        })
+    }
+}
+
+/// One reason in a decision. The first reason of a decision about a failing target is
+/// [`Reason::Failing`] (why it is a candidate); the others are why it is held back, or
+/// [`Reason::BudgetSpent`] when it is acted on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reason {
+    /// The target fails: its streak and what fails.
+    Failing {
+        /// Consecutive failed probes.
+        failures: u32,
+        /// Time since the first of them.
+        #[serde(with = "humantime_serde")]
+        failing_for: Duration,
+        /// What fails, attributed.
+        causes: Vec<Cause>,
+    },
+    /// The fleet is frozen: too many targets unhealthy.
+    FleetFrozen {
+        /// Unhealthy targets.
+        unhealthy: u32,
+        /// Targets counted.
+        total: u32,
+        /// The cap, 0..1.
+        cap: f64,
+    },
+    /// The target's zone is frozen: too many of its targets unhealthy.
+    ZoneFrozen {
+        /// The zone.
+        zone: String,
+        /// Unhealthy targets in it.
+        unhealthy: u32,
+        /// Targets counted in it.
+        total: u32,
+        /// The cap, 0..1.
+        cap: f64,
+    },
+    /// An operator froze the guard.
+    ManualFreeze {
+        /// The operator's reason.
+        reason: String,
+    },
+    /// The target is in maintenance.
+    Maintenance {
+        /// The operator's reason.
+        reason: String,
+    },
+    /// The target is silenced.
+    Silenced {
+        /// The operator's reason.
+        reason: String,
+    },
+    /// Every failure of the target is attributed to shared dependencies.
+    SharedDependency {
+        /// The shared dependency checks.
+        checks: Vec<String>,
+    },
+    /// The target flaps: damped, not replaced.
+    Flapping {
+        /// Its current penalty.
+        penalty: u32,
+        /// The suppress threshold.
+        suppress: u32,
+        /// The reuse threshold, below which it is released.
+        reuse: u32,
+    },
+    /// The target was already reported for replacement and has not recovered since.
+    AlreadyReported {
+        /// Time since it was reported.
+        #[serde(with = "humantime_serde")]
+        ago: Duration,
+    },
+    /// No budget token left.
+    BudgetExhausted {
+        /// Actions per window.
+        actions: u32,
+        /// The window.
+        #[serde(with = "humantime_serde")]
+        per: Duration,
+        /// Time until a token comes back (none if the budget is 0).
+        #[serde(with = "humantime_serde")]
+        next_token_in: Option<Duration>,
+    },
+    /// A budget token was spent on this action.
+    BudgetSpent {
+        /// Tokens left after it.
+        left: u32,
+        /// Actions per window.
+        actions: u32,
+        /// The window.
+        #[serde(with = "humantime_serde")]
+        per: Duration,
+    },
+}
+
+impl Reason {
+    /// A short stable name of the reason's kind (`failing`, `fleet_frozen`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Reason::Failing { .. } => "failing",
+            Reason::FleetFrozen { .. } => "fleet_frozen",
+            Reason::ZoneFrozen { .. } => "zone_frozen",
+            Reason::ManualFreeze { .. } => "manual_freeze",
+            Reason::Maintenance { .. } => "maintenance",
+            Reason::Silenced { .. } => "silenced",
+            Reason::SharedDependency { .. } => "shared_dependency",
+            Reason::Flapping { .. } => "flapping",
+            Reason::AlreadyReported { .. } => "already_reported",
+            Reason::BudgetExhausted { .. } => "budget_exhausted",
+            Reason::BudgetSpent { .. } => "budget_spent",
+        }
+    }
+}
+
+fn pct(f: f64) -> String {
+    format!("{:.0}%", f * 100.0)
+}
+
+fn human(d: Duration) -> humantime::FormattedDuration {
+    // Whole seconds read better in reasons than nanoseconds.
+    humantime::format_duration(Duration::from_secs(d.as_secs()))
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Failing {
+                failures,
+                failing_for,
+                causes,
+            } => {
+                write!(
+                    f,
+                    "{failures} consecutive failed probes over {}",
+                    human(*failing_for)
+                )?;
+                if !causes.is_empty() {
+                    let c: Vec<String> = causes.iter().map(ToString::to_string).collect();
+                    write!(f, " ({})", c.join(", "))?;
+                }
+                Ok(())
+            }
+            Reason::FleetFrozen {
+                unhealthy,
+                total,
+                cap,
+            } => write!(
+                f,
+                "fleet-wide failure: {unhealthy}/{total} unhealthy (cap {}), likely a shared dependency or the checker itself",
+                pct(*cap)
+            ),
+            Reason::ZoneFrozen {
+                zone,
+                unhealthy,
+                total,
+                cap,
+            } => write!(
+                f,
+                "zone-wide failure in zone {zone}: {unhealthy}/{total} unhealthy (cap {}), likely a zone outage or a network partition",
+                pct(*cap)
+            ),
+            Reason::ManualFreeze { reason } => write!(f, "frozen by an operator: {reason}"),
+            Reason::Maintenance { reason } => write!(f, "in maintenance: {reason}"),
+            Reason::Silenced { reason } => write!(f, "silenced: {reason}"),
+            Reason::SharedDependency { checks } => write!(
+                f,
+                "failure attributed to shared dependency {}: nobody is replaced for it",
+                checks.join(", ")
+            ),
+            Reason::Flapping {
+                penalty,
+                suppress,
+                reuse,
+            } => write!(
+                f,
+                "flapping: penalty {penalty} reached {suppress} (released below {reuse}); damped, not replaced"
+            ),
+            Reason::AlreadyReported { ago } => {
+                write!(f, "already reported for replacement {} ago", human(*ago))
+            }
+            Reason::BudgetExhausted {
+                actions,
+                per,
+                next_token_in,
+            } => {
+                write!(f, "action budget exhausted ({actions} per {})", human(*per))?;
+                match next_token_in {
+                    Some(d) => write!(f, ", next token in {}", human(*d)),
+                    None => Ok(()),
+                }
+            }
+            Reason::BudgetSpent { left, actions, per } => {
+                write!(
+                    f,
+                    "action budget: {left} of {actions} per {} left",
+                    human(*per)
+                )
+            }
+        }
+    }
+}
+
+/// A decision about one candidate, with every reason for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// The target.
+    pub target: String,
+    /// Its zone.
+    pub zone: String,
+    /// When it was decided.
+    pub at: Time,
+    /// Act or hold back.
+    pub outcome: Outcome,
+    /// Why: [`Reason::Failing`] first, then the reasons for holding back (or the budget
+    /// spent on acting).
+    pub reasons: Vec<Reason>,
+    /// True when the previous decision about this target had the same outcome and the
+    /// same kinds of reason: drivers may skip recording it.
+    pub repeated: bool,
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.outcome, self.target)?;
+        if !self.zone.is_empty() {
+            write!(f, " (zone {})", self.zone)?;
+        }
+        let r: Vec<String> = self.reasons.iter().map(ToString::to_string).collect();
+        write!(f, ": {}", r.join("; "))
+    }
+}
+
+// === Holds, freezes and events ===
+
+/// What an operator's hold on a target means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldKind {
+    /// Never act on it; it still counts towards the fraction cap.
+    Silenced,
+    /// Never act on it and leave it out of every count (it may be down on purpose).
+    Maintenance,
+}
+
+/// An operator's hold on a target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    /// Silenced or maintenance.
+    pub kind: HoldKind,
+    /// Why (shown in decisions).
+    pub reason: String,
+    /// When it lifts by itself; `None` until cleared.
+    #[serde(with = "time_serde::opt")]
+    pub until: Option<Time>,
+}
+
+/// What a freeze covers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "scope", content = "zone", rename_all = "snake_case")]
+pub enum FreezeScope {
+    /// The whole fleet.
+    Fleet,
+    /// One zone.
+    Zone(String),
+}
+
+impl fmt::Display for FreezeScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FreezeScope::Fleet => f.write_str("fleet"),
+            FreezeScope::Zone(z) => write!(f, "zone {z}"),
+        }
+    }
+}
+
+/// An automatic freeze in force.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Freeze {
+    /// What it covers.
+    pub scope: FreezeScope,
+    /// Since when.
+    #[serde(with = "time_serde")]
+    pub since: Time,
+    /// Unhealthy targets in the scope, as of the last observation.
+    pub unhealthy: u32,
+    /// Targets counted in the scope.
+    pub total: u32,
+}
+
+/// An operator's freeze.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManualFreeze {
+    /// The operator's reason.
+    pub reason: String,
+    /// Since when.
+    #[serde(with = "time_serde")]
+    pub since: Time,
+}
+
+/// A guard-level change, for drivers to log.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GuardEvent {
+    /// A freeze started; the reason says why.
+    Frozen {
+        /// What is frozen.
+        scope: FreezeScope,
+        /// [`Reason::FleetFrozen`] or [`Reason::ZoneFrozen`].
+        reason: Reason,
+    },
+    /// A freeze ended (the fraction dropped back).
+    Unfrozen {
+        /// What was frozen.
+        scope: FreezeScope,
+        /// Unhealthy targets now.
+        unhealthy: u32,
+        /// Targets counted now.
+        total: u32,
+    },
+    /// An operator froze the guard.
+    ManualFreeze {
+        /// Why.
+        reason: String,
+    },
+    /// An operator lifted the manual freeze.
+    ManualUnfreeze,
+    /// A target started flapping (suppressed).
+    Flapping {
+        /// The target.
+        target: String,
+        /// Its penalty.
+        penalty: u32,
+    },
+    /// A flapping target was released (its penalty decayed below reuse).
+    Stable {
+        /// The target.
+        target: String,
+    },
+}
+
+impl fmt::Display for GuardEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GuardEvent::Frozen { scope, reason } => write!(f, "{scope} frozen: {reason}"),
+            GuardEvent::Unfrozen {
+                scope,
+                unhealthy,
+                total,
+            } => write!(f, "{scope} unfrozen: {unhealthy}/{total} unhealthy"),
+            GuardEvent::ManualFreeze { reason } => write!(f, "frozen by an operator: {reason}"),
+            GuardEvent::ManualUnfreeze => f.write_str("operator freeze lifted"),
+            GuardEvent::Flapping { target, penalty } => {
+                write!(f, "{target} is flapping (penalty {penalty}): damped")
+            }
+            GuardEvent::Stable { target } => write!(f, "{target} stopped flapping"),
+        }
+    }
+}
+
+/// A target id the guard does not know.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown target {0:?}")]
+pub struct UnknownTarget(pub String);
+
+// === State ===
+
+/// Everything the guard knows about one target (serialised as part of [`GuardState`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct TargetState {
+    zone: String,
+    #[serde(with = "time_serde")]
+    first_seen: Time,
+    in_grace: bool,
+    #[serde(with = "thresholds_serde")]
+    thresholds: Thresholds,
+    last_ok: Option<bool>,
+    /// Consecutive failed probes (the thresholds' own streak is only replayed up to the
+    /// threshold on restore, so the full count lives here).
+    failures: u32,
+    endpoint_failed: bool,
+    failing_checks: Vec<String>,
+    damper: FlapDamper,
+    hold: Option<Hold>,
+    #[serde(with = "time_serde::opt")]
+    reported: Option<Time>,
+    last_signature: Option<String>,
+}
+
+impl TargetState {
+    fn counted(&self) -> bool {
+        !self.in_grace
+            && !matches!(
+                self.hold,
+                Some(Hold {
+                    kind: HoldKind::Maintenance,
+                    ..
+                })
+            )
+    }
+
+    fn unhealthy(&self) -> bool {
+        self.last_ok == Some(false) || self.thresholds.health() == Health::Unhealthy
+    }
+}
+
+/// The guard's whole state, serialisable (serde) so a driver can persist and restore it.
+/// Its format is the serde derive of private fields: treat it as opaque, and store it
+/// whole.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct GuardState {
+    targets: BTreeMap<String, TargetState>,
+    budget: Budget,
+    manual_freeze: Option<ManualFreeze>,
+    frozen: Vec<Freeze>,
+}
+
+/// Counts derived from the state, kept up to date incrementally (every observation
+/// removes the target's old contribution and adds its new one), rebuilt on restore.
+#[derive(Clone, Debug, Default)]
+struct Index {
+    total: u32,
+    unhealthy: u32,
+    zones: BTreeMap<String, (u32, u32)>,
+    shared: SharedIndex,
+    /// Earliest `until` of any hold (a lower bound: may be stale-early, never late), so
+    /// observations sweep expired holds of every target in O(1) when none is due.
+    next_hold_expiry: Option<Time>,
+}
+
+impl Index {
+    fn apply(&mut self, cause: &CauseConfig, t: &TargetState, add: bool) {
+        if add && let Some(until) = t.hold.as_ref().and_then(|h| h.until) {
+            self.next_hold_expiry = Some(self.next_hold_expiry.map_or(until, |n| n.min(until)));
+        }
+        if !t.counted() {
+            return;
+        }
+        let sick = u32::from(t.unhealthy());
+        let zone = self.zones.entry(t.zone.clone()).or_default();
+        if add {
+            self.total += 1;
+            self.unhealthy += sick;
+            zone.0 += 1;
+            zone.1 += sick;
+        } else {
+            self.total -= 1;
+            self.unhealthy -= sick;
+            zone.0 -= 1;
+            zone.1 -= sick;
+            if zone.0 == 0 {
+                self.zones.remove(&t.zone);
+            }
+        }
+        if t.last_ok == Some(false) {
+            for c in t.failing_checks.iter().filter(|c| !cause.is_local(c)) {
+                if add {
+                    self.shared.add(c);
+                } else {
+                    self.shared.remove(c);
+                }
+            }
+        }
+    }
+}
+
+// === The guard ===
+
+/// The safety guard. See the module docs.
+#[derive(Clone, Debug)]
+pub struct SafetyGuard {
+    config: GuardConfig,
+    state: GuardState,
+    index: Index,
+    events: Vec<GuardEvent>,
+}
+
+/// A read-only view of one target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TargetView<'a> {
+    /// Its id.
+    pub id: &'a str,
+    /// Its zone.
+    pub zone: &'a str,
+    /// Its rise/fall verdict.
+    pub health: Health,
+    /// Still in its grace period (nothing observed counts yet).
+    pub in_grace: bool,
+    /// Whether its last observation passed (None: none yet).
+    pub last_ok: Option<bool>,
+    /// Consecutive failed probes.
+    pub consecutive_failures: u32,
+    /// When the current failure streak began.
+    pub failing_since: Option<Time>,
+    /// Whether the endpoint itself failed at the last observation.
+    pub endpoint_failed: bool,
+    /// Checks failing at the last observation.
+    pub failing_checks: &'a [String],
+    /// Flap penalty now.
+    pub penalty: u32,
+    /// Flapping (suppressed).
+    pub flapping: bool,
+    /// The operator's hold on it.
+    pub hold: Option<&'a Hold>,
+    /// When it was reported for replacement (until it recovers).
+    pub reported_at: Option<Time>,
+}
+
+/// The guard's overall state at a moment, for dashboards and APIs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GuardStatus {
+    /// Whether the whole fleet is frozen (automatically or by an operator).
+    pub fleet_frozen: bool,
+    /// Automatic freezes in force (fleet and zones).
+    pub freezes: Vec<Freeze>,
+    /// The operator's freeze, if any.
+    pub manual_freeze: Option<ManualFreeze>,
+    /// Why it is frozen, one reason per freeze (empty when nothing is frozen).
+    pub reasons: Vec<Reason>,
+    /// Budget tokens left.
+    pub budget_left: u32,
+    /// When the next token comes back, if none is left.
+    pub next_token_at: Option<Time>,
+    /// Unhealthy targets counted.
+    pub unhealthy: u32,
+    /// Targets counted (known, out of grace, not in maintenance).
+    pub total: u32,
+}
+
+impl SafetyGuard {
+    /// A guard with no targets. Validate the config first ([`GuardConfig::validate`]).
+    pub fn new(config: GuardConfig) -> Self {
+        Self::restore(config, GuardState::default())
+    }
+
+    /// A guard continuing from a saved state, under a (possibly new) config.
+    pub fn restore(config: GuardConfig, state: GuardState) -> Self {
+        let mut g = SafetyGuard {
+            config,
+            state,
+            index: Index::default(),
+            events: Vec::new(),
+        };
+        g.reconfigure(g.config.clone());
+        g
+    }
+
+    /// Replaces the configuration (a reload), keeping all state.
+    pub fn reconfigure(&mut self, config: GuardConfig) {
+        self.config = config;
+        let mut index = Index::default();
+        for t in self.state.targets.values_mut() {
+            t.thresholds.reconfigure(self.config.thresholds);
+            index.apply(&self.config.cause, t, true);
+        }
+        self.index = index;
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &GuardConfig {
+        &self.config
+    }
+
+    /// The whole state, to persist (serde). Restore it with [`SafetyGuard::restore`].
+    pub fn state(&self) -> &GuardState {
+        &self.state
+    }
+
+    /// Takes the guard-level events queued since the last call.
+    pub fn drain_events(&mut self) -> Vec<GuardEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Registers a target (its grace period starts now) or updates its zone. Returns
+    /// true when it was new.
+    pub fn add_target(&mut self, now: Time, id: &str, zone: &str) -> bool {
+        if let Some(t) = self.state.targets.get_mut(id) {
+            if t.zone != zone {
+                self.index.apply(&self.config.cause, t, false);
+                t.zone = zone.to_string();
+                self.index.apply(&self.config.cause, t, true);
+                self.update_freeze(now);
+            }
+            return false;
+        }
+        let t = TargetState {
+            zone: zone.to_string(),
+            first_seen: now,
+            in_grace: !self.config.grace.is_zero(),
+            thresholds: Thresholds::new_unknown(self.config.thresholds, now),
+            last_ok: None,
+            failures: 0,
+            endpoint_failed: false,
+            failing_checks: Vec::new(),
+            damper: FlapDamper::default(),
+            hold: None,
+            reported: None,
+            last_signature: None,
+        };
+        self.index.apply(&self.config.cause, &t, true);
+        self.state.targets.insert(id.to_string(), t);
+        self.update_freeze(now);
+        true
+    }
+
+    /// Forgets a target completely. Returns true when it was known.
+    pub fn remove_target(&mut self, now: Time, id: &str) -> bool {
+        match self.state.targets.remove(id) {
+            Some(t) => {
+                self.index.apply(&self.config.cause, &t, false);
+                self.update_freeze(now);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Ids of the known targets, in order.
+    pub fn target_ids(&self) -> impl Iterator<Item = &str> {
+        self.state.targets.keys().map(String::as_str)
+    }
+
+    /// Puts an operator's hold on a target (replacing any previous one).
+    pub fn set_hold(&mut self, now: Time, id: &str, hold: Hold) -> Result<(), UnknownTarget> {
+        self.modify(now, id, |t| t.hold = Some(hold))
+    }
+
+    /// Lifts the operator's hold on a target. Returns whether there was one.
+    pub fn clear_hold(&mut self, now: Time, id: &str) -> Result<bool, UnknownTarget> {
+        let mut had = false;
+        self.modify(now, id, |t| had = t.hold.take().is_some())?;
+        Ok(had)
+    }
+
+    /// Freezes the guard by hand: nobody is acted on until [`SafetyGuard::unfreeze`].
+    pub fn freeze(&mut self, now: Time, reason: &str) {
+        self.state.manual_freeze = Some(ManualFreeze {
+            reason: reason.to_string(),
+            since: now,
+        });
+        self.events.push(GuardEvent::ManualFreeze {
+            reason: reason.to_string(),
+        });
+    }
+
+    /// Lifts the manual freeze. Returns whether there was one. Automatic freezes are not
+    /// affected: they lift when the fraction drops.
+    pub fn unfreeze(&mut self, _now: Time) -> bool {
+        let had = self.state.manual_freeze.take().is_some();
+        if had {
+            self.events.push(GuardEvent::ManualUnfreeze);
+        }
+        had
+    }
+
+    /// Lifts expired holds and releases targets whose flap penalty decayed. Drivers call
+    /// it now and then (observations do the same for the observed target).
+    pub fn tick(&mut self, now: Time) {
+        self.sweep(now, true);
+        self.update_freeze(now);
+    }
+
+    /// Expires due holds on every target (and, with `flaps`, refreshes every flapping
+    /// target's damper).
+    fn sweep(&mut self, now: Time, flaps: bool) {
+        let holds_due = self.index.next_hold_expiry.is_some_and(|n| n <= now);
+        if !holds_due && !flaps {
+            return;
+        }
+        if holds_due {
+            self.index.next_hold_expiry = None;
+        }
+        let ids: Vec<String> = self
+            .state
+            .targets
+            .iter()
+            .filter(|(_, t)| {
+                t.hold.as_ref().is_some_and(|h| h.until.is_some())
+                    || (flaps && t.damper.is_suppressed())
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            // Re-indexing re-registers the expiry of the holds still pending.
+            self.expire(now, &id, true);
+        }
+    }
+
+    /// Records one probe and decides. Returns a decision when the target is a candidate
+    /// for replacement (see the module docs), `None` when there is nothing to decide.
+    pub fn observe(&mut self, now: Time, obs: &Observation) -> Option<Decision> {
+        self.add_target(now, &obs.target, &obs.zone);
+        self.sweep(now, false);
+        self.expire(now, &obs.target, false);
+        let cfg = &self.config;
+        let t = self
+            .state
+            .targets
+            .get_mut(&obs.target)
+            .expect("add_target registered it");
+        self.index.apply(&cfg.cause, t, false);
+        if t.in_grace {
+            if now < t.first_seen + cfg.grace {
+                self.index.apply(&cfg.cause, t, true);
+                return None;
+            }
+            t.in_grace = false;
+            t.thresholds = Thresholds::new_unknown(cfg.thresholds, now);
+        }
+        let ok = obs.is_ok();
+        t.failures = if ok { 0 } else { t.failures.saturating_add(1) };
+        if let Some(tr) = t.thresholds.observe(now, ok)
+            && tr.to == Health::Healthy
+        {
+            // Recovered: if it fails again later, it may be reported again.
+            t.reported = None;
+        }
+        if !ok && t.last_ok != Some(false) && t.damper.flap(&cfg.damping, now) {
+            self.events.push(GuardEvent::Flapping {
+                target: obs.target.clone(),
+                penalty: t.damper.penalty(&cfg.damping, now),
+            });
+        }
+        t.last_ok = Some(ok);
+        t.endpoint_failed = obs.endpoint_failed;
+        t.failing_checks.clone_from(&obs.failing_checks);
+        self.index.apply(&cfg.cause, t, true);
+        self.update_freeze(now);
+        self.decide(now, &obs.target)
+    }
+
+    /// Budget tokens left at `now`.
+    pub fn budget_left(&self, now: Time) -> u32 {
+        self.state.budget.left(&self.config.budget, now)
+    }
+
+    /// The guard's overall state at `now`.
+    pub fn status(&self, now: Time) -> GuardStatus {
+        let mut reasons: Vec<Reason> = Vec::new();
+        if let Some(m) = &self.state.manual_freeze {
+            reasons.push(Reason::ManualFreeze {
+                reason: m.reason.clone(),
+            });
+        }
+        reasons.extend(self.state.frozen.iter().map(|f| self.freeze_reason(f)));
+        GuardStatus {
+            fleet_frozen: self.state.manual_freeze.is_some()
+                || self
+                    .state
+                    .frozen
+                    .iter()
+                    .any(|f| f.scope == FreezeScope::Fleet),
+            freezes: self.state.frozen.clone(),
+            manual_freeze: self.state.manual_freeze.clone(),
+            reasons,
+            budget_left: self.budget_left(now),
+            next_token_at: self.state.budget.next_token_at(&self.config.budget, now),
+            unhealthy: self.index.unhealthy,
+            total: self.index.total,
+        }
+    }
+
+    /// A view of one target at `now`.
+    pub fn target(&self, now: Time, id: &str) -> Option<TargetView<'_>> {
+        let (id, t) = self.state.targets.get_key_value(id)?;
+        Some(self.view(now, id, t))
+    }
+
+    /// Views of every target at `now`, in id order.
+    pub fn targets(&self, now: Time) -> impl Iterator<Item = TargetView<'_>> {
+        self.state
+            .targets
+            .iter()
+            .map(move |(id, t)| self.view(now, id, t))
+    }
+
+    fn view<'a>(&'a self, now: Time, id: &'a str, t: &'a TargetState) -> TargetView<'a> {
+        TargetView {
+            id,
+            zone: &t.zone,
+            health: t.thresholds.health(),
+            in_grace: t.in_grace,
+            last_ok: t.last_ok,
+            consecutive_failures: t.failures,
+            failing_since: t.thresholds.failing_since(),
+            endpoint_failed: t.endpoint_failed,
+            failing_checks: &t.failing_checks,
+            penalty: t.damper.penalty(&self.config.damping, now),
+            flapping: t.damper.is_suppressed(),
+            hold: t.hold.as_ref(),
+            reported_at: t.reported,
+        }
+    }
+
+    // === internals ===
+
+    /// Applies `f` to a target, keeping the index and freezes up to date.
+    fn modify(
+        &mut self,
+        now: Time,
+        id: &str,
+        f: impl FnOnce(&mut TargetState),
+    ) -> Result<(), UnknownTarget> {
+        let t = self
+            .state
+            .targets
+            .get_mut(id)
+            .ok_or_else(|| UnknownTarget(id.to_string()))?;
+        self.index.apply(&self.config.cause, t, false);
+        f(t);
+        self.index.apply(&self.config.cause, t, true);
+        self.update_freeze(now);
+        Ok(())
+    }
+
+    /// Lifts an expired hold and releases a decayed flap penalty on one target.
+    fn expire(&mut self, now: Time, id: &str, reindex: bool) {
+        let Some(t) = self.state.targets.get_mut(id) else {
+            return;
+        };
+        if t.damper.refresh(&self.config.damping, now) {
+            self.events.push(GuardEvent::Stable {
+                target: id.to_string(),
+            });
+        }
+        let expired = t
+            .hold
+            .as_ref()
+            .is_some_and(|h| h.until.is_some_and(|u| u <= now));
+        if expired || reindex {
+            self.index.apply(&self.config.cause, t, false);
+            if expired {
+                t.hold = None;
+            }
+            self.index.apply(&self.config.cause, t, true);
+        }
+    }
+
+    fn exceeds(&self, unhealthy: u32, total: u32) -> bool {
+        unhealthy >= self.config.freeze_min_unhealthy
+            && f64::from(unhealthy) > self.config.max_unhealthy_fraction * f64::from(total)
+    }
+
+    /// Starts and ends automatic freezes from the current counts.
+    fn update_freeze(&mut self, now: Time) {
+        let mut want: Vec<(FreezeScope, u32, u32)> = Vec::new();
+        if self.exceeds(self.index.unhealthy, self.index.total) {
+            want.push((FreezeScope::Fleet, self.index.unhealthy, self.index.total));
+        }
+        for (zone, &(total, unhealthy)) in &self.index.zones {
+            if self.exceeds(unhealthy, total) {
+                want.push((FreezeScope::Zone(zone.clone()), unhealthy, total));
+            }
+        }
+        let old = std::mem::take(&mut self.state.frozen);
+        for f in &old {
+            if !want.iter().any(|(s, _, _)| *s == f.scope) {
+                let (total, unhealthy) = match &f.scope {
+                    FreezeScope::Fleet => (self.index.total, self.index.unhealthy),
+                    FreezeScope::Zone(z) => self.index.zones.get(z).copied().unwrap_or((0, 0)),
+                };
+                self.events.push(GuardEvent::Unfrozen {
+                    scope: f.scope.clone(),
+                    unhealthy,
+                    total,
+                });
+            }
+        }
+        let mut frozen = Vec::with_capacity(want.len());
+        for (scope, unhealthy, total) in want {
+            let since = old.iter().find(|f| f.scope == scope).map(|f| f.since);
+            let f = Freeze {
+                scope,
+                since: since.unwrap_or(now),
+                unhealthy,
+                total,
+            };
+            if since.is_none() {
+                self.events.push(GuardEvent::Frozen {
+                    scope: f.scope.clone(),
+                    reason: self.freeze_reason(&f),
+                });
+            }
+            frozen.push(f);
+        }
+        self.state.frozen = frozen;
+    }
+
+    fn freeze_reason(&self, f: &Freeze) -> Reason {
+        let cap = self.config.max_unhealthy_fraction;
+        match &f.scope {
+            FreezeScope::Fleet => Reason::FleetFrozen {
+                unhealthy: f.unhealthy,
+                total: f.total,
+                cap,
+            },
+            FreezeScope::Zone(zone) => Reason::ZoneFrozen {
+                zone: zone.clone(),
+                unhealthy: f.unhealthy,
+                total: f.total,
+                cap,
+            },
+        }
+    }
+
+    /// The decision about a target just observed.
+    fn decide(&mut self, now: Time, id: &str) -> Option<Decision> {
+        let cfg = &self.config;
+        let t = self.state.targets.get(id)?;
+        if t.last_ok != Some(false) {
+            self.state
+                .targets
+                .get_mut(id)
+                .expect("present")
+                .last_signature = None;
+            return None;
+        }
+        let failures = t.failures;
+        let failing_for = t
+            .thresholds
+            .failing_since()
+            .map_or(Duration::ZERO, |s| now.since(s));
+        let confirmed =
+            failures >= cfg.thresholds.unhealthy_threshold && failing_for >= cfg.min_failing;
+        let flapping = t.damper.is_suppressed();
+        if !confirmed && !flapping {
+            return None;
+        }
+        let causes = cause::attribute(
+            &cfg.cause,
+            t.endpoint_failed,
+            &t.failing_checks,
+            &self.index.shared,
+        );
+        let mut hold: Vec<Reason> = Vec::new();
+        match &t.hold {
+            Some(h) if h.kind == HoldKind::Maintenance => hold.push(Reason::Maintenance {
+                reason: h.reason.clone(),
+            }),
+            Some(h) => hold.push(Reason::Silenced {
+                reason: h.reason.clone(),
+            }),
+            None => {}
+        }
+        if let Some(m) = &self.state.manual_freeze {
+            hold.push(Reason::ManualFreeze {
+                reason: m.reason.clone(),
+            });
+        }
+        for f in &self.state.frozen {
+            let applies = match &f.scope {
+                FreezeScope::Fleet => true,
+                FreezeScope::Zone(z) => *z == t.zone,
+            };
+            if applies {
+                hold.push(self.freeze_reason(f));
+            }
+        }
+        if !causes.iter().any(Cause::counts) {
+            hold.push(Reason::SharedDependency {
+                checks: causes
+                    .iter()
+                    .filter_map(|c| match c {
+                        Cause::SharedDependency { check, .. } => Some(check.clone()),
+                        _ => None,
+                    })
+                    .collect(),
+            });
+        }
+        if flapping {
+            hold.push(Reason::Flapping {
+                penalty: t.damper.penalty(&cfg.damping, now),
+                suppress: cfg.damping.suppress,
+                reuse: cfg.damping.reuse,
+            });
+        }
+        if let Some(at) = t.reported {
+            hold.push(Reason::AlreadyReported { ago: now.since(at) });
+        }
+        let zone = t.zone.clone();
+        let mut reasons = vec![Reason::Failing {
+            failures,
+            failing_for,
+            causes,
+        }];
+        let budget_cfg = &cfg.budget;
+        let outcome = if !confirmed {
+            // Failing while flapping: reported as flapping, never acted on.
+            Outcome::HoldBack
+        } else if hold.is_empty() && self.state.budget.try_spend(budget_cfg, now) {
+            reasons.push(Reason::BudgetSpent {
+                left: self.state.budget.left(budget_cfg, now),
+                actions: budget_cfg.actions,
+                per: budget_cfg.per,
+            });
+            Outcome::Act
+        } else {
+            if self.state.budget.left(budget_cfg, now) == 0 {
+                hold.push(Reason::BudgetExhausted {
+                    actions: budget_cfg.actions,
+                    per: budget_cfg.per,
+                    next_token_in: self
+                        .state
+                        .budget
+                        .next_token_at(budget_cfg, now)
+                        .map(|at| at.since(now)),
+                });
+            }
+            Outcome::HoldBack
+        };
+        reasons.extend(hold);
+        let t = self.state.targets.get_mut(id).expect("present");
+        if outcome == Outcome::Act {
+            t.reported = Some(now);
+        }
+        let mut signature = outcome.as_str().to_string();
+        for r in &reasons {
+            signature.push(' ');
+            signature.push_str(r.kind());
+        }
+        let repeated = t.last_signature.as_deref() == Some(signature.as_str());
+        t.last_signature = Some(signature);
+        Some(Decision {
+            target: id.to_string(),
+            zone,
+            at: now,
+            outcome,
+            reasons,
+            repeated,
+        })
+    }
+}
+
+// === serde helpers ===
+
+/// A `Time` inside serialised state (nanoseconds since the driver's epoch).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct Stamp(Time);
+
+impl Serialize for Stamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        time_serde::serialize(&self.0, s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Stamp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        time_serde::deserialize(d).map(Stamp)
+    }
+}
+
+/// Serde for `Time` as integer nanoseconds since the driver's epoch (exact round trip).
+mod time_serde {
+    use crate::time::Time;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(t: &Time, s: S) -> Result<S::Ok, S::Error> {
+        let nanos = u64::try_from(t.as_elapsed().as_nanos()).unwrap_or(u64::MAX);
+        s.serialize_u64(nanos)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Time, D::Error> {
+        u64::deserialize(d).map(|n| Time::from_elapsed(Duration::from_nanos(n)))
+    }
+
+    pub mod opt {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(t: &Option<Time>, s: S) -> Result<S::Ok, S::Error> {
+            match t {
+                Some(t) => super::serialize(t, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Time>, D::Error> {
+            Option::<u64>::deserialize(d)
+                .map(|o| o.map(|n| Time::from_elapsed(Duration::from_nanos(n))))
+        }
+    }
+}
+
+/// Serde for `Thresholds`, which keeps its fields private: saved as a snapshot of what
+/// its accessors expose, restored by replaying the streak into a fresh machine (the
+/// replay cannot cross a threshold: a saved streak that had crossed one would already
+/// have changed the verdict).
+mod thresholds_serde {
+    use super::time_serde;
+    use crate::thresholds::{Health, Thresholds, ThresholdsConfig};
+    use crate::time::Time;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct Snapshot {
+        config: ThresholdsConfig,
+        health: Health,
+        #[serde(with = "time_serde")]
+        since: Time,
+        failures: u32,
+        #[serde(with = "time_serde::opt")]
+        failing_since: Option<Time>,
+        successes: u32,
+    }
+
+    pub fn serialize<S: Serializer>(t: &Thresholds, s: S) -> Result<S::Ok, S::Error> {
+        Snapshot {
+            config: t.config(),
+            health: t.health(),
+            since: t.since(),
+            failures: t.consecutive_failures(),
+            failing_since: t.failing_since(),
+            successes: t.consecutive_successes(),
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Thresholds, D::Error> {
+        let s = Snapshot::deserialize(d)?;
+        let mut t = Thresholds::with_health(s.config, s.health, s.since);
+        let start = s.failing_since.unwrap_or(s.since);
+        // Beyond the threshold a longer streak changes nothing in the machine.
+        for _ in 0..s.failures.min(s.config.unhealthy_threshold) {
+            t.observe(start, false);
+        }
+        for _ in 0..s.successes.min(s.config.healthy_threshold) {
+            t.observe(s.since, true);
+        }
+        if t.health() != s.health || t.since() != s.since {
+            return Err(serde::de::Error::custom(
+                "inconsistent thresholds snapshot: its streak crosses its threshold",
+            ));
+        }
+        Ok(t)
+    }
+}

@@ -1,0 +1,721 @@
+//! Tests of the safety guard: scenarios first, then proptest invariants.
+
+use super::*;
+use proptest::prelude::*;
+
+fn cfg() -> GuardConfig {
+    GuardConfig {
+        grace: Duration::ZERO,
+        min_failing: Duration::from_secs(20),
+        ..GuardConfig::default()
+    }
+}
+
+fn id(i: usize) -> String {
+    format!("t{i}")
+}
+
+/// Runs one probe round at `s` seconds over `n` targets in one zone; `fail(i)` gives
+/// each target's observation. Returns the decisions made.
+fn round(
+    g: &mut SafetyGuard,
+    s: u64,
+    n: usize,
+    fail: impl Fn(usize) -> Option<Observation>,
+) -> Vec<Decision> {
+    (0..n)
+        .filter_map(|i| {
+            let obs = fail(i).unwrap_or_else(|| Observation::pass(id(i), "a"));
+            g.observe(Time::from_secs(s), &obs)
+        })
+        .collect()
+}
+
+fn acts(ds: &[Decision]) -> usize {
+    ds.iter().filter(|d| d.outcome == Outcome::Act).count()
+}
+
+fn disk(i: usize) -> Observation {
+    Observation::failed_checks(id(i), "a", ["disk:free"])
+}
+
+#[test]
+fn one_failing_target_of_ten_is_acted_on_exactly_once_after_n_and_t() {
+    let mut g = SafetyGuard::new(cfg());
+    let mut all = Vec::new();
+    for s in (0..200).step_by(10) {
+        let ds = round(&mut g, s, 10, |i| (i == 4).then(|| disk(i)));
+        if s < 20 {
+            assert!(
+                ds.is_empty(),
+                "not before N=3 failures spanning T=20s: {ds:?}"
+            );
+        }
+        all.extend(ds);
+    }
+    assert_eq!(acts(&all), 1, "{all:?}");
+    let act = all.iter().find(|d| d.outcome == Outcome::Act).unwrap();
+    assert_eq!(act.at, Time::from_secs(20));
+    assert_eq!(act.target, "t4");
+    assert!(
+        act.to_string()
+            .contains("3 consecutive failed probes over 20s"),
+        "{act}"
+    );
+    let later: Vec<_> = all.iter().filter(|d| d.at > act.at).collect();
+    assert!(
+        later
+            .iter()
+            .all(|d| d.reasons.iter().any(|r| r.kind() == "already_reported")),
+        "later decisions must say it was already reported: {later:?}"
+    );
+    assert!(later[1..].iter().all(|d| d.repeated), "repeats are flagged");
+}
+
+#[test]
+fn n_failures_are_not_enough_without_min_failing_duration() {
+    let mut g = SafetyGuard::new(GuardConfig {
+        min_failing: Duration::from_secs(60),
+        ..cfg()
+    });
+    for s in 0..5 {
+        assert!(round(&mut g, s, 10, |i| (i == 0).then(|| disk(i))).is_empty());
+    }
+    let ds = round(&mut g, 60, 10, |i| (i == 0).then(|| disk(i)));
+    assert_eq!(acts(&ds), 1, "acts once the streak spans T: {ds:?}");
+}
+
+#[test]
+fn grace_period_ignores_new_targets() {
+    let mut g = SafetyGuard::new(GuardConfig {
+        grace: Duration::from_secs(100),
+        ..cfg()
+    });
+    for i in 0..10 {
+        g.add_target(Time::ZERO, &id(i), "a");
+    }
+    for s in (0..100).step_by(10) {
+        assert!(round(&mut g, s, 10, |i| (i == 0).then(|| disk(i))).is_empty());
+        assert_eq!(
+            g.status(Time::from_secs(s)).total,
+            0,
+            "nobody counts in grace"
+        );
+    }
+    let mut all = Vec::new();
+    for s in (100..200).step_by(10) {
+        all.extend(round(&mut g, s, 10, |i| (i == 0).then(|| disk(i))));
+    }
+    assert_eq!(
+        all.iter().find(|d| d.outcome == Outcome::Act).unwrap().at,
+        Time::from_secs(120)
+    );
+}
+
+#[test]
+fn fleet_above_cap_freezes_with_a_loud_reason_and_unfreezes_when_it_drops() {
+    let mut g = SafetyGuard::new(cfg());
+    round(&mut g, 0, 10, |_| None);
+    let mut all = Vec::new();
+    for s in (10..100).step_by(10) {
+        all.extend(round(&mut g, s, 10, |i| {
+            (i < 7).then(|| Observation::endpoint_failure(id(i), "a"))
+        }));
+    }
+    assert_eq!(acts(&all), 0, "never acts above the cap: {all:?}");
+    let st = g.status(Time::from_secs(90));
+    assert!(st.fleet_frozen);
+    let reason = st.reasons[0].to_string();
+    assert!(
+        reason.starts_with("fleet-wide failure: 7/10 unhealthy"),
+        "{reason}"
+    );
+    assert!(reason.contains("likely a shared dependency or the checker itself"));
+    assert!(
+        all.iter()
+            .all(|d| d.reasons.iter().any(|r| r.kind() == "fleet_frozen"))
+    );
+    let ev = g.drain_events();
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            GuardEvent::Frozen {
+                scope: FreezeScope::Fleet,
+                ..
+            }
+        )),
+        "{ev:?}"
+    );
+    // Recovery of 5 of them: 2/10 is under the cap.
+    round(&mut g, 100, 10, |i| {
+        (i < 2).then(|| Observation::endpoint_failure(id(i), "a"))
+    });
+    assert!(
+        g.status(Time::from_secs(100)).fleet_frozen,
+        "one pass is not a recovery (healthy_threshold 2)"
+    );
+    round(&mut g, 105, 10, |i| {
+        (i < 2).then(|| Observation::endpoint_failure(id(i), "a"))
+    });
+    assert!(
+        !g.status(Time::from_secs(105)).fleet_frozen,
+        "unfreezes by itself"
+    );
+    assert!(
+        g.drain_events()
+            .iter()
+            .any(|e| matches!(e, GuardEvent::Unfrozen { .. }))
+    );
+    let ds = round(&mut g, 110, 10, |i| {
+        (i < 2).then(|| Observation::endpoint_failure(id(i), "a"))
+    });
+    assert_eq!(
+        acts(&ds),
+        2,
+        "acts again within budget once unfrozen: {ds:?}"
+    );
+}
+
+#[test]
+fn a_zone_above_cap_freezes_only_that_zone() {
+    let mut g = SafetyGuard::new(cfg());
+    let zone = |i: usize| if i < 4 { "a" } else { "b" };
+    // 12 targets: a has 4, b has 8. Two fail in a (50% of a, 2/12 of the fleet), one in b.
+    let mut all = Vec::new();
+    for s in (0..60).step_by(10) {
+        for i in 0..12 {
+            let obs = if i < 2 || i == 5 {
+                Observation::endpoint_failure(id(i), zone(i))
+            } else {
+                Observation::pass(id(i), zone(i))
+            };
+            all.extend(g.observe(Time::from_secs(s), &obs));
+        }
+    }
+    let acted: Vec<_> = all
+        .iter()
+        .filter(|d| d.outcome == Outcome::Act)
+        .map(|d| d.target.as_str())
+        .collect();
+    assert_eq!(acted, ["t5"], "zone b is fine, zone a is frozen: {all:?}");
+    let st = g.status(Time::from_secs(60));
+    assert!(!st.fleet_frozen);
+    assert_eq!(st.freezes[0].scope, FreezeScope::Zone("a".into()));
+    assert!(
+        st.reasons[0]
+            .to_string()
+            .starts_with("zone-wide failure in zone a: 2/4 unhealthy")
+    );
+}
+
+#[test]
+fn one_unhealthy_target_never_freezes_a_small_fleet() {
+    let mut g = SafetyGuard::new(cfg());
+    let mut all = Vec::new();
+    for s in (0..60).step_by(10) {
+        all.extend(round(&mut g, s, 3, |i| (i == 0).then(|| disk(i))));
+    }
+    assert_eq!(
+        acts(&all),
+        1,
+        "1/3 is above 30% but one host is no fleet-wide signal"
+    );
+}
+
+#[test]
+fn budget_limits_actions_and_a_restart_does_not_reset_it() {
+    let mut g = SafetyGuard::new(GuardConfig {
+        budget: BudgetConfig {
+            actions: 2,
+            per: Duration::from_secs(600),
+        },
+        ..cfg()
+    });
+    // 20 targets, one more failing every 60 s (always under the cap: at most 4/20).
+    let mut all = Vec::new();
+    for s in (0..400).step_by(10) {
+        if s == 200 {
+            let saved = serde_json::to_string(g.state()).unwrap();
+            g = SafetyGuard::restore(g.config().clone(), serde_json::from_str(&saved).unwrap());
+        }
+        let failing = (s / 60) as usize;
+        all.extend(round(&mut g, s, 20, |i| {
+            (i < failing.min(4)).then(|| disk(i))
+        }));
+    }
+    assert_eq!(acts(&all), 2, "only the budget's worth: {all:#?}");
+    let held = all
+        .iter()
+        .find(|d| d.reasons.iter().any(|r| r.kind() == "budget_exhausted"))
+        .unwrap();
+    assert!(
+        held.to_string()
+            .contains("action budget exhausted (2 per 10m)"),
+        "{held}"
+    );
+    assert!(held.to_string().contains("next token in"), "{held}");
+}
+
+#[test]
+fn a_dependency_failing_on_many_targets_is_attributed_and_nobody_is_replaced() {
+    let mut g = SafetyGuard::new(cfg());
+    let db = |i: usize| Observation::failed_checks(id(i), "a", ["postgres:connect"]);
+    let mut all = Vec::new();
+    for s in (0..100).step_by(10) {
+        all.extend(round(&mut g, s, 10, |i| (i < 2).then(|| db(i))));
+    }
+    assert_eq!(acts(&all), 0, "{all:?}");
+    let d = all.last().unwrap();
+    assert!(
+        d.to_string()
+            .contains("failure attributed to shared dependency postgres:connect"),
+        "{d}"
+    );
+    // One target alone failing its dependency check is its own problem.
+    let mut g = SafetyGuard::new(cfg());
+    let mut all = Vec::new();
+    for s in (0..100).step_by(10) {
+        all.extend(round(&mut g, s, 10, |i| (i == 0).then(|| db(i))));
+    }
+    assert_eq!(acts(&all), 1);
+}
+
+#[test]
+fn a_local_failure_counts_even_beside_a_shared_dependency() {
+    let mut g = SafetyGuard::new(cfg());
+    let mut all = Vec::new();
+    for s in (0..100).step_by(10) {
+        all.extend(round(&mut g, s, 10, |i| match i {
+            0 => Some(Observation::failed_checks(
+                id(i),
+                "a",
+                ["postgres:connect", "disk:free"],
+            )),
+            1 => Some(Observation::failed_checks(id(i), "a", ["postgres:connect"])),
+            _ => None,
+        }));
+    }
+    let acted: Vec<_> = all
+        .iter()
+        .filter(|d| d.outcome == Outcome::Act)
+        .map(|d| d.target.as_str())
+        .collect();
+    assert_eq!(acted, ["t0"]);
+}
+
+#[test]
+fn a_flapping_target_is_damped_not_replaced() {
+    let mut g = SafetyGuard::new(cfg());
+    let mut all = Vec::new();
+    // Fails 3 probes, passes 2 (recovers), again and again.
+    for k in 0..60u64 {
+        let s = k * 10;
+        let failing = k % 5 < 3;
+        all.extend(round(&mut g, s, 10, |i| {
+            (i == 0 && failing).then(|| disk(i))
+        }));
+    }
+    assert_eq!(
+        acts(&all),
+        2,
+        "acted on the first two episodes only: {all:#?}"
+    );
+    let flap = all
+        .iter()
+        .filter(|d| d.reasons.iter().any(|r| r.kind() == "flapping"))
+        .count();
+    assert!(flap > 10, "then reported as flapping");
+    assert!(g.target(Time::from_secs(600), "t0").unwrap().flapping);
+    assert!(
+        g.drain_events()
+            .iter()
+            .any(|e| matches!(e, GuardEvent::Flapping { .. }))
+    );
+}
+
+#[test]
+fn a_flapping_target_is_released_after_its_penalty_decays() {
+    let mut g = SafetyGuard::new(cfg());
+    for k in 0..9u64 {
+        round(&mut g, k * 10, 10, |i| {
+            (i == 0 && k % 2 == 0).then(|| disk(i))
+        });
+    }
+    assert!(g.target(Time::from_secs(90), "t0").unwrap().flapping);
+    g.tick(Time::from_secs(90 + 3 * 3600));
+    assert!(
+        !g.target(Time::from_secs(90 + 3 * 3600), "t0")
+            .unwrap()
+            .flapping
+    );
+    assert!(
+        g.drain_events()
+            .iter()
+            .any(|e| matches!(e, GuardEvent::Stable { .. }))
+    );
+}
+
+#[test]
+fn maintenance_is_never_acted_on_and_counts_nowhere_until_it_expires() {
+    let mut g = SafetyGuard::new(cfg());
+    round(&mut g, 0, 10, |_| None);
+    for i in 0..4 {
+        g.set_hold(
+            Time::ZERO,
+            &id(i),
+            Hold {
+                kind: HoldKind::Maintenance,
+                reason: "kernel patch".into(),
+                until: Some(Time::from_secs(100)),
+            },
+        )
+        .unwrap();
+    }
+    let mut all = Vec::new();
+    for s in (10..100).step_by(10) {
+        all.extend(round(&mut g, s, 10, |i| {
+            (i < 4).then(|| Observation::endpoint_failure(id(i), "a"))
+        }));
+    }
+    assert_eq!(acts(&all), 0);
+    assert!(
+        !g.status(Time::from_secs(90)).fleet_frozen,
+        "maintenance does not count"
+    );
+    assert!(
+        all.last()
+            .unwrap()
+            .to_string()
+            .contains("in maintenance: kernel patch")
+    );
+    let ds = round(&mut g, 100, 10, |i| {
+        (i < 4).then(|| Observation::endpoint_failure(id(i), "a"))
+    });
+    assert!(
+        g.status(Time::from_secs(100)).fleet_frozen,
+        "4/10 once the holds expire"
+    );
+    assert_eq!(
+        acts(&ds),
+        0,
+        "expired holds are swept together, not one by one: {ds:?}"
+    );
+}
+
+#[test]
+fn silenced_targets_count_towards_the_cap_but_are_never_acted_on() {
+    let mut g = SafetyGuard::new(cfg());
+    round(&mut g, 0, 10, |_| None);
+    g.set_hold(
+        Time::ZERO,
+        "t0",
+        Hold {
+            kind: HoldKind::Silenced,
+            reason: "known".into(),
+            until: None,
+        },
+    )
+    .unwrap();
+    let mut all = Vec::new();
+    for s in (10..100).step_by(10) {
+        all.extend(round(&mut g, s, 10, |i| (i == 0).then(|| disk(i))));
+    }
+    assert_eq!(acts(&all), 0);
+    assert_eq!(g.status(Time::from_secs(90)).unhealthy, 1);
+    assert!(g.clear_hold(Time::from_secs(95), "t0").unwrap());
+    assert_eq!(
+        acts(&round(&mut g, 100, 10, |i| (i == 0).then(|| disk(i)))),
+        1
+    );
+    assert_eq!(
+        g.set_hold(
+            Time::ZERO,
+            "nope",
+            Hold {
+                kind: HoldKind::Silenced,
+                reason: String::new(),
+                until: None
+            }
+        ),
+        Err(UnknownTarget("nope".into()))
+    );
+}
+
+#[test]
+fn a_manual_freeze_holds_everyone_until_lifted() {
+    let mut g = SafetyGuard::new(cfg());
+    g.freeze(Time::ZERO, "incident 42");
+    let mut all = Vec::new();
+    for s in (0..100).step_by(10) {
+        all.extend(round(&mut g, s, 10, |i| (i == 0).then(|| disk(i))));
+    }
+    assert_eq!(acts(&all), 0);
+    assert!(
+        all.last()
+            .unwrap()
+            .to_string()
+            .contains("frozen by an operator: incident 42")
+    );
+    assert!(g.status(Time::from_secs(100)).fleet_frozen);
+    assert!(g.unfreeze(Time::from_secs(100)));
+    assert_eq!(
+        acts(&round(&mut g, 110, 10, |i| (i == 0).then(|| disk(i)))),
+        1
+    );
+}
+
+#[test]
+fn a_recovered_target_may_be_reported_again() {
+    let mut g = SafetyGuard::new(GuardConfig {
+        damping: DampingConfig {
+            penalty: 1,
+            ..DampingConfig::default()
+        },
+        ..cfg()
+    });
+    let mut n = 0;
+    for s in (0..300).step_by(10) {
+        let failing = !(100..150).contains(&s);
+        n += acts(&round(&mut g, s, 10, |i| {
+            (i == 0 && failing).then(|| disk(i))
+        }));
+    }
+    assert_eq!(n, 2);
+}
+
+#[test]
+fn removing_a_target_forgets_it_and_its_counts() {
+    let mut g = SafetyGuard::new(cfg());
+    for s in (0..30).step_by(10) {
+        round(&mut g, s, 10, |i| {
+            (i < 4).then(|| Observation::endpoint_failure(id(i), "a"))
+        });
+    }
+    assert!(g.status(Time::from_secs(30)).fleet_frozen);
+    for i in 0..4 {
+        assert!(g.remove_target(Time::from_secs(30), &id(i)));
+    }
+    let st = g.status(Time::from_secs(30));
+    assert!(!st.fleet_frozen);
+    assert_eq!((st.unhealthy, st.total), (0, 6));
+    assert!(g.target(Time::from_secs(30), "t0").is_none());
+}
+
+#[test]
+fn every_field_has_a_default_and_unknown_keys_are_rejected() {
+    let c: GuardConfig = toml_like("{}").unwrap();
+    assert_eq!(c, GuardConfig::default());
+    assert!(GuardConfig::default().validate().is_ok());
+    let err = toml_like(r#"{"budget": {"actions": 1, "pr": "1m"}}"#).unwrap_err();
+    assert!(err.contains("unknown field `pr`"), "{err}");
+    let c: GuardConfig = toml_like(r#"{"min_failing": "250ms", "budget": {"per": "5m"}}"#).unwrap();
+    assert_eq!(c.min_failing, Duration::from_millis(250));
+    assert_eq!(c.budget.per, Duration::from_secs(300));
+}
+
+fn toml_like(json: &str) -> Result<GuardConfig, String> {
+    serde_json::from_str(json).map_err(|e| e.to_string())
+}
+
+#[test]
+fn validate_names_the_bad_key() {
+    let bad = |f: fn(&mut GuardConfig)| {
+        let mut c = GuardConfig::default();
+        f(&mut c);
+        c.validate().unwrap_err()
+    };
+    assert!(bad(|c| c.max_unhealthy_fraction = 1.5).contains("max_unhealthy_fraction"));
+    assert!(
+        bad(|c| c.thresholds.unhealthy_threshold = 0).contains("thresholds.unhealthy_threshold")
+    );
+    assert!(bad(|c| c.budget.per = Duration::ZERO).contains("budget.per"));
+    assert!(bad(|c| c.damping.reuse = 5000).contains("damping.reuse"));
+    assert!(bad(|c| c.cause.shared_min_targets = 1).contains("cause.shared_min_targets"));
+}
+
+#[test]
+fn observation_from_report_treats_warn_as_healthy() {
+    let warn = HealthReport {
+        status: Status::Warn,
+        ..Default::default()
+    };
+    assert!(Observation::from_report("x", "", &warn).is_ok());
+    let fail = HealthReport {
+        status: Status::Fail,
+        ..Default::default()
+    };
+    assert!(Observation::from_report("x", "", &fail).endpoint_failed);
+}
+
+// === Property tests ===
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Target, and what it reports: 0 pass, 1 endpoint failure, 2 disk, 3 db, 4 both.
+    Observe(usize, u8),
+    /// A probe round over every target: bit i of the mask set = target i fails this way.
+    Round(u8, u8),
+    Advance(u64),
+    Maintenance(usize, bool),
+    Silence(usize, bool),
+    Freeze(bool),
+    Remove(usize),
+    Restore,
+}
+
+const TARGETS: usize = 8;
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        10 => (0..TARGETS, 0u8..5).prop_map(|(t, k)| Op::Observe(t, k)),
+        10 => (any::<u8>(), 1u8..5).prop_map(|(m, k)| Op::Round(m & (m >> 1 | m >> 3), k)),
+        10 => (1u64..40).prop_map(Op::Advance),
+        1 => (0..TARGETS, any::<bool>()).prop_map(|(t, b)| Op::Maintenance(t, b)),
+        1 => (0..TARGETS, any::<bool>()).prop_map(|(t, b)| Op::Silence(t, b)),
+        1 => any::<bool>().prop_map(Op::Freeze),
+        1 => (0..TARGETS).prop_map(Op::Remove),
+        1 => Just(Op::Restore),
+    ]
+}
+
+fn small_cfg() -> GuardConfig {
+    GuardConfig {
+        grace: Duration::from_secs(5),
+        min_failing: Duration::from_secs(10),
+        thresholds: ThresholdsConfig {
+            healthy_threshold: 2,
+            unhealthy_threshold: 2,
+        },
+        budget: BudgetConfig {
+            actions: 2,
+            per: Duration::from_secs(120),
+        },
+        damping: DampingConfig {
+            half_life: Duration::from_secs(120),
+            max_suppress: Duration::from_secs(480),
+            ..DampingConfig::default()
+        },
+        ..GuardConfig::default()
+    }
+}
+
+fn obs(t: usize, kind: u8) -> Observation {
+    let zone = if t.is_multiple_of(2) { "a" } else { "b" };
+    match kind {
+        0 => Observation::pass(id(t), zone),
+        1 => Observation::endpoint_failure(id(t), zone),
+        2 => Observation::failed_checks(id(t), zone, ["disk:free"]),
+        3 => Observation::failed_checks(id(t), zone, ["db:connect"]),
+        _ => Observation::failed_checks(id(t), zone, ["db:connect", "disk:free"]),
+    }
+}
+
+/// The unhealthy counts recomputed from scratch from the public views (independent of
+/// the incremental index).
+fn recount(g: &SafetyGuard, now: Time, zone: &str) -> ((u32, u32), (u32, u32)) {
+    let (mut fleet, mut z) = ((0, 0), (0, 0));
+    for v in g.targets(now) {
+        let maint = matches!(
+            v.hold,
+            Some(Hold {
+                kind: HoldKind::Maintenance,
+                ..
+            })
+        );
+        if v.in_grace || maint {
+            continue;
+        }
+        let sick = u32::from(v.last_ok == Some(false) || v.health == Health::Unhealthy);
+        fleet.0 += sick;
+        fleet.1 += 1;
+        if v.zone == zone {
+            z.0 += sick;
+            z.1 += 1;
+        }
+    }
+    (fleet, z)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The invariants: the budget's window is never exceeded; no action while the
+    /// fleet's or the target's zone's unhealthy fraction is above the cap; no action on a
+    /// target in maintenance or silenced, or while manually frozen; and a guard restored
+    /// from its serialised state decides exactly as the original.
+    #[test]
+    fn guard_invariants_hold_for_any_sequence(ops in proptest::collection::vec(op(), 1..300)) {
+        let config = small_cfg();
+        let mut g = SafetyGuard::new(config.clone());
+        let mut twin = SafetyGuard::new(config.clone());
+        let mut now = Time::ZERO;
+        let mut acted: Vec<Time> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Observe(..) | Op::Round(..) => {
+                    let list: Vec<Observation> = match op {
+                        Op::Observe(t, kind) => vec![obs(t, kind)],
+                        Op::Round(mask, kind) => (0..TARGETS)
+                            .map(|t| obs(t, if mask & (1 << t) != 0 { kind } else { 0 }))
+                            .collect(),
+                        _ => unreachable!(),
+                    };
+                    for o in list {
+                    let held = g.target(now, &o.target).and_then(|v| v.hold.cloned());
+                    let expired = held.as_ref().is_some_and(|h| h.until.is_some_and(|u| u <= now));
+                    let manual = g.status(now).manual_freeze.is_some();
+                    let d = g.observe(now, &o);
+                    let d2 = twin.observe(now, &o);
+                    prop_assert_eq!(&d, &d2, "restored guard decided differently");
+                    if let Some(d) = d.filter(|d| d.outcome == Outcome::Act) {
+                        prop_assert!(held.is_none() || expired, "acted on a held target: {}", d);
+                        prop_assert!(!manual, "acted while manually frozen");
+                        let ((fu, ft), (zu, zt)) = recount(&g, now, &d.zone);
+                        let cap = config.max_unhealthy_fraction;
+                        prop_assert!(fu < 2 || f64::from(fu) <= cap * f64::from(ft),
+                            "acted with {}/{} unhealthy in the fleet", fu, ft);
+                        prop_assert!(zu < 2 || f64::from(zu) <= cap * f64::from(zt),
+                            "acted with {}/{} unhealthy in the zone", zu, zt);
+                        acted.push(now);
+                        let in_window = acted.iter().filter(|&&a| a + config.budget.per > now).count();
+                        prop_assert!(in_window <= config.budget.actions as usize,
+                            "{} actions within one budget window", in_window);
+                    }
+                    }
+                }
+                Op::Advance(s) => {
+                    now = now + Duration::from_secs(s);
+                    g.tick(now);
+                    twin.tick(now);
+                }
+                Op::Maintenance(t, on) | Op::Silence(t, on) => {
+                    let kind = if matches!(op, Op::Maintenance(..)) { HoldKind::Maintenance } else { HoldKind::Silenced };
+                    for guard in [&mut g, &mut twin] {
+                        let r = if on {
+                            guard.set_hold(now, &id(t), Hold { kind, reason: "op".into(), until: Some(now + Duration::from_secs(200)) }).map(|_| true)
+                        } else {
+                            guard.clear_hold(now, &id(t))
+                        };
+                        let _unknown_targets_are_fine = r;
+                    }
+                }
+                Op::Freeze(on) => {
+                    for guard in [&mut g, &mut twin] {
+                        if on { guard.freeze(now, "op") } else { guard.unfreeze(now); }
+                    }
+                }
+                Op::Remove(t) => {
+                    prop_assert_eq!(g.remove_target(now, &id(t)), twin.remove_target(now, &id(t)));
+                }
+                Op::Restore => {
+                    let saved = serde_json::to_string(twin.state()).unwrap();
+                    twin = SafetyGuard::restore(config.clone(), serde_json::from_str(&saved).unwrap());
+                }
+            }
+            prop_assert_eq!(g.status(now), twin.status(now));
+            let ((fu, ft), _) = recount(&g, now, "");
+            let st = g.status(now);
+            prop_assert_eq!((st.unhealthy, st.total), (fu, ft), "incremental counts drifted");
+        }
+    }
+}
