@@ -409,3 +409,49 @@ where
     }
     None
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saturation_follows_the_shed_layer_in_flight_count() {
+    let health = vigil::Health::builder().start();
+    let layer = health.shed_layer(2);
+    let check = Saturation::shed(layer.stats());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let app = {
+        let release = release.clone();
+        axum::Router::new()
+            .route(
+                "/work",
+                axum::routing::get(move || {
+                    let release = release.clone();
+                    async move {
+                        release.notified().await;
+                        "done"
+                    }
+                }),
+            )
+            .layer(layer)
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let client = reqwest::Client::new();
+    let requests: Vec<_> = (0..2)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.get(format!("http://{addr}/work")).send().await })
+        })
+        .collect();
+    let full = poll_until(|| async {
+        let o = check.check().await;
+        (o.status == Status::Fail).then_some(o)
+    })
+    .await
+    .expect("2 of 2 shed-layer slots taken must fail the check");
+    assert!(output(&full).contains("2 of 2"), "{}", output(&full));
+    release.notify_waiters();
+    for r in requests {
+        assert_eq!(r.await.unwrap().unwrap().status(), 200);
+    }
+    assert_eq!(check.check().await.status, Status::Pass);
+}

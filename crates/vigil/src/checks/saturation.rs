@@ -4,6 +4,8 @@
 //! - [`Saturation::in_flight`]: the application counts requests in flight with an
 //!   [`InFlight`] tracker (`let _guard = tracker.enter();` around each request), graded
 //!   against the maximum it can serve at once;
+//! - [`Saturation::shed`]: the in-flight count of the application's
+//!   [`ShedLayer`](crate::ShedLayer), against its limit;
 //! - [`Saturation::runtime_busy`]: the share of time the tokio runtime's workers spent
 //!   busy since the previous check (`worker_total_busy_duration`, stable tokio
 //!   metrics). Tokio folds a worker's busy time in when the worker parks or does its
@@ -11,7 +13,7 @@
 //!   yields; the in-flight count has no such lag.
 
 use super::{assert_percent, grade_above, round2};
-use crate::{Check, Observation};
+use crate::{Check, Observation, ShedStats};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -68,6 +70,7 @@ enum Mechanism {
         tracker: InFlight,
         max: usize,
     },
+    Shed(Arc<ShedStats>),
     RuntimeBusy {
         handle: tokio::runtime::Handle,
         /// Wall time and total busy time at the previous check.
@@ -105,6 +108,14 @@ impl Saturation {
         s
     }
 
+    /// Grades the application requests in flight through a [`ShedLayer`](crate::ShedLayer)
+    /// (`health.shed_layer(n)` then `layer.stats()`) against its limit.
+    pub fn shed(stats: Arc<ShedStats>) -> Self {
+        let mut s = Self::in_flight(1);
+        s.mechanism = Mechanism::Shed(stats);
+        s
+    }
+
     /// Grades the busy share of the runtime behind `handle` between two checks. The
     /// first check only takes a baseline (and passes).
     pub fn runtime_busy(handle: tokio::runtime::Handle) -> Self {
@@ -124,7 +135,7 @@ impl Saturation {
     pub fn tracker(&self) -> Option<InFlight> {
         match &self.mechanism {
             Mechanism::InFlight { tracker, .. } => Some(tracker.clone()),
-            Mechanism::RuntimeBusy { .. } => None,
+            Mechanism::Shed(_) | Mechanism::RuntimeBusy { .. } => None,
         }
     }
 
@@ -155,19 +166,25 @@ impl Saturation {
         }
     }
 
+    fn grade_count(&self, n: usize, max: usize) -> Observation {
+        let used = if max == 0 {
+            100.0
+        } else {
+            n as f64 * 100.0 / max as f64
+        };
+        Observation::new(grade_above(used, self.warn_percent, self.fail_percent))
+            .with_observed(n, "count")
+            .with_output(format!(
+                "{n} of {max} requests in flight ({:.1}%); {}",
+                round2(used),
+                self.levels()
+            ))
+    }
+
     fn observe(&self) -> Observation {
         match &self.mechanism {
-            Mechanism::InFlight { tracker, max } => {
-                let n = tracker.current();
-                let used = n as f64 * 100.0 / *max as f64;
-                Observation::new(grade_above(used, self.warn_percent, self.fail_percent))
-                    .with_observed(n, "count")
-                    .with_output(format!(
-                        "{n} of {max} requests in flight ({:.1}%); {}",
-                        round2(used),
-                        self.levels()
-                    ))
-            }
+            Mechanism::InFlight { tracker, max } => self.grade_count(tracker.current(), *max),
+            Mechanism::Shed(stats) => self.grade_count(stats.in_flight(), stats.limit()),
             Mechanism::RuntimeBusy { handle, last } => {
                 let metrics = handle.metrics();
                 let workers = metrics.num_workers();
