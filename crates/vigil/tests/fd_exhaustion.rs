@@ -59,11 +59,8 @@ fn child_server() {
             let held = held.clone();
             move || async move {
                 let mut held = held.lock().unwrap();
-                loop {
-                    match std::fs::File::open("/proc/self/stat") {
-                        Ok(f) => held.push(f),
-                        Err(_) => break,
-                    }
+                while let Ok(f) = std::fs::File::open("/proc/self/stat") {
+                    held.push(f);
                 }
                 let opened = held.len();
                 let keep = opened.saturating_sub(HEADROOM);
