@@ -1,0 +1,1201 @@
+//! Scenario files: the fleet, its dependencies, the policies, a timeline of faults and
+//! the expectations, as TOML.
+//!
+//! Every section is one struct with `#[serde(default, deny_unknown_fields)]`; every
+//! default is a named constant saying why. Loading ends in [`Scenario::validate`], and
+//! every error (syntax, type, unknown key, bad value) names the file, the line and the
+//! key, found from the TOML parser's spans. The policy sections embed vigil-core's own
+//! configuration types ([`PoolConfig`], [`GuardConfig`]), so a scenario's `[lb.pool]`
+//! reads exactly like the load balancer's configuration.
+
+use crate::expect::{Expectation, parse_expectations};
+use serde::Deserialize;
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use vigil_core::guard::GuardConfig;
+use vigil_core::pool::PoolConfig;
+
+/// Default simulated duration: 1 h, long enough for faults, detection and recovery.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(3600);
+/// Default seed: 1 (any fixed value; the point is that there is one).
+pub const DEFAULT_SEED: u64 = 1;
+/// Default client tick: 1 s. Client arrivals are aggregated per tick and per server
+/// (requests are still counted one by one, outcomes drawn per request); 1 s is below
+/// every detection interval that matters and keeps a fleet-day fast.
+pub const DEFAULT_TICK: Duration = Duration::from_secs(1);
+/// Default fleet size: 20 servers, small enough to read, large enough for fractions.
+pub const DEFAULT_SERVERS: u32 = 20;
+/// Default zones: 3, the usual cloud region shape.
+pub const DEFAULT_ZONES: u32 = 3;
+/// Default worker threads per server: 16.
+pub const DEFAULT_WORKERS: u32 = 16;
+/// Default CPU time per request: 20 ms, so a server serves 800 requests/s.
+pub const DEFAULT_SERVICE_TIME: Duration = Duration::from_millis(20);
+/// Default brownout: an overloaded server loses 30% of its throughput to contention and
+/// to work on requests that time out anyway (the "goodput collapse" of overload).
+pub const DEFAULT_BROWNOUT: f64 = 0.3;
+/// Default background dependency-check interval: 10 s, a predictable load on the
+/// dependency whatever the request rate.
+pub const DEFAULT_DEP_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+/// Default dependency-check timeout: 2 s.
+pub const DEFAULT_DEP_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default time for a replacement server to boot and start answering: 2 min.
+pub const DEFAULT_BOOT_TIME: Duration = Duration::from_secs(120);
+/// Default disk usage at boot: 40%.
+pub const DEFAULT_DISK_USED: f64 = 0.4;
+/// Default file-descriptor limit: 65,536 (a common `nofile`).
+pub const DEFAULT_FD_LIMIT: u32 = 65_536;
+/// Default file descriptors in use at boot: 2,000.
+pub const DEFAULT_FDS_USED: u32 = 2_000;
+/// Default client load: 50% of the fleet's capacity, the usual N+1-zone headroom.
+pub const DEFAULT_LOAD: f64 = 0.5;
+/// Default client timeout: 1 s; a request waiting longer counts as an error.
+pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default dependency latency: 5 ms.
+pub const DEFAULT_DEP_LATENCY: Duration = Duration::from_millis(5);
+/// Default LB active-check interval: 5 s (HAProxy's `inter 2s` is tighter; 5 s is
+/// Envoy's and most cloud balancers' order of magnitude).
+pub const DEFAULT_LB_INTERVAL: Duration = Duration::from_secs(5);
+/// Default LB check timeout: 2 s.
+pub const DEFAULT_LB_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default controller probe interval: 10 s; the controller is careful, not fast.
+pub const DEFAULT_CTL_INTERVAL: Duration = Duration::from_secs(10);
+/// Default controller probe timeout: 2 s.
+pub const DEFAULT_CTL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default queue message processing time per worker thread: 100 ms.
+pub const DEFAULT_PROCESS_TIME: Duration = Duration::from_millis(100);
+/// Default time a sick worker takes to fail a message: 2 ms (failing is fast, which is
+/// why a sick worker that keeps pulling eats the queue).
+pub const DEFAULT_FAIL_TIME: Duration = Duration::from_millis(2);
+/// Default queue-consumer threads per worker: 4.
+pub const DEFAULT_QUEUE_THREADS: u32 = 4;
+
+/// A loaded, validated scenario.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Where it came from.
+    pub file: PathBuf,
+    /// The configuration.
+    pub config: ScenarioConfig,
+    /// Expectations on the run with vigil's policies (`[expect]`).
+    pub expect: Vec<Expectation>,
+    /// Expectations on the naive run (`[expect.naive]`): what the comparison must show.
+    pub expect_naive: Vec<Expectation>,
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScenarioConfig {
+    /// Short name; defaults to the file's stem.
+    pub name: String,
+    /// What the scenario shows, one paragraph.
+    pub description: String,
+    /// Simulated time. Defaults to 1h.
+    #[serde(with = "humantime_serde")]
+    pub duration: Duration,
+    /// Default seed (overridden by `--seed`). Defaults to 1.
+    pub seed: u64,
+    /// Client aggregation tick. Defaults to 1s.
+    #[serde(with = "humantime_serde")]
+    pub tick: Duration,
+    /// The servers.
+    pub fleet: FleetConfig,
+    /// Open-loop clients.
+    pub clients: ClientsConfig,
+    /// Dependencies shared by the fleet.
+    pub dependencies: Vec<DependencyConfig>,
+    /// A queue the servers consume, if any.
+    pub queue: Option<QueueConfig>,
+    /// The load balancer in front of the fleet.
+    pub lb: LbConfig,
+    /// The central controller.
+    pub controller: ControllerConfig,
+    /// The timeline.
+    pub faults: Vec<FaultConfig>,
+    /// Expectations (parsed separately, see [`crate::expect`]).
+    pub expect: toml::Table,
+}
+
+impl Default for ScenarioConfig {
+    fn default() -> Self {
+        ScenarioConfig {
+            name: String::new(),
+            description: String::new(),
+            duration: DEFAULT_DURATION,
+            seed: DEFAULT_SEED,
+            tick: DEFAULT_TICK,
+            fleet: FleetConfig::default(),
+            clients: ClientsConfig::default(),
+            dependencies: Vec::new(),
+            queue: None,
+            lb: LbConfig::default(),
+            controller: ControllerConfig::default(),
+            faults: Vec::new(),
+            expect: toml::Table::new(),
+        }
+    }
+}
+
+/// Whether health endpoints have their own thread or share the request workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HealthCapacity {
+    /// A reserved thread answers health checks even when every worker is busy (vigil).
+    #[default]
+    Reserved,
+    /// Health checks queue behind requests (the naive server).
+    Shared,
+}
+
+/// On or off, for features that are policies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Switch {
+    /// Enabled. Defaults to this.
+    #[default]
+    On,
+    /// Disabled.
+    Off,
+}
+
+/// The servers.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetConfig {
+    /// Number of servers. Defaults to 20.
+    pub servers: u32,
+    /// Zones; server `i` is in zone `i % zones`. Defaults to 3.
+    pub zones: u32,
+    /// Worker threads per server. Defaults to 16.
+    pub workers: u32,
+    /// CPU time per request. Defaults to 20ms.
+    #[serde(with = "humantime_serde")]
+    pub service_time: Duration,
+    /// Throughput lost when overloaded (0 to 1). Defaults to 0.3.
+    pub brownout: f64,
+    /// `reserved` or `shared` health capacity. Defaults to `reserved`.
+    pub health_capacity: HealthCapacity,
+    /// Whether `/readyz` fails when the background checker's snapshot is stale.
+    /// Defaults to `on`.
+    pub watchdog: Switch,
+    /// Background dependency-check interval. Defaults to 10s.
+    #[serde(with = "humantime_serde")]
+    pub dependency_check_interval: Duration,
+    /// Background dependency-check timeout. Defaults to 2s.
+    #[serde(with = "humantime_serde")]
+    pub dependency_check_timeout: Duration,
+    /// Time for a replacement to boot. Defaults to 2m.
+    #[serde(with = "humantime_serde")]
+    pub boot_time: Duration,
+    /// Disk usage at boot (0 to 1). Defaults to 0.4.
+    pub disk_used: f64,
+    /// File-descriptor limit. Defaults to 65536.
+    pub fd_limit: u32,
+    /// File descriptors used at boot. Defaults to 2000.
+    pub fds_used: u32,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig {
+            servers: DEFAULT_SERVERS,
+            zones: DEFAULT_ZONES,
+            workers: DEFAULT_WORKERS,
+            service_time: DEFAULT_SERVICE_TIME,
+            brownout: DEFAULT_BROWNOUT,
+            health_capacity: HealthCapacity::Reserved,
+            watchdog: Switch::On,
+            dependency_check_interval: DEFAULT_DEP_CHECK_INTERVAL,
+            dependency_check_timeout: DEFAULT_DEP_CHECK_TIMEOUT,
+            boot_time: DEFAULT_BOOT_TIME,
+            disk_used: DEFAULT_DISK_USED,
+            fd_limit: DEFAULT_FD_LIMIT,
+            fds_used: DEFAULT_FDS_USED,
+        }
+    }
+}
+
+impl FleetConfig {
+    /// Requests per second one healthy server can serve.
+    pub fn server_capacity(&self) -> f64 {
+        f64::from(self.workers) / self.service_time.as_secs_f64()
+    }
+}
+
+/// Open-loop clients: arrivals do not slow down when the service does.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientsConfig {
+    /// Offered load as a fraction of the whole fleet's capacity. Defaults to 0.5.
+    pub load: f64,
+    /// Offered load in requests/s; overrides `load` when set.
+    pub rate: Option<f64>,
+    /// A request waiting longer than this fails. Defaults to 1s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for ClientsConfig {
+    fn default() -> Self {
+        ClientsConfig {
+            load: DEFAULT_LOAD,
+            rate: None,
+            timeout: DEFAULT_CLIENT_TIMEOUT,
+        }
+    }
+}
+
+/// How much a failing check weighs in `/health`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DepCriticality {
+    /// Its failure fails `/health`. Defaults to this.
+    #[default]
+    Critical,
+    /// Its failure only degrades `/health` (warn): the service still serves.
+    NonCritical,
+}
+
+/// A dependency shared by the fleet (a database, a downstream service).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DependencyConfig {
+    /// Its name, used by faults. Required.
+    pub name: String,
+    /// Typical latency. Defaults to 5ms.
+    #[serde(with = "humantime_serde")]
+    pub latency: Duration,
+    /// Baseline error rate (0 to 1). Defaults to 0.
+    pub error_rate: f64,
+    /// Fraction of requests that call it (the rest never notice it). Defaults to 1.
+    pub request_fraction: f64,
+    /// Weight of its check in `/health`. Defaults to `critical`.
+    pub criticality: DepCriticality,
+}
+
+impl Default for DependencyConfig {
+    fn default() -> Self {
+        DependencyConfig {
+            name: String::new(),
+            latency: DEFAULT_DEP_LATENCY,
+            error_rate: 0.0,
+            request_fraction: 1.0,
+            criticality: DepCriticality::Critical,
+        }
+    }
+}
+
+/// A message queue that every server consumes.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueConfig {
+    /// Messages per second produced. Defaults to 100.
+    pub rate: f64,
+    /// Consumer threads per worker. Defaults to 4.
+    pub threads: u32,
+    /// Time to process one message. Defaults to 100ms.
+    #[serde(with = "humantime_serde")]
+    pub process_time: Duration,
+    /// Time for a sick worker to fail one message. Defaults to 2ms.
+    #[serde(with = "humantime_serde")]
+    pub fail_time: Duration,
+    /// Whether a worker checks its own host (disk, fds) before pulling. Defaults to `on`.
+    pub gate: Switch,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            rate: 100.0,
+            threads: DEFAULT_QUEUE_THREADS,
+            process_time: DEFAULT_PROCESS_TIME,
+            fail_time: DEFAULT_FAIL_TIME,
+            gate: Switch::On,
+        }
+    }
+}
+
+/// Which endpoint a prober checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckPath {
+    /// `/readyz`: the host's own health (what a load balancer should use).
+    #[default]
+    Local,
+    /// `/health`: local plus dependencies (what the controller uses).
+    Deep,
+}
+
+/// The load balancer: vigil-core's `Pool`, driven by active checks and request outcomes.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LbConfig {
+    /// Endpoint its active checks use. Defaults to `local`.
+    pub check: CheckPath,
+    /// Active-check interval. Defaults to 5s.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Active-check timeout. Defaults to 2s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// The pool policy, exactly as `vigil lb` reads it (`panic_threshold`, `thresholds`,
+    /// `outlier`, slow start).
+    pub pool: PoolConfig,
+}
+
+impl Default for LbConfig {
+    fn default() -> Self {
+        LbConfig {
+            check: CheckPath::Local,
+            interval: DEFAULT_LB_INTERVAL,
+            timeout: DEFAULT_LB_TIMEOUT,
+            pool: PoolConfig::default(),
+        }
+    }
+}
+
+/// How the controller decides to act.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ControllerMode {
+    /// Replace unhealthy servers only when vigil-core's `SafetyGuard` allows. Defaults
+    /// to this.
+    #[default]
+    Guarded,
+    /// Replace every server it finds unhealthy, at once (the naive controller).
+    Naive,
+    /// No controller.
+    Off,
+}
+
+/// Where the guard's state lives across controller restarts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GuardStateStore {
+    /// Saved after every decision and restored at start (vigil's store). Defaults to this.
+    #[default]
+    Persisted,
+    /// Lost on restart.
+    InMemory,
+}
+
+/// The central controller: deep probes, rise/fall verdicts, the safety guard, replacement.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// `guarded`, `naive` or `off`. Defaults to `guarded`.
+    pub mode: ControllerMode,
+    /// Probe interval. Defaults to 10s.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Probe timeout. Defaults to 2s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Where the guard's state lives. Defaults to `persisted`.
+    pub state: GuardStateStore,
+    /// The guard policy, exactly as `vigil controller` reads it.
+    pub guard: GuardConfig,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            mode: ControllerMode::Guarded,
+            interval: DEFAULT_CTL_INTERVAL,
+            timeout: DEFAULT_CTL_TIMEOUT,
+            state: GuardStateStore::Persisted,
+            guard: GuardConfig::default(),
+        }
+    }
+}
+
+/// What a fault does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// The target servers' processes die (until replaced).
+    Kill,
+    /// The target servers' disks fill up over `fill_in`.
+    DiskFill,
+    /// The target servers leak file descriptors until exhausted after `exhaust_in`.
+    FdLeak,
+    /// Stop-the-world pauses of `pause` every `every`.
+    GcPauses,
+    /// The target servers' background health checkers die (the snapshot goes stale).
+    CheckerDies,
+    /// The target servers' own connections to `dependency` break (requests and the
+    /// background check from those servers fail; other servers are fine).
+    ConnBroken,
+    /// Gray failure: `error_rate` of real requests fail, health checks pass.
+    Gray,
+    /// `dependency` returns errors at `error_rate` (1 = down), optionally only to an
+    /// `affected` fraction of servers (partial failure), optionally slower by `latency`.
+    Dependency,
+    /// Client load multiplied by `load`.
+    Surge,
+    /// Every server of `zone` dies; replacements there fail to boot until it is back.
+    ZoneDown,
+    /// A new version rolls out in `waves`; it fails `error_rate` of requests and its
+    /// readiness `fails` or `passes`.
+    Deploy,
+    /// The controller process restarts (down for `duration`).
+    ControllerRestart,
+}
+
+/// Whether a deployment waits for each wave to be healthy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeployGate {
+    /// The next wave starts only if the last is in service; otherwise roll back. Defaults
+    /// to this.
+    #[default]
+    Health,
+    /// Waves follow a timer.
+    None,
+}
+
+/// Whether a bad version's readiness check notices it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Readiness {
+    /// `/readyz` fails on the bad version. Defaults to this.
+    #[default]
+    Fails,
+    /// `/readyz` passes (only real requests fail).
+    Passes,
+}
+
+/// One timeline entry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultConfig {
+    /// When it starts.
+    #[serde(with = "humantime_serde")]
+    pub at: Duration,
+    /// What it is.
+    pub kind: FaultKind,
+    /// Which servers: `server:3`, `servers:0-4`, `fraction:0.1`, `zone:1`, `all`.
+    #[serde(default)]
+    pub target: Option<String>,
+    /// How long it lasts (absent: until the run ends, or until the server is replaced).
+    #[serde(default, with = "humantime_serde")]
+    pub duration: Option<Duration>,
+    /// Dependency name (`dependency`, `conn_broken`).
+    #[serde(default)]
+    pub dependency: Option<String>,
+    /// Error rate, 0 to 1 (`dependency`, `gray`, `deploy`).
+    #[serde(default)]
+    pub error_rate: Option<f64>,
+    /// Added latency (`dependency`).
+    #[serde(default, with = "humantime_serde")]
+    pub latency: Option<Duration>,
+    /// Fraction of servers a dependency fault reaches (partial failure). Defaults to 1.
+    #[serde(default)]
+    pub affected: Option<f64>,
+    /// Time until the disk is full (`disk_fill`).
+    #[serde(default, with = "humantime_serde")]
+    pub fill_in: Option<Duration>,
+    /// Time until file descriptors run out (`fd_leak`).
+    #[serde(default, with = "humantime_serde")]
+    pub exhaust_in: Option<Duration>,
+    /// Pause length (`gc_pauses`).
+    #[serde(default, with = "humantime_serde")]
+    pub pause: Option<Duration>,
+    /// Pause period (`gc_pauses`).
+    #[serde(default, with = "humantime_serde")]
+    pub every: Option<Duration>,
+    /// Load multiplier (`surge`).
+    #[serde(default)]
+    pub load: Option<f64>,
+    /// Zone index (`zone_down`).
+    #[serde(default)]
+    pub zone: Option<u32>,
+    /// Cumulative fleet fractions per wave, e.g. `[0.1, 0.3, 1.0]` (`deploy`).
+    #[serde(default)]
+    pub waves: Option<Vec<f64>>,
+    /// Time between waves (`deploy`).
+    #[serde(default, with = "humantime_serde")]
+    pub wave_interval: Option<Duration>,
+    /// Whether the bad version fails readiness (`deploy`).
+    #[serde(default)]
+    pub readiness: Option<Readiness>,
+    /// Whether the rollout waits for health (`deploy`).
+    #[serde(default)]
+    pub gate: Option<DeployGate>,
+    /// Label shown on the report's timeline.
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+/// A set of servers a fault applies to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TargetSet {
+    /// Every server.
+    All,
+    /// Servers `a..=b`.
+    Range(u32, u32),
+    /// The first `ceil(f x servers)` servers (spread over zones, as `i % zones`).
+    Fraction(f64),
+    /// Every server in a zone.
+    Zone(u32),
+}
+
+impl TargetSet {
+    /// Parses `server:3`, `servers:0-4`, `fraction:0.1`, `zone:1`, `all`.
+    pub fn parse(s: &str) -> Result<TargetSet, String> {
+        let bad = || {
+            format!(
+                "bad target {s:?}: expected `server:N`, `servers:A-B`, `fraction:F`, `zone:Z` or `all`"
+            )
+        };
+        if s == "all" {
+            return Ok(TargetSet::All);
+        }
+        let (kind, arg) = s.split_once(':').ok_or_else(bad)?;
+        match kind {
+            "server" => {
+                let n = arg.parse().map_err(|_| bad())?;
+                Ok(TargetSet::Range(n, n))
+            }
+            "servers" => {
+                let (a, b) = arg.split_once('-').ok_or_else(bad)?;
+                let (a, b) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                if a > b {
+                    return Err(bad());
+                }
+                Ok(TargetSet::Range(a, b))
+            }
+            "fraction" => {
+                let f: f64 = arg.parse().map_err(|_| bad())?;
+                if !(0.0..=1.0).contains(&f) {
+                    return Err(bad());
+                }
+                Ok(TargetSet::Fraction(f))
+            }
+            "zone" => Ok(TargetSet::Zone(arg.parse().map_err(|_| bad())?)),
+            _ => Err(bad()),
+        }
+    }
+
+    /// The server indices, in order.
+    pub fn servers(&self, fleet: &FleetConfig) -> Vec<u32> {
+        let n = fleet.servers;
+        match *self {
+            TargetSet::All => (0..n).collect(),
+            TargetSet::Range(a, b) => (a..=b.min(n.saturating_sub(1))).collect(),
+            TargetSet::Fraction(f) => (0..((f * f64::from(n)).ceil() as u32).min(n)).collect(),
+            TargetSet::Zone(z) => (0..n).filter(|i| i % fleet.zones.max(1) == z).collect(),
+        }
+    }
+}
+
+// === errors ===
+
+/// One step of a key path: a table key or an array index.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PathSeg {
+    /// A table key.
+    Key(String),
+    /// An array index.
+    Index(usize),
+}
+
+fn path_string(path: &[PathSeg]) -> String {
+    let mut s = String::new();
+    for seg in path {
+        match seg {
+            PathSeg::Key(k) => {
+                if !s.is_empty() {
+                    s.push('.');
+                }
+                s.push_str(k);
+            }
+            PathSeg::Index(i) => s.push_str(&format!("[{i}]")),
+        }
+    }
+    s
+}
+
+/// A scenario that cannot be used, and where.
+#[derive(Debug, thiserror::Error)]
+pub struct ScenarioError {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// 1-based column, when known.
+    pub column: Option<usize>,
+    /// The key path, e.g. `faults[2].at`, when known.
+    pub key: Option<String>,
+    /// What is wrong.
+    pub message: String,
+    /// The offending line's text.
+    pub snippet: Option<String>,
+    /// True when the file could not be read at all (not a content problem).
+    pub unreadable: bool,
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(l) = self.line {
+            write!(f, ":{l}")?;
+            if let Some(c) = self.column {
+                write!(f, ":{c}")?;
+            }
+        }
+        f.write_str(": ")?;
+        if let Some(k) = &self.key {
+            write!(f, "key `{k}`: ")?;
+        }
+        f.write_str(&self.message)?;
+        if let (Some(l), Some(s)) = (self.line, &self.snippet) {
+            write!(f, "\n {l:>4} | {s}")?;
+        }
+        Ok(())
+    }
+}
+
+fn line_col(src: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(src.len());
+    let before = &src[..offset];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map_or(offset, |p| offset - p - 1) + 1;
+    (line, col)
+}
+
+fn line_text(src: &str, line: usize) -> Option<String> {
+    src.lines().nth(line - 1).map(|l| l.trim_end().to_string())
+}
+
+/// The key path of the value whose span contains `offset`, searching every table (a
+/// `[table]`'s own span covers only its header, so parents cannot prune the search).
+fn path_at(table: &toml::de::DeTable<'_>, offset: usize, path: &mut Vec<PathSeg>) -> bool {
+    for (k, v) in table.iter() {
+        path.push(PathSeg::Key(k.get_ref().to_string()));
+        if k.span().contains(&offset) || descend(v, offset, path) {
+            return true;
+        }
+        path.pop();
+    }
+    false
+}
+
+fn descend(
+    v: &toml::Spanned<toml::de::DeValue<'_>>,
+    offset: usize,
+    path: &mut Vec<PathSeg>,
+) -> bool {
+    match v.get_ref() {
+        toml::de::DeValue::Table(t) => path_at(t, offset, path),
+        toml::de::DeValue::Array(a) => {
+            for (i, item) in a.iter().enumerate() {
+                path.push(PathSeg::Index(i));
+                if descend(item, offset, path) {
+                    return true;
+                }
+                path.pop();
+            }
+            v.span().contains(&offset)
+        }
+        _ => v.span().contains(&offset),
+    }
+}
+
+/// The span of the key (or array element) at `path`, as deep as it exists.
+fn span_of(table: &toml::de::DeTable<'_>, path: &[PathSeg]) -> Option<Range<usize>> {
+    let (first, rest) = path.split_first()?;
+    let PathSeg::Key(k) = first else { return None };
+    let (key, value) = table.iter().find(|(key, _)| key.get_ref() == k)?;
+    if rest.is_empty() {
+        return Some(key.span());
+    }
+    span_in(value, rest).or(Some(key.span()))
+}
+
+fn span_in(v: &toml::Spanned<toml::de::DeValue<'_>>, path: &[PathSeg]) -> Option<Range<usize>> {
+    let Some((first, rest)) = path.split_first() else {
+        return Some(v.span());
+    };
+    match (v.get_ref(), first) {
+        (toml::de::DeValue::Table(t), PathSeg::Key(_)) => span_of(t, path),
+        (toml::de::DeValue::Array(a), PathSeg::Index(i)) => {
+            let item = a.get(*i)?;
+            span_in(item, rest).or(Some(item.span()))
+        }
+        _ => None,
+    }
+}
+
+/// An error about `path` in `src`, located by the parser's spans.
+pub fn error_at(file: &Path, src: &str, path: &[PathSeg], message: String) -> ScenarioError {
+    let span = toml::de::DeTable::parse(src)
+        .ok()
+        .and_then(|t| span_of(t.get_ref(), path));
+    let (line, column) = span.map(|s| line_col(src, s.start)).unzip();
+    ScenarioError {
+        file: file.to_path_buf(),
+        line,
+        column,
+        key: (!path.is_empty()).then(|| path_string(path)),
+        message,
+        snippet: line.and_then(|l| line_text(src, l)),
+        unreadable: false,
+    }
+}
+
+fn from_toml_error(file: &Path, src: &str, e: &toml::de::Error) -> ScenarioError {
+    let span = e.span();
+    let (line, column) = span.clone().map(|s| line_col(src, s.start)).unzip();
+    let mut path = Vec::new();
+    if let (Some(s), Ok(t)) = (span, toml::de::DeTable::parse(src)) {
+        path_at(t.get_ref(), s.start, &mut path);
+    }
+    ScenarioError {
+        file: file.to_path_buf(),
+        line,
+        column,
+        key: (!path.is_empty()).then(|| path_string(&path)),
+        message: e.message().trim().to_string(),
+        snippet: line.and_then(|l| line_text(src, l)),
+        unreadable: false,
+    }
+}
+
+// === loading ===
+
+impl Scenario {
+    /// Reads, parses and validates a scenario file.
+    pub fn load(file: &Path) -> Result<Scenario, Box<ScenarioError>> {
+        let src = std::fs::read_to_string(file).map_err(|e| {
+            Box::new(ScenarioError {
+                file: file.to_path_buf(),
+                line: None,
+                column: None,
+                key: None,
+                message: format!("cannot read: {e}"),
+                snippet: None,
+                unreadable: true,
+            })
+        })?;
+        Scenario::parse(file, &src)
+    }
+
+    /// Parses and validates scenario text (`file` is only used in errors and for the
+    /// default name).
+    pub fn parse(file: &Path, src: &str) -> Result<Scenario, Box<ScenarioError>> {
+        let mut config: ScenarioConfig =
+            toml::from_str(src).map_err(|e| Box::new(from_toml_error(file, src, &e)))?;
+        if config.name.is_empty() {
+            config.name = file
+                .file_stem()
+                .map_or_else(|| "scenario".into(), |s| s.to_string_lossy().into_owned());
+        }
+        config
+            .validate()
+            .map_err(|(path, msg)| Box::new(error_at(file, src, &path, msg)))?;
+        let (expect, expect_naive) = parse_expectations(&config.expect)
+            .map_err(|(path, msg)| Box::new(error_at(file, src, &path, msg)))?;
+        Ok(Scenario {
+            file: file.to_path_buf(),
+            config,
+            expect,
+            expect_naive,
+        })
+    }
+}
+
+type Invalid = (Vec<PathSeg>, String);
+
+fn key(k: &str) -> PathSeg {
+    PathSeg::Key(k.to_string())
+}
+
+fn fraction(v: f64, path: &[&str], what: &str) -> Result<(), Invalid> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(())
+    } else {
+        Err((
+            path.iter().map(|k| key(k)).collect(),
+            format!("{what} must be between 0 and 1, got {v}"),
+        ))
+    }
+}
+
+fn nonzero(d: Duration, path: &[&str]) -> Result<(), Invalid> {
+    if d.is_zero() {
+        Err((
+            path.iter().map(|k| key(k)).collect(),
+            "must be longer than 0s".into(),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Splits a vigil-core `validate()` message (`"outlier.max_ejection_percent must ..."`)
+/// into the key path it names and the message.
+fn core_error(prefix: &[&str], msg: String) -> Invalid {
+    let first = msg.split_whitespace().next().unwrap_or("");
+    let mut path: Vec<PathSeg> = prefix.iter().map(|k| key(k)).collect();
+    if first
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.')
+        && !first.is_empty()
+    {
+        path.extend(first.split('.').map(key));
+    }
+    (path, msg)
+}
+
+impl ScenarioConfig {
+    /// Checks values the types cannot; the error carries the key path.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        nonzero(self.duration, &["duration"])?;
+        nonzero(self.tick, &["tick"])?;
+        if self.tick > Duration::from_secs(10) {
+            return Err((vec![key("tick")], "must be at most 10s".into()));
+        }
+        let f = &self.fleet;
+        if f.servers == 0 {
+            return Err((
+                vec![key("fleet"), key("servers")],
+                "must be at least 1".into(),
+            ));
+        }
+        if f.zones == 0 || f.zones > f.servers {
+            return Err((
+                vec![key("fleet"), key("zones")],
+                format!("must be between 1 and fleet.servers ({})", f.servers),
+            ));
+        }
+        if f.workers == 0 {
+            return Err((
+                vec![key("fleet"), key("workers")],
+                "must be at least 1".into(),
+            ));
+        }
+        nonzero(f.service_time, &["fleet", "service_time"])?;
+        nonzero(
+            f.dependency_check_interval,
+            &["fleet", "dependency_check_interval"],
+        )?;
+        fraction(f.brownout, &["fleet", "brownout"], "brownout")?;
+        fraction(f.disk_used, &["fleet", "disk_used"], "disk_used")?;
+        if f.fds_used >= f.fd_limit {
+            return Err((
+                vec![key("fleet"), key("fds_used")],
+                format!("must be below fleet.fd_limit ({})", f.fd_limit),
+            ));
+        }
+        if !(0.0..=100.0).contains(&self.clients.load) {
+            return Err((
+                vec![key("clients"), key("load")],
+                "must be between 0 and 100 (a fraction of capacity)".into(),
+            ));
+        }
+        if let Some(r) = self.clients.rate
+            && (r.is_nan() || r < 0.0)
+        {
+            return Err((
+                vec![key("clients"), key("rate")],
+                "must be 0 or more requests/s".into(),
+            ));
+        }
+        nonzero(self.clients.timeout, &["clients", "timeout"])?;
+        let mut names = std::collections::BTreeSet::new();
+        for (i, d) in self.dependencies.iter().enumerate() {
+            let at = |k: &str| vec![key("dependencies"), PathSeg::Index(i), key(k)];
+            if d.name.is_empty() {
+                return Err((at("name"), "every dependency needs a name".into()));
+            }
+            if !names.insert(d.name.as_str()) {
+                return Err((at("name"), format!("duplicate dependency {:?}", d.name)));
+            }
+            if !(0.0..=1.0).contains(&d.error_rate) {
+                return Err((at("error_rate"), "must be between 0 and 1".into()));
+            }
+            if !(0.0..=1.0).contains(&d.request_fraction) {
+                return Err((at("request_fraction"), "must be between 0 and 1".into()));
+            }
+        }
+        if let Some(q) = &self.queue {
+            nonzero(q.process_time, &["queue", "process_time"])?;
+            nonzero(q.fail_time, &["queue", "fail_time"])?;
+            if q.rate < 0.0 {
+                return Err((vec![key("queue"), key("rate")], "must be 0 or more".into()));
+            }
+        }
+        nonzero(self.lb.interval, &["lb", "interval"])?;
+        nonzero(self.lb.timeout, &["lb", "timeout"])?;
+        if self.lb.timeout >= self.lb.interval {
+            return Err((
+                vec![key("lb"), key("timeout")],
+                "must be shorter than lb.interval (one probe at a time per server)".into(),
+            ));
+        }
+        self.lb
+            .pool
+            .validate()
+            .map_err(|m| core_error(&["lb", "pool"], m))?;
+        nonzero(self.controller.interval, &["controller", "interval"])?;
+        nonzero(self.controller.timeout, &["controller", "timeout"])?;
+        if self.controller.timeout >= self.controller.interval {
+            return Err((
+                vec![key("controller"), key("timeout")],
+                "must be shorter than controller.interval".into(),
+            ));
+        }
+        self.controller
+            .guard
+            .validate()
+            .map_err(|m| core_error(&["controller", "guard"], m))?;
+        for (i, fault) in self.faults.iter().enumerate() {
+            fault.validate(self).map_err(|(k, m)| {
+                (
+                    vec![key("faults"), PathSeg::Index(i), key(k)],
+                    format!("{m} (a {:?} fault)", fault.kind),
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl FaultConfig {
+    fn validate(&self, s: &ScenarioConfig) -> Result<(), (&'static str, String)> {
+        use FaultKind::*;
+        let need = |present: bool, k: &'static str| {
+            if present {
+                Ok(())
+            } else {
+                Err((k, format!("`{k}` is required")))
+            }
+        };
+        if self.at > s.duration {
+            return Err((
+                "at",
+                format!(
+                    "is after the end of the run (duration {})",
+                    humantime::format_duration(s.duration)
+                ),
+            ));
+        }
+        match self.kind {
+            Kill | DiskFill | FdLeak | GcPauses | CheckerDies | ConnBroken | Gray => {
+                need(self.target.is_some(), "target")?;
+            }
+            _ => {}
+        }
+        if let Some(t) = &self.target {
+            let set = TargetSet::parse(t).map_err(|m| ("target", m))?;
+            if let TargetSet::Range(a, _) = set
+                && a >= s.fleet.servers
+            {
+                return Err((
+                    "target",
+                    format!(
+                        "server {a} does not exist (fleet.servers = {})",
+                        s.fleet.servers
+                    ),
+                ));
+            }
+            if let TargetSet::Zone(z) = set
+                && z >= s.fleet.zones
+            {
+                return Err((
+                    "target",
+                    format!("zone {z} does not exist (fleet.zones = {})", s.fleet.zones),
+                ));
+            }
+        }
+        match self.kind {
+            DiskFill => need(self.fill_in.is_some(), "fill_in")?,
+            FdLeak => need(self.exhaust_in.is_some(), "exhaust_in")?,
+            GcPauses => {
+                need(self.pause.is_some(), "pause")?;
+                need(self.every.is_some(), "every")?;
+                if self.pause >= self.every {
+                    return Err(("pause", "must be shorter than `every`".into()));
+                }
+            }
+            ConnBroken | Dependency => {
+                need(self.dependency.is_some(), "dependency")?;
+                let name = self.dependency.as_deref().unwrap_or_default();
+                if !s.dependencies.iter().any(|d| d.name == name) {
+                    return Err((
+                        "dependency",
+                        format!("no dependency named {name:?} in [[dependencies]]"),
+                    ));
+                }
+            }
+            Gray => need(self.error_rate.is_some(), "error_rate")?,
+            Surge => need(self.load.is_some(), "load")?,
+            ZoneDown => {
+                need(self.zone.is_some(), "zone")?;
+                if self.zone.unwrap_or(0) >= s.fleet.zones {
+                    return Err((
+                        "zone",
+                        format!("must be below fleet.zones ({})", s.fleet.zones),
+                    ));
+                }
+            }
+            Deploy => {
+                need(self.waves.is_some(), "waves")?;
+                need(self.wave_interval.is_some(), "wave_interval")?;
+                let waves = self.waves.as_deref().unwrap_or_default();
+                if waves.is_empty()
+                    || waves.windows(2).any(|w| w[0] >= w[1])
+                    || waves.iter().any(|w| !(0.0..=1.0).contains(w) || *w == 0.0)
+                {
+                    return Err((
+                        "waves",
+                        "must be increasing cumulative fractions in (0, 1], e.g. [0.1, 0.5, 1.0]"
+                            .into(),
+                    ));
+                }
+            }
+            _ => {}
+        }
+        if let Some(e) = self.error_rate
+            && !(0.0..=1.0).contains(&e)
+        {
+            return Err(("error_rate", "must be between 0 and 1".into()));
+        }
+        if let Some(a) = self.affected
+            && !(0.0..=1.0).contains(&a)
+        {
+            return Err(("affected", "must be between 0 and 1".into()));
+        }
+        if let Some(l) = self.load
+            && !(l > 0.0 && l <= 100.0)
+        {
+            return Err(("load", "must be a multiplier above 0".into()));
+        }
+        Ok(())
+    }
+
+    /// The target servers.
+    pub fn servers(&self, fleet: &FleetConfig) -> Vec<u32> {
+        match self.kind {
+            FaultKind::ZoneDown => TargetSet::Zone(self.zone.unwrap_or(0)).servers(fleet),
+            _ => self
+                .target
+                .as_deref()
+                .and_then(|t| TargetSet::parse(t).ok())
+                .unwrap_or(TargetSet::All)
+                .servers(fleet),
+        }
+    }
+
+    /// A short label for timelines.
+    pub fn label(&self) -> String {
+        if let Some(l) = &self.label {
+            return l.clone();
+        }
+        let what = format!("{:?}", self.kind);
+        let mut s = String::new();
+        for (i, c) in what.chars().enumerate() {
+            if c.is_uppercase() && i > 0 {
+                s.push(' ');
+            }
+            s.push(c.to_ascii_lowercase());
+        }
+        match (&self.target, &self.dependency) {
+            (_, Some(d)) => format!("{s} {d}"),
+            (Some(t), None) => format!("{s} {t}"),
+            _ => s,
+        }
+    }
+}
+
+// === the naive comparison ===
+
+impl ScenarioConfig {
+    /// The same scenario with naive policies: the load balancer checks `/health` (deep)
+    /// and never fails open, the controller acts on every unhealthy verdict with no
+    /// guard, servers have no watchdog and answer health checks from the request
+    /// workers, queue workers pull without checking their host, and rollouts follow a
+    /// timer. Outlier detection and thresholds are kept: they are not what the article
+    /// argues about.
+    pub fn naive(&self) -> ScenarioConfig {
+        let mut n = self.clone();
+        n.lb.check = CheckPath::Deep;
+        n.lb.pool.panic_threshold = 0.0;
+        if n.controller.mode != ControllerMode::Off {
+            n.controller.mode = ControllerMode::Naive;
+        }
+        n.fleet.watchdog = Switch::Off;
+        n.fleet.health_capacity = HealthCapacity::Shared;
+        if let Some(q) = &mut n.queue {
+            q.gate = Switch::Off;
+        }
+        for f in &mut n.faults {
+            if f.kind == FaultKind::Deploy {
+                f.gate = Some(DeployGate::None);
+            }
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(src: &str) -> Result<Scenario, Box<ScenarioError>> {
+        Scenario::parse(Path::new("x.toml"), src)
+    }
+
+    #[test]
+    fn every_field_has_a_default() {
+        let s = parse("").expect("an empty scenario is valid");
+        assert_eq!(s.config.fleet.servers, DEFAULT_SERVERS);
+        assert_eq!(s.config.name, "x");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_line_and_key() {
+        let e = parse("[fleet]\nservers = 3\nsrevers = 4\n").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("srevers"), "{e}");
+    }
+
+    #[test]
+    fn type_errors_name_the_key_and_line() {
+        let e = parse("duration = \"1h\"\n[fleet]\nservers = \"many\"\n").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert_eq!(e.key.as_deref(), Some("fleet.servers"), "{e}");
+    }
+
+    #[test]
+    fn validation_errors_name_the_key_and_line() {
+        let src = "[[faults]]\nat = \"1m\"\nkind = \"kill\"\ntarget = \"server:0\"\n\n[[faults]]\nat = \"2m\"\nkind = \"kill\"\ntarget = \"server:99\"\n";
+        let e = parse(src).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("faults[1].target"), "{e}");
+        assert_eq!(e.line, Some(9), "{e}");
+        let s = e.to_string();
+        assert!(s.starts_with("x.toml:9:"), "{s}");
+    }
+
+    #[test]
+    fn core_policy_errors_name_the_nested_key() {
+        let e = parse("[lb.pool]\npanic_threshold = 1.5\n").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("lb.pool.panic_threshold"), "{e}");
+        assert_eq!(e.line, Some(2), "{e}");
+    }
+
+    #[test]
+    fn targets_parse() {
+        assert_eq!(TargetSet::parse("server:3"), Ok(TargetSet::Range(3, 3)));
+        assert_eq!(TargetSet::parse("servers:1-4"), Ok(TargetSet::Range(1, 4)));
+        assert!(TargetSet::parse("servers:4-1").is_err());
+        assert!(TargetSet::parse("fraction:2").is_err());
+        let fleet = FleetConfig::default();
+        assert_eq!(TargetSet::Zone(1).servers(&fleet).len(), 7);
+        assert_eq!(TargetSet::Fraction(0.1).servers(&fleet), vec![0, 1]);
+    }
+}

@@ -1,0 +1,337 @@
+//! A run's numbers, and how they are shown in a terminal (one column per run).
+
+use crate::expect::{Expectation, format_duration};
+use crate::scenario::ScenarioConfig;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// What one run measured.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Summary {
+    /// Scenario name.
+    pub scenario: String,
+    /// `vigil` or `naive`.
+    pub policies: &'static str,
+    /// Seed.
+    pub seed: u64,
+    /// Fleet size.
+    pub servers: u32,
+    /// Simulated time.
+    pub duration: Duration,
+    /// Discrete events processed (ticks, probes, faults, boots, ...).
+    pub events: u64,
+    /// Client requests simulated.
+    pub requests: u64,
+    /// Client requests that failed.
+    pub client_errors: u64,
+    /// Successful / all client requests (1 when there were none).
+    pub availability: f64,
+    /// Fewest servers in service (routed to and up) at any tick.
+    pub min_in_service: u32,
+    /// Mean servers in service.
+    pub mean_in_service: f64,
+    /// Largest fraction of the fleet that could serve but was out of service (not routed,
+    /// or being replaced by the controller), at any tick.
+    pub max_removed_fraction: f64,
+    /// Faulty servers taken out of service (or replaced), and how fast.
+    pub detected: u32,
+    /// Mean time to detect.
+    pub detect_mean: Option<Duration>,
+    /// Slowest detection.
+    pub detect_max: Option<Duration>,
+    /// Faulty servers never taken out of service.
+    pub undetected: u32,
+    /// Active-check verdicts that took a server out of the load balancer.
+    pub lb_removals: u32,
+    /// Outlier ejections.
+    pub ejections: u32,
+    /// Outlier ejections refused by `max_ejection_percent`.
+    pub ejections_skipped: u32,
+    /// Servers the controller replaced.
+    pub controller_actions: u32,
+    /// Replacements the guard held back (distinct decisions).
+    pub controller_holds: u32,
+    /// Guard freezes.
+    pub freezes: u32,
+    /// Times the load balancer entered fail-open.
+    pub fail_open_episodes: u32,
+    /// Time spent in fail-open.
+    pub fail_open_time: Duration,
+    /// From the first fault to the first fail-open.
+    pub first_fail_open_after_fault: Option<Duration>,
+    /// Whether the scenario has a queue.
+    pub has_queue: bool,
+    /// Message deliveries (pulls).
+    pub messages_delivered: u64,
+    /// Deliveries that failed (and were redelivered).
+    pub message_failures: u64,
+    /// Largest queue backlog.
+    pub max_queue_backlog: u64,
+    /// Rollout waves that went out.
+    pub deploy_waves: u32,
+    /// Rollouts halted and rolled back.
+    pub rollbacks: u32,
+}
+
+impl Summary {
+    /// An empty summary for a run of `cfg`.
+    pub fn new(cfg: &ScenarioConfig, seed: u64, naive: bool) -> Self {
+        Summary {
+            scenario: cfg.name.clone(),
+            policies: if naive { "naive" } else { "vigil" },
+            seed,
+            servers: cfg.fleet.servers,
+            duration: cfg.duration,
+            has_queue: cfg.queue.is_some(),
+            ..Summary::default()
+        }
+    }
+
+    /// Computes the derived figures once the run is over.
+    pub fn finish(&mut self) {
+        self.availability = if self.requests == 0 {
+            1.0
+        } else {
+            (self.requests - self.client_errors) as f64 / self.requests as f64
+        };
+    }
+
+    /// The metric an expectation names (see [`crate::expect::METRICS`]).
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        Some(match name {
+            "availability" => self.availability,
+            "client_errors" => self.client_errors as f64,
+            "min_in_service" => f64::from(self.min_in_service),
+            "mean_in_service" => self.mean_in_service,
+            "max_removed_fraction" => self.max_removed_fraction,
+            "time_to_detect" => self.detect_max?.as_secs_f64(),
+            "undetected" => f64::from(self.undetected),
+            "lb_removals" => f64::from(self.lb_removals),
+            "ejections" => f64::from(self.ejections),
+            "controller_actions" => f64::from(self.controller_actions),
+            "controller_holds" => f64::from(self.controller_holds),
+            "fail_open_episodes" => f64::from(self.fail_open_episodes),
+            "fail_open_seconds" => self.fail_open_time.as_secs_f64(),
+            "message_failure_rate" => {
+                if self.messages_delivered == 0 {
+                    0.0
+                } else {
+                    self.message_failures as f64 / self.messages_delivered as f64
+                }
+            }
+            "max_queue_backlog" => self.max_queue_backlog as f64,
+            "deploy_waves" => f64::from(self.deploy_waves),
+            _ => return None,
+        })
+    }
+
+    /// The rows of the terminal table and the report: (label, value).
+    pub fn rows(&self) -> Vec<(&'static str, String)> {
+        let pct = |v: f64| format!("{:.3}%", v * 100.0);
+        let mut rows = vec![
+            ("availability", pct(self.availability)),
+            (
+                "client errors",
+                format!("{} of {}", group(self.client_errors), group(self.requests)),
+            ),
+            (
+                "servers in service min/mean",
+                format!(
+                    "{} / {:.1} of {}",
+                    self.min_in_service, self.mean_in_service, self.servers
+                ),
+            ),
+            (
+                "max removed fraction",
+                format!("{:.3}", self.max_removed_fraction),
+            ),
+            (
+                "time to detect mean/max",
+                match (self.detect_mean, self.detect_max) {
+                    (Some(m), Some(x)) => format!(
+                        "{} / {}{}",
+                        format_duration(m),
+                        format_duration(x),
+                        if self.undetected > 0 {
+                            format!(" ({} never)", self.undetected)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                    _ if self.undetected > 0 => format!("never ({} servers)", self.undetected),
+                    _ => "-".into(),
+                },
+            ),
+            (
+                "lb removals / ejections",
+                format!(
+                    "{} / {}{}",
+                    self.lb_removals,
+                    self.ejections,
+                    if self.ejections_skipped > 0 {
+                        format!(" ({} capped)", self.ejections_skipped)
+                    } else {
+                        String::new()
+                    }
+                ),
+            ),
+            (
+                "controller actions / held",
+                format!("{} / {}", self.controller_actions, self.controller_holds),
+            ),
+            (
+                "fail-open episodes",
+                if self.fail_open_episodes == 0 {
+                    "0".into()
+                } else {
+                    format!(
+                        "{} ({} total{})",
+                        self.fail_open_episodes,
+                        format_duration(self.fail_open_time),
+                        self.first_fail_open_after_fault
+                            .map(|d| format!(", first {} after fault", format_duration(d)))
+                            .unwrap_or_default()
+                    )
+                },
+            ),
+        ];
+        if self.has_queue {
+            rows.push((
+                "message failure rate",
+                format!(
+                    "{} ({} of {})",
+                    pct(self.metric("message_failure_rate").unwrap_or(0.0)),
+                    group(self.message_failures),
+                    group(self.messages_delivered)
+                ),
+            ));
+            rows.push(("max queue backlog", group(self.max_queue_backlog)));
+        }
+        if self.deploy_waves > 0 || self.rollbacks > 0 {
+            rows.push((
+                "deploy waves / rollbacks",
+                format!("{} / {}", self.deploy_waves, self.rollbacks),
+            ));
+        }
+        rows.push(("events simulated", group(self.events)));
+        rows
+    }
+}
+
+/// `1234567` as `1,234,567`.
+pub fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Result of checking one expectation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verdict {
+    /// `vigil` or `naive`.
+    pub policies: &'static str,
+    /// The expectation, as written.
+    pub expectation: String,
+    /// Kept?
+    pub ok: bool,
+    /// What the run measured.
+    pub measured: String,
+}
+
+/// Checks expectations against a summary.
+pub fn verdicts(expect: &[Expectation], s: &Summary) -> Vec<Verdict> {
+    expect
+        .iter()
+        .map(|e| {
+            let (ok, measured) = e.check(s);
+            Verdict {
+                policies: s.policies,
+                expectation: e.to_string(),
+                ok,
+                measured,
+            }
+        })
+        .collect()
+}
+
+/// The terminal summary: one column per run, then the expectations.
+pub fn render_text(runs: &[&Summary], verdicts: &[Verdict]) -> String {
+    let mut out = String::new();
+    let Some(first) = runs.first() else {
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "scenario {}: {} servers, {} simulated, seed {}",
+        first.scenario,
+        first.servers,
+        format_duration(first.duration),
+        first.seed
+    );
+    let rows: Vec<Vec<(&str, String)>> = runs.iter().map(|s| s.rows()).collect();
+    let label_w = rows[0].iter().map(|(l, _)| l.len()).max().unwrap_or(0);
+    let col_w = rows
+        .iter()
+        .flat_map(|r| r.iter().map(|(_, v)| v.len()))
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    if runs.len() > 1 {
+        let _ = write!(out, "  {:label_w$}", "");
+        for s in runs {
+            let _ = write!(out, "  {:>col_w$}", s.policies);
+        }
+        out.push('\n');
+    }
+    for (k, (label, _)) in rows[0].iter().enumerate() {
+        let _ = write!(out, "  {label:label_w$}");
+        for r in &rows {
+            let v = r.get(k).map_or("", |(_, v)| v.as_str());
+            let _ = write!(out, "  {v:>col_w$}");
+        }
+        out.push('\n');
+    }
+    if !verdicts.is_empty() {
+        out.push_str("expectations:\n");
+        for v in verdicts {
+            let _ = writeln!(
+                out,
+                "  {} {:5} {} (measured {})",
+                if v.ok { "ok  " } else { "FAIL" },
+                v.policies,
+                v.expectation,
+                v.measured
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_thousands() {
+        assert_eq!(group(0), "0");
+        assert_eq!(group(999), "999");
+        assert_eq!(group(1234567), "1,234,567");
+    }
+
+    #[test]
+    fn every_metric_is_reachable() {
+        let s = Summary {
+            detect_max: Some(Duration::from_secs(3)),
+            ..Summary::default()
+        };
+        for (name, _) in crate::expect::METRICS {
+            assert!(s.metric(name).is_some(), "metric {name} has no value");
+        }
+    }
+}
