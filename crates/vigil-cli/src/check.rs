@@ -1,16 +1,375 @@
-//! `vigil check URL`: probe a health endpoint once.
+//! `vigil check URL`: probe a health endpoint once, print what it said, and exit with a
+//! code a script or a Kubernetes exec probe can act on.
+//!
+//! Exit codes: 0 pass (and warn, unless `--strict`), 1 warn with `--strict`, 2 fail,
+//! 3 unreachable or invalid response (the reason goes to stderr). Note that clap's own
+//! usage errors also exit 2; a probe should be configured once and tested.
+//!
+//! How an answer is judged:
+//! - a health+json body: its `status`, made worse by the HTTP code if they disagree
+//!   (a 503 saying "pass" counts as fail; a 200 saying "fail" is fail);
+//! - a `text/plain` body on 200 or 503 (a status-only endpoint such as `/livez`): the
+//!   HTTP code alone;
+//! - anything else (not HTTP, not health+json, another status code, a body over 64 KiB,
+//!   no answer within `--timeout`): invalid or unreachable, exit 3.
 
 use clap::Args;
+use serde_json::json;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use vigil_core::report::MAX_REPORT_BYTES;
+use vigil_core::{HealthReport, Status};
+
+/// Default probe timeout: 2 s is the budget a Kubernetes exec probe or a script usually
+/// allows, and far above a healthy endpoint's answer time (it reads a snapshot).
+pub const DEFAULT_CHECK_TIMEOUT: &str = "2s";
+
+/// Exit code for an unreachable endpoint or an invalid answer.
+const EXIT_INVALID: u8 = 3;
 
 /// Arguments of `vigil check`.
 #[derive(Args, Debug)]
 pub struct CheckArgs {
-    /// The health endpoint, e.g. http://127.0.0.1:8080/health
+    /// The health endpoint, e.g. http://127.0.0.1:8081/health (http:// is assumed when
+    /// no scheme is given; vigil is built without TLS).
     pub url: String,
+
+    /// Give up after this long (connect, request and body), e.g. 500ms, 2s.
+    #[arg(long, default_value = DEFAULT_CHECK_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+
+    /// Print the outcome as one JSON object on stdout instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Exit 1 on warn (degraded) instead of 0.
+    #[arg(long)]
+    pub strict: bool,
+}
+
+/// What a probe found.
+#[derive(Debug)]
+struct Outcome {
+    http_status: u16,
+    latency: Duration,
+    status: Status,
+    /// The parsed report (None for a status-only text endpoint).
+    report: Option<HealthReport>,
+    /// Disagreement between the HTTP code and the body, worth a note.
+    note: Option<String>,
+}
+
+/// Why a probe has no verdict.
+#[derive(Debug)]
+struct Invalid {
+    reason: String,
+    http_status: Option<u16>,
+    latency: Duration,
 }
 
 /// Runs `vigil check`.
-pub fn run(_args: CheckArgs) -> ExitCode {
-    ExitCode::from(3)
+pub fn run(args: CheckArgs) -> ExitCode {
+    let url = normalise(&args.url);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vigil check: cannot start a runtime: {e}");
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    let result = rt.block_on(probe(&url, args.timeout));
+    let code = match &result {
+        Ok(o) => exit_code(o.status, args.strict),
+        Err(_) => EXIT_INVALID,
+    };
+    match &result {
+        Ok(o) => {
+            if let Some(note) = &o.note {
+                eprintln!("vigil check: {url}: {note}");
+            }
+            if args.json {
+                println!("{}", outcome_json(&url, o, code));
+            } else {
+                print!("{}", summary(&url, o));
+            }
+        }
+        Err(e) => {
+            eprintln!("vigil check: {url}: {}", e.reason);
+            if args.json {
+                println!(
+                    "{}",
+                    json!({
+                        "url": url,
+                        "status": "invalid",
+                        "httpStatus": e.http_status,
+                        "latencyMs": ms(e.latency),
+                        "error": e.reason,
+                        "exitCode": code,
+                    })
+                );
+            }
+        }
+    }
+    ExitCode::from(code)
+}
+
+fn exit_code(status: Status, strict: bool) -> u8 {
+    match status {
+        Status::Pass => 0,
+        Status::Warn if strict => 1,
+        Status::Warn => 0,
+        Status::Fail => 2,
+    }
+}
+
+fn normalise(url: &str) -> String {
+    if url.contains("://") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    }
+}
+
+async fn probe(url: &str, timeout: Duration) -> Result<Outcome, Invalid> {
+    let start = Instant::now();
+    let invalid = |reason: String, http_status: Option<u16>| Invalid {
+        reason,
+        http_status,
+        latency: start.elapsed(),
+    };
+    if !url.starts_with("http://") {
+        return Err(invalid(
+            "only http:// URLs are supported (vigil is built without TLS)".into(),
+            None,
+        ));
+    }
+    let client = reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        // A health probe goes straight to the instance, never through an HTTP_PROXY.
+        .no_proxy()
+        .build()
+        .map_err(|e| invalid(format!("cannot build an HTTP client: {e}"), None))?;
+    let fetch = async {
+        let mut resp = client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| invalid(describe(&e, timeout), None))?;
+        let code = resp.status().as_u16();
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let mut body = Vec::new();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| invalid(describe(&e, timeout), Some(code)))?
+        {
+            body.extend_from_slice(&chunk);
+            if body.len() > MAX_REPORT_BYTES {
+                return Err(invalid(
+                    format!("body larger than {} KiB", MAX_REPORT_BYTES / 1024),
+                    Some(code),
+                ));
+            }
+        }
+        Ok((code, content_type, body))
+    };
+    // reqwest's timeout covers the body too; this outer bound is belt and braces.
+    let (code, content_type, body) =
+        match tokio::time::timeout(timeout + Duration::from_millis(100), fetch).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(invalid(
+                    format!("timed out after {}", humantime::format_duration(timeout)),
+                    None,
+                ));
+            }
+        };
+    let latency = start.elapsed();
+    judge(code, &content_type, &body).map_or_else(
+        |reason| {
+            Err(Invalid {
+                reason,
+                http_status: Some(code),
+                latency,
+            })
+        },
+        |(status, report, note)| {
+            Ok(Outcome {
+                http_status: code,
+                latency,
+                status,
+                report,
+                note,
+            })
+        },
+    )
+}
+
+type Verdict = (Status, Option<HealthReport>, Option<String>);
+
+/// Judges an answer (see the module docs).
+fn judge(code: u16, content_type: &str, body: &[u8]) -> Result<Verdict, String> {
+    let by_code = match code {
+        200..=299 => Some(Status::Pass),
+        503 => Some(Status::Fail),
+        _ => None,
+    };
+    match HealthReport::parse(body) {
+        Ok(report) => {
+            let Some(code_status) = by_code else {
+                return Err(format!(
+                    "unexpected HTTP status {code} (a health endpoint answers 200 or 503)"
+                ));
+            };
+            let mut status = report.status;
+            let mut note = None;
+            if code_status == Status::Fail && status != Status::Fail {
+                note = Some(format!(
+                    "HTTP {code} but the body says {status}: counting fail"
+                ));
+                status = Status::Fail;
+            } else if code_status != Status::Fail && status == Status::Fail {
+                note = Some(format!("HTTP {code} but the body says fail: counting fail"));
+            }
+            Ok((status, Some(report), note))
+        }
+        Err(parse) => match by_code {
+            Some(s) if content_type.starts_with("text/plain") => Ok((s, None, None)),
+            Some(_) => Err(format!("HTTP {code}, body is not health+json: {parse}")),
+            None => Err(format!("unexpected HTTP status {code}: {parse}")),
+        },
+    }
+}
+
+/// Says why a request failed, in the words an operator looks for.
+fn describe(e: &reqwest::Error, timeout: Duration) -> String {
+    if e.is_timeout() {
+        return format!("timed out after {}", humantime::format_duration(timeout));
+    }
+    // reqwest's Display is terse ("error sending request for url (...)") and its chain
+    // repeats itself: the root cause is what an operator needs ("Connection refused").
+    let mut root: &dyn std::error::Error = e;
+    while let Some(s) = root.source() {
+        root = s;
+    }
+    if e.is_connect() {
+        format!("unreachable: {root}")
+    } else if std::error::Error::source(e).is_none() {
+        format!("invalid response: {e}")
+    } else {
+        format!("invalid response: {root}")
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn outcome_json(url: &str, o: &Outcome, code: u8) -> serde_json::Value {
+    let report = o
+        .report
+        .as_ref()
+        .map(|r| serde_json::from_str::<serde_json::Value>(&r.to_json()).unwrap_or_default());
+    json!({
+        "url": url,
+        "status": o.status.as_str(),
+        "httpStatus": o.http_status,
+        "latencyMs": ms(o.latency),
+        "exitCode": code,
+        "report": report,
+    })
+}
+
+/// The human-readable summary: a headline, then one line per check.
+fn summary(url: &str, o: &Outcome) -> String {
+    let mut out = format!(
+        "{}  {url}  (HTTP {}, {:.1} ms)\n",
+        o.status.as_str().to_uppercase(),
+        o.http_status,
+        o.latency.as_secs_f64() * 1e3
+    );
+    let Some(report) = &o.report else {
+        out.push_str("  (status-only endpoint: judged by its HTTP code)\n");
+        return out;
+    };
+    if let Some(output) = &report.output {
+        out.push_str(&format!("  {output}\n"));
+    }
+    let width = report.checks.keys().map(|k| k.len()).max().unwrap_or(0);
+    for (name, results) in &report.checks {
+        for r in results {
+            let observed = match (&r.observed_value, &r.observed_unit) {
+                (Some(v), Some(u)) => format!("{} {u}", plain(v)),
+                (Some(v), None) => plain(v),
+                _ => String::new(),
+            };
+            let mut line = format!("  {:<4}  {name:<width$}", r.status.as_str());
+            if !observed.is_empty() {
+                line.push_str(&format!("  {observed}"));
+            }
+            if let Some(output) = &r.output {
+                line.push_str(&format!("  {output}"));
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// A JSON value as a person would write it (strings without quotes).
+fn plain(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn judge_follows_the_body_made_worse_by_the_code() {
+        let pass = br#"{"status":"pass"}"#;
+        let fail = br#"{"status":"fail"}"#;
+        assert_eq!(judge(200, HEALTH, pass).unwrap().0, Status::Pass);
+        assert_eq!(judge(503, HEALTH, fail).unwrap().0, Status::Fail);
+        let (s, _, note) = judge(503, HEALTH, pass).unwrap();
+        assert_eq!(s, Status::Fail, "a 503 is never a pass");
+        assert!(note.is_some());
+        assert_eq!(judge(200, HEALTH, fail).unwrap().0, Status::Fail);
+        assert!(judge(404, HEALTH, pass).is_err());
+    }
+
+    const HEALTH: &str = "application/health+json";
+
+    #[test]
+    fn status_only_text_endpoints_are_judged_by_code_and_garbage_is_invalid() {
+        assert_eq!(judge(200, "text/plain", b"ok").unwrap().0, Status::Pass);
+        assert_eq!(
+            judge(503, "text/plain; charset=utf-8", b"no").unwrap().0,
+            Status::Fail
+        );
+        let err = judge(200, "text/html", b"<html>").unwrap_err();
+        assert!(err.contains("not health+json"), "{err}");
+        assert!(judge(500, "text/plain", b"oops").is_err());
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(exit_code(Status::Pass, true), 0);
+        assert_eq!(exit_code(Status::Warn, false), 0);
+        assert_eq!(exit_code(Status::Warn, true), 1);
+        assert_eq!(exit_code(Status::Fail, false), 2);
+    }
 }
