@@ -1,0 +1,510 @@
+//! The runtime side of a pool: drives vigil-core's `Pool` policy with real time, and
+//! publishes lock-free routing snapshots for the data path.
+//!
+//! Design: the policy state ([`vigil_core::pool::Pool`]) sits behind a mutex that is
+//! taken only when something may change (a health check result, an error, a success
+//! after an error, the 100 ms tick). After every change the pool's [`Routing`] snapshot
+//! is rebuilt and swapped into an `ArcSwap`, which the data path reads without locking.
+//! Per-target counters (outstanding requests) are atomics. Every event the policy
+//! returns is logged with its cause, reflected in metrics, and when a target leaves
+//! service its in-flight requests are told at once (a `Notify`), so idempotent ones can
+//! be retried elsewhere instead of waiting for a frozen target.
+
+use crate::config::{Balance, PoolSection};
+use crate::metrics::{Metrics, PoolLabels, RequestLabels, TargetLabels};
+use arc_swap::ArcSwap;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::Notify;
+use vigil_core::Time;
+use vigil_core::outlier::{OutlierEvent, RequestOutcome};
+use vigil_core::pool::{Pool, PoolEvent, RetryBudget, RoutingSet, TargetSpec};
+use vigil_core::thresholds::Health;
+
+/// The driver's clock: monotonic time since start, as policies see it, and the wall
+/// clock at start for human-readable times.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    start: Instant,
+    wall: SystemTime,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock {
+    /// A clock starting now.
+    pub fn new() -> Self {
+        Clock {
+            start: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+
+    /// Now, as a policy `Time`.
+    pub fn now(&self) -> Time {
+        Time::from_elapsed(self.start.elapsed())
+    }
+
+    /// A policy `Time` as wall-clock time (RFC 3339, for people).
+    pub fn wall(&self, t: Time) -> String {
+        humantime::format_rfc3339_millis(self.wall + t.as_elapsed()).to_string()
+    }
+}
+
+/// One target as the data path sees it.
+pub struct TargetRt {
+    /// `host:port`.
+    pub addr: String,
+    /// `http://host:port`, the prefix of every request URI.
+    pub base_uri: String,
+    /// Requests in flight to it (P2C's load).
+    pub outstanding: AtomicU64,
+    /// Set when an error was reported to outlier detection and no success since (so a
+    /// success must be reported too, to reset the streak; otherwise it need not be).
+    error_pending: AtomicBool,
+    /// Woken when the target leaves service (unhealthy or ejected).
+    pub left_service: Arc<Notify>,
+    /// Whether it is in service now (as of the last snapshot).
+    pub in_service: AtomicBool,
+    /// The last state change and why, for `/admin/targets`.
+    pub last_change: Mutex<Option<(Time, String)>>,
+    /// Request counters by status code (a cache over the metrics family).
+    codes: RwLock<Vec<(u16, Counter)>>,
+    labels: TargetLabels,
+}
+
+impl TargetRt {
+    fn new(pool: &str, addr: &str) -> Self {
+        TargetRt {
+            addr: addr.to_string(),
+            base_uri: format!("http://{addr}"),
+            outstanding: AtomicU64::new(0),
+            error_pending: AtomicBool::new(false),
+            left_service: Arc::new(Notify::new()),
+            in_service: AtomicBool::new(false),
+            last_change: Mutex::new(None),
+            codes: RwLock::new(Vec::new()),
+            labels: TargetLabels {
+                pool: pool.to_string(),
+                target: addr.to_string(),
+            },
+        }
+    }
+
+    /// Counts one answered request with `code`.
+    pub fn count(&self, metrics: &Metrics, code: u16) {
+        if let Some((_, c)) = self
+            .codes
+            .read()
+            .expect("codes lock")
+            .iter()
+            .find(|(k, _)| *k == code)
+        {
+            c.inc();
+            return;
+        }
+        let c = metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                pool: self.labels.pool.clone(),
+                target: self.labels.target.clone(),
+                code: code.to_string(),
+            })
+            .clone();
+        c.inc();
+        self.codes.write().expect("codes lock").push((code, c));
+    }
+}
+
+/// A routing snapshot: who may get traffic (indices into `targets`).
+pub struct Routing {
+    /// The policy's routing set, keyed by index into `targets`.
+    pub set: RoutingSet<usize>,
+    /// The targets.
+    pub targets: Vec<Arc<TargetRt>>,
+}
+
+/// A decaying latency histogram giving the hedge delay (the pool's recent quantile).
+pub struct LatencyTracker {
+    buckets: [AtomicU64; LATENCY_BUCKETS],
+    threshold_us: AtomicU64,
+}
+
+const LATENCY_BUCKETS: usize = 64;
+/// Samples needed before the quantile is trusted (before that: the max hedge delay).
+const MIN_LATENCY_SAMPLES: u64 = 50;
+
+fn latency_bucket(us: u64) -> usize {
+    // Three buckets per power of two: 1 us .. 2^21 us (2 s); coarse but lock-free.
+    let x = (us.max(1) as f64).log2() * 3.0;
+    (x as usize).min(LATENCY_BUCKETS - 1)
+}
+
+fn bucket_upper_us(i: usize) -> u64 {
+    2f64.powf((i + 1) as f64 / 3.0).ceil() as u64
+}
+
+impl Default for LatencyTracker {
+    fn default() -> Self {
+        LatencyTracker {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            threshold_us: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl LatencyTracker {
+    /// Records one response-header latency.
+    pub fn record(&self, d: Duration) {
+        self.buckets[latency_bucket(d.as_micros() as u64)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Recomputes the quantile and halves the counts (so the estimate follows the last
+    /// few seconds). Called once a second.
+    pub fn refresh(&self, quantile: f64) {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total < MIN_LATENCY_SAMPLES {
+            self.threshold_us.store(u64::MAX, Ordering::Relaxed);
+        } else {
+            let want = (total as f64 * quantile).ceil() as u64;
+            let mut seen = 0;
+            for (i, c) in counts.iter().enumerate() {
+                seen += c;
+                if seen >= want {
+                    self.threshold_us
+                        .store(bucket_upper_us(i), Ordering::Relaxed);
+                    break;
+                }
+            }
+        }
+        for b in &self.buckets {
+            let v = b.load(Ordering::Relaxed);
+            b.fetch_sub(v / 2, Ordering::Relaxed);
+        }
+    }
+
+    /// The hedge delay: the recent quantile clamped to `[min, max]`.
+    pub fn hedge_delay(&self, min: Duration, max: Duration) -> Duration {
+        let us = self.threshold_us.load(Ordering::Relaxed);
+        if us == u64::MAX {
+            return max;
+        }
+        Duration::from_micros(us).clamp(min, max)
+    }
+}
+
+/// One pool at run time.
+pub struct PoolRt {
+    /// The pool's name.
+    pub name: String,
+    /// Its configuration (swapped on reload).
+    pub section: ArcSwap<PoolSection>,
+    /// The policy state.
+    pub state: Mutex<Pool<String>>,
+    /// Every target, by address.
+    pub targets: Mutex<BTreeMap<String, Arc<TargetRt>>>,
+    /// The current routing snapshot.
+    pub routing: ArcSwap<Routing>,
+    /// Retries and hedges allowed.
+    pub budget: Mutex<RetryBudget>,
+    /// Recent latency, for hedging.
+    pub latency: LatencyTracker,
+    /// Round-robin counter.
+    pub rr: AtomicU64,
+    /// Latency histogram handle.
+    pub duration: Histogram,
+    clock: Clock,
+    metrics: Arc<Metrics>,
+}
+
+impl PoolRt {
+    /// Builds a pool from its configuration; targets start per `new_targets`.
+    pub fn new(name: &str, section: PoolSection, clock: Clock, metrics: Arc<Metrics>) -> Self {
+        let now = clock.now();
+        let mut pool = Pool::new(name, section.core());
+        let mut targets = BTreeMap::new();
+        for t in &section.targets {
+            pool.add_target(t.addr.clone(), spec(t), now);
+            targets.insert(t.addr.clone(), Arc::new(TargetRt::new(name, &t.addr)));
+        }
+        let duration = metrics
+            .duration
+            .get_or_create(&PoolLabels {
+                pool: name.to_string(),
+            })
+            .clone();
+        let rt = PoolRt {
+            name: name.to_string(),
+            budget: Mutex::new(RetryBudget::new(section.retries.budget)),
+            section: ArcSwap::from_pointee(section),
+            state: Mutex::new(pool),
+            targets: Mutex::new(targets),
+            routing: ArcSwap::from_pointee(Routing {
+                set: RoutingSet::default(),
+                targets: Vec::new(),
+            }),
+            latency: LatencyTracker::default(),
+            rr: AtomicU64::new(0),
+            duration,
+            clock,
+            metrics,
+        };
+        let state = rt.state.lock().expect("pool lock");
+        if state.fail_open().is_some() {
+            tracing::warn!(pool = name, "pool starts in fail-open");
+        }
+        rt.publish(&state);
+        drop(state);
+        rt
+    }
+
+    /// Applies a new configuration (a reload): keeps every known target's state.
+    pub fn reconfigure(&self, section: PoolSection) {
+        let now = self.clock.now();
+        let mut state = self.state.lock().expect("pool lock");
+        let mut events = state.reconfigure(section.core(), now);
+        events.extend(state.set_targets(
+            section.targets.iter().map(|t| (t.addr.clone(), spec(t))),
+            now,
+        ));
+        {
+            let mut targets = self.targets.lock().expect("targets lock");
+            targets.retain(|addr, _| section.targets.iter().any(|t| &t.addr == addr));
+            for t in &section.targets {
+                targets
+                    .entry(t.addr.clone())
+                    .or_insert_with(|| Arc::new(TargetRt::new(&self.name, &t.addr)));
+            }
+        }
+        *self.budget.lock().expect("budget lock") = RetryBudget::new(section.retries.budget);
+        self.section.store(Arc::new(section));
+        self.handle(&mut state, events);
+    }
+
+    /// The balancing policy.
+    pub fn balance(&self) -> Balance {
+        self.section.load().balance
+    }
+
+    /// Records an active check's result.
+    pub fn observe_probe(&self, addr: &str, ok: bool, detail: String) {
+        let now = self.clock.now();
+        let mut state = self.state.lock().expect("pool lock");
+        let events = state.observe_probe(&addr.to_string(), now, ok, detail);
+        self.handle(&mut state, events);
+    }
+
+    /// Records a forwarded request's outcome (passive outlier detection). Successes take
+    /// the lock only when they end an error streak.
+    pub fn observe_request(&self, target: &TargetRt, outcome: RequestOutcome) {
+        if outcome.is_error() {
+            target.error_pending.store(true, Ordering::Relaxed);
+        } else if !target.error_pending.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let now = self.clock.now();
+        let jitter: f64 = rand::random();
+        let mut state = self.state.lock().expect("pool lock");
+        let events = state.observe_request(&target.addr, now, outcome, jitter);
+        if !events.is_empty() {
+            self.handle(&mut state, events);
+        }
+    }
+
+    /// Advances time: readmissions after ejections end.
+    pub fn tick(&self) {
+        let now = self.clock.now();
+        let mut state = self.state.lock().expect("pool lock");
+        let events = state.tick(now);
+        if !events.is_empty() {
+            self.handle(&mut state, events);
+        }
+    }
+
+    fn handle(&self, state: &mut Pool<String>, events: Vec<PoolEvent<String>>) {
+        let now = self.clock.now();
+        self.publish(state);
+        let targets = self.targets.lock().expect("targets lock");
+        for ev in &events {
+            let msg = ev.to_string();
+            match ev {
+                PoolEvent::Health { to, target, .. } => {
+                    if *to == Health::Healthy {
+                        tracing::info!(pool = %self.name, target = %target, "{msg}");
+                    } else {
+                        tracing::warn!(pool = %self.name, target = %target, "{msg}");
+                    }
+                }
+                PoolEvent::Outlier { event, .. } => {
+                    if let OutlierEvent::Readmitted { .. } = event {
+                        tracing::info!(pool = %self.name, target = %event.target(), "{msg}");
+                    } else {
+                        tracing::warn!(pool = %self.name, target = %event.target(), "{msg}");
+                    }
+                    if let OutlierEvent::Ejected { target, .. } = event {
+                        self.metrics
+                            .ejections
+                            .get_or_create(&TargetLabels {
+                                pool: self.name.clone(),
+                                target: target.clone(),
+                            })
+                            .inc();
+                    }
+                }
+                PoolEvent::FailOpen { entered, .. } => {
+                    if *entered {
+                        tracing::error!(pool = %self.name, "{msg}");
+                    } else {
+                        tracing::warn!(pool = %self.name, "{msg}");
+                    }
+                }
+            }
+            let about = match ev {
+                PoolEvent::Health { target, .. } => Some(target),
+                PoolEvent::Outlier { event, .. } => Some(event.target()),
+                PoolEvent::FailOpen { .. } => None,
+            };
+            if let Some(t) = about.and_then(|a| targets.get(a)) {
+                *t.last_change.lock().expect("last change lock") = Some((now, msg.clone()));
+            }
+            // The snapshot is already published without it: wake its in-flight requests
+            // so idempotent ones move to another target now.
+            if let Some(t) = ev.left_service().and_then(|a| targets.get(a)) {
+                t.left_service.notify_waiters();
+            }
+        }
+    }
+
+    /// Rebuilds and swaps the routing snapshot; updates the gauges.
+    fn publish(&self, state: &Pool<String>) {
+        let now = self.clock.now();
+        let set = state.routing_set(now);
+        let targets_by_addr = self.targets.lock().expect("targets lock");
+        let mut targets = Vec::with_capacity(set.len());
+        let mut routes = Vec::with_capacity(set.len());
+        for r in set.routes {
+            if let Some(t) = targets_by_addr.get(&r.key) {
+                routes.push(vigil_core::pool::Route {
+                    key: targets.len(),
+                    weight: r.weight,
+                    ramp: r.ramp,
+                });
+                targets.push(t.clone());
+            }
+        }
+        for (addr, t) in targets_by_addr.iter() {
+            let up = state.is_in_service(addr);
+            t.in_service.store(up, Ordering::Relaxed);
+            self.metrics
+                .target_up
+                .get_or_create(&TargetLabels {
+                    pool: self.name.clone(),
+                    target: addr.clone(),
+                })
+                .set(i64::from(up));
+        }
+        self.metrics
+            .fail_open
+            .get_or_create(&PoolLabels {
+                pool: self.name.clone(),
+            })
+            .set(i64::from(set.fail_open));
+        self.routing.store(Arc::new(Routing {
+            set: RoutingSet {
+                routes,
+                fail_open: set.fail_open,
+            },
+            targets,
+        }));
+    }
+
+    /// Picks a target for a request, skipping `tried`. `None` when nothing is left.
+    pub fn pick(&self, tried: &[Arc<TargetRt>]) -> Option<Arc<TargetRt>> {
+        let routing = self.routing.load();
+        let now = self.clock.now();
+        let skip = |i: &usize| tried.iter().any(|t| Arc::ptr_eq(t, &routing.targets[*i]));
+        let picked = match self.balance() {
+            Balance::P2c => routing.set.pick_p2c(
+                now,
+                [rand::random(), rand::random()],
+                |i| routing.targets[*i].outstanding.load(Ordering::Relaxed),
+                skip,
+            ),
+            Balance::RoundRobin => {
+                routing
+                    .set
+                    .pick_round_robin(now, self.rr.fetch_add(1, Ordering::Relaxed), skip)
+            }
+        };
+        picked.map(|i| routing.targets[*i].clone())
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Current time.
+    pub fn now(&self) -> Time {
+        self.clock.now()
+    }
+}
+
+fn spec(t: &crate::config::TargetConfig) -> TargetSpec {
+    TargetSpec {
+        weight: t.weight,
+        zone: t.zone.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hedge_delay_follows_the_recent_quantile() {
+        let l = LatencyTracker::default();
+        let (min, max) = (Duration::from_millis(1), Duration::from_secs(1));
+        assert_eq!(
+            l.hedge_delay(min, max),
+            max,
+            "no samples: never hedge early"
+        );
+        for _ in 0..95 {
+            l.record(Duration::from_millis(2));
+        }
+        for _ in 0..5 {
+            l.record(Duration::from_millis(200));
+        }
+        l.refresh(0.9);
+        let d = l.hedge_delay(min, max);
+        assert!(
+            d >= Duration::from_millis(2) && d < Duration::from_millis(4),
+            "p90 of mostly-2ms is about 2ms, got {d:?}"
+        );
+        l.refresh(0.99);
+        let d = l.hedge_delay(min, max);
+        assert!(
+            d >= Duration::from_millis(200),
+            "p99 sees the slow tail: {d:?}"
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! Active health checks: one loop per target, GET `path` every `interval` (with jitter)
+//! on a fresh connection, judged by status code and optionally by the health+json body.
+//!
+//! A fresh connection per check (like HAProxy) is deliberate: it tests that the target
+//! still accepts connections, which a pooled connection would hide. Results go to the
+//! pool policy ([`crate::balancer::PoolRt::observe_probe`]) with a detail string saying
+//! what the check saw; the policy decides (rise/fall thresholds) and the balancer logs
+//! transitions, not every probe.
+
+use crate::balancer::PoolRt;
+use crate::config::{HealthCheckConfig, StatusSet};
+use crate::metrics::CheckLabels;
+use crate::proxy::ErrorChain;
+use bytes::Bytes;
+use http::{Request, header};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use vigil_core::report::MAX_REPORT_BYTES;
+use vigil_core::{HealthReport, Status};
+
+/// The result of one check: passed or not, and what it saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Whether the check passed.
+    pub ok: bool,
+    /// What it saw, for logs and `/admin/targets`.
+    pub detail: String,
+}
+
+/// Checks one target once.
+pub async fn probe(
+    client: &Client<HttpConnector, Empty<Bytes>>,
+    addr: &str,
+    hc: &HealthCheckConfig,
+    expected: &StatusSet,
+) -> Verdict {
+    let fail = |detail: String| Verdict { ok: false, detail };
+    let req = match Request::get(format!("http://{addr}{}", hc.path))
+        .header(header::USER_AGENT, "vigil-lb health check")
+        .header(header::ACCEPT, "application/health+json, */*")
+        .body(Empty::new())
+    {
+        Ok(r) => r,
+        Err(e) => return fail(format!("bad check request: {e}")),
+    };
+    let work = async {
+        let resp = match client.request(req).await {
+            Ok(r) => r,
+            Err(e) => {
+                let what = if e.is_connect() {
+                    "connect failed"
+                } else {
+                    "request failed"
+                };
+                return fail(format!("{what}: {}", ErrorChain(&e)));
+            }
+        };
+        let code = resp.status().as_u16();
+        if !expected.contains(code) {
+            return fail(format!(
+                "HTTP {code}, expected {}",
+                hc.expected_statuses.join(",")
+            ));
+        }
+        if !hc.health_json {
+            return Verdict {
+                ok: true,
+                detail: format!("HTTP {code}"),
+            };
+        }
+        let body = match Limited::new(resp.into_body(), MAX_REPORT_BYTES)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return fail(format!("HTTP {code}, body unreadable: {e}")),
+        };
+        match HealthReport::parse(&body) {
+            Ok(report) => {
+                let failing: Vec<&str> = report.failing_checks().collect();
+                let mut detail = format!("HTTP {code}, health+json {}", report.status);
+                if !failing.is_empty() {
+                    detail.push_str(&format!(" (failing: {})", failing.join(", ")));
+                } else if report.status == Status::Warn {
+                    let warn: Vec<&str> = report
+                        .checks
+                        .iter()
+                        .filter(|(_, rs)| rs.iter().any(|r| r.status == Status::Warn))
+                        .map(|(n, _)| n.as_str())
+                        .collect();
+                    if !warn.is_empty() {
+                        detail.push_str(&format!(" (warn: {})", warn.join(", ")));
+                    }
+                }
+                Verdict {
+                    // Degraded (warn) stays in service: it still serves something useful.
+                    ok: report.status.is_serving(),
+                    detail,
+                }
+            }
+            Err(e) => fail(format!("HTTP {code}, not health+json: {e}")),
+        }
+    };
+    match tokio::time::timeout(hc.timeout, work).await {
+        Ok(v) => v,
+        Err(_) => fail(format!(
+            "no answer within {}",
+            humantime::format_duration(hc.timeout)
+        )),
+    }
+}
+
+/// A client for checks: no pooling, so every check opens a fresh connection.
+pub fn check_client(connect_timeout: Duration) -> Client<HttpConnector, Empty<Bytes>> {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build(http)
+}
+
+/// Checks every target of `pool` until `stop` changes or is dropped.
+pub fn spawn_checks(
+    pool: Arc<PoolRt>,
+    client: Client<HttpConnector, Empty<Bytes>>,
+    stop: watch::Receiver<()>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let section = pool.section.load_full();
+    let hc = section.health_check.clone();
+    if !hc.enabled {
+        return Vec::new();
+    }
+    let expected = StatusSet::parse(&hc.expected_statuses).expect("validated config");
+    section
+        .targets
+        .iter()
+        .map(|t| {
+            let (pool, client, hc, expected, addr) = (
+                pool.clone(),
+                client.clone(),
+                hc.clone(),
+                expected.clone(),
+                t.addr.clone(),
+            );
+            let mut stop = stop.clone();
+            tokio::spawn(async move {
+                loop {
+                    let v = tokio::select! {
+                        biased;
+                        _ = stop.changed() => return,
+                        v = probe(&client, &addr, &hc, &expected) => v,
+                    };
+                    pool_metrics(&pool, &addr, v.ok);
+                    pool.observe_probe(&addr, v.ok, v.detail);
+                    let spread = 1.0 + hc.jitter * (2.0 * rand::random::<f64>() - 1.0);
+                    tokio::select! {
+                        biased;
+                        _ = stop.changed() => return,
+                        _ = tokio::time::sleep(hc.interval.mul_f64(spread)) => {}
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+fn pool_metrics(pool: &PoolRt, addr: &str, ok: bool) {
+    pool.metrics()
+        .checks
+        .get_or_create(&CheckLabels {
+            pool: pool.name.clone(),
+            target: addr.to_string(),
+            result: if ok { "pass" } else { "fail" }.into(),
+        })
+        .inc();
+}

@@ -1,0 +1,922 @@
+//! `lb.toml`: the load balancer's configuration, its defaults, and errors that name the
+//! file, line and key.
+//!
+//! Every section is `#[serde(default, deny_unknown_fields)]`: an empty file is a valid
+//! (if useless) configuration, a misspelt key is an error. Loading ends in
+//! [`LbConfig::validate`], whose errors name the key; [`load`] turns both parse and
+//! validation errors into a [`ConfigError`] carrying the file, line and column of the key
+//! and the offending source line. `examples/lb.toml` documents every key.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use vigil_core::outlier::OutlierConfig;
+use vigil_core::pool::{NewTargets, PoolConfig, RetryBudgetConfig};
+use vigil_core::thresholds::{
+    DEFAULT_HEALTHY_THRESHOLD, DEFAULT_UNHEALTHY_THRESHOLD, ThresholdsConfig,
+};
+
+/// Default client listener: loopback, a non-privileged port.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default admin listener (`/admin/targets`, `/metrics`): loopback only, Envoy's admin
+/// port; never exposed by default because it tells everything about the fleet.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
+/// Default time to finish in-flight requests after SIGTERM: 10 s, below Kubernetes'
+/// 30 s termination grace period, so the drain ends before a SIGKILL.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default connect timeout: 1 s. On a LAN a connect takes well under a millisecond; a
+/// target that cannot accept within a second is as good as down, and the request is
+/// retried elsewhere (connect failures are always safe to retry).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default response-header timeout: 10 s. The gray-failure defence: a frozen target (it
+/// accepts, never answers) holds a request at most this long, where peers wait 30-60 s.
+pub const DEFAULT_RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default idle time of a pooled backend connection: 30 s, below the common 60-75 s
+/// keep-alive timeouts of backends (nginx 75 s), so we close first and never send a
+/// request on a connection the backend is closing.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default time a client has to send a complete request header: 10 s (HAProxy's
+/// `timeout http-request` advice). A slowloris client gets 408 after it. It also bounds
+/// how long an idle keep-alive client connection is kept.
+pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default limit on a request header: 16 KiB (HAProxy's `tune.bufsize`); larger gets 431.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Default largest request body buffered so that the request can be retried or hedged:
+/// 64 KiB; larger bodies stream straight through and are never retried.
+pub const DEFAULT_MAX_RETRY_BODY_BYTES: usize = 64 * 1024;
+/// Default number of retries of one request: 2 (three targets tried at most), within
+/// the retry budget.
+pub const DEFAULT_MAX_RETRIES: u32 = 2;
+/// Default health-check path: `/readyz`, the local-health endpoint a load balancer
+/// should use (Kubernetes convention; vigil's library serves it).
+pub const DEFAULT_HEALTH_PATH: &str = "/readyz";
+/// Default health-check interval: 2 s (HAProxy's `inter`); with the default unhealthy
+/// threshold of 3 and 1 s timeout, a dead target is out within about 7 s.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(2);
+/// Default health-check timeout: 1 s; a local health endpoint answers in milliseconds.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default jitter of the interval: +-10%, so checks of many targets do not align.
+pub const DEFAULT_HEALTH_JITTER: f64 = 0.1;
+/// Default expected statuses: 2xx and 3xx, as HAProxy's `httpchk` accepts.
+pub const DEFAULT_EXPECTED_STATUSES: &str = "200-399";
+/// Default hedging quantile: a request still unanswered past the pool's recent p95
+/// latency is hedged, so at most about 5% of requests are duplicated.
+pub const DEFAULT_HEDGE_QUANTILE: f64 = 0.95;
+/// Default lower bound of the hedge delay: 10 ms, so a very fast pool does not hedge on
+/// scheduling noise.
+pub const DEFAULT_HEDGE_MIN_DELAY: Duration = Duration::from_millis(10);
+/// Default upper bound of the hedge delay: 1 s.
+pub const DEFAULT_HEDGE_MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// The whole configuration of `vigil lb`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LbConfig {
+    /// Address the proxy listens on. Defaults to 127.0.0.1:8080.
+    pub listen: SocketAddr,
+    /// Address of the admin listener (`/admin/targets`, `/metrics`). Defaults to
+    /// 127.0.0.1:9901.
+    pub admin_listen: SocketAddr,
+    /// Worker threads; 0 = one per CPU. Defaults to 0.
+    pub workers: usize,
+    /// Time to finish in-flight requests after SIGTERM. Defaults to 10s.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Timeouts.
+    pub timeouts: TimeoutsConfig,
+    /// Limits on client requests.
+    pub limits: LimitsConfig,
+    /// Routing rules, tried in order; the first match wins.
+    pub routes: Vec<RouteConfig>,
+    /// Pools of targets, by name.
+    pub pools: BTreeMap<String, PoolSection>,
+}
+
+impl Default for LbConfig {
+    fn default() -> Self {
+        LbConfig {
+            listen: DEFAULT_LISTEN.parse().expect("valid default address"),
+            admin_listen: DEFAULT_ADMIN_LISTEN.parse().expect("valid default address"),
+            workers: 0,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            timeouts: TimeoutsConfig::default(),
+            limits: LimitsConfig::default(),
+            routes: Vec::new(),
+            pools: BTreeMap::new(),
+        }
+    }
+}
+
+/// Timeouts.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TimeoutsConfig {
+    /// Connecting to a target. Defaults to 1s.
+    #[serde(with = "humantime_serde")]
+    pub connect: Duration,
+    /// From sending a request to a target to its complete response header; past it the
+    /// client gets 504. Defaults to 10s.
+    #[serde(with = "humantime_serde")]
+    pub response_header: Duration,
+    /// Idle time after which a pooled backend connection is closed. Defaults to 30s.
+    #[serde(with = "humantime_serde")]
+    pub idle: Duration,
+    /// Time a client has to send a complete request header (408 after it); also the
+    /// idle time of a keep-alive client connection. Defaults to 10s.
+    #[serde(with = "humantime_serde")]
+    pub client_header: Duration,
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        TimeoutsConfig {
+            connect: DEFAULT_CONNECT_TIMEOUT,
+            response_header: DEFAULT_RESPONSE_HEADER_TIMEOUT,
+            idle: DEFAULT_IDLE_TIMEOUT,
+            client_header: DEFAULT_CLIENT_HEADER_TIMEOUT,
+        }
+    }
+}
+
+/// Limits on client requests.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest request header in bytes (at least 8192); larger gets 431. Defaults to 16384.
+    pub max_header_bytes: usize,
+    /// Largest request body buffered for retries and hedging; larger bodies stream and
+    /// are never retried. Defaults to 65536.
+    pub max_retry_body_bytes: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            max_retry_body_bytes: DEFAULT_MAX_RETRY_BODY_BYTES,
+        }
+    }
+}
+
+/// One routing rule: requests whose host and path match go to `pool`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Host to match (case-insensitive, port ignored); absent matches any host.
+    pub host: Option<String>,
+    /// Path prefix to match. Defaults to `/` (everything).
+    pub path_prefix: Option<String>,
+    /// The pool to route to (required).
+    pub pool: String,
+}
+
+/// Balancing policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Balance {
+    /// Power of two choices on outstanding requests. Defaults to this.
+    #[default]
+    P2c,
+    /// Round-robin (weighted).
+    RoundRobin,
+}
+
+/// One target.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TargetConfig {
+    /// `host:port` (required).
+    pub addr: String,
+    /// Relative share of traffic. Defaults to 1.
+    pub weight: u32,
+    /// Zone, reported in `/admin/targets`.
+    pub zone: Option<String>,
+}
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        TargetConfig {
+            addr: String::new(),
+            weight: vigil_core::pool::DEFAULT_WEIGHT,
+            zone: None,
+        }
+    }
+}
+
+/// A pool of targets and its policies.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolSection {
+    /// The targets.
+    pub targets: Vec<TargetConfig>,
+    /// `p2c` or `round-robin`. Defaults to `p2c`.
+    pub balance: Balance,
+    /// Fail open (route to all) when the healthy fraction falls below this. Defaults
+    /// to 0.5.
+    pub panic_threshold: f64,
+    /// Ramp-up time of a target entering service; 0s disables. Defaults to 10s.
+    #[serde(with = "humantime_serde")]
+    pub slow_start_window: Duration,
+    /// Fraction of its weight a target starts its ramp with. Defaults to 0.1.
+    pub slow_start_min_weight: f64,
+    /// Active health checks.
+    pub health_check: HealthCheckConfig,
+    /// Passive outlier detection (see vigil_core::outlier).
+    pub outlier: OutlierConfig,
+    /// Retries.
+    pub retries: RetryConfig,
+    /// Hedging of slow idempotent requests.
+    pub hedge: HedgeConfig,
+}
+
+impl Default for PoolSection {
+    fn default() -> Self {
+        let core = PoolConfig::default();
+        PoolSection {
+            targets: Vec::new(),
+            balance: Balance::P2c,
+            panic_threshold: core.panic_threshold,
+            slow_start_window: core.slow_start_window,
+            slow_start_min_weight: core.slow_start_min_weight,
+            health_check: HealthCheckConfig::default(),
+            outlier: core.outlier,
+            retries: RetryConfig::default(),
+            hedge: HedgeConfig::default(),
+        }
+    }
+}
+
+impl PoolSection {
+    /// The vigil-core policy configuration of this pool.
+    pub fn core(&self) -> PoolConfig {
+        PoolConfig {
+            panic_threshold: self.panic_threshold,
+            slow_start_window: self.slow_start_window,
+            slow_start_min_weight: self.slow_start_min_weight,
+            new_targets: if self.health_check.enabled {
+                self.health_check.new_targets
+            } else {
+                NewTargets::Healthy
+            },
+            thresholds: ThresholdsConfig {
+                healthy_threshold: self.health_check.healthy_threshold,
+                unhealthy_threshold: self.health_check.unhealthy_threshold,
+            },
+            outlier: self.outlier,
+        }
+    }
+}
+
+/// Active health checks of a pool's targets.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthCheckConfig {
+    /// Whether to check at all; without checks every target is assumed healthy and only
+    /// outlier detection removes targets. Defaults to true.
+    pub enabled: bool,
+    /// Path to GET. Defaults to `/readyz`.
+    pub path: String,
+    /// Time between checks of one target. Defaults to 2s.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Random spread of the interval, as a fraction (0.1 = +-10%). Defaults to 0.1.
+    pub jitter: f64,
+    /// A check not answered within this fails. Defaults to 1s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Consecutive passing checks that make a target healthy. Defaults to 2.
+    pub healthy_threshold: u32,
+    /// Consecutive failing checks that make a target unhealthy. Defaults to 3.
+    pub unhealthy_threshold: u32,
+    /// Status codes that pass: codes (`"200"`), classes (`"2xx"`) or ranges
+    /// (`"200-299"`). Defaults to `["200-399"]`.
+    pub expected_statuses: Vec<String>,
+    /// Read the body as health+json: `pass` and `warn` pass (a degraded target stays in
+    /// service), `fail` or an unreadable body fails. Defaults to false.
+    pub health_json: bool,
+    /// Verdict of a new target before its checks: `unknown` (no traffic until
+    /// `healthy_threshold` checks pass) or `healthy`. Defaults to `unknown`.
+    pub new_targets: NewTargets,
+}
+
+impl Default for HealthCheckConfig {
+    fn default() -> Self {
+        HealthCheckConfig {
+            enabled: true,
+            path: DEFAULT_HEALTH_PATH.to_string(),
+            interval: DEFAULT_HEALTH_INTERVAL,
+            jitter: DEFAULT_HEALTH_JITTER,
+            timeout: DEFAULT_HEALTH_TIMEOUT,
+            healthy_threshold: DEFAULT_HEALTHY_THRESHOLD,
+            unhealthy_threshold: DEFAULT_UNHEALTHY_THRESHOLD,
+            expected_statuses: vec![DEFAULT_EXPECTED_STATUSES.to_string()],
+            health_json: false,
+            new_targets: NewTargets::Unknown,
+        }
+    }
+}
+
+/// Retries of failed requests.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Most retries of one request (each on another target). Defaults to 2.
+    pub max_retries: u32,
+    /// The budget shared by retries and hedges (see vigil_core::pool::RetryBudget).
+    pub budget: RetryBudgetConfig,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_retries: DEFAULT_MAX_RETRIES,
+            budget: RetryBudgetConfig::default(),
+        }
+    }
+}
+
+/// Hedging: an idempotent request unanswered past the pool's recent latency quantile is
+/// also sent to a second target; the first answer wins.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HedgeConfig {
+    /// Whether to hedge. Defaults to false.
+    pub enabled: bool,
+    /// Latency quantile of the pool's recent requests after which to hedge. Defaults
+    /// to 0.95.
+    pub quantile: f64,
+    /// Shortest hedge delay. Defaults to 10ms.
+    #[serde(with = "humantime_serde")]
+    pub min_delay: Duration,
+    /// Longest hedge delay. Defaults to 1s.
+    #[serde(with = "humantime_serde")]
+    pub max_delay: Duration,
+}
+
+impl Default for HedgeConfig {
+    fn default() -> Self {
+        HedgeConfig {
+            enabled: false,
+            quantile: DEFAULT_HEDGE_QUANTILE,
+            min_delay: DEFAULT_HEDGE_MIN_DELAY,
+            max_delay: DEFAULT_HEDGE_MAX_DELAY,
+        }
+    }
+}
+
+/// A set of status codes that pass a health check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusSet(Vec<(u16, u16)>);
+
+impl StatusSet {
+    /// Parses `"200"`, `"2xx"`, `"200-299"` items.
+    pub fn parse(items: &[String]) -> Result<StatusSet, String> {
+        let mut ranges = Vec::new();
+        for item in items {
+            let s = item.trim();
+            let bad = || format!("{s:?} is not a status code, class (2xx) or range (200-299)");
+            let r = if let Some(class) = s.strip_suffix("xx") {
+                let c: u16 = class.parse().map_err(|_| bad())?;
+                (c * 100, c * 100 + 99)
+            } else if let Some((a, b)) = s.split_once('-') {
+                (
+                    a.trim().parse().map_err(|_| bad())?,
+                    b.trim().parse().map_err(|_| bad())?,
+                )
+            } else {
+                let c = s.parse().map_err(|_| bad())?;
+                (c, c)
+            };
+            if !(100..=599).contains(&r.0) || !(100..=599).contains(&r.1) || r.0 > r.1 {
+                return Err(bad());
+            }
+            ranges.push(r);
+        }
+        if ranges.is_empty() {
+            return Err("must list at least one status".into());
+        }
+        Ok(StatusSet(ranges))
+    }
+
+    /// True when `code` passes.
+    pub fn contains(&self, code: u16) -> bool {
+        self.0.iter().any(|(a, b)| (*a..=*b).contains(&code))
+    }
+}
+
+/// A validation error: the key (dotted path) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// Dotted path of the key, e.g. `pools.api.health_check.interval`.
+    pub key: String,
+    /// What is wrong and what was expected.
+    pub message: String,
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> Invalid {
+    Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+impl LbConfig {
+    /// Checks everything serde cannot; the error names the key.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if self.timeouts.connect.is_zero() {
+            return Err(invalid("timeouts.connect", "must be more than 0s"));
+        }
+        if self.timeouts.response_header.is_zero() {
+            return Err(invalid("timeouts.response_header", "must be more than 0s"));
+        }
+        if self.timeouts.client_header.is_zero() {
+            return Err(invalid("timeouts.client_header", "must be more than 0s"));
+        }
+        if self.limits.max_header_bytes < 8192 {
+            return Err(invalid(
+                "limits.max_header_bytes",
+                format!(
+                    "must be at least 8192, got {}",
+                    self.limits.max_header_bytes
+                ),
+            ));
+        }
+        if self.listen == self.admin_listen {
+            return Err(invalid(
+                "admin_listen",
+                format!("must differ from listen ({})", self.listen),
+            ));
+        }
+        if self.routes.is_empty() && self.pools.len() > 1 {
+            return Err(invalid(
+                "routes",
+                "required when there are several pools (with one pool, everything goes to it)",
+            ));
+        }
+        for (i, r) in self.routes.iter().enumerate() {
+            if r.pool.is_empty() {
+                return Err(invalid(
+                    format!("routes[{i}]"),
+                    "missing key `pool`: the pool this route sends to",
+                ));
+            }
+            if !self.pools.contains_key(&r.pool) {
+                let known: Vec<&str> = self.pools.keys().map(String::as_str).collect();
+                return Err(invalid(
+                    format!("routes[{i}].pool"),
+                    format!("no pool named {:?} (pools: {})", r.pool, known.join(", ")),
+                ));
+            }
+            if let Some(p) = &r.path_prefix
+                && !p.starts_with('/')
+            {
+                return Err(invalid(
+                    format!("routes[{i}].path_prefix"),
+                    format!("must start with '/', got {p:?}"),
+                ));
+            }
+        }
+        for (name, pool) in &self.pools {
+            let key = |k: &str| format!("pools.{name}.{k}");
+            if pool.targets.is_empty() {
+                return Err(invalid(key("targets"), "a pool needs at least one target"));
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            for (i, t) in pool.targets.iter().enumerate() {
+                let tk = key(&format!("targets[{i}].addr"));
+                validate_addr(&t.addr).map_err(|m| invalid(&tk, m))?;
+                if !seen.insert(&t.addr) {
+                    return Err(invalid(tk, format!("{} is listed twice", t.addr)));
+                }
+            }
+            pool.core().validate().map_err(|m| {
+                // Core keys are nested differently: map them back to lb.toml's keys.
+                let (k, rest) = m.split_once(' ').unwrap_or((&m, ""));
+                let k = k
+                    .strip_prefix("thresholds.")
+                    .map(|t| format!("health_check.{t}"))
+                    .unwrap_or_else(|| k.to_string());
+                invalid(key(&k), rest.to_string())
+            })?;
+            let hc = &pool.health_check;
+            if hc.enabled {
+                if !hc.path.starts_with('/') {
+                    return Err(invalid(
+                        key("health_check.path"),
+                        format!("must start with '/', got {:?}", hc.path),
+                    ));
+                }
+                if hc.interval < Duration::from_millis(10) {
+                    return Err(invalid(
+                        key("health_check.interval"),
+                        "must be at least 10ms",
+                    ));
+                }
+                if hc.timeout.is_zero() {
+                    return Err(invalid(key("health_check.timeout"), "must be more than 0s"));
+                }
+                if !(0.0..=0.5).contains(&hc.jitter) {
+                    return Err(invalid(
+                        key("health_check.jitter"),
+                        format!("must be between 0 and 0.5, got {}", hc.jitter),
+                    ));
+                }
+                StatusSet::parse(&hc.expected_statuses)
+                    .map_err(|m| invalid(key("health_check.expected_statuses"), m))?;
+            }
+            pool.retries.budget.validate().map_err(|m| {
+                let (k, rest) = m.split_once(' ').unwrap_or((&m, ""));
+                invalid(key(&format!("retries.budget.{k}")), rest.to_string())
+            })?;
+            let h = &pool.hedge;
+            if !(0.0..1.0).contains(&h.quantile) || h.quantile < 0.5 {
+                return Err(invalid(
+                    key("hedge.quantile"),
+                    format!("must be between 0.5 and 1 (exclusive), got {}", h.quantile),
+                ));
+            }
+            if h.max_delay < h.min_delay {
+                return Err(invalid(
+                    key("hedge.max_delay"),
+                    "must be at least hedge.min_delay",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate_addr(addr: &str) -> Result<(), String> {
+    if addr.is_empty() {
+        return Err("missing: host:port of the target".into());
+    }
+    let auth: http::uri::Authority = addr
+        .parse()
+        .map_err(|_| format!("{addr:?} is not host:port"))?;
+    if auth.port_u16().is_none() || auth.as_str().contains('@') {
+        return Err(format!("{addr:?} is not host:port (a port is required)"));
+    }
+    Ok(())
+}
+
+/// A configuration that cannot be used: where and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        /// The file.
+        file: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not valid TOML, or a value of the wrong type, or an unknown key.
+    #[error("{}", located(.file, *.line, *.column, .key.as_deref(), .message, .source_line))]
+    Parse {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// Dotted path of the key, when known.
+        key: Option<String>,
+        /// What is wrong.
+        message: String,
+        /// The offending line.
+        source_line: String,
+    },
+    /// Valid TOML, but a value that does not make sense.
+    #[error("{}", located(.file, *.line, *.column, Some(.key), .message, .source_line))]
+    Invalid {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line (0 when the key is absent from the file).
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// Dotted path of the key.
+        key: String,
+        /// What is wrong and what was expected.
+        message: String,
+        /// The offending line.
+        source_line: String,
+    },
+}
+
+fn located(
+    file: &Path,
+    line: usize,
+    column: usize,
+    key: Option<&str>,
+    message: &str,
+    source_line: &str,
+) -> String {
+    let mut s = if line > 0 {
+        format!("{}:{line}:{column}: ", file.display())
+    } else {
+        format!("{}: ", file.display())
+    };
+    if let Some(k) = key {
+        s.push_str(&format!("key `{k}`: "));
+    }
+    s.push_str(message);
+    if line > 0 {
+        s.push_str(&format!("\n{line:>5} | {source_line}"));
+    }
+    s
+}
+
+/// Reads, parses and validates a configuration file.
+pub fn load(path: &Path) -> Result<LbConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        file: path.to_path_buf(),
+        source,
+    })?;
+    parse(path, &text)
+}
+
+/// Parses and validates configuration text (`path` is used in errors only).
+pub fn parse(path: &Path, text: &str) -> Result<LbConfig, ConfigError> {
+    let config: LbConfig = toml::from_str(text).map_err(|e| {
+        let offset = e.span().map_or(0, |s| s.start);
+        let (line, column) = line_col(text, offset);
+        let message = e.message().trim().to_string();
+        ConfigError::Parse {
+            file: path.to_path_buf(),
+            line,
+            column,
+            key: key_at(text, offset),
+            message,
+            source_line: source_line(text, line),
+        }
+    })?;
+    config.validate().map_err(|inv| {
+        let (line, column) = key_span(text, &inv.key)
+            .map(|o| line_col(text, o))
+            .unwrap_or((0, 0));
+        ConfigError::Invalid {
+            file: path.to_path_buf(),
+            line,
+            column,
+            key: inv.key,
+            message: inv.message,
+            source_line: source_line(text, line),
+        }
+    })?;
+    Ok(config)
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, column)
+}
+
+fn source_line(text: &str, line: usize) -> String {
+    if line == 0 {
+        return String::new();
+    }
+    text.lines().nth(line - 1).unwrap_or("").to_string()
+}
+
+type Spanned<T> = toml::Spanned<T>;
+use toml::de::{DeTable, DeValue};
+
+/// Splits `pools.api.targets[1].addr` into `["pools", "api", "targets", "1", "addr"]`.
+fn split_key(key: &str) -> Vec<String> {
+    key.replace('[', ".")
+        .replace(']', "")
+        .split('.')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Byte offset of the deepest part of `key` present in the document.
+fn key_span(text: &str, key: &str) -> Option<usize> {
+    let doc = DeTable::parse(text).ok()?;
+    let mut best = None;
+    let mut table: &DeTable = doc.get_ref();
+    let mut array: Option<&[Spanned<DeValue>]> = None;
+    for part in split_key(key) {
+        let value = if let Some(items) = array.take() {
+            let i: usize = part.parse().ok()?;
+            let v = items.get(i)?;
+            best = Some(v.span().start);
+            v
+        } else {
+            let (k, v) = table.iter().find(|(k, _)| k.get_ref().as_ref() == part)?;
+            best = Some(k.span().start);
+            v
+        };
+        match value.get_ref() {
+            DeValue::Table(t) => table = t,
+            DeValue::Array(a) => array = Some(a),
+            _ => break,
+        }
+    }
+    best
+}
+
+/// Dotted path of the innermost key whose key or value contains `offset`. Parent spans
+/// are not trusted to contain their children (a `[a.b]` header defines `a` implicitly),
+/// so the whole document is searched and the deepest match wins.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let (doc, _) = DeTable::parse_recoverable(text);
+    let mut best: Option<(usize, String)> = None;
+    walk_table(doc.get_ref(), offset, "", 0, &mut best);
+    best.map(|(_, p)| p)
+}
+
+fn walk_table(
+    t: &DeTable,
+    offset: usize,
+    prefix: &str,
+    depth: usize,
+    best: &mut Option<(usize, String)>,
+) {
+    for (k, v) in t.iter() {
+        let path = if prefix.is_empty() {
+            k.get_ref().to_string()
+        } else {
+            format!("{prefix}.{}", k.get_ref())
+        };
+        let hit = k.span().contains(&offset) || v.span().contains(&offset);
+        if hit && best.as_ref().is_none_or(|(d, _)| *d <= depth) {
+            *best = Some((depth, path.clone()));
+        }
+        walk_value(v, offset, &path, depth + 1, best);
+    }
+}
+
+fn walk_value(
+    v: &Spanned<DeValue>,
+    offset: usize,
+    path: &str,
+    depth: usize,
+    best: &mut Option<(usize, String)>,
+) {
+    match v.get_ref() {
+        DeValue::Table(t) => walk_table(t, offset, path, depth, best),
+        DeValue::Array(a) => {
+            for (i, item) in a.iter().enumerate() {
+                let p = format!("{path}[{i}]");
+                if item.span().contains(&offset) && best.as_ref().is_none_or(|(d, _)| *d <= depth) {
+                    *best = Some((depth, p.clone()));
+                }
+                walk_value(item, offset, &p, depth + 1, best);
+            }
+        }
+        _ => {}
+    }
+}
+
+impl fmt::Display for Balance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Balance::P2c => "p2c",
+            Balance::RoundRobin => "round-robin",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+listen = "127.0.0.1:18080"
+admin_listen = "127.0.0.1:19901"
+
+[[routes]]
+host = "api.example.com"
+path_prefix = "/v1"
+pool = "api"
+
+[[routes]]
+pool = "web"
+
+[pools.api]
+targets = [{ addr = "127.0.0.1:9001" }, { addr = "127.0.0.1:9002", weight = 2, zone = "b" }]
+
+[pools.api.health_check]
+interval = "500ms"
+health_json = true
+
+[pools.web]
+balance = "round-robin"
+targets = [{ addr = "localhost:9003" }]
+"#;
+
+    fn p(text: &str) -> Result<LbConfig, ConfigError> {
+        parse(Path::new("lb.toml"), text)
+    }
+
+    #[test]
+    fn every_field_has_a_default() {
+        let c = p("").expect("an empty file is valid");
+        assert_eq!(c, LbConfig::default());
+    }
+
+    #[test]
+    fn a_full_config_parses() {
+        let c = p(GOOD).unwrap();
+        assert_eq!(c.routes.len(), 2);
+        let api = &c.pools["api"];
+        assert_eq!(api.targets[1].weight, 2);
+        assert_eq!(api.health_check.interval, Duration::from_millis(500));
+        assert_eq!(api.health_check.path, "/readyz");
+        assert_eq!(c.pools["web"].balance, Balance::RoundRobin);
+    }
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let text = include_str!("../../../examples/lb.toml");
+        p(text).unwrap_or_else(|e| panic!("examples/lb.toml: {e}"));
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_line_and_key() {
+        let text = GOOD.replace("interval = \"500ms\"", "intervall = \"500ms\"");
+        let e = p(&text).unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "lb.toml:17:1: key `pools.api.health_check.intervall`: unknown field `intervall`"
+            ),
+            "{e}"
+        );
+        assert!(e.contains("intervall = \"500ms\""), "shows the line: {e}");
+    }
+
+    #[test]
+    fn wrong_types_name_the_key() {
+        let text = GOOD.replace("interval = \"500ms\"", "interval = 5");
+        let e = p(&text).unwrap_err().to_string();
+        assert!(
+            e.starts_with("lb.toml:17:12: key `pools.api.health_check.interval`"),
+            "{e}"
+        );
+        let text = GOOD.replace("interval = \"500ms\"", "interval = \"5 parsecs\"");
+        let e = p(&text).unwrap_err().to_string();
+        assert!(e.contains("pools.api.health_check.interval"), "{e}");
+    }
+
+    #[test]
+    fn invalid_values_name_file_line_and_key() {
+        let text = GOOD.replace("pool = \"web\"", "pool = \"nope\"");
+        let e = p(&text).unwrap_err().to_string();
+        assert!(
+            e.starts_with("lb.toml:11:1: key `routes[1].pool`: no pool named \"nope\""),
+            "{e}"
+        );
+
+        let text = GOOD.replace("addr = \"127.0.0.1:9002\"", "addr = \"127.0.0.1\"");
+        let e = p(&text).unwrap_err().to_string();
+        assert!(e.contains("key `pools.api.targets[1].addr`"), "{e}");
+        assert!(e.starts_with("lb.toml:14:"), "{e}");
+
+        let text = GOOD.replace(
+            "health_json = true",
+            "health_json = true\nunhealthy_threshold = 0",
+        );
+        let e = p(&text).unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "lb.toml:19:1: key `pools.api.health_check.unhealthy_threshold`: must be at least 1"
+            ),
+            "{e}"
+        );
+
+        let text = GOOD.replace("[pools.web]", "[pools.web]\npanic_threshold = 50");
+        let e = p(&text).unwrap_err().to_string();
+        assert!(
+            e.contains("key `pools.web.panic_threshold`: must be a fraction"),
+            "{e}"
+        );
+
+        let text = GOOD.replace(
+            "[pools.web]",
+            "[pools.web.outlier]\nmax_ejection_percent = 300\n[pools.web]",
+        );
+        let e = p(&text).unwrap_err().to_string();
+        assert!(
+            e.contains("key `pools.web.outlier.max_ejection_percent`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn status_sets_parse_codes_classes_and_ranges() {
+        let s = StatusSet::parse(&["204".into(), "3xx".into(), "400-404".into()]).unwrap();
+        assert!(s.contains(204) && s.contains(302) && s.contains(404));
+        assert!(!s.contains(200) && !s.contains(500));
+        assert!(StatusSet::parse(&["2x".into()]).is_err());
+        assert!(StatusSet::parse(&[]).is_err());
+    }
+}

@@ -1,0 +1,158 @@
+//! Prometheus metrics of the load balancer (prometheus-client, no global registry).
+//!
+//! | metric | labels | meaning |
+//! |---|---|---|
+//! | `vigil_lb_requests_total` | pool, target, code | client requests answered (target `none`: answered by vigil itself) |
+//! | `vigil_lb_request_duration_seconds` | pool | time to the response header, histogram |
+//! | `vigil_lb_target_up` | pool, target | 1 when the target is in service (healthy, not ejected) |
+//! | `vigil_lb_target_ejections_total` | pool, target | outlier ejections |
+//! | `vigil_lb_pool_fail_open` | pool | 1 while the pool routes to all targets (panic mode) |
+//! | `vigil_lb_retries_total` | pool, reason | retries and hedges sent (connect, reset, ejected, hedge) |
+//! | `vigil_lb_retries_denied_total` | pool | retries the budget refused |
+//! | `vigil_lb_health_checks_total` | pool, target, result | active checks by result (pass, fail) |
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of a per-pool metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// Pool name.
+    pub pool: String,
+}
+
+/// Labels of a per-target metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetLabels {
+    /// Pool name.
+    pub pool: String,
+    /// `host:port`.
+    pub target: String,
+}
+
+/// Labels of the request counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// Pool name (`none` when no route matched).
+    pub pool: String,
+    /// `host:port`, or `none` when vigil answered itself.
+    pub target: String,
+    /// HTTP status code sent to the client.
+    pub code: String,
+}
+
+/// Labels of the retry counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    /// Pool name.
+    pub pool: String,
+    /// Why: connect, reset, ejected, hedge.
+    pub reason: String,
+}
+
+/// Labels of the health-check counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CheckLabels {
+    /// Pool name.
+    pub pool: String,
+    /// `host:port`.
+    pub target: String,
+    /// pass or fail.
+    pub result: String,
+}
+
+/// Every metric, registered in one registry.
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by pool, target, code.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Time to response header by pool.
+    pub duration: Family<PoolLabels, Histogram>,
+    /// Target in service.
+    pub target_up: Family<TargetLabels, Gauge>,
+    /// Outlier ejections.
+    pub ejections: Family<TargetLabels, Counter>,
+    /// Pool in fail-open.
+    pub fail_open: Family<PoolLabels, Gauge>,
+    /// Retries and hedges sent.
+    pub retries: Family<RetryLabels, Counter>,
+    /// Retries refused by the budget.
+    pub retries_denied: Family<PoolLabels, Counter>,
+    /// Active checks.
+    pub checks: Family<CheckLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the `vigil_lb` prefix.
+    pub fn new() -> Self {
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("vigil_lb");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register("requests", "Client requests answered", requests.clone());
+        // Family's constructor type defaults to `fn() -> M`: a plain function fits it.
+        let duration = Family::<PoolLabels, Histogram>::new_with_constructor(duration_histogram);
+        registry.register(
+            "request_duration_seconds",
+            "Time from request to response header",
+            duration.clone(),
+        );
+        let target_up = Family::<TargetLabels, Gauge>::default();
+        registry.register(
+            "target_up",
+            "1 when the target is in service",
+            target_up.clone(),
+        );
+        let ejections = Family::<TargetLabels, Counter>::default();
+        registry.register("target_ejections", "Outlier ejections", ejections.clone());
+        let fail_open = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "pool_fail_open",
+            "1 while the pool routes to all targets",
+            fail_open.clone(),
+        );
+        let retries = Family::<RetryLabels, Counter>::default();
+        registry.register("retries", "Retries and hedges sent", retries.clone());
+        let retries_denied = Family::<PoolLabels, Counter>::default();
+        registry.register(
+            "retries_denied",
+            "Retries refused by the retry budget",
+            retries_denied.clone(),
+        );
+        let checks = Family::<CheckLabels, Counter>::default();
+        registry.register("health_checks", "Active health checks", checks.clone());
+        Metrics {
+            registry: root,
+            requests,
+            duration,
+            target_up,
+            ejections,
+            fail_open,
+            retries,
+            retries_denied,
+            checks,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// 100 us to about 13 s in powers of two.
+fn duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}

@@ -1,0 +1,325 @@
+//! The daemon: listeners, the tick loop, health checkers, SIGHUP reload and SIGTERM
+//! drain.
+//!
+//! Reload builds the new configuration completely (parse, validate) before touching
+//! anything; a bad file is logged with its file/line/key error and the running
+//! configuration stays. A good one is applied in place: pools that remain keep their
+//! `Pool` policy state (verdicts, streaks, ejections, fail-open), so a reload never
+//! resets target health; new pools and targets start per `new_targets`. Listener
+//! addresses and the worker count need a restart (logged when they change).
+
+use crate::admin;
+use crate::balancer::{Clock, PoolRt};
+use crate::checker;
+use crate::config::{self, LbConfig};
+use crate::conn::{ConnMarks, SharedStream, write_final};
+use crate::metrics::{Metrics, RequestLabels};
+use crate::proxy::{Proxy, ProxyTable, RouteRule, UpstreamClient};
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+/// Tick period of the pools (readmissions after ejections).
+const TICK: Duration = Duration::from_millis(100);
+/// Latency quantiles (hedge delays) are recomputed every this many ticks (1 s).
+const LATENCY_REFRESH_TICKS: u32 = 10;
+
+/// The running load balancer.
+pub struct Lb {
+    clock: Clock,
+    metrics: Arc<Metrics>,
+    proxy: Arc<Proxy>,
+    pools: ArcSwap<BTreeMap<String, Arc<PoolRt>>>,
+    config: Mutex<LbConfig>,
+    checks: Mutex<Option<watch::Sender<()>>>,
+    check_client: Client<HttpConnector, Empty<Bytes>>,
+}
+
+impl Lb {
+    /// Builds the balancer and starts its health checks (call inside a runtime).
+    pub fn start(config: LbConfig) -> Arc<Lb> {
+        let metrics = Arc::new(Metrics::new());
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(config.timeouts.connect));
+        http.set_nodelay(true);
+        let client: UpstreamClient = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(config.timeouts.idle)
+            .pool_timer(TokioTimer::new())
+            .build(http);
+        let proxy = Arc::new(Proxy {
+            table: ArcSwap::from_pointee(ProxyTable {
+                routes: Vec::new(),
+                response_header_timeout: config.timeouts.response_header,
+                max_retry_body_bytes: config.limits.max_retry_body_bytes,
+                client_body_timeout: config.timeouts.client_header,
+            }),
+            client,
+            metrics: metrics.clone(),
+        });
+        let lb = Arc::new(Lb {
+            clock: Clock::new(),
+            check_client: checker::check_client(config.timeouts.connect),
+            metrics,
+            proxy,
+            pools: ArcSwap::from_pointee(BTreeMap::new()),
+            config: Mutex::new(config.clone()),
+            checks: Mutex::new(None),
+        });
+        lb.apply(config);
+        lb
+    }
+
+    /// Applies a validated configuration, keeping the state of pools and targets that
+    /// remain.
+    pub fn apply(&self, config: LbConfig) {
+        let old = self.pools.load_full();
+        let mut pools = BTreeMap::new();
+        for (name, section) in &config.pools {
+            let pool = match old.get(name) {
+                Some(p) => {
+                    p.reconfigure(section.clone());
+                    p.clone()
+                }
+                None => {
+                    tracing::info!(pool = %name, targets = section.targets.len(), "pool created");
+                    Arc::new(PoolRt::new(
+                        name,
+                        section.clone(),
+                        self.clock,
+                        self.metrics.clone(),
+                    ))
+                }
+            };
+            pools.insert(name.clone(), pool);
+        }
+        for name in old.keys().filter(|n| !pools.contains_key(*n)) {
+            tracing::info!(pool = %name, "pool removed");
+        }
+        let routes = if config.routes.is_empty() {
+            // One pool and no routes: everything goes to it (validated).
+            pools
+                .values()
+                .map(|p| RouteRule {
+                    host: None,
+                    path_prefix: "/".into(),
+                    pool: p.clone(),
+                })
+                .collect()
+        } else {
+            config
+                .routes
+                .iter()
+                .map(|r| RouteRule {
+                    host: r.host.as_ref().map(|h| h.to_ascii_lowercase()),
+                    path_prefix: r.path_prefix.clone().unwrap_or_else(|| "/".into()),
+                    pool: pools[&r.pool].clone(),
+                })
+                .collect()
+        };
+        self.proxy.table.store(Arc::new(ProxyTable {
+            routes,
+            response_header_timeout: config.timeouts.response_header,
+            max_retry_body_bytes: config.limits.max_retry_body_bytes,
+            client_body_timeout: config.timeouts.client_header,
+        }));
+        // Restart the checkers on the new settings: their state lives in the pools.
+        let (tx, rx) = watch::channel(());
+        for pool in pools.values() {
+            checker::spawn_checks(pool.clone(), self.check_client.clone(), rx.clone());
+        }
+        // Dropping the old sender stops the old checkers.
+        *self.checks.lock().expect("checks lock") = Some(tx);
+        self.pools.store(Arc::new(pools));
+        *self.config.lock().expect("config lock") = config;
+    }
+
+    /// The pools now.
+    pub fn pools(&self) -> Arc<BTreeMap<String, Arc<PoolRt>>> {
+        self.pools.load_full()
+    }
+
+    /// Reads, validates and applies `path`; a bad file keeps the running configuration.
+    pub fn reload(&self, path: &Path) {
+        match config::load(path) {
+            Err(e) => {
+                tracing::error!("reload rejected, the running configuration stays: {e}");
+            }
+            Ok(new) => {
+                {
+                    let cur = self.config.lock().expect("config lock");
+                    if cur.listen != new.listen
+                        || cur.admin_listen != new.admin_listen
+                        || cur.workers != new.workers
+                    {
+                        tracing::warn!(
+                            "listen, admin_listen and workers take effect only after a restart"
+                        );
+                    }
+                }
+                self.apply(new);
+                tracing::info!(config = %path.display(), "configuration reloaded");
+            }
+        }
+    }
+
+    async fn tick_loop(self: Arc<Self>) {
+        let mut n = 0u32;
+        let mut interval = tokio::time::interval(TICK);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            n = n.wrapping_add(1);
+            for pool in self.pools.load().values() {
+                pool.tick();
+                if n.is_multiple_of(LATENCY_REFRESH_TICKS) {
+                    pool.latency.refresh(pool.section.load().hedge.quantile);
+                }
+            }
+        }
+    }
+}
+
+/// Runs the daemon until SIGTERM/SIGINT; returns the process exit code.
+pub async fn serve(config: LbConfig, path: PathBuf) -> u8 {
+    let listener = match TcpListener::bind(config.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("cannot listen on {} (key `listen`): {e}", config.listen);
+            return 1;
+        }
+    };
+    let admin_listener = match TcpListener::bind(config.admin_listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(
+                "cannot listen on {} (key `admin_listen`): {e}",
+                config.admin_listen
+            );
+            return 1;
+        }
+    };
+    let (mut hup, mut term, mut int) = match (
+        signal(SignalKind::hangup()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(h), Ok(t), Ok(i)) => (h, t, i),
+        _ => {
+            tracing::error!("cannot install signal handlers");
+            return 1;
+        }
+    };
+    let drain_timeout = config.drain_timeout;
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(config.timeouts.client_header)
+        .max_buf_size(config.limits.max_header_bytes)
+        .keep_alive(true);
+    tracing::info!(
+        listen = %config.listen,
+        admin = %config.admin_listen,
+        pools = config.pools.len(),
+        "vigil lb started"
+    );
+    let lb = Lb::start(config);
+    tokio::spawn(lb.clone().tick_loop());
+    let admin_task = tokio::spawn(serve_admin(admin_listener, lb.clone()));
+
+    let graceful = GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            biased;
+            _ = term.recv() => { tracing::info!("SIGTERM: draining"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: draining"); break; }
+            _ = hup.recv() => { tracing::info!("SIGHUP: reloading {}", path.display()); lb.reload(&path); }
+            accepted = listener.accept() => {
+                let (tcp, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // EMFILE and friends: back off a little rather than spin.
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                let tcp = Arc::new(tcp);
+                let marks = Arc::new(ConnMarks::default());
+                let io = TokioIo::new(SharedStream::new(tcp.clone(), marks.clone()));
+                let (proxy, svc_marks) = (lb.proxy.clone(), marks.clone());
+                let svc = service_fn(move |req| {
+                    let (proxy, marks) = (proxy.clone(), svc_marks.clone());
+                    marks.mark();
+                    async move {
+                        let resp = proxy.handle(peer, req).await;
+                        marks.mark();
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let conn = graceful.watch(http.serve_connection(io, svc));
+                let metrics = lb.metrics.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        if e.is_timeout() && marks.partial() {
+                            // A half-sent request header (slowloris): say so, then close.
+                            write_final(&tcp, b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n").await;
+                            metrics.requests.get_or_create(&RequestLabels {
+                                pool: "none".into(), target: "none".into(), code: "408".into(),
+                            }).inc();
+                            tracing::debug!(%peer, "client too slow to send its request header: 408");
+                        } else {
+                            tracing::debug!(%peer, "client connection ended: {e}");
+                        }
+                    }
+                });
+            }
+        }
+    }
+    drop(listener);
+    match tokio::time::timeout(drain_timeout, graceful.shutdown()).await {
+        Ok(()) => tracing::info!("drained; exiting"),
+        Err(_) => tracing::warn!(
+            "drain timeout ({}) ran out with requests still in flight; exiting",
+            humantime::format_duration(drain_timeout)
+        ),
+    }
+    admin_task.abort();
+    0
+}
+
+async fn serve_admin(listener: TcpListener, lb: Arc<Lb>) {
+    loop {
+        let (tcp, _) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("admin accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let lb = lb.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let lb = lb.clone();
+                async move { Ok::<_, Infallible>(admin::handle(&req, &lb.pools(), &lb.metrics)) }
+            });
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), svc)
+                .await;
+        });
+    }
+}
