@@ -29,7 +29,7 @@ use vigil_core::{CheckResult, Criticality, HealthReport, Status};
 
 /// Which reports a check counts for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kind {
+pub enum CheckKind {
     /// The host itself can do work (disk, file descriptors, memory, saturation): counts
     /// for `/readyz` and `/health`.
     Local,
@@ -78,14 +78,16 @@ pub enum CheckerFault {
 
 pub(crate) struct Registered {
     pub name: String,
-    pub kind: Kind,
+    pub kind: CheckKind,
     pub opts: CheckOptions,
     pub check: Arc<dyn DynCheck>,
 }
 
 impl Registered {
     pub fn gates_startup(&self) -> bool {
-        self.opts.gates_startup.unwrap_or(self.kind == Kind::Local)
+        self.opts
+            .gates_startup
+            .unwrap_or(self.kind == CheckKind::Local)
     }
 }
 
@@ -142,6 +144,7 @@ impl Shared {
         if st.stalled.take().is_some() {
             tracing::info!(restarts = st.restarts, "health checker recovered");
         }
+        self.advance_lifecycle(st);
         self.publish(st);
     }
 
@@ -165,6 +168,12 @@ impl Shared {
             st.passed_once[i] = true;
         }
         st.results[i] = Some(result);
+        self.advance_lifecycle(st);
+    }
+
+    /// Starting becomes Running once every start-up gate has passed once (at the
+    /// checker's first beat when there is no gate at all).
+    fn advance_lifecycle(&self, st: &mut State) {
         if st.lifecycle == Lifecycle::Starting && self.startup_waiting(st).is_empty() {
             st.lifecycle = Lifecycle::Running;
             tracing::info!("start-up checks passed: ready");
@@ -190,7 +199,7 @@ impl Shared {
                 CheckResult::fail("not checked yet").with_component_type(reg.check.component_type())
             });
             criticality.insert(reg.name.clone(), reg.opts.criticality);
-            if reg.kind == Kind::Local {
+            if reg.kind == CheckKind::Local {
                 ready.push((reg.name.clone(), result.clone(), reg.opts.criticality));
             }
             full.push((reg.name.clone(), result, reg.opts.criticality));
@@ -276,7 +285,7 @@ pub struct HealthBuilder {
 }
 
 impl HealthBuilder {
-    fn add<C: Check>(mut self, kind: Kind, name: &str, check: C, opts: CheckOptions) -> Self {
+    fn add<C: Check>(mut self, kind: CheckKind, name: &str, check: C, opts: CheckOptions) -> Self {
         self.checks.push(Registered {
             name: name.to_string(),
             kind,
@@ -289,19 +298,19 @@ impl HealthBuilder {
     /// Registers a local check: the host itself can do work. Counts for `/readyz` and
     /// `/health`.
     pub fn local<C: Check>(self, name: &str, check: C, opts: CheckOptions) -> Self {
-        self.add(Kind::Local, name, check, opts)
+        self.add(CheckKind::Local, name, check, opts)
     }
 
     /// Registers a dependency check (database, downstream service). Counts for `/health`
     /// only.
     pub fn dependency<C: Check>(self, name: &str, check: C, opts: CheckOptions) -> Self {
-        self.add(Kind::Dependency, name, check, opts)
+        self.add(CheckKind::Dependency, name, check, opts)
     }
 
     /// Registers an already type-erased check.
     pub fn with_dyn(
         mut self,
-        kind: Kind,
+        kind: CheckKind,
         name: &str,
         check: Arc<dyn DynCheck>,
         opts: CheckOptions,

@@ -58,7 +58,7 @@ pub mod snapshot;
 mod watchdog;
 
 pub use check::{Check, DynCheck, FnCheck, Observation};
-pub use health::{BuildError, CheckerFault, Health, HealthBuilder, Kind};
+pub use health::{BuildError, CheckKind, CheckerFault, Health, HealthBuilder};
 pub use options::{CheckOptions, HealthConfig};
 pub use reserved::ReservedServer;
 pub use shed::{ShedLayer, ShedStats};

@@ -222,6 +222,15 @@ async fn only_gating_checks_hold_start_up() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_service_without_start_up_gates_is_ready_at_the_first_beat() {
+    let health = Health::builder().config(config()).start();
+    assert_eq!(health.snapshot().ready.status, Status::Fail, "starting");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(health.lifecycle(), Lifecycle::Running);
+    assert_eq!(health.snapshot().ready.status, Status::Pass);
+}
+
+#[tokio::test(start_paused = true)]
 async fn bad_registries_are_rejected_with_the_reason() {
     let ok = || FnCheck::new(|| async { vigil::check::pass() });
     let err = Health::builder()

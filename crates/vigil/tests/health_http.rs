@@ -725,6 +725,11 @@ fn heavy_livez_on_the_reserved_listener_answers_while_every_app_worker_is_busy()
     let (resp, took) = blocking_get(srv.local_addr(), "/livez", Duration::from_secs(3))
         .expect("reserved /livez must answer while the app runtime is saturated");
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    // Figures for the report (`--no-capture` shows them).
+    eprintln!(
+        "reserved /livez under saturation: {took:?}; naive same-runtime /livez: {:?}",
+        naive.as_ref().map(|(_, d)| *d)
+    );
     assert!(
         t0.elapsed() < busy_for,
         "the probes must have run while the workers were still busy"
