@@ -1,13 +1,146 @@
-//! Command-line entry point of the example service (`vigil example-service`).
+//! Command-line entry point of the example service (`vigil example-service`, or
+//! `cargo run --release --example service`).
 
+use crate::service::{ServiceConfig, start};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-/// Arguments of the example service.
-#[derive(clap::Args, Debug)]
-pub struct Args {}
+/// Default application address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default reserved health address: the next port, the convention the README shows.
+pub const DEFAULT_HEALTH_LISTEN: &str = "127.0.0.1:8081";
+/// Default database: the machine's PostgreSQL, trust auth, database `test`.
+pub const DEFAULT_DB: &str = "postgres://postgres@127.0.0.1:5432/test";
+/// Default check interval: 1 s, so a demo shows changes at once; a production service
+/// would use 5-10 s for dependencies.
+pub const DEFAULT_CHECK_INTERVAL: &str = "1s";
+/// Default application concurrency before shedding: far above what 2 cores can run at
+/// once, so shedding only starts when the service is truly behind.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 
-/// Runs the example service. Not built yet: says so and exits 2.
-pub fn run(_args: Args) -> ExitCode {
-    eprintln!("example service: not built yet");
-    ExitCode::from(2)
+/// Arguments of the example service. Every option also reads an environment variable.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Application address.
+    #[arg(long, env = "VIGIL_EXAMPLE_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// Reserved health listener address (its own thread and runtime).
+    #[arg(long, env = "VIGIL_EXAMPLE_HEALTH_LISTEN", default_value = DEFAULT_HEALTH_LISTEN)]
+    pub health_listen: SocketAddr,
+    /// PostgreSQL URL. When unreachable at start, a local SQLite file is used instead.
+    #[arg(long, env = "VIGIL_EXAMPLE_DB", default_value = DEFAULT_DB)]
+    pub db: String,
+    /// Instance name, shown in `/health`'s description and the SQLite file name.
+    #[arg(long, env = "VIGIL_EXAMPLE_NAME", default_value = "example")]
+    pub name: String,
+    /// Directory for the SQLite fallback file; its filesystem is what the disk check
+    /// watches. Defaults to `<tmp>/vigil-example`.
+    #[arg(long, env = "VIGIL_EXAMPLE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Worker threads of the application runtime. Defaults to the number of CPUs.
+    #[arg(long, env = "VIGIL_EXAMPLE_WORKERS")]
+    pub workers: Option<usize>,
+    /// Application requests in flight before new ones are shed with 503.
+    #[arg(long, env = "VIGIL_EXAMPLE_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
+    pub max_in_flight: usize,
+    /// Interval of every health check, e.g. `1s`, `250ms`.
+    #[arg(long, env = "VIGIL_EXAMPLE_CHECK_INTERVAL", default_value = DEFAULT_CHECK_INTERVAL, value_parser = humantime::parse_duration)]
+    pub check_interval: Duration,
+    /// How long readiness fails before the listener closes on SIGTERM. Defaults to
+    /// vigil's drain delay (5 s).
+    #[arg(long, env = "VIGIL_EXAMPLE_DRAIN_DELAY", value_parser = humantime::parse_duration)]
+    pub drain_delay: Option<Duration>,
+}
+
+impl Args {
+    fn into_config(self) -> Result<ServiceConfig, String> {
+        if self.max_in_flight == 0 {
+            return Err("--max-in-flight must be at least 1".into());
+        }
+        if self.check_interval.is_zero() {
+            return Err("--check-interval must be greater than zero".into());
+        }
+        let workers = self
+            .workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        if workers == 0 {
+            return Err("--workers must be at least 1".into());
+        }
+        let data_dir = self
+            .data_dir
+            .unwrap_or_else(|| std::env::temp_dir().join("vigil-example"));
+        let safe_name: String = self
+            .name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        Ok(ServiceConfig {
+            listen: self.listen,
+            health_listen: self.health_listen,
+            db: self.db,
+            sqlite_path: data_dir.join(format!("{safe_name}.sqlite")),
+            data_dir,
+            name: self.name,
+            workers,
+            max_in_flight: self.max_in_flight,
+            check_interval: self.check_interval,
+            drain_delay: self
+                .drain_delay
+                .unwrap_or(vigil::options::DEFAULT_DRAIN_DELAY),
+        })
+    }
+}
+
+/// Runs the example service until SIGTERM or Ctrl-C: readiness fails first, the
+/// listener closes after the drain delay, then it exits 0. Exit 2 on bad arguments, 1 on
+/// a failure to start (a taken port, an unusable data directory).
+pub fn run(args: Args) -> ExitCode {
+    let config = match args.into_config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("example service: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.workers)
+        .thread_name("app-worker")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("example service: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let running = match start(config).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("example service: cannot start: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        };
+        // One machine-readable line for scripts and tests (ports may be 0 = any).
+        println!(
+            "LISTENING app=http://{} health=http://{} store={}",
+            running.app_addr, running.health_addr, running.store_kind
+        );
+        match running.wait().await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("example service: {e:#}");
+                ExitCode::FAILURE
+            }
+        }
+    })
 }

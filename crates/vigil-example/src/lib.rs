@@ -1,5 +1,13 @@
-//! An example service built with the vigil library.
+//! An example service built with the vigil library: a read service over PostgreSQL
+//! (or a local SQLite file when PostgreSQL is unreachable) that keeps serving cached
+//! reads when its database goes down, and says so (`/health` warns, `/readyz` passes).
+//!
+//! - [`service`]: routes, checks, cache, fault injection, start and drain.
+//! - [`store`]: the PostgreSQL / SQLite item store and its fault switches.
+//! - [`cli`]: arguments (`vigil example-service`, `cargo run --example service`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod service;
+pub mod store;

@@ -1,0 +1,530 @@
+//! The service itself: routes, checks, cache, fault injection, start and drain.
+//!
+//! Degraded mode, the point of the example: reads go to the database while its
+//! background check passes, and to the in-memory cache while it fails (the last check's
+//! verdict works as a circuit breaker, so a read never waits on a database known to be
+//! down). The database check is a non-critical *dependency*: when it fails `/health`
+//! says `warn` and `/readyz` stays `pass`, so load balancers keep routing to a server
+//! that still serves. Only when nothing can be served (database down *and* nothing
+//! cached) does the local `cache:serving` check fail readiness.
+
+use crate::store::{Item, Store};
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use vigil::checks::{Amount, DiskSpace, FileDescriptors, InFlight, Memory, Saturation};
+use vigil::{Check, CheckOptions, FnCheck, Health, HealthConfig, Observation, Status};
+
+/// A read waits at most this long for the database before answering from the cache.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// The database check gives up after this (its registry timeout is twice as long, so the
+/// check can record the failure itself and open the read breaker).
+pub const DB_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+/// The database check warns when a round trip is slower than this: reads still work
+/// but clients feel it (a brownout).
+pub const DB_SLOW: Duration = Duration::from_millis(200);
+/// Longest `/work` or `/fault/freeze` a request may ask for: bounded so a typo cannot
+/// wedge the demo for an hour.
+pub const MAX_BUSY: Duration = Duration::from_secs(60);
+/// Default flap period of the dependency fault.
+pub const DEFAULT_FLAP_PERIOD: Duration = Duration::from_secs(2);
+
+/// What [`start`] needs.
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    /// Application listener.
+    pub listen: SocketAddr,
+    /// Reserved health listener.
+    pub health_listen: SocketAddr,
+    /// PostgreSQL URL.
+    pub db: String,
+    /// SQLite file used when PostgreSQL is unreachable at start.
+    pub sqlite_path: PathBuf,
+    /// Directory whose filesystem the disk check watches.
+    pub data_dir: PathBuf,
+    /// Instance name (reported as the health description).
+    pub name: String,
+    /// Worker threads of the application runtime (for `/fault/freeze`).
+    pub workers: usize,
+    /// Application requests in flight at once before shedding.
+    pub max_in_flight: usize,
+    /// Interval of every check.
+    pub check_interval: Duration,
+    /// How long readiness fails before the listener closes on shutdown.
+    pub drain_delay: Duration,
+}
+
+/// The in-memory read cache.
+#[derive(Default)]
+struct Cache {
+    items: RwLock<HashMap<i64, Item>>,
+}
+
+impl Cache {
+    fn get(&self, id: i64) -> Option<Item> {
+        self.items
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+    }
+    fn put(&self, item: Item) {
+        self.items
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(item.id, item);
+    }
+    fn len(&self) -> usize {
+        self.items.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+    fn clear(&self) {
+        self.items
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}
+
+struct AppState {
+    store: Arc<Store>,
+    cache: Arc<Cache>,
+    /// Verdict of the last database check: the read path's circuit breaker.
+    db_up: Arc<AtomicBool>,
+    disk_fault: Arc<AtomicBool>,
+    flap: Mutex<Option<tokio::task::AbortHandle>>,
+    workers: usize,
+}
+
+// === checks ===
+
+/// The disk check, switchable to a threshold no filesystem can meet (100% free).
+struct DiskWithFault {
+    normal: DiskSpace,
+    impossible: DiskSpace,
+    fault: Arc<AtomicBool>,
+}
+
+impl Check for DiskWithFault {
+    async fn check(&self) -> Observation {
+        if self.fault.load(Ordering::SeqCst) {
+            let mut o = self.impossible.check().await;
+            o.output = o
+                .output
+                .map(|s| format!("{s} (fault injected: a threshold no disk can meet)"));
+            o
+        } else {
+            self.normal.check().await
+        }
+    }
+    fn component_type(&self) -> &str {
+        "system"
+    }
+}
+
+/// The database round trip; records its verdict for the read path.
+struct StoreCheck {
+    store: Arc<Store>,
+    db_up: Arc<AtomicBool>,
+}
+
+impl Check for StoreCheck {
+    async fn check(&self) -> Observation {
+        let started = Instant::now();
+        let result = tokio::time::timeout(DB_CHECK_TIMEOUT, self.store.ping()).await;
+        let took = started.elapsed();
+        let ms = (took.as_secs_f64() * 100_000.0).round() / 100.0;
+        let kind = self.store.kind();
+        let observation = match result {
+            Ok(Ok(())) if took > DB_SLOW => Observation::new(Status::Warn).with_output(format!(
+                "{kind}: SELECT 1 took {ms} ms, slower than {}",
+                humantime::format_duration(DB_SLOW)
+            )),
+            Ok(Ok(())) => {
+                Observation::new(Status::Pass).with_output(format!("{kind}: SELECT 1 in {ms} ms"))
+            }
+            Ok(Err(e)) => Observation::fail(format!("{e}; reads served from the cache")),
+            Err(_) => Observation::fail(format!(
+                "{kind}: no answer within {}; reads served from the cache",
+                humantime::format_duration(DB_CHECK_TIMEOUT)
+            )),
+        };
+        let up = observation.status != Status::Fail;
+        if self.db_up.swap(up, Ordering::SeqCst) != up {
+            tracing::info!(database = kind, up, output = ?observation.output, "database state changed");
+        }
+        observation.with_observed(ms, "ms")
+    }
+    fn component_type(&self) -> &str {
+        "datastore"
+    }
+}
+
+// === start ===
+
+/// A started service.
+pub struct Running {
+    /// Where the application listens.
+    pub app_addr: SocketAddr,
+    /// Where the reserved health listener listens.
+    pub health_addr: SocketAddr,
+    /// The health handle.
+    pub health: Health,
+    /// Which store is in use: `postgres` or `sqlite`.
+    pub store_kind: &'static str,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    reserved: vigil::ReservedServer,
+}
+
+impl Running {
+    /// Resolves when the service has stopped: after a SIGTERM/Ctrl-C or [`Running::stop`],
+    /// readiness failed, the drain delay passed, the listener closed and in-flight
+    /// requests finished.
+    pub async fn wait(mut self) -> anyhow::Result<()> {
+        let result = (&mut self.server).await;
+        self.reserved.shutdown();
+        result??;
+        tracing::info!("stopped");
+        Ok(())
+    }
+
+    /// Starts the same drain a SIGTERM starts.
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            // The server may be gone already; then it is stopped.
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Opens the store, warms the cache, registers the checks, binds both listeners and
+/// serves on the current runtime.
+pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
+    std::fs::create_dir_all(&config.data_dir)?;
+    let store = Arc::new(Store::open(&config.db, config.sqlite_path.clone()).await?);
+    let cache = Arc::new(Cache::default());
+    match store.all().await {
+        Ok(items) => {
+            let n = items.len();
+            items.into_iter().for_each(|i| cache.put(i));
+            tracing::info!(items = n, "cache warmed");
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot warm the cache"),
+    }
+    let db_up = Arc::new(AtomicBool::new(true));
+    let disk_fault = Arc::new(AtomicBool::new(false));
+    let in_flight = InFlight::new();
+
+    let every = CheckOptions::every(config.check_interval).timeout(DB_CHECK_TIMEOUT * 2);
+    let serving = {
+        let cache = cache.clone();
+        let db_up = db_up.clone();
+        FnCheck::new(move || {
+            let n = cache.len();
+            let up = db_up.load(Ordering::SeqCst);
+            let o = if n > 0 {
+                Observation::new(Status::Pass).with_output(format!("{n} items cached"))
+            } else if up {
+                Observation::new(Status::Pass).with_output("cache empty; reads go to the database")
+            } else {
+                Observation::fail("cannot serve: the database is unreachable and nothing is cached")
+            };
+            std::future::ready(o.with_observed(n, "count"))
+        })
+    };
+    let health = Health::builder()
+        .description(format!("vigil example service {}", config.name))
+        .version(env!("CARGO_PKG_VERSION"))
+        .config(HealthConfig {
+            drain_delay: config.drain_delay,
+            ..HealthConfig::default()
+        })
+        .local(
+            "disk:free",
+            DiskWithFault {
+                normal: DiskSpace::new(&config.data_dir),
+                impossible: DiskSpace::new(&config.data_dir).fail_below(Amount::Percent(100.0)),
+                fault: disk_fault.clone(),
+            },
+            every.clone(),
+        )
+        .local("fd:open", FileDescriptors::new(), every.clone())
+        .local("memory:working-set", Memory::new(), every.clone())
+        .local(
+            "workers:in-flight",
+            Saturation::with_tracker(in_flight.clone(), config.max_in_flight),
+            every.clone(),
+        )
+        .local("cache:serving", serving, every.clone())
+        .dependency(
+            &format!("{}:query", store.kind()),
+            StoreCheck {
+                store: store.clone(),
+                db_up: db_up.clone(),
+            },
+            every.clone().non_critical(),
+        )
+        .start();
+
+    let state = Arc::new(AppState {
+        store: store.clone(),
+        cache,
+        db_up,
+        disk_fault,
+        flap: Mutex::new(None),
+        workers: config.workers,
+    });
+    let app = Router::new()
+        .route("/", get(index))
+        .route("/items/{id}", get(item))
+        .route("/work", get(work))
+        .route("/naive/livez", get(naive_livez))
+        .route("/fault", get(faults))
+        .route("/fault/disk", post(fault_disk))
+        .route("/fault/dependency", post(fault_dependency))
+        .route("/fault/brownout", post(fault_brownout))
+        .route("/fault/flap", post(fault_flap))
+        .route("/fault/freeze", post(fault_freeze))
+        .route("/fault/cache/clear", post(fault_cache_clear))
+        .route("/fault/reset", post(fault_reset))
+        .with_state(state)
+        .layer(axum::middleware::from_fn(
+            move |req, next: axum::middleware::Next| {
+                let guard = in_flight.enter();
+                async move {
+                    let response = next.run(req).await;
+                    drop(guard);
+                    response
+                }
+            },
+        ))
+        // Health paths bypass the limit and are answered by vigil on this port too.
+        .layer(health.shed_layer(config.max_in_flight));
+
+    let reserved = health.serve_reserved(config.health_listen)?;
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let app_addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let drain = {
+        let health = health.clone();
+        async move {
+            tokio::select! {
+                _ = vigil::shutdown_signal() => {}
+                _ = stop_rx => tracing::info!("stop requested"),
+            }
+            health.drain().await;
+        }
+    };
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(drain)
+            .await
+    });
+    tracing::info!(app = %app_addr, health = %reserved.local_addr(), store = store.kind(), "example service listening");
+    Ok(Running {
+        app_addr,
+        health_addr: reserved.local_addr(),
+        health,
+        store_kind: store.kind(),
+        stop: Some(stop_tx),
+        server,
+        reserved,
+    })
+}
+
+// === handlers ===
+
+async fn index() -> &'static str {
+    "vigil example service\n\
+     GET  /items/{id}            a read (database, else cache)\n\
+     GET  /work?ms=N             N ms of CPU on the application runtime\n\
+     GET  /naive/livez           a liveness endpoint on the application runtime (for comparison)\n\
+     GET  /livez /readyz /health vigil's endpoints (also on the reserved health port)\n\
+     GET  /fault                 current faults\n\
+     POST /fault/disk?on=true    the disk check demands 100% free space\n\
+     POST /fault/dependency?on=true  the database is unreachable (closed port)\n\
+     POST /fault/brownout?ms=N   every query takes N ms longer (pg_sleep)\n\
+     POST /fault/flap?on=true&period_ms=N  the database goes up and down\n\
+     POST /fault/freeze?ms=N     every application worker blocks for N ms\n\
+     POST /fault/cache/clear     empty the read cache\n\
+     POST /fault/reset           clear every fault\n"
+}
+
+fn served(item: Item, from: &'static str) -> Response {
+    let mut r = axum::Json(serde_json::json!({
+        "id": item.id, "name": item.name, "price_cents": item.price_cents, "served_from": from,
+    }))
+    .into_response();
+    r.headers_mut()
+        .insert("x-served-from", HeaderValue::from_static(from));
+    r
+}
+
+async fn item(State(st): State<Arc<AppState>>, Path(id): Path<i64>) -> Response {
+    if st.db_up.load(Ordering::SeqCst) {
+        match tokio::time::timeout(READ_TIMEOUT, st.store.get(id)).await {
+            Ok(Ok(Some(item))) => {
+                st.cache.put(item.clone());
+                return served(item, "database");
+            }
+            Ok(Ok(None)) => return (StatusCode::NOT_FOUND, "no such item\n").into_response(),
+            Ok(Err(e)) => tracing::debug!(error = %e, id, "read failed; trying the cache"),
+            Err(_) => tracing::debug!(id, "read timed out; trying the cache"),
+        }
+    }
+    match st.cache.get(id) {
+        Some(item) => served(item, "cache"),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("database unreachable and item {id} not cached\n"),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct Ms {
+    ms: Option<u64>,
+}
+
+fn bounded(ms: Option<u64>, default: u64) -> Duration {
+    Duration::from_millis(ms.unwrap_or(default)).min(MAX_BUSY)
+}
+
+/// Burns CPU on the worker that polls it, without yielding: what a CPU-bound handler
+/// (JSON of a huge document, a regex, a hash) does to an async runtime.
+async fn work(Query(q): Query<Ms>) -> String {
+    let want = bounded(q.ms, 10);
+    let started = Instant::now();
+    let mut x: u64 = 0;
+    while started.elapsed() < want {
+        for i in 0..1000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+    format!("worked {} ms\n", want.as_millis())
+}
+
+/// What many services do: a liveness route on the application's own runtime. It queues
+/// behind every busy worker.
+async fn naive_livez() -> &'static str {
+    "ok"
+}
+
+#[derive(Deserialize)]
+struct On {
+    on: Option<bool>,
+    period_ms: Option<u64>,
+}
+
+async fn faults(State(st): State<Arc<AppState>>) -> Response {
+    axum::Json(serde_json::json!({
+        "disk": st.disk_fault.load(Ordering::SeqCst),
+        "dependency": st.store.is_down(),
+        "brownout_ms": st.store.brownout().as_millis() as u64,
+        "flap": st.flap.lock().unwrap_or_else(|e| e.into_inner()).is_some(),
+        "cached_items": st.cache.len(),
+        "database_up": st.db_up.load(Ordering::SeqCst),
+        "store": st.store.kind(),
+    }))
+    .into_response()
+}
+
+async fn fault_disk(State(st): State<Arc<AppState>>, Query(q): Query<On>) -> String {
+    let on = q.on.unwrap_or(true);
+    st.disk_fault.store(on, Ordering::SeqCst);
+    tracing::warn!(on, "fault: disk");
+    format!("disk fault {}\n", if on { "on" } else { "off" })
+}
+
+async fn fault_dependency(State(st): State<Arc<AppState>>, Query(q): Query<On>) -> String {
+    let on = q.on.unwrap_or(true);
+    stop_flap(&st);
+    st.store.set_down(on).await;
+    tracing::warn!(on, "fault: dependency");
+    format!("dependency fault {}\n", if on { "on" } else { "off" })
+}
+
+async fn fault_brownout(State(st): State<Arc<AppState>>, Query(q): Query<Ms>) -> String {
+    let latency = bounded(q.ms, 0);
+    st.store.set_brownout(latency);
+    tracing::warn!(ms = latency.as_millis() as u64, "fault: brownout");
+    format!("brownout {} ms\n", latency.as_millis())
+}
+
+fn stop_flap(st: &AppState) {
+    if let Some(h) = st.flap.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        h.abort();
+    }
+}
+
+async fn fault_flap(State(st): State<Arc<AppState>>, Query(q): Query<On>) -> String {
+    let on = q.on.unwrap_or(true);
+    stop_flap(&st);
+    if !on {
+        st.store.set_down(false).await;
+        return "flap off\n".into();
+    }
+    let period = q
+        .period_ms
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_FLAP_PERIOD)
+        .max(Duration::from_millis(10));
+    let store = st.store.clone();
+    let task = tokio::spawn(async move {
+        let mut down = false;
+        loop {
+            down = !down;
+            store.set_down(down).await;
+            tokio::time::sleep(period).await;
+        }
+    });
+    *st.flap.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
+    tracing::warn!(period_ms = period.as_millis() as u64, "fault: flap");
+    format!("flap every {} ms\n", period.as_millis())
+}
+
+/// Blocks every application worker (a `std::thread::sleep` in async code, a deadlock):
+/// the reserved listener keeps answering `/livez`, the naive one does not, and if it
+/// lasts past the watchdog's staleness `/readyz` says the health checker stalled.
+async fn fault_freeze(State(st): State<Arc<AppState>>, Query(q): Query<Ms>) -> Response {
+    let pause = bounded(q.ms, 5000);
+    for _ in 0..st.workers {
+        tokio::spawn(async move { std::thread::sleep(pause) });
+    }
+    tracing::warn!(ms = pause.as_millis() as u64, "fault: freeze");
+    (
+        StatusCode::ACCEPTED,
+        format!(
+            "freezing {} workers for {} ms\n",
+            st.workers,
+            pause.as_millis()
+        ),
+    )
+        .into_response()
+}
+
+async fn fault_cache_clear(State(st): State<Arc<AppState>>) -> String {
+    let n = st.cache.len();
+    st.cache.clear();
+    tracing::warn!(items = n, "fault: cache cleared");
+    format!("cleared {n} cached items\n")
+}
+
+async fn fault_reset(State(st): State<Arc<AppState>>) -> String {
+    stop_flap(&st);
+    st.disk_fault.store(false, Ordering::SeqCst);
+    st.store.set_down(false).await;
+    st.store.set_brownout(Duration::ZERO);
+    tracing::warn!("faults reset");
+    "faults reset\n".into()
+}

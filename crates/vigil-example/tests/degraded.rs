@@ -1,0 +1,306 @@
+//! The example service over real loopback HTTP with the machine's PostgreSQL (database
+//! `test`, trust auth): degraded mode, fault injection, the SQLite fallback, and the
+//! reserved listener under a frozen application runtime.
+
+use std::time::{Duration, Instant};
+use vigil_example::service::{Running, ServiceConfig, start};
+
+const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+fn config(dir: &std::path::Path, db: &str) -> ServiceConfig {
+    ServiceConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        health_listen: "127.0.0.1:0".parse().unwrap(),
+        db: db.into(),
+        sqlite_path: dir.join("fallback.sqlite"),
+        data_dir: dir.to_path_buf(),
+        name: "test".into(),
+        workers: 2,
+        max_in_flight: 64,
+        check_interval: Duration::from_millis(100),
+        drain_delay: Duration::from_millis(200),
+    }
+}
+
+struct Svc {
+    running: Running,
+    app: String,
+    health: String,
+    client: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_with(db: &str) -> Svc {
+    let dir = tempfile::tempdir().unwrap();
+    let running = start(config(dir.path(), db)).await.unwrap();
+    Svc {
+        app: format!("http://{}", running.app_addr),
+        health: format!("http://{}", running.health_addr),
+        running,
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+        _dir: dir,
+    }
+}
+
+impl Svc {
+    async fn get(&self, url: &str) -> (u16, String) {
+        let r = self.client.get(url).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    async fn post(&self, path: &str) -> String {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.app))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "POST {path}: {}", r.status());
+        r.text().await.unwrap()
+    }
+
+    /// Polls `url` until its status code and body satisfy `pred`, for at most 15 s.
+    async fn wait(&self, url: &str, pred: impl Fn(u16, &str) -> bool) -> (u16, String) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut last = (0, String::new());
+        while Instant::now() < deadline {
+            last = self.get(url).await;
+            if pred(last.0, &last.1) {
+                return last;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{url} never got there; last {last:?}");
+    }
+
+    async fn ready_and_passing(&self) {
+        self.wait(&format!("{}/health", self.health), |c, b| {
+            c == 200 && b.starts_with(r#"{"status":"pass""#)
+        })
+        .await;
+    }
+}
+
+fn status_of(body: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    v["status"].as_str().unwrap().to_string()
+}
+
+fn check_status(body: &str, check: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    v["checks"][check][0]["status"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no check {check} in {body}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_come_from_postgres_and_every_check_passes() {
+    let s = start_with(PG).await;
+    assert_eq!(
+        s.running.store_kind, "postgres",
+        "the machine runs PostgreSQL"
+    );
+    s.ready_and_passing().await;
+    let (code, body) = s.get(&format!("{}/items/7", s.app)).await;
+    assert_eq!(code, 200);
+    assert!(body.contains(r#""served_from":"database""#), "{body}");
+    assert!(body.contains(r#""name":"item 7""#), "{body}");
+    let (code, _) = s.get(&format!("{}/items/999999", s.app)).await;
+    assert_eq!(code, 404);
+    // The health endpoints are on the application port too.
+    let (code, body) = s.get(&format!("{}/health", s.app)).await;
+    assert_eq!(code, 200);
+    assert_eq!(check_status(&body, "postgres:query"), "pass");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_down_warns_and_reads_come_from_the_cache() {
+    let s = start_with(PG).await;
+    s.ready_and_passing().await;
+    s.post("/fault/dependency?on=true").await;
+
+    let (code, body) = s
+        .wait(&format!("{}/health", s.health), |_, b| {
+            status_of(b) == "warn"
+        })
+        .await;
+    assert_eq!(code, 200, "degraded is still 200");
+    assert_eq!(check_status(&body, "postgres:query"), "fail");
+    assert!(
+        body.contains("refused"),
+        "the reason is the real connect error: {body}"
+    );
+    let (code, _) = s.get(&format!("{}/readyz", s.health)).await;
+    assert_eq!(
+        code, 200,
+        "a degraded server stays ready: load balancers keep it"
+    );
+
+    let (code, body) = s.get(&format!("{}/items/3", s.app)).await;
+    assert_eq!(code, 200);
+    assert!(body.contains(r#""served_from":"cache""#), "{body}");
+
+    s.post("/fault/dependency?on=false").await;
+    s.ready_and_passing().await;
+    let (_, body) = s.get(&format!("{}/items/3", s.app)).await;
+    assert!(body.contains(r#""served_from":"database""#), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_down_with_nothing_cached_fails_readiness() {
+    let s = start_with(PG).await;
+    s.ready_and_passing().await;
+    s.post("/fault/dependency?on=true").await;
+    s.post("/fault/cache/clear").await;
+    let (_, body) = s
+        .wait(&format!("{}/readyz", s.health), |c, _| c == 503)
+        .await;
+    assert_eq!(check_status(&body, "cache:serving"), "fail", "{body}");
+    let (code, _) = s.get(&format!("{}/items/3", s.app)).await;
+    assert_eq!(code, 503, "nothing to serve");
+
+    // The database back: reads work (and refill the cache), readiness passes again.
+    s.post("/fault/reset").await;
+    s.wait(&format!("{}/readyz", s.health), |c, _| c == 200)
+        .await;
+    let (code, _) = s.wait(&format!("{}/items/3", s.app), |c, _| c == 200).await;
+    assert_eq!(code, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_fault_fails_readiness_until_cleared() {
+    let s = start_with(PG).await;
+    s.ready_and_passing().await;
+    s.post("/fault/disk?on=true").await;
+    let (_, body) = s
+        .wait(&format!("{}/readyz", s.health), |c, _| c == 503)
+        .await;
+    assert_eq!(check_status(&body, "disk:free"), "fail");
+    assert!(body.contains("below the fail level 100%"), "{body}");
+    s.post("/fault/disk?on=false").await;
+    s.wait(&format!("{}/readyz", s.health), |c, _| c == 200)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brownout_slows_real_queries_and_warns() {
+    let s = start_with(PG).await;
+    s.ready_and_passing().await;
+    s.post("/fault/brownout?ms=300").await;
+    let started = Instant::now();
+    let (code, body) = s.get(&format!("{}/items/9", s.app)).await;
+    let took = started.elapsed();
+    assert_eq!(code, 200);
+    assert!(body.contains(r#""served_from":"database""#), "{body}");
+    assert!(
+        took >= Duration::from_millis(300),
+        "pg_sleep must slow the read: {took:?}"
+    );
+    let (_, body) = s
+        .wait(&format!("{}/health", s.health), |_, b| {
+            check_status(b, "postgres:query") == "warn"
+        })
+        .await;
+    assert!(body.contains("slower than"), "{body}");
+    s.post("/fault/brownout?ms=0").await;
+    s.ready_and_passing().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flap_takes_the_database_down_and_up_again() {
+    let s = start_with(PG).await;
+    s.ready_and_passing().await;
+    s.post("/fault/flap?on=true&period_ms=700").await;
+    let url = format!("{}/health", s.health);
+    s.wait(&url, |_, b| check_status(b, "postgres:query") == "fail")
+        .await;
+    s.wait(&url, |_, b| check_status(b, "postgres:query") == "pass")
+        .await;
+    s.wait(&url, |_, b| check_status(b, "postgres:query") == "fail")
+        .await;
+    s.post("/fault/flap?on=false").await;
+    s.ready_and_passing().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn falls_back_to_sqlite_when_postgres_is_unreachable() {
+    let s = start_with("postgres://postgres@127.0.0.1:1/test").await;
+    assert_eq!(s.running.store_kind, "sqlite");
+    s.ready_and_passing().await;
+    let (code, body) = s.get(&format!("{}/items/42", s.app)).await;
+    assert_eq!(code, 200);
+    assert!(body.contains(r#""served_from":"database""#), "{body}");
+
+    // The same degraded mode with SQLite as the dependency.
+    s.post("/fault/dependency?on=true").await;
+    let (_, body) = s
+        .wait(&format!("{}/health", s.health), |_, b| {
+            status_of(b) == "warn"
+        })
+        .await;
+    assert_eq!(check_status(&body, "sqlite:query"), "fail");
+    let (_, body) = s.get(&format!("{}/items/42", s.app)).await;
+    assert!(body.contains(r#""served_from":"cache""#), "{body}");
+}
+
+/// The service on its own 2-worker runtime; the test's client on another, so freezing
+/// the service's workers does not freeze the measurement.
+#[test]
+fn reserved_livez_answers_while_every_application_worker_is_frozen() {
+    let dir = tempfile::tempdir().unwrap();
+    let app_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let running = app_rt.block_on(start(config(dir.path(), PG))).unwrap();
+    let app = format!("http://{}", running.app_addr);
+    let health = format!("http://{}", running.health_addr);
+    let client_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    client_rt.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(20))
+            .build()
+            .unwrap();
+        let r = client
+            .post(format!("{app}/fault/freeze?ms=3000"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        // Let the freeze take both workers.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        let started = Instant::now();
+        let reserved = client.get(format!("{health}/livez")).send().await.unwrap();
+        let reserved_took = started.elapsed();
+        assert_eq!(reserved.status(), 200);
+
+        let started = Instant::now();
+        let naive = client
+            .get(format!("{app}/naive/livez"))
+            .send()
+            .await
+            .unwrap();
+        let naive_took = started.elapsed();
+        assert_eq!(naive.status(), 200);
+
+        assert!(
+            naive_took > Duration::from_millis(1000),
+            "the naive endpoint must wait for a frozen worker: {naive_took:?}"
+        );
+        assert!(
+            reserved_took < Duration::from_millis(1000),
+            "the reserved /livez must answer while the workers are frozen: {reserved_took:?}"
+        );
+    });
+    drop(running);
+    drop(app_rt);
+}
