@@ -111,7 +111,7 @@ fn next_slot(prev: Instant, interval: Duration, now: Instant) -> Instant {
         return next;
     }
     let behind = now - next;
-    let skipped = behind.as_nanos() / interval.as_nanos().max(1) + 1;
+    let skipped = behind.as_nanos().div_ceil(interval.as_nanos().max(1));
     let skipped = u32::try_from(skipped).unwrap_or(u32::MAX);
     next + interval.saturating_mul(skipped)
 }
@@ -182,6 +182,29 @@ mod tests {
             t0 + Duration::from_secs(30),
             "an overrun must skip to the next future slot, not run back to back"
         );
+        assert_eq!(
+            next_slot(t0, i, t0 + Duration::from_secs(20)),
+            t0 + Duration::from_secs(20),
+            "a slot falling exactly now is not skipped"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn next_slot_is_on_the_cadence_and_the_first_not_in_the_past(
+            interval_ms in 1u64..10_000,
+            now_ms in 0u64..1_000_000,
+        ) {
+            let t0 = Instant::now();
+            let interval = Duration::from_millis(interval_ms);
+            let now = t0 + Duration::from_millis(now_ms);
+            let next = next_slot(t0, interval, now);
+            let offset = (next - t0).as_nanos();
+            proptest::prop_assert_eq!(offset % interval.as_nanos(), 0, "off the cadence");
+            proptest::prop_assert!(next > t0, "a slot is always after the previous one");
+            proptest::prop_assert!(next >= now || next == t0 + interval, "in the past");
+            proptest::prop_assert!(next < now + interval || next == t0 + interval, "skipped a free slot");
+        }
     }
 
     #[test]

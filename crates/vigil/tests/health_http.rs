@@ -661,6 +661,27 @@ async fn shed_layer_sheds_app_requests_over_the_limit_but_serves_health() {
 
 // === reserved listener ===
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_listener_reports_a_taken_port_and_stops_on_shutdown() {
+    let health = Health::builder().config(fast_config()).start();
+    let srv = reserved(&health);
+    let addr = srv.local_addr();
+    let err = health.serve_reserved(addr).unwrap_err();
+    assert_eq!(
+        err.kind(),
+        std::io::ErrorKind::AddrInUse,
+        "the bind error goes to the caller"
+    );
+    assert_eq!(get(addr, "/livez").await.status, 200);
+    tokio::task::spawn_blocking(move || srv.shutdown())
+        .await
+        .unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "a shut down reserved listener must refuse connections"
+    );
+}
+
 /// A blocking HTTP/1.1 GET with its own timeout, from the test's own thread: the probe
 /// must not depend on the runtime it is trying to prove saturated.
 fn blocking_get(
