@@ -1,13 +1,337 @@
-//! Command-line entry point of `vigil controller`.
+//! Command-line entry point of `vigil controller`: thin glue that loads the config,
+//! opens the store, recovers the guard, starts the tasks and handles signals.
 
+use crate::api::{self, AppState};
+use crate::config::{self, ControllerConfig};
+use crate::discovery;
+use crate::engine::{Command, Engine, Plan, Source};
+use crate::metrics::Metrics;
+use crate::prober::Prober;
+use crate::scheduler::{self, Heartbeats};
+use crate::store::{SqliteStore, StoreHandle};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{mpsc, watch};
+
+/// Exit code for a bad configuration (sysexits' EX_CONFIG).
+const EXIT_CONFIG: u8 = 78;
+/// Exit code when the daemon cannot run (store, listener): sysexits' EX_SOFTWARE would
+/// blame us; 1 is the generic failure operators expect.
+const EXIT_FAILURE: u8 = 1;
+/// Engine mailbox size: large enough for a burst of results from every probe in
+/// flight; when full, probers wait (back-pressure rather than unbounded memory).
+const ENGINE_QUEUE: usize = 65_536;
+/// How long shutdown waits for in-flight probes and actions before giving up on them
+/// (an action cut short stays `intended` and runs again after a restart).
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
 
 /// Arguments of `vigil controller`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// The config file (TOML).
+    #[arg(
+        short,
+        long,
+        global = true,
+        default_value = "fleet.toml",
+        env = "VIGIL_CONTROLLER_CONFIG"
+    )]
+    pub config: PathBuf,
+    /// What to do (default: run the controller).
+    #[command(subcommand)]
+    pub command: Option<Verb>,
+}
 
-/// Runs `vigil controller`. Not built yet: says so and exits 2.
-pub fn run(_args: Args) -> ExitCode {
-    eprintln!("vigil controller: not built yet");
-    ExitCode::from(2)
+/// Verbs of `vigil controller`.
+#[derive(clap::Subcommand, Debug)]
+pub enum Verb {
+    /// Check the config (and the discovery file) and exit: 0 valid, 78 invalid.
+    CheckConfig,
+}
+
+/// Runs `vigil controller`.
+pub fn run(args: Args) -> ExitCode {
+    match args.command {
+        Some(Verb::CheckConfig) => check_config(&args.config),
+        None => daemon(&args.config),
+    }
+}
+
+fn check_config(path: &Path) -> ExitCode {
+    let cfg = match config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let mut discovered = 0;
+    if let Some(d) = &cfg.discovery {
+        match discovery::read(&d.path) {
+            Ok(t) => discovered = t.len(),
+            Err(e) => {
+                eprintln!("discovery: {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+    println!(
+        "{}: ok ({} targets, {} discovered, actuator {:?}, listen {})",
+        path.display(),
+        cfg.targets.len(),
+        discovered,
+        cfg.actuator.kind,
+        cfg.listen
+    );
+    ExitCode::SUCCESS
+}
+
+fn daemon(path: &Path) -> ExitCode {
+    let cfg = match config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("vigil-controller")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    match rt.block_on(serve(path.to_path_buf(), cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("vigil controller: {e:#}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
+    use anyhow::Context;
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
+    let db = cfg.data_dir.join("vigil.db");
+    let store = SqliteStore::open(&db)?;
+    let (store, store_thread) = StoreHandle::spawn(Box::new(store));
+    let metrics = Arc::new(Metrics::new());
+    let cfg = Arc::new(cfg);
+
+    let (engine_tx, engine_rx) = mpsc::channel(ENGINE_QUEUE);
+    let (actions_tx, actions_rx) = mpsc::unbounded_channel();
+    let (plan_tx, plan_rx) = watch::channel(Arc::new(Plan {
+        targets: Vec::new(),
+        probe: cfg.probe.clone(),
+        heartbeat_ttl: cfg.heartbeat.ttl,
+    }));
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (actuator_tx, actuator_rx) = watch::channel(Arc::new(cfg.actuator.clone()));
+    let (config_tx, config_rx) = watch::channel(cfg.clone());
+
+    let (mut engine, report) = Engine::recover(
+        cfg.clone(),
+        store.clone(),
+        metrics.clone(),
+        actions_tx.clone(),
+        plan_tx,
+    )
+    .await
+    .context("recovering the guard from the store")?;
+    tracing::info!(
+        store = %db.display(),
+        snapshot = report.snapshot,
+        ops_replayed = report.ops,
+        pending_actions = report.pending.len(),
+        "store opened, guard recovered"
+    );
+    let discovered = match &cfg.discovery {
+        Some(d) => discovery::read(&d.path).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "discovery file rejected at start; only the config's targets are used");
+            Vec::new()
+        }),
+        None => Vec::new(),
+    };
+    engine.initial_targets(cfg.targets.clone(), discovered);
+
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+
+    let tasks = tokio_util::task::TaskTracker::new();
+    let engine_task = tokio::spawn(engine.run(engine_rx, shutdown_rx.clone()));
+    for a in report.pending {
+        tracing::warn!(action = a.id, target = %a.target, attempts = a.attempts, "resuming an action left intended by the last run");
+        let _ = actions_tx.send(a);
+    }
+    let heartbeats = Arc::new(Heartbeats::default());
+    tasks.spawn(crate::actuator::run(
+        actions_rx,
+        actuator_rx,
+        store.clone(),
+        metrics.clone(),
+        tasks.clone(),
+    ));
+    tasks.spawn(scheduler::run(
+        plan_rx.clone(),
+        engine_tx.clone(),
+        Prober::new(),
+        heartbeats.clone(),
+        metrics.clone(),
+        shutdown_rx.clone(),
+        tasks.clone(),
+    ));
+    tasks.spawn(watch_discovery(
+        config_rx,
+        engine_tx.clone(),
+        shutdown_rx.clone(),
+    ));
+
+    let token = Arc::new(RwLock::new(cfg.effective_token()));
+    if token.read().expect("token lock").is_none() {
+        tracing::warn!("no api_token configured: mutating API calls are refused");
+    }
+    let app = api::router(AppState {
+        engine: engine_tx.clone(),
+        store: store.clone(),
+        metrics: metrics.clone(),
+        token: token.clone(),
+        heartbeats,
+        plan: plan_rx,
+    });
+    let mut server_shutdown = shutdown_rx.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = server_shutdown.changed().await;
+            })
+            .await
+    });
+    tracing::info!(addr = %addr, url = %format!("http://{addr}/"), "vigil controller listening");
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut current = cfg;
+    loop {
+        tokio::select! {
+            _ = term.recv() => { tracing::info!("SIGTERM: draining"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: draining"); break; }
+            _ = hup.recv() => {
+                match config::load(&path) {
+                    Ok(new) => {
+                        if new.listen != current.listen || new.data_dir != current.data_dir {
+                            tracing::warn!("listen and data_dir changes need a restart; the rest is applied");
+                        }
+                        let new = Arc::new(new);
+                        *token.write().expect("token lock") = new.effective_token();
+                        let _ = actuator_tx.send(Arc::new(new.actuator.clone()));
+                        let _ = config_tx.send(new.clone());
+                        if engine_tx.send(Command::Reconfigure(new.clone())).await.is_err() {
+                            break;
+                        }
+                        current = new;
+                        tracing::info!(config = %path.display(), "SIGHUP: config reloaded");
+                    }
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: new config rejected; keeping the old one"),
+                }
+            }
+        }
+    }
+    let _ = shutdown_tx.send(true);
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "HTTP server failed"),
+        Err(e) => tracing::error!(error = %e, "HTTP server task panicked"),
+    }
+    if let Err(e) = engine_task.await {
+        tracing::error!(error = %e, "engine task panicked");
+    }
+    drop(engine_tx);
+    drop(actions_tx);
+    tasks.close();
+    if tokio::time::timeout(DRAIN_GRACE, tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "drain grace ran out: unfinished actions stay intended and run after a restart"
+        );
+    }
+    drop(store);
+    // The store thread exits once every handle is gone; tasks cut short may still hold
+    // one, so do not wait for it beyond the grace.
+    let _ = tokio::task::spawn_blocking(move || store_thread.join()).await;
+    tracing::info!("vigil controller stopped");
+    Ok(())
+}
+
+/// Polls the discovery file; a changed, valid list replaces the old one; an invalid
+/// one is reported and ignored (the old list stays).
+async fn watch_discovery(
+    mut config: watch::Receiver<Arc<ControllerConfig>>,
+    engine: mpsc::Sender<Command>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut last: Option<(PathBuf, String)> = None;
+    let mut first = true;
+    loop {
+        let d = config.borrow_and_update().discovery.clone();
+        let poll = d.as_ref().map_or(Duration::from_secs(1), |d| d.poll);
+        if let Some(d) = d {
+            match std::fs::read_to_string(&d.path) {
+                Ok(text) => {
+                    let changed = last.as_ref() != Some(&(d.path.clone(), text.clone()));
+                    if changed {
+                        match discovery::parse(&d.path, &text) {
+                            // The first read only records what start-up already applied.
+                            Ok(targets) => {
+                                if !first {
+                                    tracing::info!(file = %d.path.display(), targets = targets.len(), "discovery file changed");
+                                    if engine
+                                        .send(Command::Targets {
+                                            source: Source::Discovery,
+                                            targets,
+                                        })
+                                        .await
+                                        .is_err()
+                                    {
+                                        return;
+                                    }
+                                }
+                            }
+                            Err(e) => {
+                                tracing::error!(error = %e, "discovery file rejected; keeping the previous target list")
+                            }
+                        }
+                        last = Some((d.path.clone(), text));
+                    }
+                }
+                Err(e) => {
+                    if last.is_some() || first {
+                        tracing::error!(file = %d.path.display(), error = %e, "discovery file unreadable; keeping the previous target list");
+                    }
+                }
+            }
+        }
+        first = false;
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => return,
+            _ = config.changed() => {}
+            _ = tokio::time::sleep(poll) => {}
+        }
+    }
 }

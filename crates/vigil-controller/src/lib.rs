@@ -1,5 +1,30 @@
-//! vigil controller: the central fleet health checker with a safety guard, a store, an API and a dashboard.
+//! vigil controller: the central fleet health checker with a safety guard, a store, an
+//! API and a dashboard.
+//!
+//! - [`config`]: `fleet.toml`, validated, every default named.
+//! - [`engine`]: the task owning the guard (`vigil_core::guard::SafetyGuard`); every
+//!   guard call is an op committed to the store before anything acts.
+//! - [`scheduler`] and [`prober`]: deep-health probing with jitter, timeouts, bounded
+//!   concurrency and pooled connections; heartbeat targets.
+//! - [`discovery`]: the watched target file.
+//! - [`store`]: the `Store` trait and its SQLite implementation (snapshot + op log,
+//!   decision log, action intents).
+//! - [`actuator`]: log, webhook (HMAC-signed, retried, idempotent), exec.
+//! - [`api`], [`dashboard`], [`metrics`]: HTTP API, server-rendered dashboard, Prometheus.
+//! - [`cli`]: `vigil controller [check-config] -c fleet.toml`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod actuator;
+pub mod api;
 pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod dashboard;
+pub mod discovery;
+pub mod engine;
+pub mod metrics;
+pub mod ops;
+pub mod prober;
+pub mod scheduler;
+pub mod store;

@@ -444,8 +444,12 @@ fn pct(f: f64) -> String {
 }
 
 fn human(d: Duration) -> humantime::FormattedDuration {
-    // Whole seconds read better in reasons than nanoseconds.
-    humantime::format_duration(Duration::from_secs(d.as_secs()))
+    // Milliseconds under a minute, whole seconds above: both read better than nanoseconds.
+    if d < Duration::from_secs(60) {
+        humantime::format_duration(Duration::from_millis(d.as_millis() as u64))
+    } else {
+        humantime::format_duration(Duration::from_secs(d.as_secs()))
+    }
 }
 
 impl fmt::Display for Reason {

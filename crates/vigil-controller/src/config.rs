@@ -1,0 +1,496 @@
+//! The controller's configuration (`fleet.toml`): one struct per part, every default a
+//! named constant, loading that names the file, line and key of any mistake.
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use vigil_core::guard::GuardConfig;
+
+/// Default listen address: loopback only, so a fresh install exposes nothing; 9400 is
+/// free in the Prometheus exporter port registry's neighbourhood.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
+/// Default data directory: relative to the working directory, created on first run.
+pub const DEFAULT_DATA_DIR: &str = "vigil-data";
+/// Default probe interval: 10 s (the default), a deep check every 10 s per
+/// target is cheap for the target and fast enough for replacement decisions.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(10);
+/// Default probe timeout: 2 s. A deep-health endpoint answers from a cached snapshot;
+/// anything slower than this is itself a symptom.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default jitter: 10% of the interval, enough to spread a fleet's probes after a
+/// restart without making the interval meaningless.
+pub const DEFAULT_PROBE_JITTER: f64 = 0.1;
+/// Default probe concurrency: 512 in flight. At 2 s timeout that is 256 probes/s even
+/// when every target hangs, and far more when they answer.
+pub const DEFAULT_PROBE_CONCURRENCY: usize = 512;
+/// Default health path: `/health`, the deep (dependency) health endpoint of vigil's
+/// library; the controller judges deep health, load balancers use `/readyz`.
+pub const DEFAULT_PROBE_PATH: &str = "/health";
+/// Default largest health body read: vigil-core's `MAX_REPORT_BYTES` (64 KiB).
+pub const DEFAULT_MAX_BODY: usize = vigil_core::report::MAX_REPORT_BYTES;
+/// Default heartbeat TTL: 30 s, three missed 10 s heartbeats.
+pub const DEFAULT_HEARTBEAT_TTL: Duration = Duration::from_secs(30);
+/// Default discovery poll: 2 s. Polling a small file is cheap and needs no inotify.
+pub const DEFAULT_DISCOVERY_POLL: Duration = Duration::from_secs(2);
+/// Default webhook retries: 5, with doubling backoff about half a minute in total.
+pub const DEFAULT_WEBHOOK_RETRIES: u32 = 5;
+/// Default first webhook backoff: 500 ms, doubling each retry.
+pub const DEFAULT_WEBHOOK_BACKOFF: Duration = Duration::from_millis(500);
+/// Default actuator timeout (webhook request, exec command): 10 s.
+pub const DEFAULT_ACTUATOR_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default snapshot interval of the guard state: 30 s (the op log in between is
+/// replayed on restart, so this only bounds the replay).
+pub const DEFAULT_SNAPSHOT_EVERY: Duration = Duration::from_secs(30);
+/// Default number of recent probes kept per target in memory for the API: 20.
+pub const DEFAULT_HISTORY: usize = 20;
+
+/// The whole configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// Address of the API, dashboard and metrics. Defaults to 127.0.0.1:9400.
+    pub listen: SocketAddr,
+    /// Directory of the SQLite store (`vigil.db`). Defaults to `vigil-data`.
+    pub data_dir: PathBuf,
+    /// Bearer token for mutating API calls; the `VIGIL_API_TOKEN` environment variable
+    /// wins when set. Without either, every mutating call is refused.
+    pub api_token: Option<String>,
+    /// How targets are probed.
+    pub probe: ProbeConfig,
+    /// Push (heartbeat) targets.
+    pub heartbeat: HeartbeatConfig,
+    /// The safety guard.
+    pub guard: GuardConfig,
+    /// What happens when the guard acts.
+    pub actuator: ActuatorConfig,
+    /// A watched file listing more targets.
+    pub discovery: Option<DiscoveryConfig>,
+    /// Store tuning.
+    pub store: StoreConfig,
+    /// Static targets.
+    pub targets: Vec<TargetConfig>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            listen: DEFAULT_LISTEN.parse().expect("valid default address"),
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            api_token: None,
+            probe: ProbeConfig::default(),
+            heartbeat: HeartbeatConfig::default(),
+            guard: GuardConfig::default(),
+            actuator: ActuatorConfig::default(),
+            discovery: None,
+            store: StoreConfig::default(),
+            targets: Vec::new(),
+        }
+    }
+}
+
+/// Probing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProbeConfig {
+    /// Time between two probes of a target. Defaults to 10 s.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Whole-probe timeout (connect, request, body). Defaults to 2 s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Random jitter, as a fraction of the interval (0..0.5). Defaults to 0.1.
+    pub jitter: f64,
+    /// Probes in flight at most. Defaults to 512.
+    pub concurrency: usize,
+    /// Path of the deep-health endpoint. Defaults to `/health`.
+    pub path: String,
+    /// Largest body read. Defaults to 64 KiB.
+    pub max_body: usize,
+    /// Recent probes kept per target for the API. Defaults to 20.
+    pub history: usize,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        ProbeConfig {
+            interval: DEFAULT_PROBE_INTERVAL,
+            timeout: DEFAULT_PROBE_TIMEOUT,
+            jitter: DEFAULT_PROBE_JITTER,
+            concurrency: DEFAULT_PROBE_CONCURRENCY,
+            path: DEFAULT_PROBE_PATH.to_string(),
+            max_body: DEFAULT_MAX_BODY,
+            history: DEFAULT_HISTORY,
+        }
+    }
+}
+
+/// Push targets.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HeartbeatConfig {
+    /// A heartbeat target with no heartbeat for this long fails its probe. Defaults to 30 s.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        HeartbeatConfig {
+            ttl: DEFAULT_HEARTBEAT_TTL,
+        }
+    }
+}
+
+/// Which actuator runs when the guard acts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActuatorKind {
+    /// Log the action only (a dry run). The default: nothing is replaced until an
+    /// operator chooses an actuator.
+    #[default]
+    Log,
+    /// POST a signed JSON event.
+    Webhook,
+    /// Run a command.
+    Exec,
+}
+
+/// The actuator.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ActuatorConfig {
+    /// `log` (default), `webhook` or `exec`.
+    pub kind: ActuatorKind,
+    /// Settings of the webhook actuator.
+    pub webhook: WebhookConfig,
+    /// Settings of the exec actuator.
+    pub exec: ExecConfig,
+}
+
+/// Webhook actuator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// `http://` URL to POST the event to.
+    pub url: String,
+    /// HMAC-SHA256 key for the `X-Vigil-Signature` header; `VIGIL_WEBHOOK_SECRET` wins.
+    pub secret: Option<String>,
+    /// Retries after the first attempt. Defaults to 5.
+    pub retries: u32,
+    /// First backoff, doubled each retry. Defaults to 500 ms.
+    #[serde(with = "humantime_serde")]
+    pub backoff: Duration,
+    /// Timeout of one request. Defaults to 10 s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        WebhookConfig {
+            url: String::new(),
+            secret: None,
+            retries: DEFAULT_WEBHOOK_RETRIES,
+            backoff: DEFAULT_WEBHOOK_BACKOFF,
+            timeout: DEFAULT_ACTUATOR_TIMEOUT,
+        }
+    }
+}
+
+/// Exec actuator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecConfig {
+    /// Program and arguments; the target is passed in `VIGIL_TARGET_*` variables.
+    pub command: Vec<String>,
+    /// Kill the command after this long. Defaults to 10 s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for ExecConfig {
+    fn default() -> Self {
+        ExecConfig {
+            command: Vec::new(),
+            timeout: DEFAULT_ACTUATOR_TIMEOUT,
+        }
+    }
+}
+
+/// A watched discovery file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// The file: `.json` (an array of targets, or `{"targets": [...]}`) or `.toml`
+    /// (`[[targets]]`). Relative paths are relative to the config file.
+    pub path: PathBuf,
+    /// How often it is checked for changes. Defaults to 2 s.
+    #[serde(with = "humantime_serde")]
+    pub poll: Duration,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        DiscoveryConfig {
+            path: PathBuf::new(),
+            poll: DEFAULT_DISCOVERY_POLL,
+        }
+    }
+}
+
+/// Store tuning.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// How often the guard state is snapshotted (the op log since is replayed on
+    /// restart). Defaults to 30 s.
+    #[serde(with = "humantime_serde")]
+    pub snapshot_every: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+        }
+    }
+}
+
+/// One target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// Unique id.
+    pub id: String,
+    /// Base URL (`http://host:port`); the probe path is appended. Not needed for
+    /// heartbeat targets.
+    #[serde(default)]
+    pub url: String,
+    /// Zone label (the fraction cap also applies per zone).
+    #[serde(default)]
+    pub zone: String,
+    /// Group label (shown, passed to actuators).
+    #[serde(default)]
+    pub group: String,
+    /// A push target: it sends `POST /api/heartbeat` instead of being probed.
+    #[serde(default)]
+    pub heartbeat: bool,
+}
+
+impl TargetConfig {
+    /// Checks one target; the error names the key.
+    pub fn validate(&self, at: &str) -> Result<(), String> {
+        if self.id.is_empty() {
+            return Err(format!("{at}.id must not be empty"));
+        }
+        if !self.heartbeat {
+            if !self.url.starts_with("http://") {
+                return Err(format!(
+                    "{at}.url must be an http:// URL (no TLS stack by design), got {:?}",
+                    self.url
+                ));
+            }
+            self.url
+                .parse::<http::Uri>()
+                .map_err(|e| format!("{at}.url {:?}: {e}", self.url))?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks a list of targets (unique ids, valid URLs).
+pub fn validate_targets(targets: &[TargetConfig], what: &str) -> Result<(), String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, t) in targets.iter().enumerate() {
+        t.validate(&format!("{what}[{i}]"))?;
+        if !seen.insert(t.id.as_str()) {
+            return Err(format!("{what}[{i}].id {:?} is a duplicate", t.id));
+        }
+    }
+    Ok(())
+}
+
+impl ControllerConfig {
+    /// Checks the values; the error names the bad key.
+    pub fn validate(&self) -> Result<(), String> {
+        let p = &self.probe;
+        if p.interval.is_zero() {
+            return Err("probe.interval must be longer than 0s".into());
+        }
+        if p.timeout.is_zero() {
+            return Err("probe.timeout must be longer than 0s".into());
+        }
+        if !(0.0..=0.5).contains(&p.jitter) {
+            return Err(format!(
+                "probe.jitter must be within 0..0.5, got {}",
+                p.jitter
+            ));
+        }
+        if p.concurrency == 0 {
+            return Err("probe.concurrency must be at least 1".into());
+        }
+        if !p.path.starts_with('/') {
+            return Err(format!("probe.path must start with /, got {:?}", p.path));
+        }
+        if p.max_body == 0 {
+            return Err("probe.max_body must be at least 1".into());
+        }
+        if self.heartbeat.ttl.is_zero() {
+            return Err("heartbeat.ttl must be longer than 0s".into());
+        }
+        self.guard.validate().map_err(|e| format!("guard.{e}"))?;
+        match self.actuator.kind {
+            ActuatorKind::Log => {}
+            ActuatorKind::Webhook => {
+                if !self.actuator.webhook.url.starts_with("http://") {
+                    return Err(format!(
+                        "actuator.webhook.url must be an http:// URL when actuator.kind = \"webhook\", got {:?}",
+                        self.actuator.webhook.url
+                    ));
+                }
+            }
+            ActuatorKind::Exec => {
+                if self.actuator.exec.command.is_empty() {
+                    return Err(
+                        "actuator.exec.command must name a program when actuator.kind = \"exec\""
+                            .into(),
+                    );
+                }
+            }
+        }
+        if let Some(d) = &self.discovery {
+            if d.path.as_os_str().is_empty() {
+                return Err("discovery.path must name a file".into());
+            }
+            if d.poll.is_zero() {
+                return Err("discovery.poll must be longer than 0s".into());
+            }
+        }
+        if self.store.snapshot_every.is_zero() {
+            return Err("store.snapshot_every must be longer than 0s".into());
+        }
+        validate_targets(&self.targets, "targets")
+    }
+
+    /// The API token in force: `VIGIL_API_TOKEN` if set and non-empty, else the config's.
+    pub fn effective_token(&self) -> Option<String> {
+        std::env::var("VIGIL_API_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+            .or_else(|| self.api_token.clone().filter(|t| !t.is_empty()))
+    }
+}
+
+/// Why a config file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this config (toml's message shows line, column
+    /// and the offending key with a caret).
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// toml's message, with its span rendered.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// Names the key.
+        message: String,
+    },
+}
+
+/// Loads, parses and validates a config file. Relative paths inside (data dir,
+/// discovery file) are resolved against the file's directory.
+pub fn load(path: &Path) -> Result<ControllerConfig, ConfigError> {
+    let display = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: display.clone(),
+        source,
+    })?;
+    let mut config = parse(&text).map_err(|message| ConfigError::Parse {
+        path: display.clone(),
+        message,
+    })?;
+    config.validate().map_err(|message| ConfigError::Invalid {
+        path: display.clone(),
+        message,
+    })?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    if config.data_dir.is_relative() {
+        config.data_dir = base.join(&config.data_dir);
+    }
+    if let Some(d) = &mut config.discovery
+        && d.path.is_relative()
+    {
+        d.path = base.join(&d.path);
+    }
+    Ok(config)
+}
+
+/// Parses config text; the error is toml's, which names line, column and key.
+pub fn parse(text: &str) -> Result<ControllerConfig, String> {
+    toml::from_str(text).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_field_has_a_default() {
+        let c = parse("").unwrap();
+        assert_eq!(c, ControllerConfig::default());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/fleet.toml");
+        let c = load(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.targets.is_empty());
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_line_and_key() {
+        let err = parse("[probe]\ninterval = \"1s\"\nintervall = \"2s\"\n").unwrap_err();
+        assert!(err.contains("line 3"), "{err}");
+        assert!(err.contains("intervall"), "{err}");
+    }
+
+    #[test]
+    fn durations_are_humantime_strings() {
+        let c = parse("[probe]\ninterval = \"250ms\"\n[guard.budget]\nper = \"5m\"\n").unwrap();
+        assert_eq!(c.probe.interval, Duration::from_millis(250));
+        assert_eq!(c.guard.budget.per, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn validate_names_the_bad_key() {
+        let bad = |toml: &str| parse(toml).unwrap().validate().unwrap_err();
+        assert!(bad("[probe]\njitter = 0.9").contains("probe.jitter"));
+        assert!(
+            bad("[guard]\nmax_unhealthy_fraction = 2.0").contains("guard.max_unhealthy_fraction")
+        );
+        assert!(bad("[guard.budget]\nper = \"0s\"").contains("guard.budget.per"));
+        assert!(bad("[actuator]\nkind = \"webhook\"").contains("actuator.webhook.url"));
+        assert!(bad("[[targets]]\nid = \"a\"\nurl = \"https://x\"").contains("targets[0].url"));
+        assert!(
+            bad("[[targets]]\nid = \"a\"\nurl = \"http://x\"\n[[targets]]\nid = \"a\"\nurl = \"http://y\"")
+                .contains("targets[1].id")
+        );
+    }
+}

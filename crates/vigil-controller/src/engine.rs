@@ -1,0 +1,843 @@
+//! The engine: the one task that owns the [`SafetyGuard`], feeds it probe results and
+//! operator commands, records everything in the store, and hands committed actions to
+//! the actuator.
+//!
+//! Every guard call is an op ([`GuardOp`]) appended to the current batch; once per turn
+//! of the loop (after draining every queued command) the batch is committed in one
+//! transaction, and only then are its actions run and its operator commands answered.
+//! One owner, one order: the op log replays exactly.
+
+use crate::clock::{Clock, rfc3339_ms, unix_ms};
+use crate::config::{ControllerConfig, ProbeConfig, TargetConfig};
+use crate::metrics::Metrics;
+use crate::ops::{GuardOp, nanos};
+use crate::prober::ProbeRecord;
+use crate::store::{ActionRecord, Batch, NewDecision, NewTransition, StoreError, StoreHandle};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot, watch};
+use vigil_core::guard::{
+    Decision, GuardConfig, GuardState, Hold, HoldKind, Observation, Outcome, SafetyGuard,
+    TargetView,
+};
+use vigil_core::{Health, Time};
+
+/// Commands drained at most per turn, so queries and shutdown are never starved.
+const MAX_COMMANDS_PER_TURN: usize = 4096;
+/// Guard ticks (hold expiry, flap release): once a second is finer than any hold.
+const TICK_EVERY: Duration = Duration::from_secs(1);
+/// Recent guard events kept for the dashboard.
+const RECENT_EVENTS: usize = 20;
+
+/// What the scheduler probes, and how.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// Targets (config and discovery merged).
+    pub targets: Vec<TargetConfig>,
+    /// Probe settings.
+    pub probe: ProbeConfig,
+    /// Heartbeat TTL.
+    pub heartbeat_ttl: Duration,
+}
+
+/// Where a target list came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The config file.
+    Config,
+    /// The discovery file.
+    Discovery,
+}
+
+/// A message to the engine.
+pub enum Command {
+    /// A probe finished.
+    Probe {
+        /// Target id.
+        id: String,
+        /// What the guard sees.
+        obs: Observation,
+        /// What the API shows.
+        record: ProbeRecord,
+    },
+    /// A new target list from one source.
+    Targets {
+        /// Which source.
+        source: Source,
+        /// Its list.
+        targets: Vec<TargetConfig>,
+    },
+    /// Put a hold on a target (answered once committed).
+    SetHold {
+        /// Target.
+        id: String,
+        /// Silenced or maintenance.
+        kind: HoldKind,
+        /// Why.
+        reason: String,
+        /// For how long (None: until cleared).
+        duration: Option<Duration>,
+        /// Answer.
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// Lift a hold (answered once committed).
+    ClearHold {
+        /// Target.
+        id: String,
+        /// Answer.
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// Manual freeze.
+    Freeze {
+        /// Why.
+        reason: String,
+        /// Answer.
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// Lift the manual freeze.
+    Unfreeze {
+        /// Answer.
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// A reloaded config.
+    Reconfigure(Arc<ControllerConfig>),
+    /// The fleet as it is now.
+    Fleet(oneshot::Sender<Arc<FleetView>>),
+}
+
+/// The fleet at a moment, for the API and dashboard.
+#[derive(Clone, Debug, Serialize)]
+pub struct FleetView {
+    /// When (UNIX ms).
+    pub now_ms: i64,
+    /// The guard.
+    pub guard: GuardView,
+    /// Every target, by id.
+    pub targets: Vec<TargetInfo>,
+    /// Recent guard events (freezes, flapping), newest last.
+    pub events: Vec<EventInfo>,
+}
+
+/// A guard event, for display.
+#[derive(Clone, Debug, Serialize)]
+pub struct EventInfo {
+    /// When (UNIX ms).
+    pub at_ms: i64,
+    /// What happened, in words.
+    pub message: String,
+}
+
+/// The guard's state, for display.
+#[derive(Clone, Debug, Serialize)]
+pub struct GuardView {
+    /// The whole fleet frozen (automatically or manually).
+    pub frozen: bool,
+    /// Zones frozen.
+    pub frozen_zones: Vec<String>,
+    /// Why, in words.
+    pub reasons: Vec<String>,
+    /// Why, structured.
+    pub reasons_detail: Vec<vigil_core::guard::Reason>,
+    /// An operator freeze's reason.
+    pub manual_freeze: Option<String>,
+    /// Tokens left.
+    pub budget_left: u32,
+    /// Tokens per window.
+    pub budget_actions: u32,
+    /// The window.
+    #[serde(with = "humantime_serde")]
+    pub budget_per: Duration,
+    /// When the next token returns (UNIX ms), if none is left.
+    pub next_token_at_ms: Option<i64>,
+    /// Unhealthy targets counted.
+    pub unhealthy: u32,
+    /// Targets counted.
+    pub total: u32,
+}
+
+/// One target, for display.
+#[derive(Clone, Debug, Serialize)]
+pub struct TargetInfo {
+    /// Id.
+    pub id: String,
+    /// Probe URL (empty for heartbeat targets).
+    pub url: String,
+    /// Zone.
+    pub zone: String,
+    /// Group.
+    pub group: String,
+    /// A push target.
+    pub heartbeat: bool,
+    /// Display state: grace, unknown, healthy, failing, unhealthy, flapping, reported,
+    /// silenced, maintenance.
+    pub state: String,
+    /// Rise/fall verdict.
+    pub health: Health,
+    /// Consecutive failed probes.
+    pub consecutive_failures: u32,
+    /// Failing since (UNIX ms).
+    pub failing_since_ms: Option<i64>,
+    /// Failing checks at the last probe.
+    pub failing_checks: Vec<String>,
+    /// The endpoint itself failed at the last probe.
+    pub endpoint_failed: bool,
+    /// Flap penalty.
+    pub penalty: u32,
+    /// Flapping.
+    pub flapping: bool,
+    /// Operator hold.
+    pub hold: Option<HoldInfo>,
+    /// Reported for replacement at (UNIX ms).
+    pub reported_at_ms: Option<i64>,
+    /// Last probe.
+    pub last_probe: Option<ProbeRecord>,
+    /// Recent probes, newest last.
+    pub history: Vec<ProbeRecord>,
+}
+
+/// An operator hold, for display.
+#[derive(Clone, Debug, Serialize)]
+pub struct HoldInfo {
+    /// silenced or maintenance.
+    pub kind: HoldKind,
+    /// Why.
+    pub reason: String,
+    /// Until (UNIX ms).
+    pub until_ms: Option<i64>,
+}
+
+/// The guard config and state as snapshotted together (the ops after a snapshot were
+/// made under its config until a `Reconfigure` op says otherwise).
+#[derive(Serialize, Deserialize)]
+struct Snapshot {
+    config: GuardConfig,
+    state: GuardState,
+}
+
+struct TargetRuntime {
+    spec: TargetConfig,
+    state: String,
+    history: VecDeque<ProbeRecord>,
+}
+
+type Reply = (oneshot::Sender<Result<(), String>>, Result<(), String>);
+
+/// The engine. Build it with [`Engine::recover`], run it with [`Engine::run`].
+pub struct Engine {
+    guard: SafetyGuard,
+    clock: Clock,
+    store: StoreHandle,
+    metrics: Arc<Metrics>,
+    actions: mpsc::UnboundedSender<ActionRecord>,
+    plan: watch::Sender<Arc<Plan>>,
+    config: Arc<ControllerConfig>,
+    config_targets: Vec<TargetConfig>,
+    discovered: Vec<TargetConfig>,
+    runtime: BTreeMap<String, TargetRuntime>,
+    events: VecDeque<EventInfo>,
+    batch: Batch,
+    replies: Vec<Reply>,
+    last_snapshot: Instant,
+}
+
+/// What recovery found, for the log.
+#[derive(Debug)]
+pub struct RecoveryReport {
+    /// Whether a snapshot was loaded.
+    pub snapshot: bool,
+    /// Ops replayed.
+    pub ops: usize,
+    /// Actions left intended, to run again.
+    pub pending: Vec<ActionRecord>,
+}
+
+impl Engine {
+    /// Rebuilds the guard from the store (snapshot + op log) and prepares the engine.
+    pub async fn recover(
+        config: Arc<ControllerConfig>,
+        store: StoreHandle,
+        metrics: Arc<Metrics>,
+        actions: mpsc::UnboundedSender<ActionRecord>,
+        plan: watch::Sender<Arc<Plan>>,
+    ) -> Result<(Engine, RecoveryReport), anyhow::Error> {
+        let rec = store.call(|s| s.recover()).await?;
+        let mut latest = Time::ZERO;
+        let mut guard = match &rec.snapshot {
+            Some(text) => {
+                let snap: Snapshot = serde_json::from_str(text).map_err(|e| {
+                    anyhow::anyhow!(
+                        "the store's guard snapshot does not parse ({e}); refusing to start with a reset budget"
+                    )
+                })?;
+                SafetyGuard::restore(snap.config, snap.state)
+            }
+            None => SafetyGuard::new(config.guard.clone()),
+        };
+        for (i, text) in rec.ops.iter().enumerate() {
+            let op: GuardOp = serde_json::from_str(text).map_err(|e| {
+                anyhow::anyhow!("guard op {i} after the snapshot does not parse: {e}")
+            })?;
+            if let Some(at) = op.at() {
+                latest = latest.max(at);
+            }
+            op.apply(&mut guard);
+        }
+        guard.drain_events();
+        for v in guard.targets(latest) {
+            if let Some(t) = v.failing_since {
+                latest = latest.max(t);
+            }
+        }
+        let clock = Clock::start(latest);
+        let report = RecoveryReport {
+            snapshot: rec.snapshot.is_some(),
+            ops: rec.ops.len(),
+            pending: rec.pending,
+        };
+        let mut engine = Engine {
+            guard,
+            clock,
+            store,
+            metrics,
+            actions,
+            plan,
+            config: config.clone(),
+            config_targets: Vec::new(),
+            discovered: Vec::new(),
+            runtime: BTreeMap::new(),
+            events: VecDeque::new(),
+            batch: Batch::default(),
+            replies: Vec::new(),
+            last_snapshot: Instant::now(),
+        };
+        // Targets the guard remembers keep their state only if still configured; the
+        // caller sends both sources before the first flush.
+        for id in engine
+            .guard
+            .target_ids()
+            .map(String::from)
+            .collect::<Vec<_>>()
+        {
+            let zone = engine
+                .guard
+                .target(latest, &id)
+                .map(|v| v.zone.to_string())
+                .unwrap_or_default();
+            engine.runtime.insert(
+                id.clone(),
+                TargetRuntime {
+                    spec: TargetConfig {
+                        id,
+                        url: String::new(),
+                        zone,
+                        group: String::new(),
+                        heartbeat: false,
+                    },
+                    state: String::new(),
+                    history: VecDeque::new(),
+                },
+            );
+        }
+        engine.reconfigure_guard(&config);
+        engine.config = config;
+        Ok((engine, report))
+    }
+
+    /// The clock the engine uses (probers stamp results with it).
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// Sets both target sources at start (before `run`), so targets in neither are
+    /// forgotten once, and the others keep their state.
+    pub fn initial_targets(&mut self, config: Vec<TargetConfig>, discovered: Vec<TargetConfig>) {
+        self.config_targets = config;
+        self.discovered = discovered;
+        self.apply_targets();
+    }
+
+    /// Runs until `shutdown` flips; commits a final snapshot on the way out.
+    pub async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Command>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let mut tick = tokio::time::interval(TICK_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.flush().await;
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => break,
+                cmd = rx.recv() => {
+                    let Some(cmd) = cmd else { break };
+                    self.handle(cmd);
+                    let mut n = 1;
+                    while n < MAX_COMMANDS_PER_TURN {
+                        match rx.try_recv() {
+                            Ok(cmd) => self.handle(cmd),
+                            Err(_) => break,
+                        }
+                        n += 1;
+                    }
+                }
+                _ = tick.tick() => {
+                    let at = nanos(self.clock.now());
+                    self.op(GuardOp::Tick { at }, None);
+                }
+            }
+            self.flush().await;
+        }
+        self.snapshot();
+        self.flush().await;
+        tracing::info!("engine stopped; guard state snapshotted");
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Probe { id, obs, record } => {
+                let Some(rt) = self.runtime.get_mut(&id) else {
+                    return; // Removed while the probe was in flight.
+                };
+                self.metrics
+                    .probe(&id, &rt.spec.zone, record.ok, record.duration_ms / 1000.0);
+                rt.history.push_back(record);
+                while rt.history.len() > self.config.probe.history.max(1) {
+                    rt.history.pop_front();
+                }
+                let at = nanos(self.clock.now());
+                self.op(GuardOp::Observe { at, obs }, Some(&id));
+            }
+            Command::Targets { source, targets } => {
+                match source {
+                    Source::Config => self.config_targets = targets,
+                    Source::Discovery => self.discovered = targets,
+                }
+                self.apply_targets();
+            }
+            Command::SetHold {
+                id,
+                kind,
+                reason,
+                duration,
+                reply,
+            } => {
+                let now = self.clock.now();
+                let at = nanos(now);
+                let hold = Hold {
+                    kind,
+                    reason,
+                    until: duration.map(|d| now + d),
+                };
+                let found = self.op(
+                    GuardOp::SetHold {
+                        at,
+                        id: id.clone(),
+                        hold,
+                    },
+                    Some(&id),
+                );
+                self.replies.push((
+                    reply,
+                    if found {
+                        Ok(())
+                    } else {
+                        Err(format!("unknown target {id:?}"))
+                    },
+                ));
+            }
+            Command::ClearHold { id, reply } => {
+                let at = nanos(self.clock.now());
+                let found = self.op(GuardOp::ClearHold { at, id: id.clone() }, Some(&id));
+                self.replies.push((
+                    reply,
+                    if found {
+                        Ok(())
+                    } else {
+                        Err(format!("unknown target {id:?}"))
+                    },
+                ));
+            }
+            Command::Freeze { reason, reply } => {
+                let at = nanos(self.clock.now());
+                self.op(GuardOp::Freeze { at, reason }, None);
+                self.replies.push((reply, Ok(())));
+            }
+            Command::Unfreeze { reply } => {
+                let at = nanos(self.clock.now());
+                self.op(GuardOp::Unfreeze { at }, None);
+                self.replies.push((reply, Ok(())));
+            }
+            Command::Reconfigure(config) => self.reconfigure(config),
+            Command::Fleet(reply) => {
+                let _receiver_may_be_gone = reply.send(Arc::new(self.view()));
+            }
+        }
+    }
+
+    fn reconfigure(&mut self, config: Arc<ControllerConfig>) {
+        self.reconfigure_guard(&config);
+        self.config_targets = config.targets.clone();
+        self.config = config;
+        self.apply_targets();
+    }
+
+    fn reconfigure_guard(&mut self, config: &ControllerConfig) {
+        if *self.guard.config() != config.guard {
+            self.op(
+                GuardOp::Reconfigure {
+                    config: Box::new(config.guard.clone()),
+                },
+                None,
+            );
+        }
+    }
+
+    /// Merges the two sources (config wins on a duplicate id), adds, updates and
+    /// forgets targets, and publishes the plan to the scheduler.
+    fn apply_targets(&mut self) {
+        let mut merged: BTreeMap<String, TargetConfig> = BTreeMap::new();
+        for t in &self.discovered {
+            merged.insert(t.id.clone(), t.clone());
+        }
+        for t in &self.config_targets {
+            if merged.insert(t.id.clone(), t.clone()).is_some() {
+                tracing::warn!(target_id = %t.id, "target in both config and discovery; the config's entry wins");
+            }
+        }
+        let gone: Vec<String> = self
+            .runtime
+            .keys()
+            .filter(|id| !merged.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            let at = nanos(self.clock.now());
+            self.op(GuardOp::Remove { at, id: id.clone() }, None);
+            if let Some(rt) = self.runtime.remove(&id) {
+                self.metrics.forget(&id, &rt.spec.zone);
+                tracing::info!(target_id = %id, "target removed; forgotten");
+            }
+        }
+        for (id, spec) in &merged {
+            let known = self
+                .guard
+                .target(self.clock.now(), id)
+                .map(|v| v.zone.to_string());
+            if known.as_deref() != Some(spec.zone.as_str()) {
+                let at = nanos(self.clock.now());
+                let op = GuardOp::Add {
+                    at,
+                    id: id.clone(),
+                    zone: spec.zone.clone(),
+                };
+                self.op(op, Some(id));
+                if known.is_none() {
+                    tracing::info!(target_id = %id, zone = %spec.zone, "target added");
+                }
+            }
+            let rt = self
+                .runtime
+                .entry(id.clone())
+                .or_insert_with(|| TargetRuntime {
+                    spec: spec.clone(),
+                    state: String::new(),
+                    history: VecDeque::new(),
+                });
+            rt.spec = spec.clone();
+        }
+        let plan = Plan {
+            targets: merged.into_values().collect(),
+            probe: self.config.probe.clone(),
+            heartbeat_ttl: self.config.heartbeat.ttl,
+        };
+        self.plan.send_if_modified(|p| {
+            if **p == plan {
+                false
+            } else {
+                *p = Arc::new(plan);
+                true
+            }
+        });
+    }
+
+    /// Applies an op, queues it for the store, records its decision and the state
+    /// changes it caused. `target`: the one target it affects (None: any may change).
+    /// Returns whether the op found its target.
+    fn op(&mut self, op: GuardOp, target: Option<&str>) -> bool {
+        let (decision, found) = op.apply(&mut self.guard);
+        self.batch
+            .ops
+            .push(serde_json::to_string(&op).expect("guard ops serialise"));
+        if let Some(d) = decision {
+            self.record_decision(d);
+        }
+        for ev in self.guard.drain_events() {
+            let message = ev.to_string();
+            match ev {
+                vigil_core::guard::GuardEvent::Frozen { .. }
+                | vigil_core::guard::GuardEvent::Flapping { .. }
+                | vigil_core::guard::GuardEvent::ManualFreeze { .. } => {
+                    tracing::warn!(event = %message, "guard");
+                }
+                _ => tracing::info!(event = %message, "guard"),
+            }
+            if self.events.len() >= RECENT_EVENTS {
+                self.events.pop_front();
+            }
+            self.events.push_back(EventInfo {
+                at_ms: unix_ms(self.clock.now()),
+                message,
+            });
+        }
+        match target {
+            Some(id) => self.refresh_state(id),
+            None => {
+                let ids: Vec<String> = self.runtime.keys().cloned().collect();
+                for id in ids {
+                    self.refresh_state(&id);
+                }
+            }
+        }
+        found
+    }
+
+    fn refresh_state(&mut self, id: &str) {
+        let now = self.clock.now();
+        let Some(view) = self.guard.target(now, id) else {
+            return;
+        };
+        let state = display_state(&view).to_string();
+        let detail = describe(&view);
+        let Some(rt) = self.runtime.get_mut(id) else {
+            return;
+        };
+        if rt.state != state {
+            if !rt.state.is_empty() {
+                tracing::info!(target_id = %id, from = %rt.state, to = %state, detail = %detail, "target state changed");
+                self.batch.transitions.push(NewTransition {
+                    at_ms: unix_ms(now),
+                    target: id.to_string(),
+                    from: rt.state.clone(),
+                    to: state.clone(),
+                    detail,
+                });
+            }
+            rt.state = state;
+        }
+    }
+
+    fn record_decision(&mut self, d: Decision) {
+        if d.repeated && d.outcome != Outcome::Act {
+            return;
+        }
+        let summary = d.to_string();
+        let at_ms = unix_ms(d.at);
+        let reasons = serde_json::to_value(&d.reasons).expect("reasons serialise");
+        let action = (d.outcome == Outcome::Act).then(|| {
+            let spec = self.runtime.get(&d.target).map(|r| &r.spec);
+            serde_json::json!({
+                "kind": "replace",
+                "target": d.target,
+                "zone": d.zone,
+                "group": spec.map(|s| s.group.as_str()).unwrap_or(""),
+                "url": spec.map(|s| s.url.as_str()).unwrap_or(""),
+                "decided_at": rfc3339_ms(at_ms),
+                "summary": summary,
+                "reasons": reasons,
+            })
+        });
+        match d.outcome {
+            Outcome::Act => {
+                tracing::warn!(target_id = %d.target, decision = %summary, "guard acts")
+            }
+            Outcome::HoldBack => {
+                tracing::info!(target_id = %d.target, decision = %summary, "guard holds back")
+            }
+        }
+        self.metrics.decision(d.outcome.as_str());
+        self.batch.decisions.push(NewDecision {
+            at_ms,
+            target: d.target,
+            zone: d.zone,
+            outcome: d.outcome.as_str().to_string(),
+            reasons,
+            summary,
+            action,
+        });
+    }
+
+    fn snapshot(&mut self) {
+        let snap = Snapshot {
+            config: self.guard.config().clone(),
+            state: self.guard.state().clone(),
+        };
+        let text = serde_json::to_string(&snap).expect("guard state serialises");
+        self.batch.snapshot = Some((text, unix_ms(self.clock.now())));
+        self.last_snapshot = Instant::now();
+    }
+
+    /// Commits the batch; then runs its actions and answers its commands.
+    async fn flush(&mut self) {
+        if self.last_snapshot.elapsed() >= self.config.store.snapshot_every {
+            self.snapshot();
+        }
+        let now = self.clock.now();
+        let st = self.guard.status(now);
+        self.metrics.guard(
+            st.fleet_frozen,
+            st.budget_left,
+            st.unhealthy,
+            self.runtime.len(),
+        );
+        let replies = std::mem::take(&mut self.replies);
+        if self.batch.is_empty() {
+            for (tx, r) in replies {
+                let _asker_may_be_gone = tx.send(r);
+            }
+            return;
+        }
+        let batch = std::mem::take(&mut self.batch);
+        let n_actions = batch
+            .decisions
+            .iter()
+            .filter(|d| d.action.is_some())
+            .count();
+        match self.store.call(move |s| s.commit(&batch)).await {
+            Ok(created) => {
+                for a in created {
+                    if self.actions.send(a).is_err() {
+                        tracing::error!(
+                            "actuator gone; the action stays intended and runs after a restart"
+                        );
+                    }
+                }
+                for (tx, r) in replies {
+                    let _asker_may_be_gone = tx.send(r);
+                }
+            }
+            Err(e) => {
+                log_store_error(&e, n_actions);
+                for (tx, _) in replies {
+                    let _asker_may_be_gone = tx.send(Err(format!("store: {e}")));
+                }
+            }
+        }
+    }
+
+    fn view(&self) -> FleetView {
+        let now = self.clock.now();
+        let st = self.guard.status(now);
+        let cfg = self.guard.config();
+        let guard = GuardView {
+            frozen: st.fleet_frozen,
+            frozen_zones: st
+                .freezes
+                .iter()
+                .filter_map(|f| match &f.scope {
+                    vigil_core::guard::FreezeScope::Zone(z) => Some(z.clone()),
+                    vigil_core::guard::FreezeScope::Fleet => None,
+                })
+                .collect(),
+            reasons: st.reasons.iter().map(ToString::to_string).collect(),
+            reasons_detail: st.reasons.clone(),
+            manual_freeze: st.manual_freeze.as_ref().map(|m| m.reason.clone()),
+            budget_left: st.budget_left,
+            budget_actions: cfg.budget.actions,
+            budget_per: cfg.budget.per,
+            next_token_at_ms: st.next_token_at.map(unix_ms),
+            unhealthy: st.unhealthy,
+            total: st.total,
+        };
+        let targets = self
+            .runtime
+            .iter()
+            .filter_map(|(id, rt)| {
+                let v = self.guard.target(now, id)?;
+                Some(TargetInfo {
+                    id: id.clone(),
+                    url: rt.spec.url.clone(),
+                    zone: rt.spec.zone.clone(),
+                    group: rt.spec.group.clone(),
+                    heartbeat: rt.spec.heartbeat,
+                    state: display_state(&v).to_string(),
+                    health: v.health,
+                    consecutive_failures: v.consecutive_failures,
+                    failing_since_ms: v.failing_since.map(unix_ms),
+                    failing_checks: v.failing_checks.to_vec(),
+                    endpoint_failed: v.endpoint_failed,
+                    penalty: v.penalty,
+                    flapping: v.flapping,
+                    hold: v.hold.map(|h| HoldInfo {
+                        kind: h.kind,
+                        reason: h.reason.clone(),
+                        until_ms: h.until.map(unix_ms),
+                    }),
+                    reported_at_ms: v.reported_at.map(unix_ms),
+                    last_probe: rt.history.back().cloned(),
+                    history: rt.history.iter().cloned().collect(),
+                })
+            })
+            .collect();
+        FleetView {
+            now_ms: unix_ms(now),
+            guard,
+            targets,
+            events: self.events.iter().cloned().collect(),
+        }
+    }
+}
+
+fn log_store_error(e: &StoreError, n_actions: usize) {
+    tracing::error!(
+        error = %e,
+        actions_not_run = n_actions,
+        "store commit failed: this batch's ops are lost and its actions are NOT run"
+    );
+}
+
+/// The state a target is shown in, most important first.
+pub fn display_state(v: &TargetView<'_>) -> &'static str {
+    match v.hold {
+        Some(h) if h.kind == HoldKind::Maintenance => return "maintenance",
+        Some(_) => return "silenced",
+        None => {}
+    }
+    if v.in_grace {
+        "grace"
+    } else if v.last_ok.is_none() {
+        "unknown"
+    } else if v.reported_at.is_some() {
+        "reported"
+    } else if v.flapping {
+        "flapping"
+    } else if v.health == Health::Unhealthy {
+        "unhealthy"
+    } else if v.last_ok == Some(false) {
+        "failing"
+    } else {
+        "healthy"
+    }
+}
+
+fn describe(v: &TargetView<'_>) -> String {
+    let mut parts = Vec::new();
+    if v.endpoint_failed {
+        parts.push("endpoint failed".to_string());
+    }
+    if !v.failing_checks.is_empty() {
+        parts.push(format!("failing: {}", v.failing_checks.join(", ")));
+    }
+    if v.consecutive_failures > 0 {
+        parts.push(format!("{} consecutive failures", v.consecutive_failures));
+    }
+    if v.flapping {
+        parts.push(format!("flap penalty {}", v.penalty));
+    }
+    if let Some(h) = v.hold {
+        parts.push(format!("{:?}: {}", h.kind, h.reason).to_lowercase());
+    }
+    parts.join("; ")
+}

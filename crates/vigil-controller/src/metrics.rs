@@ -1,0 +1,177 @@
+//! Prometheus metrics (prometheus-client, a registry of our own, no global state).
+//!
+//! Names follow Prometheus conventions with the `vigil_controller_` prefix: counters end
+//! in `_total` (prometheus-client adds it), durations are in seconds.
+
+use crate::store::ActionState;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Probe duration buckets (seconds): from a fast loopback answer to the timeout.
+const PROBE_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Every metric the controller exports.
+pub struct Metrics {
+    registry: Registry,
+    target_up: Family<Labels, Gauge>,
+    probe_duration: Family<Labels, Histogram>,
+    probes: Family<Labels, Counter>,
+    decisions: Family<Labels, Counter>,
+    actions: Family<Labels, Counter>,
+    frozen: Gauge,
+    budget_left: Gauge,
+    unhealthy: Gauge,
+    targets: Gauge,
+    schedule_lag: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers everything.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("vigil_controller");
+        let target_up = Family::<Labels, Gauge>::default();
+        registry.register(
+            "target_up",
+            "Whether the target's last probe passed (1) or failed (0)",
+            target_up.clone(),
+        );
+        let probe_duration =
+            Family::<Labels, Histogram>::new_with_constructor(|| Histogram::new(PROBE_BUCKETS));
+        registry.register(
+            "probe_duration_seconds",
+            "Duration of deep-health probes, by result",
+            probe_duration.clone(),
+        );
+        let probes = Family::<Labels, Counter>::default();
+        registry.register("probes", "Probes made, by result", probes.clone());
+        let decisions = Family::<Labels, Counter>::default();
+        registry.register(
+            "decisions",
+            "Guard decisions recorded (repeats excluded), by outcome",
+            decisions.clone(),
+        );
+        let actions = Family::<Labels, Counter>::default();
+        registry.register(
+            "actions",
+            "Actuator runs finished, by result",
+            actions.clone(),
+        );
+        let frozen = Gauge::default();
+        registry.register(
+            "guard_frozen",
+            "Whether the whole fleet is frozen (1): automatically or by an operator",
+            frozen.clone(),
+        );
+        let budget_left = Gauge::default();
+        registry.register(
+            "guard_budget_left",
+            "Action budget tokens left",
+            budget_left.clone(),
+        );
+        let unhealthy = Gauge::default();
+        registry.register(
+            "guard_unhealthy_targets",
+            "Targets the guard counts as unhealthy",
+            unhealthy.clone(),
+        );
+        let targets = Gauge::default();
+        registry.register("targets", "Targets known", targets.clone());
+        let schedule_lag = Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]);
+        registry.register(
+            "schedule_lag_seconds",
+            "How late probes start against their schedule",
+            schedule_lag.clone(),
+        );
+        Metrics {
+            registry,
+            target_up,
+            probe_duration,
+            probes,
+            decisions,
+            actions,
+            frozen,
+            budget_left,
+            unhealthy,
+            targets,
+            schedule_lag,
+        }
+    }
+
+    /// Records a probe.
+    pub fn probe(&self, target: &str, zone: &str, ok: bool, seconds: f64) {
+        let result = if ok { "ok" } else { "fail" };
+        self.target_up
+            .get_or_create(&vec![
+                ("target", target.to_string()),
+                ("zone", zone.to_string()),
+            ])
+            .set(i64::from(ok));
+        self.probe_duration
+            .get_or_create(&vec![("result", result.to_string())])
+            .observe(seconds);
+        self.probes
+            .get_or_create(&vec![("result", result.to_string())])
+            .inc();
+    }
+
+    /// Forgets a removed target's series.
+    pub fn forget(&self, target: &str, zone: &str) {
+        self.target_up.remove(&vec![
+            ("target", target.to_string()),
+            ("zone", zone.to_string()),
+        ]);
+    }
+
+    /// Records a decision.
+    pub fn decision(&self, outcome: &str) {
+        self.decisions
+            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .inc();
+    }
+
+    /// Records a finished action.
+    pub fn action(&self, state: ActionState) {
+        let s = match state {
+            ActionState::Done => "done",
+            ActionState::Failed => "failed",
+            ActionState::Intended => "intended",
+        };
+        self.actions
+            .get_or_create(&vec![("result", s.to_string())])
+            .inc();
+    }
+
+    /// Updates the guard gauges.
+    pub fn guard(&self, frozen: bool, budget_left: u32, unhealthy: u32, targets: usize) {
+        self.frozen.set(i64::from(frozen));
+        self.budget_left.set(i64::from(budget_left));
+        self.unhealthy.set(i64::from(unhealthy));
+        self.targets.set(i64::try_from(targets).unwrap_or(i64::MAX));
+    }
+
+    /// Records how late a probe started.
+    pub fn lag(&self, seconds: f64) {
+        self.schedule_lag.observe(seconds);
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,767 @@
+//! The controller's store: what must survive a crash, behind a [`Store`] trait.
+//!
+//! ## What is stored
+//!
+//! - **The guard's state, as a snapshot plus an op log.** Every call the controller
+//!   makes on the [`SafetyGuard`](vigil_core::guard::SafetyGuard) (an observation, a
+//!   target added or removed, a hold, a freeze, a reconfiguration, a tick) is appended
+//!   to `guard_ops` as JSON, with the time it was made at. Now and then the whole guard
+//!   state is written to `guard_snapshot` and the ops it covers are deleted. The guard is
+//!   deterministic, so on restart loading the snapshot and replaying the ops after it
+//!   rebuilds exactly the state before the crash: budget tokens, flap penalties,
+//!   freezes, streaks.
+//! - **The decision log** (`decisions`): every decision that is not a repeat of the
+//!   previous one for its target, with its reasons as JSON.
+//! - **Actions** (`actions`): the intent to act, written in the *same transaction* as
+//!   the op and the decision that caused it, before the actuator runs; marked `done`
+//!   or `failed` after. `attempts` is incremented (committed) before every run.
+//! - **Transitions** (`transitions`): a target's state changes, its history.
+//!
+//! ## Invariants and recovery
+//!
+//! 1. Nothing acts before its intent is committed; an intent is never deleted. A crash
+//!    between intent and `done` leaves it `intended`; on restart such actions are run
+//!    again with the same idempotency key (at least once, never silently twice: each
+//!    run counts in `attempts`, and the key lets the receiver deduplicate).
+//! 2. An op is committed together with the decision and the intent it produced, in one
+//!    transaction, so a replayed op never produces an action that was not recorded, and
+//!    a recorded action's op is always replayed (the budget token is spent again in the
+//!    replay: no burst after a restart).
+//! 3. SIGKILL at any moment loses at most the ops not yet committed: the probes in
+//!    flight (the controller commits once per batch of messages, milliseconds apart).
+//!
+//! ## On disk (SQLite)
+//!
+//! One file, `vigil.db`, in WAL mode with `synchronous = NORMAL`: a committed
+//! transaction survives the process being killed; power loss may lose the last
+//! transactions, never corrupt the file. The schema version is `PRAGMA user_version`;
+//! migrations in [`MIGRATIONS`] run in order, each in a transaction. A file from a newer
+//! vigil is refused rather than guessed at. rusqlite is blocking, so the store lives on
+//! its own thread behind [`StoreHandle`].
+//!
+//! ## A later PostgreSQL backend
+//!
+//! The trait is shaped for it: one `commit` per batch (one transaction), reads that
+//! are plain queries, ids assigned by the store. Several replicas would add a leader
+//! lease and a fencing token checked inside `commit`.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+use std::path::Path;
+
+/// Schema migrations, in order; `PRAGMA user_version` counts those applied.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: the initial schema.
+    "CREATE TABLE guard_snapshot (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        saved_ms INTEGER NOT NULL
+    );
+    CREATE TABLE guard_ops (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        op TEXT NOT NULL
+    );
+    CREATE TABLE decisions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at_ms INTEGER NOT NULL,
+        target TEXT NOT NULL,
+        zone TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        reasons TEXT NOT NULL,
+        summary TEXT NOT NULL
+    );
+    CREATE INDEX decisions_target ON decisions (target, id);
+    CREATE TABLE actions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        decision_id INTEGER NOT NULL REFERENCES decisions (id),
+        target TEXT NOT NULL,
+        idempotency_key TEXT NOT NULL UNIQUE,
+        state TEXT NOT NULL CHECK (state IN ('intended', 'done', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        created_ms INTEGER NOT NULL,
+        finished_ms INTEGER,
+        result TEXT,
+        event TEXT NOT NULL
+    );
+    CREATE INDEX actions_state ON actions (state);
+    CREATE TABLE transitions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at_ms INTEGER NOT NULL,
+        target TEXT NOT NULL,
+        from_state TEXT NOT NULL,
+        to_state TEXT NOT NULL,
+        detail TEXT NOT NULL
+    );
+    CREATE INDEX transitions_target ON transitions (target, id);",
+];
+
+/// A store error.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite said no.
+    #[error("store {path}: {source}")]
+    Sqlite {
+        /// The database file.
+        path: String,
+        /// Why.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The file's schema is newer than this program.
+    #[error(
+        "store {path}: schema version {found} is newer than this vigil's {known}; refusing to guess"
+    )]
+    TooNew {
+        /// The database file.
+        path: String,
+        /// Its version.
+        found: i64,
+        /// Ours.
+        known: i64,
+    },
+    /// The store thread is gone (it panicked or shut down).
+    #[error("the store thread is gone")]
+    Gone,
+}
+
+/// A decision as recorded.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DecisionRecord {
+    /// Its id.
+    pub id: i64,
+    /// When (UNIX milliseconds).
+    pub at_ms: i64,
+    /// The target.
+    pub target: String,
+    /// Its zone.
+    pub zone: String,
+    /// `act` or `hold_back`.
+    pub outcome: String,
+    /// The reasons, as `vigil_core::guard::Reason` JSON.
+    pub reasons: serde_json::Value,
+    /// The decision, said in one line.
+    pub summary: String,
+}
+
+/// What an action is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActionState {
+    /// Written before running; still so after a crash mid-run.
+    Intended,
+    /// The actuator succeeded.
+    Done,
+    /// The actuator gave up.
+    Failed,
+}
+
+impl ActionState {
+    fn as_str(self) -> &'static str {
+        match self {
+            ActionState::Intended => "intended",
+            ActionState::Done => "done",
+            ActionState::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> ActionState {
+        match s {
+            "done" => ActionState::Done,
+            "failed" => ActionState::Failed,
+            _ => ActionState::Intended,
+        }
+    }
+}
+
+/// An action as recorded.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ActionRecord {
+    /// Its id.
+    pub id: i64,
+    /// The decision that caused it.
+    pub decision_id: i64,
+    /// The target.
+    pub target: String,
+    /// Unique per action; sent to webhooks as `Idempotency-Key`.
+    pub idempotency_key: String,
+    /// Its state.
+    pub state: ActionState,
+    /// Runs started.
+    pub attempts: i64,
+    /// When it was intended (UNIX ms).
+    pub created_ms: i64,
+    /// When it finished (UNIX ms).
+    pub finished_ms: Option<i64>,
+    /// The actuator's last word.
+    pub result: Option<String>,
+    /// The event (JSON) the actuator sends.
+    pub event: serde_json::Value,
+}
+
+/// A target's state change as recorded.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TransitionRecord {
+    /// Its id.
+    pub id: i64,
+    /// When (UNIX ms).
+    pub at_ms: i64,
+    /// The target.
+    pub target: String,
+    /// State before.
+    pub from: String,
+    /// State after.
+    pub to: String,
+    /// Why.
+    pub detail: String,
+}
+
+/// A decision to record, maybe with the intent of an action.
+#[derive(Clone, Debug)]
+pub struct NewDecision {
+    /// When (UNIX ms).
+    pub at_ms: i64,
+    /// The target.
+    pub target: String,
+    /// Its zone.
+    pub zone: String,
+    /// `act` or `hold_back`.
+    pub outcome: String,
+    /// Reasons JSON.
+    pub reasons: serde_json::Value,
+    /// One line.
+    pub summary: String,
+    /// For an act: the event the actuator will send (the idempotency key is added).
+    pub action: Option<serde_json::Value>,
+}
+
+/// A state change to record.
+#[derive(Clone, Debug)]
+pub struct NewTransition {
+    /// When (UNIX ms).
+    pub at_ms: i64,
+    /// The target.
+    pub target: String,
+    /// Before.
+    pub from: String,
+    /// After.
+    pub to: String,
+    /// Why.
+    pub detail: String,
+}
+
+/// One transaction's worth of writes.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    /// Guard ops (JSON), in order.
+    pub ops: Vec<String>,
+    /// Decisions (and intents).
+    pub decisions: Vec<NewDecision>,
+    /// Transitions.
+    pub transitions: Vec<NewTransition>,
+    /// The guard state after this batch's ops, to snapshot (and drop the ops it covers).
+    pub snapshot: Option<(String, i64)>,
+}
+
+impl Batch {
+    /// Whether there is nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+            && self.decisions.is_empty()
+            && self.transitions.is_empty()
+            && self.snapshot.is_none()
+    }
+}
+
+/// What a restart needs.
+#[derive(Clone, Debug, Default)]
+pub struct Recovered {
+    /// The last snapshot (guard state JSON), if any.
+    pub snapshot: Option<String>,
+    /// Ops after it, in order.
+    pub ops: Vec<String>,
+    /// Actions left `intended` (to run again).
+    pub pending: Vec<ActionRecord>,
+}
+
+/// The controller's persistence. Implementations are blocking; the controller calls
+/// them from one dedicated thread ([`StoreHandle`]).
+pub trait Store: Send {
+    /// What a restart needs: snapshot, ops after it, pending actions.
+    fn recover(&mut self) -> Result<Recovered, StoreError>;
+    /// Writes a batch in one transaction. Returns the actions it created, in the order
+    /// of their decisions.
+    fn commit(&mut self, batch: &Batch) -> Result<Vec<ActionRecord>, StoreError>;
+    /// Counts a run of an action (committed before the run starts).
+    fn start_attempt(&mut self, id: i64) -> Result<(), StoreError>;
+    /// Marks an action finished.
+    fn finish_action(
+        &mut self,
+        id: i64,
+        state: ActionState,
+        at_ms: i64,
+        result: &str,
+    ) -> Result<(), StoreError>;
+    /// Recent decisions, newest first, optionally of one target.
+    fn decisions(
+        &mut self,
+        target: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DecisionRecord>, StoreError>;
+    /// Recent actions, newest first.
+    fn actions(&mut self, limit: usize) -> Result<Vec<ActionRecord>, StoreError>;
+    /// A target's recent transitions, newest first.
+    fn transitions(
+        &mut self,
+        target: &str,
+        limit: usize,
+    ) -> Result<Vec<TransitionRecord>, StoreError>;
+}
+
+// === impl SqliteStore ===
+
+/// The SQLite store (the default).
+pub struct SqliteStore {
+    conn: Connection,
+    path: String,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file and migrates it.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let shown = path.display().to_string();
+        let e = |source| StoreError::Sqlite {
+            path: shown.clone(),
+            source,
+        };
+        let mut conn = Connection::open(path).map_err(e)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(e)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(e)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(e)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(e)?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(e)?;
+        let known = MIGRATIONS.len() as i64;
+        if version > known {
+            return Err(StoreError::TooNew {
+                path: shown,
+                found: version,
+                known,
+            });
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            let tx = conn.transaction().map_err(e)?;
+            tx.execute_batch(sql).map_err(e)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)
+                .map_err(e)?;
+            tx.commit().map_err(e)?;
+            tracing::info!(store = %shown, version = i + 1, "store schema migrated");
+        }
+        Ok(SqliteStore { conn, path: shown })
+    }
+
+    fn err(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+        |source| StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
+fn action_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ActionRecord> {
+    let state: String = r.get(4)?;
+    let event: String = r.get(9)?;
+    Ok(ActionRecord {
+        id: r.get(0)?,
+        decision_id: r.get(1)?,
+        target: r.get(2)?,
+        idempotency_key: r.get(3)?,
+        state: ActionState::parse(&state),
+        attempts: r.get(5)?,
+        created_ms: r.get(6)?,
+        finished_ms: r.get(7)?,
+        result: r.get(8)?,
+        event: serde_json::from_str(&event).unwrap_or(serde_json::Value::Null),
+    })
+}
+
+const ACTION_COLUMNS: &str = "id, decision_id, target, idempotency_key, state, attempts, created_ms, finished_ms, result, event";
+
+impl Store for SqliteStore {
+    fn recover(&mut self) -> Result<Recovered, StoreError> {
+        let e = self.err();
+        let snap: Option<(i64, String)> = self
+            .conn
+            .query_row(
+                "SELECT seq, state FROM guard_snapshot WHERE id = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(&e)?;
+        let after = snap.as_ref().map_or(0, |s| s.0);
+        let mut stmt = self
+            .conn
+            .prepare("SELECT op FROM guard_ops WHERE seq > ?1 ORDER BY seq")
+            .map_err(&e)?;
+        let ops = stmt
+            .query_map([after], |r| r.get::<_, String>(0))
+            .map_err(&e)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(&e)?;
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {ACTION_COLUMNS} FROM actions WHERE state = 'intended' ORDER BY id"
+            ))
+            .map_err(&e)?;
+        let pending = stmt
+            .query_map([], action_from_row)
+            .map_err(&e)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(&e)?;
+        Ok(Recovered {
+            snapshot: snap.map(|s| s.1),
+            ops,
+            pending,
+        })
+    }
+
+    fn commit(&mut self, batch: &Batch) -> Result<Vec<ActionRecord>, StoreError> {
+        let path = self.path.clone();
+        let e = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(e)?;
+        let mut created = Vec::new();
+        {
+            let mut op_stmt = tx
+                .prepare_cached("INSERT INTO guard_ops (op) VALUES (?1)")
+                .map_err(e)?;
+            for op in &batch.ops {
+                op_stmt.execute([op]).map_err(e)?;
+            }
+            for d in &batch.decisions {
+                tx.prepare_cached(
+                    "INSERT INTO decisions (at_ms, target, zone, outcome, reasons, summary)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(e)?
+                .execute(params![
+                    d.at_ms,
+                    d.target,
+                    d.zone,
+                    d.outcome,
+                    d.reasons.to_string(),
+                    d.summary
+                ])
+                .map_err(e)?;
+                let decision_id = tx.last_insert_rowid();
+                if let Some(event) = &d.action {
+                    // The key is fixed before the id is known: derive it from the
+                    // decision's id, unique in this store and stable across retries.
+                    let key = format!("vigil-{}-{}", d.at_ms, decision_id);
+                    let mut event = event.clone();
+                    event["idempotency_key"] = serde_json::Value::String(key.clone());
+                    tx.prepare_cached(
+                        "INSERT INTO actions (decision_id, target, idempotency_key, state, created_ms, event)
+                         VALUES (?1, ?2, ?3, 'intended', ?4, ?5)",
+                    )
+                    .map_err(e)?
+                    .execute(params![decision_id, d.target, key, d.at_ms, event.to_string()])
+                    .map_err(e)?;
+                    created.push(ActionRecord {
+                        id: tx.last_insert_rowid(),
+                        decision_id,
+                        target: d.target.clone(),
+                        idempotency_key: key,
+                        state: ActionState::Intended,
+                        attempts: 0,
+                        created_ms: d.at_ms,
+                        finished_ms: None,
+                        result: None,
+                        event,
+                    });
+                }
+            }
+            for t in &batch.transitions {
+                tx.prepare_cached(
+                    "INSERT INTO transitions (at_ms, target, from_state, to_state, detail)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(e)?
+                .execute(params![t.at_ms, t.target, t.from, t.to, t.detail])
+                .map_err(e)?;
+            }
+            if let Some((state, saved_ms)) = &batch.snapshot {
+                let seq: i64 = tx
+                    .query_row("SELECT COALESCE(MAX(seq), 0) FROM guard_ops", [], |r| {
+                        r.get(0)
+                    })
+                    .map_err(e)?;
+                tx.execute(
+                    "INSERT INTO guard_snapshot (id, seq, state, saved_ms) VALUES (1, ?1, ?2, ?3)
+                     ON CONFLICT (id) DO UPDATE SET seq = ?1, state = ?2, saved_ms = ?3",
+                    params![seq, state, saved_ms],
+                )
+                .map_err(e)?;
+                tx.execute("DELETE FROM guard_ops WHERE seq <= ?1", [seq])
+                    .map_err(e)?;
+            }
+        }
+        tx.commit().map_err(e)?;
+        Ok(created)
+    }
+
+    fn start_attempt(&mut self, id: i64) -> Result<(), StoreError> {
+        let e = self.err();
+        self.conn
+            .execute(
+                "UPDATE actions SET attempts = attempts + 1 WHERE id = ?1",
+                [id],
+            )
+            .map_err(e)?;
+        Ok(())
+    }
+
+    fn finish_action(
+        &mut self,
+        id: i64,
+        state: ActionState,
+        at_ms: i64,
+        result: &str,
+    ) -> Result<(), StoreError> {
+        let e = self.err();
+        self.conn
+            .execute(
+                "UPDATE actions SET state = ?2, finished_ms = ?3, result = ?4 WHERE id = ?1",
+                params![id, state.as_str(), at_ms, result],
+            )
+            .map_err(e)?;
+        Ok(())
+    }
+
+    fn decisions(
+        &mut self,
+        target: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DecisionRecord>, StoreError> {
+        let e = self.err();
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT id, at_ms, target, zone, outcome, reasons, summary FROM decisions
+                 WHERE (?1 IS NULL OR target = ?1) ORDER BY id DESC LIMIT ?2",
+            )
+            .map_err(&e)?;
+        let rows = stmt
+            .query_map(params![target, limit as i64], |r| {
+                let reasons: String = r.get(5)?;
+                Ok(DecisionRecord {
+                    id: r.get(0)?,
+                    at_ms: r.get(1)?,
+                    target: r.get(2)?,
+                    zone: r.get(3)?,
+                    outcome: r.get(4)?,
+                    reasons: serde_json::from_str(&reasons).unwrap_or(serde_json::Value::Null),
+                    summary: r.get(6)?,
+                })
+            })
+            .map_err(&e)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(&e)?;
+        Ok(rows)
+    }
+
+    fn actions(&mut self, limit: usize) -> Result<Vec<ActionRecord>, StoreError> {
+        let e = self.err();
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {ACTION_COLUMNS} FROM actions ORDER BY id DESC LIMIT ?1"
+            ))
+            .map_err(&e)?;
+        let rows = stmt
+            .query_map([limit as i64], action_from_row)
+            .map_err(&e)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(&e)?;
+        Ok(rows)
+    }
+
+    fn transitions(
+        &mut self,
+        target: &str,
+        limit: usize,
+    ) -> Result<Vec<TransitionRecord>, StoreError> {
+        let e = self.err();
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT id, at_ms, target, from_state, to_state, detail FROM transitions
+                 WHERE target = ?1 ORDER BY id DESC LIMIT ?2",
+            )
+            .map_err(&e)?;
+        let rows = stmt
+            .query_map(params![target, limit as i64], |r| {
+                Ok(TransitionRecord {
+                    id: r.get(0)?,
+                    at_ms: r.get(1)?,
+                    target: r.get(2)?,
+                    from: r.get(3)?,
+                    to: r.get(4)?,
+                    detail: r.get(5)?,
+                })
+            })
+            .map_err(&e)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(&e)?;
+        Ok(rows)
+    }
+}
+
+// === impl StoreHandle ===
+
+type Job = Box<dyn FnOnce(&mut dyn Store) + Send>;
+
+/// The store on its own thread: async callers send it closures.
+#[derive(Clone)]
+pub struct StoreHandle {
+    tx: std::sync::mpsc::Sender<Job>,
+}
+
+impl StoreHandle {
+    /// Moves `store` onto a new thread. The thread ends when every handle is dropped.
+    pub fn spawn(mut store: Box<dyn Store>) -> (StoreHandle, std::thread::JoinHandle<()>) {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("vigil-store".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job(store.as_mut());
+                }
+                tracing::debug!("store thread: every handle dropped, exiting");
+            })
+            .expect("spawn the store thread");
+        (StoreHandle { tx }, thread)
+    }
+
+    /// Runs `f` on the store thread and returns its result.
+    pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn Store) -> Result<R, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(Box::new(move |s: &mut dyn Store| {
+                // The caller may have given up (shutdown); the result is then moot.
+                let _ = tx.send(f(s));
+            }))
+            .map_err(|_| StoreError::Gone)?;
+        rx.await.map_err(|_| StoreError::Gone)?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(target: &str, act: bool) -> NewDecision {
+        NewDecision {
+            at_ms: 1000,
+            target: target.into(),
+            zone: "a".into(),
+            outcome: if act { "act" } else { "hold_back" }.into(),
+            reasons: serde_json::json!([]),
+            summary: "s".into(),
+            action: act.then(|| serde_json::json!({"target": target})),
+        }
+    }
+
+    #[test]
+    fn ops_after_the_snapshot_are_replayed_and_covered_ones_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vigil.db");
+        let mut s = SqliteStore::open(&path).unwrap();
+        s.commit(&Batch {
+            ops: vec!["a".into(), "b".into()],
+            snapshot: Some(("state-after-b".into(), 1)),
+            ..Batch::default()
+        })
+        .unwrap();
+        s.commit(&Batch {
+            ops: vec!["c".into()],
+            ..Batch::default()
+        })
+        .unwrap();
+        drop(s);
+        let mut s = SqliteStore::open(&path).unwrap();
+        let r = s.recover().unwrap();
+        assert_eq!(r.snapshot.as_deref(), Some("state-after-b"));
+        assert_eq!(r.ops, ["c"]);
+    }
+
+    #[test]
+    fn an_intent_survives_until_finished_and_keys_are_unique() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vigil.db");
+        let mut s = SqliteStore::open(&path).unwrap();
+        let created = s
+            .commit(&Batch {
+                decisions: vec![
+                    decision("x", true),
+                    decision("y", false),
+                    decision("z", true),
+                ],
+                ..Batch::default()
+            })
+            .unwrap();
+        assert_eq!(created.len(), 2);
+        assert_ne!(created[0].idempotency_key, created[1].idempotency_key);
+        assert_eq!(
+            created[0].event["idempotency_key"],
+            created[0].idempotency_key.as_str()
+        );
+        s.start_attempt(created[0].id).unwrap();
+        s.finish_action(created[0].id, ActionState::Done, 2000, "ok")
+            .unwrap();
+        drop(s);
+        let mut s = SqliteStore::open(&path).unwrap();
+        let r = s.recover().unwrap();
+        assert_eq!(r.pending.len(), 1);
+        assert_eq!(r.pending[0].target, "z");
+        let all = s.actions(10).unwrap();
+        assert_eq!(all[1].attempts, 1);
+        assert_eq!(all[1].state, ActionState::Done);
+        assert_eq!(s.decisions(Some("y"), 10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_store_from_a_newer_vigil_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vigil.db");
+        drop(SqliteStore::open(&path).unwrap());
+        let c = Connection::open(&path).unwrap();
+        c.pragma_update(None, "user_version", 99).unwrap();
+        drop(c);
+        let err = SqliteStore::open(&path).err().unwrap();
+        assert!(
+            err.to_string().contains("schema version 99 is newer"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_corrupt_file_is_reported_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vigil.db");
+        std::fs::write(&path, b"this is not a database, just bytes ........................................................................................").unwrap();
+        let err = SqliteStore::open(&path).err().expect("must refuse garbage");
+        assert!(err.to_string().contains("vigil.db"), "{err}");
+    }
+}
