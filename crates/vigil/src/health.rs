@@ -3,7 +3,7 @@
 //! lifecycle).
 //!
 //! ## Design
-//! - One piece of shared state ([`Shared`]) holds the registry, the latest result of every
+//! - One piece of shared state (`Shared`) holds the registry, the latest result of every
 //!   check, the lifecycle and the watchdog's view. It sits behind a `std::sync::Mutex`
 //!   taken only by writers (the checker, the watchdog, `begin_shutdown`), briefly and
 //!   never across an `.await`.
