@@ -61,16 +61,16 @@ pub async fn probe(
             }
         };
         let code = resp.status().as_u16();
-        if !expected.contains(code) {
-            return fail(format!(
-                "HTTP {code}, expected {}",
-                hc.expected_statuses.join(",")
-            ));
-        }
+        let status_ok = expected.contains(code);
+        let expected_list = hc.expected_statuses.join(",");
         if !hc.health_json {
-            return Verdict {
-                ok: true,
-                detail: format!("HTTP {code}"),
+            return if status_ok {
+                Verdict {
+                    ok: true,
+                    detail: format!("HTTP {code}"),
+                }
+            } else {
+                fail(format!("HTTP {code}, expected {expected_list}"))
             };
         }
         let body = match Limited::new(resp.into_body(), MAX_REPORT_BYTES)
@@ -81,6 +81,13 @@ pub async fn probe(
             Err(e) => return fail(format!("HTTP {code}, body unreadable: {e}")),
         };
         match HealthReport::parse(&body) {
+            // A failing service answers 503 with its report: say which checks failed.
+            Ok(report) if !status_ok => fail(format!(
+                "HTTP {code}, expected {expected_list}; health+json {}{}",
+                report.status,
+                failing_list(&report)
+            )),
+            Err(_) if !status_ok => fail(format!("HTTP {code}, expected {expected_list}")),
             Ok(report) => {
                 let failing: Vec<&str> = report.failing_checks().collect();
                 let mut detail = format!("HTTP {code}, health+json {}", report.status);
@@ -112,6 +119,15 @@ pub async fn probe(
             "no answer within {}",
             humantime::format_duration(hc.timeout)
         )),
+    }
+}
+
+fn failing_list(report: &HealthReport) -> String {
+    let failing: Vec<&str> = report.failing_checks().collect();
+    if failing.is_empty() {
+        String::new()
+    } else {
+        format!(" (failing: {})", failing.join(", "))
     }
 }
 

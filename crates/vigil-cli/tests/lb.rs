@@ -1,0 +1,735 @@
+//! Real-process tests of `vigil lb`: the real binary in front of real HTTP backends
+//! (vigil-testkit) on loopback, driven by real clients. Every load loop is bounded in
+//! time; every wait polls a condition until a generous deadline.
+
+use serde_json::Value;
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use vigil_core::Status;
+use vigil_testkit::{Backend, Mode};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind an ephemeral port")
+        .local_addr()
+        .expect("local addr")
+        .port()
+}
+
+/// A running `vigil lb` process with its config file and log.
+struct Lb {
+    child: Child,
+    _dir: tempfile::TempDir,
+    config: PathBuf,
+    log: PathBuf,
+    port: u16,
+    admin: u16,
+    http: reqwest::Client,
+}
+
+/// Fast health checks so that tests take seconds: interval 200ms, timeout 300ms,
+/// 1 pass to rise, 3 failures to fall.
+const FAST_CHECKS: &str = r#"
+interval = "200ms"
+timeout = "300ms"
+healthy_threshold = 1
+unhealthy_threshold = 3
+"#;
+
+fn targets_toml(backends: &[&Backend]) -> String {
+    let items: Vec<String> = backends
+        .iter()
+        .map(|b| format!("{{ addr = \"{}\" }}", b.addr()))
+        .collect();
+    format!("targets = [{}]", items.join(", "))
+}
+
+impl Lb {
+    /// Writes `body` (everything but the listen addresses) and starts the balancer;
+    /// returns once its admin listener answers.
+    async fn start(body: &str) -> Lb {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (port, admin) = (free_port(), free_port());
+        let config = dir.path().join("lb.toml");
+        let log = dir.path().join("lb.log");
+        let text = format!(
+            "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nworkers = 2\n{body}"
+        );
+        std::fs::write(&config, text).expect("write config");
+        let child = Command::new(env!("CARGO_BIN_EXE_vigil"))
+            .args(["lb", "-c"])
+            .arg(&config)
+            .env("RUST_LOG", "info,vigil_lb=debug,hyper=warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn vigil lb");
+        let lb = Lb {
+            child,
+            _dir: dir,
+            config,
+            log,
+            port,
+            admin,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(15))
+                .pool_max_idle_per_host(64)
+                .build()
+                .expect("client"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = lb.http.get(lb.admin_url("/livez")).send().await
+                && r.status() == 200
+            {
+                return lb;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "vigil lb did not start; log:\n{}",
+                lb.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn admin_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.admin)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn admin_targets(&self) -> Value {
+        self.http
+            .get(self.admin_url("/admin/targets"))
+            .send()
+            .await
+            .expect("admin answers")
+            .json()
+            .await
+            .expect("admin JSON")
+    }
+
+    /// (addr, state) of every target of `pool`.
+    async fn states(&self, pool: &str) -> Vec<(String, String)> {
+        let v = self.admin_targets().await;
+        v["pools"][pool]["targets"]
+            .as_array()
+            .unwrap_or_else(|| panic!("pool {pool} in {v}"))
+            .iter()
+            .map(|t| {
+                (
+                    t["addr"].as_str().unwrap().to_string(),
+                    t["state"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    async fn state_of(&self, pool: &str, addr: SocketAddr) -> String {
+        self.states(pool)
+            .await
+            .into_iter()
+            .find(|(a, _)| *a == addr.to_string())
+            .map(|(_, s)| s)
+            .unwrap_or_else(|| panic!("target {addr} not in pool {pool}"))
+    }
+
+    /// Polls until `cond` holds on the admin document, or panics after `within`.
+    async fn wait_admin(&self, within: Duration, what: &str, cond: impl Fn(&Value) -> bool) {
+        let deadline = Instant::now() + within;
+        loop {
+            let v = self.admin_targets().await;
+            if cond(&v) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for: {what}\nadmin: {v:#}\nlog:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    async fn wait_all_in_service(&self, pool: &str) {
+        self.wait_admin(Duration::from_secs(20), "every target in service", |v| {
+            v["pools"][pool]["targets"]
+                .as_array()
+                .is_some_and(|ts| ts.iter().all(|t| in_service(t)))
+        })
+        .await;
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    async fn metrics(&self) -> String {
+        self.http
+            .get(self.admin_url("/metrics"))
+            .send()
+            .await
+            .expect("metrics answer")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+}
+
+impl Drop for Lb {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn in_service(t: &Value) -> bool {
+    matches!(t["state"].as_str(), Some("healthy" | "slow-start"))
+}
+
+/// One client request as the load loop saw it.
+#[derive(Clone, Debug)]
+struct Sample {
+    start: Instant,
+    latency: Duration,
+    /// Status code, or the client error.
+    result: Result<u16, String>,
+}
+
+/// A bounded load: `clients` loops issuing GET `path` until stopped or `max` elapsed.
+struct Load {
+    stop: Arc<AtomicBool>,
+    samples: Arc<Mutex<Vec<Sample>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(lb: &Lb, path: &str, clients: usize, max: Duration) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let deadline = Instant::now() + max;
+        let tasks = (0..clients)
+            .map(|_| {
+                let (stop, samples, http, url) =
+                    (stop.clone(), samples.clone(), lb.http.clone(), lb.url(path));
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                        let start = Instant::now();
+                        let result = match http.get(&url).send().await {
+                            Ok(r) => {
+                                let code = r.status().as_u16();
+                                match r.bytes().await {
+                                    Ok(_) => Ok(code),
+                                    Err(e) => Err(format!("body: {e}")),
+                                }
+                            }
+                            Err(e) => Err(e.to_string()),
+                        };
+                        samples.lock().unwrap().push(Sample {
+                            start,
+                            latency: start.elapsed(),
+                            result,
+                        });
+                        // A small pause keeps the load steady without saturating the
+                        // two shared cores.
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            samples,
+            tasks,
+        }
+    }
+
+    async fn finish(self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.expect("load task");
+        }
+        let s = self.samples.lock().unwrap().clone();
+        s
+    }
+}
+
+fn failures(samples: &[Sample]) -> Vec<&Sample> {
+    samples.iter().filter(|s| s.result != Ok(200)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_killed_backend_is_ejected_in_time_and_no_request_fails_after() {
+    let mut backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let lb = Lb::start(&format!(
+        "[pools.api]\n{}\nslow_start_window = \"0s\"\n[pools.api.health_check]\n{FAST_CHECKS}",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    let load = Load::start(&lb, "/work", 4, Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let victim = backends[0].addr();
+    let killed_at = Instant::now();
+    backends[0].kill();
+    // Detection bound: interval x unhealthy_threshold + timeout (+10% jitter), plus
+    // generous slack for a loaded 2-core machine.
+    let bound = Duration::from_millis(200 * 3 * 11 / 10 + 300);
+    let deadline = killed_at + bound + Duration::from_secs(3);
+    let ejected_at = loop {
+        let s = lb.state_of("api", victim).await;
+        if s == "unhealthy" || s == "ejected" {
+            break Instant::now();
+        }
+        assert!(Instant::now() < deadline, "killed target still {s}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let detection = ejected_at - killed_at;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let samples = load.finish().await;
+
+    let after: Vec<&Sample> = samples.iter().filter(|s| s.start >= ejected_at).collect();
+    assert!(
+        after.len() > 50,
+        "the load must keep running: {} requests",
+        after.len()
+    );
+    let failed_after: Vec<_> = after.iter().filter(|s| s.result != Ok(200)).collect();
+    assert!(
+        failed_after.is_empty(),
+        "no client request may fail once the target is out: {failed_after:?}"
+    );
+    let all_failed = failures(&samples);
+    assert!(
+        all_failed.is_empty(),
+        "retries must cover the connect failures and resets of the kill itself: {all_failed:?}\nlog:\n{}",
+        lb.log()
+    );
+    let log = lb.log();
+    assert!(
+        log.contains(&format!("target {victim}")),
+        "the state change must be logged with the target: {log}"
+    );
+    eprintln!(
+        "killed target out after {detection:?} (bound {bound:?}); {} requests, 0 failed",
+        samples.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_health_check_failing_fails_open_and_recovery_ends_it() {
+    let backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let lb = Lb::start(&format!(
+        "[pools.api]\n{}\nslow_start_window = \"0s\"\n[pools.api.health_check]\n{FAST_CHECKS}health_json = true\n",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+
+    // A shared dependency breaks: every backend's readiness fails, yet they still serve.
+    for b in &backends {
+        b.set_check("postgres:connect", Status::Fail);
+    }
+    lb.wait_admin(Duration::from_secs(10), "pool api in fail-open", |v| {
+        v["pools"]["api"]["fail_open"] == true
+    })
+    .await;
+    for _ in 0..40 {
+        let r = lb.http.get(lb.url("/x")).send().await.expect("request");
+        assert_eq!(
+            r.status(),
+            200,
+            "fail-open must keep serving from all targets"
+        );
+    }
+    let m = lb.metrics().await;
+    assert!(
+        m.contains("vigil_lb_pool_fail_open{pool=\"api\"} 1"),
+        "fail-open must be a metric: {m}"
+    );
+    let log = lb.log();
+    assert!(
+        log.contains("pool api: 1/4 healthy < 50% panic threshold: failing open")
+            || log.contains("pool api: 0/4 healthy < 50% panic threshold: failing open"),
+        "fail-open must be logged with its reason: {log}"
+    );
+    assert!(
+        log.contains("failing: postgres:connect"),
+        "the failing check must be named: {log}"
+    );
+
+    for b in &backends {
+        b.clear_checks();
+    }
+    lb.wait_admin(Duration::from_secs(10), "fail-open over", |v| {
+        v["pools"]["api"]["fail_open"] == false
+    })
+    .await;
+    assert!(lb.log().contains("fail-open ended"));
+    let r = lb.http.get(lb.url("/x")).send().await.expect("request");
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn degraded_warn_targets_stay_in_service() {
+    let backends: Vec<Backend> = (0..2).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let lb = Lb::start(&format!(
+        "[pools.api]\n{}\n[pools.api.health_check]\n{FAST_CHECKS}health_json = true\n",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    backends[0].set_check("cache:hit-ratio", Status::Warn);
+    backends[1].set_check("disk:free", Status::Fail);
+    lb.wait_admin(Duration::from_secs(10), "b1 unhealthy", |v| {
+        v["pools"]["api"]["targets"][1]["state"] == "unhealthy"
+    })
+    .await;
+    let t0 = &lb.admin_targets().await["pools"]["api"]["targets"][0];
+    assert!(in_service(t0), "warn is degraded, not down: {t0}");
+    assert!(
+        t0["last_check"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("health+json warn"),
+        "{t0}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outlier_detection_ejects_a_500_backend_bounded_by_max_ejection_percent() {
+    let backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let lb = Lb::start(&format!(
+        "[pools.api]\n{}\n[pools.api.health_check]\n{FAST_CHECKS}",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    // Two of four pass their health checks but answer 500 to real requests. 10% of 4
+    // allows one ejection (at least one is always allowed), not two.
+    backends[0].set_mode(Mode::Status(500));
+    backends[1].set_mode(Mode::Status(500));
+    let mut codes = std::collections::BTreeMap::new();
+    for _ in 0..300 {
+        let r = lb.http.get(lb.url("/x")).send().await.expect("request");
+        *codes.entry(r.status().as_u16()).or_insert(0) += 1;
+    }
+    let states = lb.states("api").await;
+    let ejected: Vec<_> = states.iter().filter(|(_, s)| s == "ejected").collect();
+    assert_eq!(
+        ejected.len(),
+        1,
+        "exactly one of the two 500-ing targets is ejected: {states:?}"
+    );
+    let bad = [
+        backends[0].addr().to_string(),
+        backends[1].addr().to_string(),
+    ];
+    assert!(bad.contains(&ejected[0].0), "{states:?}");
+    let log = lb.log();
+    assert!(
+        log.contains("consecutive errors (last: HTTP 500)"),
+        "the ejection says why: {log}"
+    );
+    assert!(
+        log.contains("(max_ejection_percent)"),
+        "the refused second ejection says why: {log}"
+    );
+    let m = lb.metrics().await;
+    assert!(m.contains("vigil_lb_target_ejections_total"), "{m}");
+    eprintln!("codes seen: {codes:?}");
+}
+
+/// Sends raw bytes to the proxy and returns what came back (until close or 5 s).
+async fn raw(port: u16, request: &[u8], pause: Option<Duration>) -> String {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(request).await.expect("write");
+    if let Some(p) = pause {
+        tokio::time::sleep(p).await;
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_clients_and_a_garbage_backend_get_their_status_and_disturb_nothing() {
+    let good: Vec<Backend> = (0..2).map(|i| Backend::start(&format!("g{i}"))).collect();
+    let garbage = Backend::start("garbage");
+    garbage.set_mode(Mode::Garbage);
+    let lb = Lb::start(&format!(
+        "[timeouts]\nclient_header = \"1s\"\n\
+         [[routes]]\npath_prefix = \"/bad\"\npool = \"bad\"\n\
+         [[routes]]\npool = \"api\"\n\
+         [pools.api]\n{}\n[pools.api.health_check]\n{FAST_CHECKS}\
+         [pools.bad]\n{}\n[pools.bad.health_check]\n{FAST_CHECKS}",
+        targets_toml(&good.iter().collect::<Vec<_>>()),
+        targets_toml(&[&garbage]),
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    lb.wait_all_in_service("bad").await;
+    let load = Load::start(&lb, "/ok", 2, Duration::from_secs(20));
+
+    // Slowloris: half a header, then silence.
+    let slow = raw(lb.port, b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Slow: ", None);
+    // A header over the 16 KiB limit.
+    let mut big = b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+    big.extend(std::iter::repeat_n(b'a', 17 * 1024));
+    big.extend(b"\r\n\r\n");
+    let oversized = raw(lb.port, &big, None);
+    // Not HTTP at all.
+    let malformed = raw(lb.port, b"HELLO THERE\r\n\r\n", None);
+    let (slow, oversized, malformed) = tokio::join!(slow, oversized, malformed);
+    assert!(slow.starts_with("HTTP/1.1 408"), "slowloris: {slow:?}");
+    assert!(
+        oversized.starts_with("HTTP/1.1 431"),
+        "oversized: {oversized:?}"
+    );
+    assert!(
+        malformed.starts_with("HTTP/1.1 400"),
+        "malformed: {malformed:?}"
+    );
+
+    for _ in 0..5 {
+        let r = lb.http.get(lb.url("/bad/x")).send().await.expect("request");
+        assert_eq!(r.status(), 502, "garbage from the target is a 502");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let samples = load.finish().await;
+    assert!(samples.len() > 20, "load ran: {}", samples.len());
+    let failed = failures(&samples);
+    assert!(failed.is_empty(), "nothing else is disturbed: {failed:?}");
+    let slowest = samples.iter().map(|s| s.latency).max().unwrap();
+    assert!(
+        slowest < Duration::from_secs(1),
+        "other clients were not held up: slowest {slowest:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_with_a_bad_config_keeps_the_old_one_and_a_good_one_keeps_health_state() {
+    let backends: Vec<Backend> = (0..3).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let two = format!(
+        "[pools.api]\n{}\n[pools.api.health_check]\n{FAST_CHECKS}",
+        targets_toml(&[&backends[0], &backends[1]])
+    );
+    let lb = Lb::start(&two).await;
+    lb.wait_all_in_service("api").await;
+    let since_before = lb.admin_targets().await["pools"]["api"]["targets"][0]["since"].clone();
+
+    // A typo: the running configuration must stay.
+    let head = std::fs::read_to_string(&lb.config).unwrap();
+    let bad = head.replace("interval = \"200ms\"", "intervall = \"200ms\"");
+    std::fs::write(&lb.config, &bad).unwrap();
+    lb.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !lb.log().contains("reload rejected") {
+        assert!(
+            Instant::now() < deadline,
+            "no rejection logged: {}",
+            lb.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = lb.log();
+    assert!(
+        log.contains("lb.toml:") && log.contains("key `pools.api.health_check.intervall`"),
+        "the rejection names file, line and key: {log}"
+    );
+    for _ in 0..20 {
+        let r = lb
+            .http
+            .get(lb.url("/x"))
+            .send()
+            .await
+            .expect("still serving");
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(lb.states("api").await.len(), 2);
+
+    // check-config says the same, with exit code 78.
+    let out = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["lb", "check-config", "-c"])
+        .arg(&lb.config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("intervall"), "{err}");
+
+    // A good config adding a third target: the first two keep their state.
+    let three = head.replace(
+        &targets_toml(&[&backends[0], &backends[1]]),
+        &targets_toml(&[&backends[0], &backends[1], &backends[2]]),
+    );
+    std::fs::write(&lb.config, &three).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["lb", "check-config", "-c"])
+        .arg(&lb.config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    lb.signal("HUP");
+    lb.wait_admin(Duration::from_secs(10), "three targets", |v| {
+        v["pools"]["api"]["targets"].as_array().map(Vec::len) == Some(3)
+    })
+    .await;
+    let v = lb.admin_targets().await;
+    assert_eq!(
+        v["pools"]["api"]["targets"][0]["since"], since_before,
+        "a reload must not reset target health: {v}"
+    );
+    lb.wait_all_in_service("api").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_frozen_backend_holds_no_request_past_the_response_timeout() {
+    let backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let lb = Lb::start(&format!(
+        "[timeouts]\nresponse_header = \"1s\"\n\
+         [pools.api]\n{}\nslow_start_window = \"0s\"\n\
+         [pools.api.hedge]\nenabled = true\nmin_delay = \"50ms\"\nmax_delay = \"500ms\"\n\
+         [pools.api.health_check]\n{FAST_CHECKS}",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    let load = Load::start(&lb, "/work", 4, Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let frozen_at = Instant::now();
+    // Like SIGSTOP: the connection is accepted, nothing ever answers, health included.
+    backends[0].set_mode(Mode::Freeze);
+    backends[0].set_health_mode(Mode::Freeze);
+    let victim = backends[0].addr();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out_at = loop {
+        let s = lb.state_of("api", victim).await;
+        if s == "unhealthy" || s == "ejected" {
+            break Instant::now();
+        }
+        assert!(Instant::now() < deadline, "frozen target still {s}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let samples = load.finish().await;
+
+    let slowest = samples.iter().map(|s| s.latency).max().unwrap();
+    assert!(
+        slowest <= Duration::from_millis(1000 + 700),
+        "no request may wait past the 1s response timeout (+ scheduling slack): {slowest:?}"
+    );
+    let rate = |from: Instant, to: Instant| {
+        let n = samples
+            .iter()
+            .filter(|s| s.start >= from && s.start < to && s.result == Ok(200))
+            .count();
+        n as f64 / (to - from).as_secs_f64()
+    };
+    let before = rate(frozen_at - Duration::from_millis(1500), frozen_at);
+    let last = samples.iter().map(|s| s.start).max().unwrap();
+    let after = rate(out_at, last);
+    assert!(
+        after >= 0.5 * before,
+        "throughput must recover once the target is out: {after:.0}/s after vs {before:.0}/s before"
+    );
+    let failed = failures(&samples);
+    eprintln!(
+        "frozen target out after {:?}; slowest {slowest:?}; {before:.0}/s before, {after:.0}/s after; {} failed: {failed:?}",
+        out_at - frozen_at,
+        failed.len()
+    );
+    assert!(
+        failed.len() <= 4,
+        "hedging and moving in-flight requests must leave at most a handful of errors: {failed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests_then_exits_0() {
+    let b = Backend::start("slow");
+    let mut lb = Lb::start(&format!(
+        "[pools.api]\n{}\n[pools.api.health_check]\n{FAST_CHECKS}",
+        targets_toml(&[&b])
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    b.set_mode(Mode::Delay(Duration::from_millis(1500)));
+    let (http, url) = (lb.http.clone(), lb.url("/slow"));
+    let inflight = tokio::spawn(async move { http.get(url).send().await.map(|r| r.status()) });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    lb.signal("TERM");
+    let status = inflight
+        .await
+        .unwrap()
+        .expect("in-flight request completes");
+    assert_eq!(status, 200, "the in-flight request is drained, not dropped");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        if let Some(s) = lb.child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "vigil lb did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, Some(0), "log:\n{}", lb.log());
+}
+
+#[test]
+fn check_config_accepts_the_example_and_rejects_with_file_line_key() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/lb.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["lb", "check-config", "-c", example])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    let mut f = std::fs::File::create(&bad).unwrap();
+    writeln!(f, "[pools.api]\ntargets = [{{ addr = \"127.0.0.1\" }}]").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["lb", "check-config", "-c"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml:2:") && err.contains("key `pools.api.targets[0].addr`"),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["lb"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "no config is a usage error");
+}
