@@ -49,6 +49,10 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                     tracing::warn!("injected fault: health checker hangs");
                     std::future::pending::<()>().await;
                 }
+                CheckerFault::Pause(d) => {
+                    tracing::warn!(pause = ?d, "injected fault: health checker pauses");
+                    tokio::time::sleep(d).await;
+                }
                 CheckerFault::Abort => {}
             }
         }

@@ -74,6 +74,10 @@ pub enum CheckerFault {
     Hang,
     /// The checker task is aborted now, as if killed.
     Abort,
+    /// The checker stops making progress for this long, then resumes by itself (a
+    /// starved runtime): the stall is reported, but the checker is not restarted if it
+    /// resumes within the restart backoff.
+    Pause(Duration),
 }
 
 pub(crate) struct Registered {
@@ -550,7 +554,7 @@ impl Health {
                     h.abort();
                 }
             }
-            CheckerFault::Panic | CheckerFault::Hang => {
+            CheckerFault::Panic | CheckerFault::Hang | CheckerFault::Pause(_) => {
                 *sh.fault.lock().unwrap_or_else(|e| e.into_inner()) = Some(fault);
                 sh.fault_notify.notify_one();
             }

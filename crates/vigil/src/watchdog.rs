@@ -7,10 +7,11 @@
 //! - The checker is stalled when its task has ended (a panic or an abort: detected at
 //!   once) or when its last beat is older than `stale_after` (a hang, or a runtime too
 //!   starved to run it).
-//! - On a stall the watchdog publishes a failing snapshot first (so `/readyz` says so),
-//!   aborts the old task, waits the restart backoff (doubling on a crash loop, capped),
-//!   counts the restart and starts a new checker. The stall clears at the new checker's
-//!   first beat: recovery needs no process restart.
+//! - On a stall the watchdog publishes a failing snapshot first (so `/readyz` says so)
+//!   and waits the restart backoff (doubling on a crash loop, capped). A checker that
+//!   beat again meanwhile was only starved and is left alone; otherwise the old task is
+//!   aborted, the restart counted and a new checker started. The stall clears at the
+//!   next beat: recovery needs no process restart.
 //! - Readers do not rely on the watchdog alone: [`crate::Snapshot::ready_now`] fails a
 //!   snapshot older than `stale_after` by itself, which covers a dead watchdog too.
 
@@ -48,7 +49,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         }
         let now = Instant::now();
         let age = now.saturating_duration_since(shared.lock().last_beat);
-        let reason = if checker.is_finished() {
+        let dead = checker.is_finished();
+        let reason = if dead {
             Some(match (&mut checker).await {
                 Ok(()) => "checker exited".to_string(),
                 Err(e) if e.is_panic() => {
@@ -79,16 +81,24 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             st.stalled = Some(reason.clone());
             shared.publish(&mut st);
         }
-        checker.abort();
         tokio::select! {
             biased;
             changed = stop.changed() => {
                 if changed.is_err() || *stop.borrow() {
+                    checker.abort();
                     return;
                 }
             }
             _ = tokio::time::sleep(backoff) => {}
         }
+        // A checker that was only starved (a saturated runtime, a long GC-like pause)
+        // beats again by itself: that is a stall worth reporting, not a crash worth a
+        // restart. Only a dead one, or one still silent after the backoff, is replaced.
+        if !dead && !checker.is_finished() && shared.lock().last_beat > now {
+            tracing::info!("health checker resumed by itself: no restart");
+            continue;
+        }
+        checker.abort();
         {
             let mut st = shared.lock();
             st.restarts += 1;

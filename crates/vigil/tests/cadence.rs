@@ -148,6 +148,39 @@ async fn a_hung_checker_is_reported_after_its_staleness_and_restarted_after_the_
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_starved_checker_that_resumes_is_reported_stalled_but_not_restarted() {
+    let health = Health::builder()
+        .config(config())
+        .local(
+            "disk:free",
+            FnCheck::new(|| async { vigil::check::pass() }),
+            CheckOptions::every(Duration::from_millis(200)).jitter(0.0),
+        )
+        .start();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut sub = health.subscribe();
+    // Silent for 1.2 s: stale after 0.5 s, back before the 1 s restart backoff ends.
+    health.inject_fault(CheckerFault::Pause(Duration::from_millis(1200)));
+    let mut saw_stall = false;
+    let until = Instant::now() + Duration::from_millis(3000);
+    while Instant::now() < until {
+        tokio::select! {
+            _ = sub.changed() => {
+                saw_stall |= sub.borrow_and_update().ready.output.as_deref() == Some("health checker stalled");
+            }
+            _ = tokio::time::sleep_until(until) => {}
+        }
+    }
+    assert!(saw_stall, "the stall must be reported while it lasts");
+    assert_eq!(
+        health.restarts(),
+        0,
+        "a checker that resumed must not be restarted"
+    );
+    assert_eq!(health.snapshot().ready.status, Status::Pass);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_crash_looping_checker_is_restarted_with_growing_backoff() {
     let health = Health::builder()
         .config(config())
