@@ -465,6 +465,10 @@ impl Health {
         }
     }
 
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.inner.shared.clone()
+    }
+
     /// The latest snapshot, lock-free.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.inner.shared.current.load_full()

@@ -37,6 +37,7 @@
 //! - [`endpoints`]: `/livez`, `/readyz`, `/healthz`, `/health`.
 //! - [`reserved`]: the endpoints on a dedicated thread and port ([`ReservedServer`]).
 //! - [`shed`]: the concurrency-limit layer for the application's port ([`ShedLayer`]).
+//! - [`metrics`]: Prometheus metrics read from the snapshot ([`metrics::HealthCollector`]).
 //! - [`checks`]: built-in checks. [`options`]: [`CheckOptions`], [`HealthConfig`].
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -50,6 +51,7 @@ pub mod endpoints;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod health;
+pub mod metrics;
 pub mod options;
 pub mod reserved;
 pub mod shed;

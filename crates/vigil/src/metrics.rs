@@ -1,0 +1,220 @@
+//! Prometheus metrics of the health machinery, read from the published snapshot at
+//! scrape time (a prometheus-client `Collector`: no second copy of the state, no global
+//! registry).
+//!
+//! | metric | type | meaning |
+//! |---|---|---|
+//! | `vigil_check_status{check,kind}` | gauge | 0 pass, 1 warn, 2 fail |
+//! | `vigil_check_duration_seconds{check,kind}` | gauge | how long the last run took |
+//! | `vigil_health_status{endpoint}` | gauge | 0 pass, 1 warn, 2 fail, for `readyz` and `health` |
+//! | `vigil_lifecycle{state}` | gauge | 1 for the current state (`starting`, `running`, `shutting_down`) |
+//! | `vigil_checker_restarts_total` | counter | restarts of the background checker by the watchdog |
+//! | `vigil_snapshot_age_seconds` | gauge | age of the published snapshot (stays under `stale_after` while the checker lives) |
+//! | `vigil_requests_in_flight` | gauge | application requests running (with a shed layer) |
+//! | `vigil_requests_shed_total` | counter | application requests shed with 503 (with a shed layer) |
+
+use crate::health::{CheckKind, Shared};
+use crate::shed::ShedStats;
+use crate::{Health, Lifecycle};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use vigil_core::Status;
+
+/// The collector; see the module docs. It does not keep the background checker alive:
+/// after the last [`Health`] is dropped it reports the last snapshot.
+#[derive(Clone)]
+pub struct HealthCollector {
+    shared: Arc<Shared>,
+    shed: Option<Arc<ShedStats>>,
+}
+
+impl std::fmt::Debug for HealthCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthCollector").finish_non_exhaustive()
+    }
+}
+
+impl HealthCollector {
+    /// A collector over `health`'s snapshots.
+    pub fn new(health: &Health) -> Self {
+        HealthCollector {
+            shared: health.shared(),
+            shed: None,
+        }
+    }
+
+    /// Also reports a shed layer's in-flight and shed counters.
+    pub fn with_shed(mut self, stats: Arc<ShedStats>) -> Self {
+        self.shed = Some(stats);
+        self
+    }
+
+    /// Registers this collector in `registry`.
+    pub fn register(self, registry: &mut Registry) {
+        registry.register_collector(Box::new(self));
+    }
+}
+
+fn status_value(s: Status) -> i64 {
+    match s {
+        Status::Pass => 0,
+        Status::Warn => 1,
+        Status::Fail => 2,
+    }
+}
+
+impl Collector for HealthCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let snap = self.shared.current.load_full();
+        let ready = snap.ready_now();
+        let full = snap.full_now();
+        let kinds: Vec<(&str, &'static str)> = self
+            .shared
+            .checks
+            .iter()
+            .map(|c| {
+                let kind = match c.kind {
+                    CheckKind::Local => "local",
+                    CheckKind::Dependency => "dependency",
+                };
+                (c.name.as_str(), kind)
+            })
+            .collect();
+
+        let g = ConstGauge::new(0i64);
+        let mut m = encoder.encode_descriptor(
+            "vigil_check_status",
+            "Status of each check's last run: 0 pass, 1 warn, 2 fail.",
+            None,
+            g.metric_type(),
+        )?;
+        for (name, kind) in &kinds {
+            if let Some(r) = full.checks.get(*name).and_then(|rs| rs.first()) {
+                let labels = [("check", *name), ("kind", *kind)];
+                ConstGauge::new(status_value(r.status)).encode(m.encode_family(&labels)?)?;
+            }
+        }
+        let g = ConstGauge::new(0f64);
+        let mut m = encoder.encode_descriptor(
+            "vigil_check_duration_seconds",
+            "How long each check's last run took.",
+            None,
+            g.metric_type(),
+        )?;
+        for (name, kind) in &kinds {
+            let d = full
+                .checks
+                .get(*name)
+                .and_then(|rs| rs.first())
+                .and_then(|r| r.duration);
+            if let Some(d) = d {
+                let labels = [("check", *name), ("kind", *kind)];
+                ConstGauge::new(d.as_secs_f64()).encode(m.encode_family(&labels)?)?;
+            }
+        }
+        let mut m = encoder.encode_descriptor(
+            "vigil_health_status",
+            "Status served by each endpoint: 0 pass, 1 warn, 2 fail.",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for (endpoint, report) in [("readyz", &ready), ("health", &full)] {
+            ConstGauge::new(status_value(report.status))
+                .encode(m.encode_family(&[("endpoint", endpoint)])?)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "vigil_lifecycle",
+            "1 for the service's current lifecycle state.",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for (state, l) in [
+            ("starting", Lifecycle::Starting),
+            ("running", Lifecycle::Running),
+            ("shutting_down", Lifecycle::ShuttingDown),
+        ] {
+            ConstGauge::new(i64::from(snap.lifecycle == l))
+                .encode(m.encode_family(&[("state", state)])?)?;
+        }
+        let c = ConstCounter::new(snap.restarts);
+        c.encode(encoder.encode_descriptor(
+            "vigil_checker_restarts",
+            "Restarts of the background health checker by its watchdog.",
+            None,
+            c.metric_type(),
+        )?)?;
+        let g = ConstGauge::new(snap.age().as_secs_f64());
+        g.encode(encoder.encode_descriptor(
+            "vigil_snapshot_age_seconds",
+            "Age of the published health snapshot.",
+            None,
+            g.metric_type(),
+        )?)?;
+        if let Some(shed) = &self.shed {
+            let g = ConstGauge::new(shed.in_flight() as i64);
+            g.encode(encoder.encode_descriptor(
+                "vigil_requests_in_flight",
+                "Application requests running under the concurrency limit.",
+                None,
+                g.metric_type(),
+            )?)?;
+            let c = ConstCounter::new(shed.shed_total());
+            c.encode(encoder.encode_descriptor(
+                "vigil_requests_shed",
+                "Application requests shed with 503 over the concurrency limit.",
+                None,
+                c.metric_type(),
+            )?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CheckOptions, FnCheck, Observation};
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn metrics_follow_the_snapshot() {
+        let health = Health::builder()
+            .local(
+                "disk:free",
+                FnCheck::new(|| async { crate::check::pass() }),
+                CheckOptions::every(Duration::from_secs(1)),
+            )
+            .dependency(
+                "db:ping",
+                FnCheck::new(|| async { Observation::fail("down") }),
+                CheckOptions::every(Duration::from_secs(1)),
+            )
+            .start();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let layer = health.shed_layer(4);
+        let mut registry = Registry::default();
+        HealthCollector::new(&health)
+            .with_shed(layer.stats())
+            .register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "vigil_check_status{check=\"disk:free\",kind=\"local\"} 0",
+            "vigil_check_status{check=\"db:ping\",kind=\"dependency\"} 2",
+            "vigil_health_status{endpoint=\"readyz\"} 0",
+            "vigil_health_status{endpoint=\"health\"} 2",
+            "vigil_lifecycle{state=\"running\"} 1",
+            "vigil_lifecycle{state=\"starting\"} 0",
+            "vigil_checker_restarts_total 0",
+            "vigil_requests_in_flight 0",
+            "vigil_requests_shed_total 0",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(text.contains("vigil_check_duration_seconds{check=\"db:ping\""));
+    }
+}
