@@ -1,0 +1,141 @@
+//! `vigil controller` actuators as real processes: a webhook receiver that checks the
+//! HMAC signature and the idempotency key, an exec command that sees the target.
+
+mod controller_support;
+
+use controller_support::*;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use vigil_core::Status;
+
+#[derive(Clone, Debug)]
+struct Received {
+    headers: BTreeMap<String, String>,
+    body: Vec<u8>,
+}
+
+/// A tiny HTTP/1.1 receiver on loopback: answers 500 to the first `fail_first`
+/// requests, 200 after, and keeps every request.
+fn receiver(fail_first: usize) -> (String, Arc<Mutex<Vec<Received>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/replace", listener.local_addr().unwrap());
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let sink = got.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut headers = BTreeMap::new();
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap(); // request line
+            loop {
+                line.clear();
+                reader.read_line(&mut line).unwrap();
+                let l = line.trim_end();
+                if l.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = l.split_once(':') {
+                    headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+                }
+            }
+            let len: usize = headers
+                .get("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let mut body = vec![0; len];
+            reader.read_exact(&mut body).unwrap();
+            let n = {
+                let mut g = sink.lock().unwrap();
+                g.push(Received { headers, body });
+                g.len()
+            };
+            let status = if n <= fail_first {
+                "500 Internal Server Error"
+            } else {
+                "200 OK"
+            };
+            let _ = stream.write_all(
+                format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+        }
+    });
+    (url, got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_is_signed_retried_with_the_same_idempotency_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = backends(5);
+    let (url, got) = receiver(1);
+    let cfg = base_config(&format!(
+        "[actuator]\nkind = \"webhook\"\n[actuator.webhook]\nurl = \"{url}\"\nsecret = \"s3cret\"\nbackoff = \"50ms\"\n"
+    )) + &targets_toml(&bs);
+    let c = Controller::start(dir.path(), &cfg);
+    c.wait_all(5, "healthy").await;
+    bs[2].set_check("fd:open", Status::Fail);
+    let action = c
+        .wait_for("the action done", || async {
+            c.actions().await.into_iter().find(|a| a["state"] == "done")
+        })
+        .await;
+    assert!(
+        action["result"].as_str().unwrap().contains("attempt 2"),
+        "retried after the 500: {action}"
+    );
+    let got = got.lock().unwrap().clone();
+    assert_eq!(got.len(), 2, "one failure, one success");
+    assert_eq!(got[0].body, got[1].body, "a retry sends the same body");
+    let key = &got[0].headers["idempotency-key"];
+    assert_eq!(key, &got[1].headers["idempotency-key"], "and the same key");
+    assert_eq!(key, action["idempotency_key"].as_str().unwrap());
+    for r in &got {
+        let sig = &r.headers["x-vigil-signature"];
+        assert_eq!(
+            sig,
+            &vigil_controller::actuator::sign(b"s3cret", &r.body),
+            "HMAC-SHA256 over the exact body"
+        );
+        assert_ne!(sig, &vigil_controller::actuator::sign(b"other", &r.body));
+    }
+    let event: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(event["target"], "t2");
+    assert_eq!(event["idempotency_key"], key.as_str());
+    assert!(
+        event["summary"]
+            .as_str()
+            .unwrap()
+            .contains("local check fd:open failed")
+    );
+    assert_eq!(c.actions().await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_runs_the_command_with_the_target_in_its_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("exec.out");
+    let bs = backends(5);
+    let cfg = base_config(&format!(
+        "[actuator]\nkind = \"exec\"\n[actuator.exec]\ncommand = [\"sh\", \"-c\", \"echo \\\"$VIGIL_TARGET_ID $VIGIL_TARGET_ZONE $VIGIL_TARGET_URL $VIGIL_IDEMPOTENCY_KEY\\\" >> {}\"]\n",
+        out.display()
+    )) + &targets_toml(&bs);
+    let c = Controller::start(dir.path(), &cfg);
+    c.wait_all(5, "healthy").await;
+    bs[1].set_check("memory:used", Status::Fail);
+    let action = c
+        .wait_for("the action done", || async {
+            c.actions().await.into_iter().find(|a| a["state"] == "done")
+        })
+        .await;
+    let text = std::fs::read_to_string(&out).unwrap();
+    let key = action["idempotency_key"].as_str().unwrap();
+    assert_eq!(
+        text.trim(),
+        format!("t1 a http://{} {key}", bs[1].addr()),
+        "the command saw the target"
+    );
+}
