@@ -8,6 +8,7 @@
 //! (an `ArcSwap` load), so the endpoints answer as long as the OS schedules it.
 
 use axum::Router;
+use axum::serve::ListenerExt;
 use std::net::SocketAddr;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -48,6 +49,12 @@ impl ReservedServer {
                             return;
                         }
                     };
+                    // Small request, small answer: never let Nagle hold a health reply.
+                    let listener = listener.tap_io(|tcp| {
+                        if let Err(e) = tcp.set_nodelay(true) {
+                            tracing::debug!(error = %e, "TCP_NODELAY on a health connection");
+                        }
+                    });
                     let (drain_tx, drain_rx) = oneshot::channel::<()>();
                     let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
                         let _ = rx.await;
