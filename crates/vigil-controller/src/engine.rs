@@ -275,14 +275,18 @@ impl Engine {
             }
             None => SafetyGuard::new(config.guard.clone()),
         };
+        let mut replayed = 0;
         for (i, text) in rec.ops.iter().enumerate() {
-            let op: GuardOp = serde_json::from_str(text).map_err(|e| {
-                anyhow::anyhow!("guard op {i} after the snapshot does not parse: {e}")
+            let ops: Vec<GuardOp> = serde_json::from_str(text).map_err(|e| {
+                anyhow::anyhow!("guard op batch {i} after the snapshot does not parse: {e}")
             })?;
-            if let Some(at) = op.at() {
-                latest = latest.max(at);
+            for op in ops {
+                if let Some(at) = op.at() {
+                    latest = latest.max(at);
+                }
+                op.apply(&mut guard);
+                replayed += 1;
             }
-            op.apply(&mut guard);
         }
         guard.drain_events();
         for v in guard.targets(latest) {
@@ -293,7 +297,7 @@ impl Engine {
         let clock = Clock::start(latest);
         let report = RecoveryReport {
             snapshot: rec.snapshot.is_some(),
-            ops: rec.ops.len(),
+            ops: replayed,
             pending: rec.pending,
         };
         let mut engine = Engine {

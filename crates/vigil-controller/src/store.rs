@@ -253,7 +253,7 @@ pub struct NewTransition {
 /// One transaction's worth of writes.
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
-    /// Guard ops (JSON), in order.
+    /// Guard ops (each a JSON object), in order; stored as one row.
     pub ops: Vec<String>,
     /// Decisions (and intents).
     pub decisions: Vec<NewDecision>,
@@ -278,7 +278,7 @@ impl Batch {
 pub struct Recovered {
     /// The last snapshot (guard state JSON), if any.
     pub snapshot: Option<String>,
-    /// Ops after it, in order.
+    /// Op rows after it, in order: each a JSON array of ops (one batch).
     pub ops: Vec<String>,
     /// Actions left `intended` (to run again).
     pub pending: Vec<ActionRecord>,
@@ -439,11 +439,18 @@ impl Store for SqliteStore {
         let tx = self.conn.transaction().map_err(e)?;
         let mut created = Vec::new();
         {
-            let mut op_stmt = tx
-                .prepare_cached("INSERT INTO guard_ops (op) VALUES (?1)")
-                .map_err(e)?;
-            for op in &batch.ops {
-                op_stmt.execute([op]).map_err(e)?;
+            if !batch.ops.is_empty() {
+                // One row per batch (a JSON array of ops): one insert however many
+                // probes the batch holds.
+                let mut row =
+                    String::with_capacity(batch.ops.iter().map(|o| o.len() + 1).sum::<usize>() + 2);
+                row.push('[');
+                row.push_str(&batch.ops.join(","));
+                row.push(']');
+                tx.prepare_cached("INSERT INTO guard_ops (op) VALUES (?1)")
+                    .map_err(e)?
+                    .execute([row])
+                    .map_err(e)?;
             }
             for d in &batch.decisions {
                 tx.prepare_cached(
@@ -703,7 +710,7 @@ mod tests {
         let mut s = SqliteStore::open(&path).unwrap();
         let r = s.recover().unwrap();
         assert_eq!(r.snapshot.as_deref(), Some("state-after-b"));
-        assert_eq!(r.ops, ["c"]);
+        assert_eq!(r.ops, ["[c]"], "one row per batch");
     }
 
     #[test]

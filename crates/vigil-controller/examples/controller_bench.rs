@@ -1,0 +1,287 @@
+//! Benchmark (not a test): `vigil controller` probing a large fake fleet.
+//!
+//! A fake fleet in this process answers health+json on 100 ports bound to 0.0.0.0 and
+//! is addressed as 127.0.0.1..127.0.0.N, so every target is a distinct host:port with
+//! its own pooled connection, while this process needs only 100 listening sockets.
+//! The controller runs as its own process, pinned to one core with `taskset`, probing
+//! every target at the configured interval. After a warm-up, the benchmark samples the
+//! controller's `/metrics` and `/proc` over the measuring window and prints achieved
+//! probes/s, scheduling lag p99 (from the lag histogram's buckets), CPU and memory per
+//! target.
+//!
+//! ```sh
+//! cargo build --release -p vigil-cli -p vigil-controller --example controller_bench
+//! target/release/examples/controller_bench --targets 10000 --interval 1s --seconds 60
+//! ```
+//!
+//! Needs `ulimit -n` above the target count (each target is a connection on both sides).
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Ports the fake fleet listens on.
+const PORTS: usize = 100;
+/// The health answer of every fake target.
+const BODY: &str = r#"{"status":"pass","checks":{"disk:free":[{"status":"pass"}]}}"#;
+
+struct Opts {
+    targets: usize,
+    interval: Duration,
+    seconds: u64,
+    warmup: u64,
+    vigil: PathBuf,
+    core: String,
+}
+
+fn opts() -> Opts {
+    let mut o = Opts {
+        targets: 10_000,
+        interval: Duration::from_secs(1),
+        seconds: 60,
+        warmup: 10,
+        vigil: PathBuf::from("target/release/vigil"),
+        core: "0".into(),
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut v = || it.next().cloned().expect("a value after the flag");
+        match a.as_str() {
+            "--targets" => o.targets = v().parse().expect("--targets N"),
+            "--interval" => o.interval = humantime::parse_duration(&v()).expect("--interval 1s"),
+            "--seconds" => o.seconds = v().parse().expect("--seconds N"),
+            "--warmup" => o.warmup = v().parse().expect("--warmup N"),
+            "--vigil" => o.vigil = PathBuf::from(v()),
+            "--core" => o.core = v(),
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    o
+}
+
+fn fleet(ports: &[u16]) {
+    let ports = ports.to_vec();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("fleet runtime");
+        rt.block_on(async move {
+            for port in ports {
+                let l = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))
+                    .await
+                    .expect("bind fleet port");
+                tokio::spawn(async move {
+                    loop {
+                        let Ok((s, _)) = l.accept().await else {
+                            continue;
+                        };
+                        let _ = s.set_nodelay(true);
+                        tokio::spawn(async move {
+                            let svc = service_fn(|_req| async {
+                                Ok::<_, Infallible>(
+                                    hyper::Response::builder()
+                                        .header("content-type", "application/health+json")
+                                        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+                                        .expect("response"),
+                                )
+                            });
+                            let _ = http1::Builder::new()
+                                .serve_connection(TokioIo::new(s), svc)
+                                .await;
+                        });
+                    }
+                });
+            }
+            std::future::pending::<()>().await;
+        });
+    });
+}
+
+fn free_ports(n: usize) -> Vec<u16> {
+    let ls: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("probe a free port"))
+        .collect();
+    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn lag_buckets(text: &str) -> Vec<(f64, f64)> {
+    text.lines()
+        .filter(|l| l.starts_with("vigil_controller_schedule_lag_seconds_bucket"))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn get(url: &str) -> String {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        reqwest::get(url)
+            .await
+            .expect("GET")
+            .text()
+            .await
+            .expect("body")
+    })
+}
+
+fn main() {
+    let o = opts();
+    let ports = free_ports(PORTS);
+    fleet(&ports);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let targets: Vec<serde_json::Value> = (0..o.targets)
+        .map(|i| {
+            let host = format!("127.0.{}.{}", 1 + (i / PORTS) / 250, 1 + (i / PORTS) % 250);
+            serde_json::json!({
+                "id": format!("t{i}"),
+                "url": format!("http://{host}:{}", ports[i % PORTS]),
+                "zone": format!("z{}", i % 3),
+            })
+        })
+        .collect();
+    std::fs::write(
+        dir.path().join("targets.json"),
+        serde_json::to_string(&targets).unwrap(),
+    )
+    .unwrap();
+    let listen = free_ports(1)[0];
+    std::fs::write(
+        dir.path().join("fleet.toml"),
+        format!(
+            "listen = \"127.0.0.1:{listen}\"\ndata_dir = \"data\"\n[probe]\ninterval = \"{}\"\ntimeout = \"2s\"\nconcurrency = 1024\n[guard]\ngrace = \"0s\"\n[discovery]\npath = \"targets.json\"\n",
+            humantime::format_duration(o.interval)
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new("taskset")
+        .args(["-c", &o.core])
+        .arg(&o.vigil)
+        .args(["controller", "-c"])
+        .arg(dir.path().join("fleet.toml"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn taskset vigil controller");
+    let pid = child.id();
+    let base = format!("http://127.0.0.1:{listen}");
+    let started = Instant::now();
+    while reqwest_ok(&format!("{base}/livez")).is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "controller did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "controller pid {pid} on core {}; warming up {} s",
+        o.core, o.warmup
+    );
+    std::thread::sleep(Duration::from_secs(o.warmup));
+    let m0 = get(&format!("{base}/metrics"));
+    let (t0, c0) = (Instant::now(), cpu_ticks(pid));
+    std::thread::sleep(Duration::from_secs(o.seconds));
+    let m1 = get(&format!("{base}/metrics"));
+    let (wall, c1) = (t0.elapsed().as_secs_f64(), cpu_ticks(pid));
+    let rss = rss_kib(pid);
+    let probes =
+        metric(&m1, "vigil_controller_probes_total") - metric(&m0, "vigil_controller_probes_total");
+    let failed = metric(&m1, "vigil_controller_probes_total{result=\"fail\"}")
+        - metric(&m0, "vigil_controller_probes_total{result=\"fail\"}");
+    let (b0, b1) = (lag_buckets(&m0), lag_buckets(&m1));
+    let delta: Vec<(f64, f64)> = b1.iter().zip(&b0).map(|(a, b)| (a.0, a.1 - b.1)).collect();
+    let total = delta.last().map_or(0.0, |d| d.1);
+    let p99 = delta
+        .iter()
+        .find(|(_, n)| *n >= 0.99 * total)
+        .map_or(f64::NAN, |d| d.0);
+    let hz = 100.0; // USER_HZ on Linux
+    let cpu = (c1 - c0) as f64 / hz / wall;
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let _ = child.wait();
+    println!("targets            {}", o.targets);
+    println!(
+        "interval           {}",
+        humantime::format_duration(o.interval)
+    );
+    println!(
+        "window             {wall:.1} s after {} s warm-up",
+        o.warmup
+    );
+    println!(
+        "probes/s           {:.0} (target {:.0}); failed {:.0}",
+        probes / wall,
+        o.targets as f64 / o.interval.as_secs_f64(),
+        failed
+    );
+    println!("schedule lag p99   <= {p99} s (histogram bucket)");
+    println!(
+        "cpu                {:.2} cores ({:.1} us per probe)",
+        cpu,
+        cpu * 1e6 / (probes / wall)
+    );
+    println!(
+        "rss                {} KiB = {:.2} KiB per target",
+        rss,
+        rss as f64 / o.targets as f64
+    );
+}
+
+fn reqwest_ok(url: &str) -> Option<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    rt.block_on(async {
+        reqwest::get(url)
+            .await
+            .ok()?
+            .status()
+            .is_success()
+            .then_some(())
+    })
+}
