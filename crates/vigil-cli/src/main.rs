@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod check;
+mod demo;
 mod logging;
 
 /// vigil: health checks that find broken servers fast and never take a whole fleet down.
@@ -26,6 +27,9 @@ enum Command {
     /// Probe a health endpoint once and report (exit 0 pass, 1 warn with --strict, 2 fail,
     /// 3 unreachable or invalid).
     Check(check::CheckArgs),
+    /// Run the whole system on this machine: a fleet of example services, a load
+    /// balancer with client traffic, and the controller; break things and watch.
+    Demo(demo::DemoArgs),
     /// Run the load balancer: a reverse proxy that ejects failed targets and fails open.
     Lb(vigil_lb::cli::Args),
     /// Run the fleet controller: deep health probing, a safety guard, a store, a dashboard.
@@ -39,13 +43,33 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    die_with_parent();
     let cli = Cli::parse();
     logging::init(cli.log_format);
     match cli.command {
         Command::Check(args) => check::run(args),
+        Command::Demo(args) => demo::run(args),
         Command::Lb(args) => vigil_lb::cli::run(args),
         Command::Controller(args) => vigil_controller::cli::run(args),
         Command::Sim(args) => vigil_sim::cli::run(args),
         Command::ExampleService(args) => vigil_example::cli::run(args),
+    }
+}
+
+/// A process started by `vigil demo` (which sets `VIGIL_DIE_WITH_PARENT=1`) asks the
+/// kernel for SIGTERM when its parent dies, so even a SIGKILLed demo leaves no process
+/// behind.
+fn die_with_parent() {
+    if std::env::var_os("VIGIL_DIE_WITH_PARENT").is_some_and(|v| v == "1") {
+        let parent = rustix::process::getppid();
+        if let Err(e) =
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+        {
+            eprintln!("vigil: cannot ask to die with the parent process: {e}");
+        }
+        // The parent may have died before the request took effect.
+        if rustix::process::getppid() != parent {
+            std::process::exit(0);
+        }
     }
 }

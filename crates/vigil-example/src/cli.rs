@@ -52,6 +52,11 @@ pub struct Args {
     /// vigil's drain delay (5 s).
     #[arg(long, env = "VIGIL_EXAMPLE_DRAIN_DELAY", value_parser = humantime::parse_duration)]
     pub drain_delay: Option<Duration>,
+    /// Mark the database check critical: an unreachable database then fails `/health`
+    /// (503) instead of degrading it to warn. The demo's fleet sets it, as many service
+    /// owners do, to show what a shared dependency outage does to a fleet.
+    #[arg(long, env = "VIGIL_EXAMPLE_DEPENDENCY_CRITICAL")]
+    pub dependency_critical: bool,
 }
 
 impl Args {
@@ -95,6 +100,11 @@ impl Args {
             drain_delay: self
                 .drain_delay
                 .unwrap_or(vigil::options::DEFAULT_DRAIN_DELAY),
+            dependency: if self.dependency_critical {
+                vigil::Criticality::Critical
+            } else {
+                vigil::Criticality::NonCritical
+            },
         })
     }
 }

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use vigil::checks::{Amount, DiskSpace, FileDescriptors, InFlight, Memory, Saturation};
-use vigil::{Check, CheckOptions, FnCheck, Health, HealthConfig, Observation, Status};
+use vigil::{Check, CheckOptions, Criticality, FnCheck, Health, HealthConfig, Observation, Status};
 
 /// A read waits at most this long for the database before answering from the cache.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
@@ -61,6 +61,9 @@ pub struct ServiceConfig {
     pub check_interval: Duration,
     /// How long readiness fails before the listener closes on shutdown.
     pub drain_delay: Duration,
+    /// Whether a database failure fails `/health` (critical) or only degrades it
+    /// (non-critical, the default: reads are still served from the cache).
+    pub dependency: Criticality,
 }
 
 /// The in-memory read cache.
@@ -271,7 +274,10 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
                 store: store.clone(),
                 db_up: db_up.clone(),
             },
-            every.clone().non_critical(),
+            CheckOptions {
+                criticality: config.dependency,
+                ..every.clone()
+            },
         )
         .start();
 

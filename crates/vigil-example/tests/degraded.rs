@@ -19,6 +19,7 @@ fn config(dir: &std::path::Path, db: &str) -> ServiceConfig {
         max_in_flight: 64,
         check_interval: Duration::from_millis(100),
         drain_delay: Duration::from_millis(200),
+        dependency: vigil::Criticality::NonCritical,
     }
 }
 

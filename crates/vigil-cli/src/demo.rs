@@ -1,0 +1,791 @@
+//! `vigil demo`: the whole system on one machine, in one command.
+//!
+//! Starts a fleet of example services (each a child `vigil example-service`), a load
+//! balancer in front of them (`vigil lb`) with steady synthetic client traffic, and the
+//! fleet controller (`vigil controller`, SQLite store, `log` actuator) watching them.
+//! It prints the URLs to open, then narrates what the balancer and the controller do:
+//! it polls their public endpoints and prints every change of a target's state, every
+//! fail-open and freeze, and every decision, with the reason they give.
+//!
+//! Faults are injected with `--break` (after `--break-after`) or, in a terminal, by
+//! typing a letter and Enter. Each fault switches a real mechanism in one service (a
+//! killed process, a disk check that cannot pass, an unreachable database), never a
+//! faked status.
+//!
+//! Every child runs with `VIGIL_DIE_WITH_PARENT=1` (it asks the kernel for SIGTERM when
+//! the demo dies, even by SIGKILL) and is stopped by the demo on Ctrl-C/SIGTERM: SIGTERM,
+//! then SIGKILL after a grace period. No process or port is left behind.
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+
+/// Services in the fleet by default: enough to show one ejection (1/6 stays far from the
+/// panic threshold and the controller's 30% cap) and fail-open when all break.
+pub const DEFAULT_SERVICES: u16 = 6;
+/// First port of the demo's block: lb, lb admin, controller, then two per service.
+/// Chosen away from the common 8080/9090 so the demo does not collide with other tools.
+pub const DEFAULT_BASE_PORT: u16 = 7700;
+/// Synthetic client load: steady enough to see errors as a percentage, light enough for
+/// a 2-core laptop.
+pub const DEFAULT_RPS: u32 = 50;
+/// How long children get to drain after SIGTERM before they are killed.
+const STOP_GRACE: Duration = Duration::from_secs(8);
+/// Token of the demo controller's mutating API (the demo is local-only).
+const DEMO_TOKEN: &str = "vigil-demo";
+
+/// What `--break` can break.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Kill service 1 (SIGKILL): the balancer ejects it, the controller acts on it.
+    Kill,
+    /// Service 2's disk check demands a threshold no disk can meet: a local failure.
+    Disk,
+    /// Service 3's database becomes unreachable: it degrades (serves from its cache).
+    Dependency,
+    /// Service 4's queries get 800 ms slower: a brownout.
+    Brownout,
+    /// Service 5's database goes up and down: the controller damps the flapping.
+    Flap,
+    /// Every service's database becomes unreachable: a shared dependency outage. The
+    /// balancer fails open, the controller freezes and blames the shared dependency.
+    AllDeps,
+    /// Clear every injected fault (a killed service stays dead).
+    Reset,
+}
+
+/// Arguments of `vigil demo`.
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Services in the fleet.
+    #[arg(long, default_value_t = DEFAULT_SERVICES, value_parser = clap::value_parser!(u16).range(2..=50))]
+    pub services: u16,
+    /// First port of the block the demo uses (lb, lb admin, controller, then two per
+    /// service). Every port must be free.
+    #[arg(long, default_value_t = DEFAULT_BASE_PORT)]
+    pub base_port: u16,
+    /// Break something, after --break-after. Repeatable: `--break kill --break all-deps`
+    /// applies them --break-after apart.
+    #[arg(long = "break", value_enum)]
+    pub breaks: Vec<Fault>,
+    /// When to apply the first --break (and the gap between several).
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    pub break_after: Duration,
+    /// Stop by itself after this long (default: run until Ctrl-C).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Synthetic client requests per second through the balancer.
+    #[arg(long, default_value_t = DEFAULT_RPS)]
+    pub rps: u32,
+    /// Where configs, logs and the controller's SQLite store go. Defaults to a fresh
+    /// directory under the system's temp dir.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Database URL for the services (default: the machine's PostgreSQL; each service
+    /// falls back quietly to its own SQLite file when it is not reachable).
+    #[arg(long)]
+    pub db: Option<String>,
+}
+
+/// The ports of one demo run.
+#[derive(Clone, Debug)]
+struct Ports {
+    lb: u16,
+    lb_admin: u16,
+    controller: u16,
+    /// (application, reserved health) per service.
+    services: Vec<(u16, u16)>,
+}
+
+impl Ports {
+    fn new(base: u16, services: usize) -> Result<Ports> {
+        let needed = 3 + 2 * services as u32;
+        if u32::from(base) + needed > u32::from(u16::MAX) {
+            bail!("--base-port {base} leaves no room for {needed} ports");
+        }
+        Ok(Ports {
+            lb: base,
+            lb_admin: base + 1,
+            controller: base + 2,
+            services: (0..services as u16)
+                .map(|i| (base + 3 + 2 * i, base + 4 + 2 * i))
+                .collect(),
+        })
+    }
+
+    fn all(&self) -> Vec<u16> {
+        let mut v = vec![self.lb, self.lb_admin, self.controller];
+        v.extend(self.services.iter().flat_map(|(a, h)| [*a, *h]));
+        v
+    }
+
+    /// Fails, naming the port, if any port is taken.
+    fn check_free(&self) -> Result<()> {
+        for p in self.all() {
+            TcpListener::bind(("127.0.0.1", p)).with_context(|| {
+                format!("port {p} is in use; choose another block with --base-port")
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `vigil demo`.
+pub fn run(args: DemoArgs) -> ExitCode {
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vigil demo: cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(demo(args));
+    // The stdin reader sits in a blocking read on the runtime's blocking pool; waiting
+    // for it would hang the exit until the user typed something.
+    rt.shutdown_background();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vigil demo: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Fleet {
+    children: BTreeMap<String, Child>,
+}
+
+impl Fleet {
+    /// Stops every child: SIGTERM, then SIGKILL for those still running after the grace.
+    async fn stop(&mut self) {
+        for child in self.children.values() {
+            if let Some(pid) = child.id() {
+                signal(pid, rustix::process::Signal::TERM);
+            }
+        }
+        let deadline = tokio::time::Instant::now() + STOP_GRACE;
+        for (name, child) in self.children.iter_mut() {
+            match tokio::time::timeout_at(deadline, child.wait()).await {
+                Ok(_) => {}
+                Err(_) => {
+                    eprintln!("demo: {name} did not stop within {STOP_GRACE:?}; killing it");
+                    if let Err(e) = child.kill().await {
+                        eprintln!("demo: cannot kill {name}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn signal(pid: u32, sig: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        // ESRCH: it has exited already, which is what we wanted.
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+}
+
+async fn demo(args: DemoArgs) -> Result<()> {
+    let ports = Ports::new(args.base_port, usize::from(args.services))?;
+    ports.check_free()?;
+    let dir = match &args.data_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("vigil-demo-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let exe = std::env::current_exe().context("finding the vigil binary")?;
+
+    let names: Vec<String> = (1..=args.services).map(|i| format!("svc-{i}")).collect();
+    write_lb_config(&dir, &ports)?;
+    write_controller_config(&dir, &ports, &names)?;
+
+    let mut fleet = Fleet {
+        children: BTreeMap::new(),
+    };
+    let result = run_fleet(&args, &ports, &dir, &exe, &names, &mut fleet).await;
+    eprintln!("demo: stopping {} processes", fleet.children.len());
+    fleet.stop().await;
+    eprintln!(
+        "demo: stopped; logs and the controller's store are in {}",
+        dir.display()
+    );
+    result
+}
+
+async fn run_fleet(
+    args: &DemoArgs,
+    ports: &Ports,
+    dir: &Path,
+    exe: &Path,
+    names: &[String],
+    fleet: &mut Fleet,
+) -> Result<()> {
+    for (name, (app, health)) in names.iter().zip(&ports.services) {
+        let mut cmd = child_command(exe, dir, name)?;
+        cmd.arg("example-service")
+            .args(["--name", name])
+            .args(["--listen", &format!("127.0.0.1:{app}")])
+            .args(["--health-listen", &format!("127.0.0.1:{health}")])
+            .args(["--data-dir", &dir.join(name).display().to_string()])
+            .args([
+                "--workers",
+                "1",
+                "--check-interval",
+                "1s",
+                "--drain-delay",
+                "1s",
+            ])
+            .arg("--dependency-critical");
+        if let Some(db) = &args.db {
+            cmd.args(["--db", db]);
+        }
+        fleet.children.insert(name.clone(), spawn(cmd, name)?);
+    }
+    let mut cmd = child_command(exe, dir, "lb")?;
+    cmd.arg("lb").arg("-c").arg(dir.join("lb.toml"));
+    fleet.children.insert("lb".into(), spawn(cmd, "lb")?);
+    let mut cmd = child_command(exe, dir, "controller")?;
+    cmd.arg("controller").arg("-c").arg(dir.join("fleet.toml"));
+    fleet
+        .children
+        .insert("controller".into(), spawn(cmd, "controller")?);
+
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .pool_max_idle_per_host(64)
+        .build()?;
+    wait_until_up(&client, ports, fleet).await?;
+
+    let lb = format!("http://127.0.0.1:{}", ports.lb);
+    let admin = format!("http://127.0.0.1:{}", ports.lb_admin);
+    let ctl = format!("http://127.0.0.1:{}", ports.controller);
+    println!();
+    println!(
+        "vigil demo is running: {} services, a load balancer, a controller",
+        names.len()
+    );
+    println!("  dashboard          {ctl}/");
+    println!("  load balancer      {lb}/items/1");
+    println!("  lb targets (JSON)  {admin}/admin/targets");
+    println!("  lb metrics         {admin}/metrics");
+    println!("  controller API     {ctl}/api/targets  {ctl}/api/decisions  {ctl}/api/guard");
+    println!("  controller metrics {ctl}/metrics");
+    for (name, (app, health)) in names.iter().zip(&ports.services) {
+        println!(
+            "  {name:<18} http://127.0.0.1:{app}/  health http://127.0.0.1:{health}/health?verbose"
+        );
+    }
+    println!("  logs               {}", dir.display());
+    println!();
+    println!(
+        "Break things: type a letter and Enter: k kill svc-1, d disk svc-2, p dependency svc-3,"
+    );
+    println!("  b brownout svc-4, f flap svc-5, a all dependencies, r reset, q quit (or Ctrl-C).");
+    println!();
+
+    let traffic = Arc::new(Traffic::default());
+    let stop = tokio::sync::watch::channel(false);
+    let traffic_task = tokio::spawn(generate(
+        client.clone(),
+        lb.clone(),
+        args.rps,
+        traffic.clone(),
+        stop.1.clone(),
+    ));
+    let narrator = tokio::spawn(narrate(
+        client.clone(),
+        admin.clone(),
+        ctl.clone(),
+        traffic.clone(),
+        stop.1.clone(),
+    ));
+
+    let started = Instant::now();
+    let mut breaks = args.breaks.clone().into_iter();
+    let mut next_break = started + args.break_after;
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut stdin_open = true;
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let outcome = loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break Ok(()),
+            _ = sigterm.recv() => break Ok(()),
+            line = stdin.next_line(), if stdin_open => match line {
+                Ok(Some(l)) => {
+                    let fault = match l.trim() {
+                        "k" => Some(Fault::Kill), "d" => Some(Fault::Disk),
+                        "p" => Some(Fault::Dependency), "b" => Some(Fault::Brownout),
+                        "f" => Some(Fault::Flap), "a" => Some(Fault::AllDeps),
+                        "r" => Some(Fault::Reset), "q" => break Ok(()),
+                        "" => None,
+                        other => { println!("demo: unknown key {other:?} (k d p b f a r q)"); None }
+                    };
+                    if let Some(f) = fault {
+                        apply(f, &client, ports, names, fleet).await;
+                    }
+                }
+                // No terminal (CI, a pipe closed): keep running on flags alone.
+                Ok(None) | Err(_) => stdin_open = false,
+            },
+            _ = tick.tick() => {
+                if let Some(d) = args.duration
+                    && started.elapsed() >= d
+                {
+                    break Ok(());
+                }
+                if Instant::now() >= next_break {
+                    match breaks.next() {
+                        Some(f) => {
+                            apply(f, &client, ports, names, fleet).await;
+                            next_break = Instant::now() + args.break_after;
+                        }
+                        None => next_break = started + Duration::from_secs(u64::from(u32::MAX)),
+                    }
+                }
+                if let Some(dead) = fleet.children.iter_mut().find_map(|(n, c)| match c.try_wait() {
+                    Ok(Some(status)) if n == "lb" || n == "controller" => Some(format!("{n} exited ({status}); see its log in {}", dir.display())),
+                    _ => None,
+                }) {
+                    break Err(anyhow::anyhow!(dead));
+                }
+            }
+        }
+    };
+    let _ = stop.0.send(true);
+    let _ = traffic_task.await;
+    let _ = narrator.await;
+    let t = traffic.snapshot();
+    println!(
+        "demo: traffic through the balancer: {} requests, {} ok, {} errors ({:.3}% success)",
+        t.0,
+        t.1,
+        t.0 - t.1,
+        if t.0 == 0 {
+            100.0
+        } else {
+            100.0 * t.1 as f64 / t.0 as f64
+        }
+    );
+    outcome
+}
+
+fn child_command(exe: &Path, dir: &Path, name: &str) -> Result<Command> {
+    let log = std::fs::File::create(dir.join(format!("{name}.log")))
+        .with_context(|| format!("creating {name}.log in {}", dir.display()))?;
+    let mut cmd = Command::new(exe);
+    cmd.env("VIGIL_DIE_WITH_PARENT", "1")
+        .env("VIGIL_LOG_FORMAT", "text")
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true);
+    Ok(cmd)
+}
+
+fn spawn(mut cmd: Command, name: &str) -> Result<Child> {
+    cmd.spawn().with_context(|| format!("starting {name}"))
+}
+
+async fn wait_until_up(client: &reqwest::Client, ports: &Ports, fleet: &mut Fleet) -> Result<()> {
+    let mut urls = vec![
+        format!("http://127.0.0.1:{}/livez", ports.lb_admin),
+        format!("http://127.0.0.1:{}/livez", ports.controller),
+    ];
+    urls.extend(
+        ports
+            .services
+            .iter()
+            .map(|(_, h)| format!("http://127.0.0.1:{h}/livez")),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    eprint!("demo: starting {} processes", fleet.children.len());
+    for url in urls {
+        loop {
+            if client
+                .get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                break;
+            }
+            for (name, child) in fleet.children.iter_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    bail!("{name} exited at start ({status}); see {name}.log");
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("{url} did not answer within 30s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprint!(".");
+    }
+    eprintln!(" up");
+    Ok(())
+}
+
+async fn apply(
+    f: Fault,
+    client: &reqwest::Client,
+    ports: &Ports,
+    names: &[String],
+    fleet: &mut Fleet,
+) {
+    let app = |i: usize| {
+        format!(
+            "http://127.0.0.1:{}",
+            ports.services[i % ports.services.len()].0
+        )
+    };
+    let name = |i: usize| names[i % names.len()].clone();
+    let post = |url: String| {
+        let client = client.clone();
+        async move {
+            match client.post(&url).send().await {
+                Ok(r) if r.status().is_success() => {}
+                Ok(r) => println!("demo: {url} answered {}", r.status()),
+                Err(e) => println!("demo: {url}: {e}"),
+            }
+        }
+    };
+    match f {
+        Fault::Kill => {
+            let n = name(0);
+            println!("demo: BREAK kill: SIGKILL {n}");
+            if let Some(pid) = fleet.children.get(&n).and_then(|c| c.id()) {
+                signal(pid, rustix::process::Signal::KILL);
+            }
+        }
+        Fault::Disk => {
+            println!(
+                "demo: BREAK disk: {}'s disk check now demands 100% free space",
+                name(1)
+            );
+            post(format!("{}/fault/disk?on=true", app(1))).await;
+        }
+        Fault::Dependency => {
+            println!(
+                "demo: BREAK dependency: {}'s database becomes unreachable",
+                name(2)
+            );
+            post(format!("{}/fault/dependency?on=true", app(2))).await;
+        }
+        Fault::Brownout => {
+            println!(
+                "demo: BREAK brownout: {}'s queries get 800 ms slower",
+                name(3)
+            );
+            post(format!("{}/fault/brownout?ms=800", app(3))).await;
+        }
+        Fault::Flap => {
+            println!("demo: BREAK flap: {}'s database goes up and down", name(4));
+            post(format!("{}/fault/flap?on=true&period_ms=4000", app(4))).await;
+        }
+        Fault::AllDeps => {
+            println!("demo: BREAK all-deps: every service's database becomes unreachable");
+            for i in 0..names.len() {
+                post(format!("{}/fault/dependency?on=true", app(i))).await;
+            }
+        }
+        Fault::Reset => {
+            println!("demo: RESET every injected fault");
+            for i in 0..names.len() {
+                post(format!("{}/fault/reset", app(i))).await;
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Traffic {
+    sent: AtomicU64,
+    ok: AtomicU64,
+}
+
+impl Traffic {
+    fn snapshot(&self) -> (u64, u64) {
+        (
+            self.sent.load(Ordering::Relaxed),
+            self.ok.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Open-loop client traffic: `rps` requests per second, whatever the answers take.
+async fn generate(
+    client: reqwest::Client,
+    lb: String,
+    rps: u32,
+    traffic: Arc<Traffic>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    if rps == 0 {
+        return;
+    }
+    let mut every = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rps)));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut i: u64 = 0;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = every.tick() => {}
+        }
+        i += 1;
+        let url = format!("{lb}/items/{}", 1 + i % 10);
+        let (client, traffic) = (client.clone(), traffic.clone());
+        tokio::spawn(async move {
+            traffic.sent.fetch_add(1, Ordering::Relaxed);
+            if client
+                .get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                traffic.ok.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+}
+
+/// Prints what changed at the balancer and the controller, with their reasons, and a
+/// traffic line every 10 s.
+async fn narrate(
+    client: reqwest::Client,
+    admin: String,
+    ctl: String,
+    traffic: Arc<Traffic>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut lb_state: BTreeMap<String, String> = BTreeMap::new();
+    let mut fail_open: Option<bool> = None;
+    let mut frozen: Option<bool> = None;
+    let mut seen_decisions: i64 = 0;
+    let mut last_outcome: BTreeMap<String, String> = BTreeMap::new();
+    let mut every = tokio::time::interval(Duration::from_millis(500));
+    let mut last_line = Instant::now();
+    let mut last_traffic = traffic.snapshot();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = every.tick() => {}
+        }
+        if let Some(v) = get_json(&client, &format!("{admin}/admin/targets")).await {
+            for (pool, p) in v["pools"].as_object().into_iter().flatten() {
+                let fo = p["fail_open"].as_bool().unwrap_or(false);
+                if fail_open.is_some_and(|f| f != fo) || (fail_open.is_none() && fo) {
+                    println!(
+                        "lb: pool {pool} {} ({} of {} healthy, panic threshold {})",
+                        if fo {
+                            "FAILS OPEN: routing to every target"
+                        } else {
+                            "left fail-open"
+                        },
+                        p["healthy"],
+                        p["known"],
+                        p["panic_threshold"]
+                    );
+                }
+                fail_open = Some(fo);
+                for t in p["targets"].as_array().into_iter().flatten() {
+                    let addr = t["addr"].as_str().unwrap_or("?").to_string();
+                    let state = t["state"].as_str().unwrap_or("?").to_string();
+                    if lb_state.get(&addr).is_some_and(|s| *s != state) {
+                        let why = t["reason"]
+                            .as_str()
+                            .or(t["ejection_reason"].as_str())
+                            .unwrap_or("");
+                        println!("lb: target {addr} {} -> {state}: {why}", lb_state[&addr]);
+                    }
+                    lb_state.insert(addr, state);
+                }
+            }
+        }
+        if let Some(g) = get_json(&client, &format!("{ctl}/api/guard")).await {
+            let guard = &g["guard"];
+            let fr = guard["frozen"].as_bool().unwrap_or(false);
+            if frozen.is_some_and(|f| f != fr) || (frozen.is_none() && fr) {
+                println!(
+                    "controller: {} {}",
+                    if fr {
+                        "FROZEN, acting on no one:"
+                    } else {
+                        "unfrozen"
+                    },
+                    reasons(&guard["reasons"])
+                );
+            }
+            frozen = Some(fr);
+        }
+        if let Some(d) = get_json(&client, &format!("{ctl}/api/decisions?limit=20")).await {
+            let mut fresh: Vec<&Value> = d["decisions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|x| x["id"].as_i64().is_some_and(|id| id > seen_decisions))
+                .collect();
+            fresh.sort_by_key(|x| x["id"].as_i64());
+            for x in fresh {
+                seen_decisions = seen_decisions.max(x["id"].as_i64().unwrap_or(0));
+                // One line per change of outcome for a target: a held-back target is
+                // re-decided at every probe, and saying so each time would drown the rest.
+                let target = x["target"].as_str().unwrap_or("?").to_string();
+                let outcome = x["outcome"].as_str().unwrap_or("?").to_string();
+                if last_outcome.insert(target, outcome.clone()).as_deref() == Some(outcome.as_str())
+                {
+                    continue;
+                }
+                println!(
+                    "controller: {} {}: {}",
+                    x["outcome"].as_str().unwrap_or("?"),
+                    x["target"].as_str().unwrap_or("?"),
+                    x["summary"]
+                        .as_str()
+                        .map_or_else(|| reasons(&x["reasons"]), str::to_string)
+                );
+            }
+        }
+        if last_line.elapsed() >= Duration::from_secs(10) {
+            let now = traffic.snapshot();
+            let (sent, ok) = (now.0 - last_traffic.0, now.1 - last_traffic.1);
+            println!(
+                "traffic: {sent} requests in the last 10s, {ok} ok, {} errors",
+                sent - ok
+            );
+            last_traffic = now;
+            last_line = Instant::now();
+        }
+    }
+}
+
+fn reasons(reasons: &Value) -> String {
+    match reasons {
+        Value::Array(rs) => rs
+            .iter()
+            .map(|r| {
+                r.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| r.to_string())
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {
+    let r = client.get(url).send().await.ok()?;
+    r.json().await.ok()
+}
+
+fn write_lb_config(dir: &Path, ports: &Ports) -> Result<()> {
+    let targets: Vec<String> = ports
+        .services
+        .iter()
+        .enumerate()
+        .map(|(i, (app, _))| {
+            format!(
+                "  {{ addr = \"127.0.0.1:{app}\", zone = \"{}\" }},",
+                zone(i)
+            )
+        })
+        .collect();
+    let cfg = format!(
+        r#"# Written by `vigil demo`.
+listen = "127.0.0.1:{lb}"
+admin_listen = "127.0.0.1:{admin}"
+drain_timeout = "2s"
+
+[timeouts]
+connect = "300ms"
+response_header = "2s"
+
+[pools.fleet]
+targets = [
+{targets}
+]
+panic_threshold = 0.5
+slow_start_window = "5s"
+
+# The demo's balancer reads deep health (/health as health+json) so that you can watch
+# it fail open when a shared dependency fails everywhere. In production, point a
+# balancer at /readyz (local health) and leave dependencies to the controller.
+[pools.fleet.health_check]
+path = "/health"
+health_json = true
+interval = "1s"
+timeout = "500ms"
+healthy_threshold = 2
+unhealthy_threshold = 3
+new_targets = "healthy"
+
+[pools.fleet.outlier]
+base_ejection_time = "10s"
+max_ejection_percent = 20
+"#,
+        lb = ports.lb,
+        admin = ports.lb_admin,
+        targets = targets.join("\n"),
+    );
+    std::fs::write(dir.join("lb.toml"), cfg).context("writing lb.toml")
+}
+
+fn zone(i: usize) -> &'static str {
+    ["zone-a", "zone-b", "zone-c"][i % 3]
+}
+
+fn write_controller_config(dir: &Path, ports: &Ports, names: &[String]) -> Result<()> {
+    let mut targets = String::new();
+    for (i, (name, (_, health))) in names.iter().zip(&ports.services).enumerate() {
+        targets.push_str(&format!(
+            "\n[[targets]]\nid = \"{name}\"\nurl = \"http://127.0.0.1:{health}\"\nzone = \"{}\"\n",
+            zone(i)
+        ));
+    }
+    let cfg = format!(
+        r#"# Written by `vigil demo`.
+listen = "127.0.0.1:{ctl}"
+data_dir = "{data}"
+api_token = "{DEMO_TOKEN}"
+
+[probe]
+interval = "1s"
+timeout = "800ms"
+
+[guard]
+min_failing = "3s"
+grace = "3s"
+max_unhealthy_fraction = 0.3
+
+[guard.thresholds]
+healthy_threshold = 2
+unhealthy_threshold = 3
+
+[guard.budget]
+actions = 2
+per = "10m"
+
+[actuator]
+kind = "log"
+{targets}"#,
+        ctl = ports.controller,
+        data = dir.join("controller").display(),
+    );
+    std::fs::write(dir.join("fleet.toml"), cfg).context("writing fleet.toml")
+}
