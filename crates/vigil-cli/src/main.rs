@@ -11,7 +11,12 @@ mod logging;
 
 /// vigil: health checks that find broken servers fast and never take a whole fleet down.
 #[derive(Parser, Debug)]
-#[command(name = "vigil", version, about, long_about = None)]
+#[command(
+    name = "vigil",
+    version,
+    after_help = "Start here: `vigil demo` runs a fleet, a balancer and a controller on this \
+                  machine and lets you break things. Each command has its own --help."
+)]
 struct Cli {
     /// Log format on stderr: `text` for people, `json` for one object per line.
     /// Filtered by RUST_LOG (default `info`).
