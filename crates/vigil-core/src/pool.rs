@@ -782,24 +782,30 @@ impl<K> RoutingSet<K> {
         load: impl Fn(&K) -> u64,
         skip: impl Fn(&K) -> bool,
     ) -> Option<&K> {
-        let weights: Vec<f64> = self
-            .routes
-            .iter()
-            .map(|r| {
-                if skip(&r.key) {
-                    0.0
-                } else {
-                    r.effective_weight(now)
-                }
-            })
-            .collect();
+        // No allocation for ordinary pools: this runs once per request.
+        const STACK: usize = 64;
+        let n = self.routes.len();
+        let mut stack = [0.0f64; STACK];
+        let mut heap = Vec::new();
+        let weights: &mut [f64] = if n <= STACK {
+            &mut stack[..n]
+        } else {
+            heap.resize(n, 0.0);
+            &mut heap
+        };
+        for (w, r) in weights.iter_mut().zip(&self.routes) {
+            *w = if skip(&r.key) {
+                0.0
+            } else {
+                r.effective_weight(now)
+            };
+        }
         let total: f64 = weights.iter().sum();
-        let a = sample(&weights, total, unit(random[0]))?;
+        let a = sample(weights, total, unit(random[0]))?;
         let rest = total - weights[a];
+        weights[a] = 0.0;
         let b = if rest > 0.0 {
-            let mut w = weights.clone();
-            w[a] = 0.0;
-            sample(&w, rest, unit(random[1]))
+            sample(weights, rest, unit(random[1]))
         } else {
             None
         };

@@ -3,11 +3,12 @@
 //!
 //! hyper's `header_read_timeout` closes a connection whose request header does not
 //! arrive in time, but sends nothing (it also applies to idle keep-alive connections,
-//! where closing silently is right). [`SharedStream`] shares the socket between hyper and
-//! the accept loop (tokio's `TcpStream` reads and writes through `&self` with
-//! `try_read`/`try_write`), and counts bytes read; the handler marks where each request
+//! where closing silently is right). The accept loop keeps a duplicate of the socket
+//! (`try_clone`, a `dup` of the descriptor) and hyper reads through [`CountingStream`],
+//! which counts bytes read at no cost per read; the handler marks where each request
 //! ended. When hyper reports the header timeout and bytes arrived after the last mark, a
-//! request was half-sent: the loop writes `408 Request Timeout` and closes.
+//! request was half-sent: the loop writes `408 Request Timeout` on its duplicate and
+//! closes.
 
 use std::io;
 use std::pin::Pin;
@@ -37,96 +38,75 @@ impl ConnMarks {
     }
 }
 
-/// A TCP stream shared between hyper and the accept loop.
-pub struct SharedStream {
-    tcp: Arc<TcpStream>,
+/// A TCP stream that counts the bytes read through it.
+pub struct CountingStream {
+    tcp: TcpStream,
     marks: Arc<ConnMarks>,
 }
 
-impl SharedStream {
+impl CountingStream {
     /// Wraps a stream.
-    pub fn new(tcp: Arc<TcpStream>, marks: Arc<ConnMarks>) -> Self {
-        SharedStream { tcp, marks }
+    pub fn new(tcp: TcpStream, marks: Arc<ConnMarks>) -> Self {
+        CountingStream { tcp, marks }
     }
 }
 
-impl AsyncRead for SharedStream {
+impl AsyncRead for CountingStream {
     fn poll_read(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        loop {
-            ready!(self.tcp.poll_read_ready(cx))?;
-            match self.tcp.try_read(buf.initialize_unfilled()) {
-                Ok(n) => {
-                    buf.advance(n);
-                    self.marks.read.fetch_add(n as u64, Ordering::Relaxed);
-                    return Poll::Ready(Ok(()));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut self.tcp).poll_read(cx, buf))?;
+        let n = buf.filled().len() - before;
+        self.marks.read.fetch_add(n as u64, Ordering::Relaxed);
+        Poll::Ready(Ok(()))
     }
 }
 
-impl AsyncWrite for SharedStream {
+impl AsyncWrite for CountingStream {
     fn poll_write(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.tcp.poll_write_ready(cx))?;
-            match self.tcp.try_write(buf) {
-                Ok(n) => return Poll::Ready(Ok(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.tcp.poll_write_ready(cx))?;
-            match self.tcp.try_write_vectored(bufs) {
-                Ok(n) => return Poll::Ready(Ok(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        true
+        self.tcp.is_write_vectored()
     }
 
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        // The socket closes when the last holder (the accept loop's task) drops it.
-        Poll::Ready(Ok(()))
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
     }
 }
 
-/// Writes a minimal response on a stream hyper has given up on.
-pub async fn write_final(tcp: &TcpStream, response: &[u8]) {
-    let mut rest = response;
-    while !rest.is_empty() {
-        if tcp.writable().await.is_err() {
-            return;
-        }
-        match tcp.try_write(rest) {
-            Ok(n) => rest = &rest[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(_) => return,
-        }
-    }
+/// Splits an accepted stream into the stream hyper serves and a duplicate of the
+/// socket for a last word (the 408).
+pub fn with_duplicate(tcp: TcpStream) -> io::Result<(TcpStream, std::net::TcpStream)> {
+    let std = tcp.into_std()?;
+    let dup = std.try_clone()?;
+    Ok((TcpStream::from_std(std)?, dup))
+}
+
+/// Writes a minimal response on a socket hyper has given up on (best effort: the
+/// socket is non-blocking and the response is tiny, so one write normally takes it).
+pub fn write_final(tcp: &std::net::TcpStream, response: &[u8]) {
+    use std::io::Write;
+    let mut w = tcp;
+    let _ = w.write_all(response);
 }

@@ -12,7 +12,7 @@ use crate::admin;
 use crate::balancer::{Clock, PoolRt};
 use crate::checker;
 use crate::config::{self, LbConfig};
-use crate::conn::{ConnMarks, SharedStream, write_final};
+use crate::conn::{ConnMarks, CountingStream, with_duplicate, write_final};
 use crate::metrics::{Metrics, RequestLabels};
 use crate::proxy::{Proxy, ProxyTable, RouteRule, UpstreamClient};
 use arc_swap::ArcSwap;
@@ -257,9 +257,15 @@ pub async fn serve(config: LbConfig, path: PathBuf) -> u8 {
                     }
                 };
                 let _ = tcp.set_nodelay(true);
-                let tcp = Arc::new(tcp);
+                let (tcp, dup) = match with_duplicate(tcp) {
+                    Ok(pair) => pair,
+                    Err(e) => {
+                        tracing::warn!(%peer, "cannot set up the connection: {e}");
+                        continue;
+                    }
+                };
                 let marks = Arc::new(ConnMarks::default());
-                let io = TokioIo::new(SharedStream::new(tcp.clone(), marks.clone()));
+                let io = TokioIo::new(CountingStream::new(tcp, marks.clone()));
                 let (proxy, svc_marks) = (lb.proxy.clone(), marks.clone());
                 let svc = service_fn(move |req| {
                     let (proxy, marks) = (proxy.clone(), svc_marks.clone());
@@ -276,7 +282,7 @@ pub async fn serve(config: LbConfig, path: PathBuf) -> u8 {
                     if let Err(e) = conn.await {
                         if e.is_timeout() && marks.partial() {
                             // A half-sent request header (slowloris): say so, then close.
-                            write_final(&tcp, b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n").await;
+                            write_final(&dup, b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n");
                             metrics.requests.get_or_create(&RequestLabels {
                                 pool: "none".into(), target: "none".into(), code: "408".into(),
                             }).inc();

@@ -1,0 +1,326 @@
+#!/usr/bin/env python3
+"""vigil lb beside HAProxy and nginx, same backends, same wrk runs (driven by run.sh).
+
+Every process started here is stopped here; every run is bounded by --duration.
+"""
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BACKEND_PORTS = [19101, 19102, 19103, 19104]
+PORTS = {"vigil": 18180, "haproxy": 18182, "nginx": 18183}
+VIGIL_ADMIN = 18181
+# Equivalent settings for all three: 1 worker, keep-alive to backends, 1 s connect
+# timeout, 10 s response timeout (vigil's default), least outstanding requests
+# (P2C / leastconn / least_conn), 2 retries; active checks every 1 s, 1 s timeout,
+# fall 3, rise 2 (nginx open source has passive checks only: max_fails=1).
+RESPONSE_TIMEOUT_S = 10
+CONNECTIONS = 64
+
+
+def wait_port(port, timeout=10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                if s.recv(64).startswith(b"HTTP/1.1 200"):
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def stop(proc, sig=signal.SIGTERM):
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.send_signal(sig)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class Backends:
+    """4 single-process nginx instances answering 200 "ok" (also on /readyz)."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.procs = [None] * len(BACKEND_PORTS)
+
+    def start(self, i):
+        d = os.path.join(self.tmp, f"backend{i}")
+        os.makedirs(d, exist_ok=True)
+        conf = os.path.join(d, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(f"""
+master_process off; daemon off; worker_processes 1;
+pid {d}/nginx.pid; error_log {d}/error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+  access_log off; keepalive_requests 1000000; keepalive_timeout 120s;
+  client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};
+  uwsgi_temp_path {d}; scgi_temp_path {d};
+  server {{ listen 127.0.0.1:{BACKEND_PORTS[i]} reuseport;
+    location / {{ default_type text/plain; return 200 "ok b{i}\\n"; }} }}
+}}
+""")
+        self.procs[i] = subprocess.Popen(
+            ["nginx", "-p", d, "-c", conf, "-e", f"{d}/error.log"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not wait_port(BACKEND_PORTS[i]):
+            sys.exit(f"backend {i} did not start")
+
+    def start_all(self):
+        for i in range(len(BACKEND_PORTS)):
+            self.start(i)
+
+    def kill(self, i):
+        os.kill(self.procs[i].pid, signal.SIGKILL)
+        self.procs[i].wait()
+        self.procs[i] = None
+
+    def freeze(self, i):
+        os.kill(self.procs[i].pid, signal.SIGSTOP)
+
+    def thaw(self, i):
+        os.kill(self.procs[i].pid, signal.SIGCONT)
+
+    def restore(self):
+        for i, p in enumerate(self.procs):
+            if p is None:
+                self.start(i)
+            else:
+                os.kill(p.pid, signal.SIGCONT)
+
+    def stop_all(self):
+        for p in self.procs:
+            stop(p, signal.SIGKILL)
+
+
+def start_vigil(tmp, vigil):
+    conf = os.path.join(tmp, "lb.toml")
+    targets = ", ".join(f'{{ addr = "127.0.0.1:{p}" }}' for p in BACKEND_PORTS)
+    with open(conf, "w") as f:
+        f.write(f"""
+listen = "127.0.0.1:{PORTS['vigil']}"
+admin_listen = "127.0.0.1:{VIGIL_ADMIN}"
+workers = 1
+[timeouts]
+connect = "1s"
+response_header = "{RESPONSE_TIMEOUT_S}s"
+[pools.app]
+targets = [{targets}]
+[pools.app.health_check]
+interval = "1s"
+timeout = "1s"
+healthy_threshold = 2
+unhealthy_threshold = 3
+[pools.app.retries]
+max_retries = 2
+[pools.app.hedge]
+enabled = true
+""")
+    log = open(os.path.join(tmp, "vigil.log"), "w")
+    p = subprocess.Popen([vigil, "lb", "-c", conf], stdout=subprocess.DEVNULL, stderr=log,
+                         env=dict(os.environ, RUST_LOG="warn"))
+    # New targets are unknown until 2 checks pass (about 1 s).
+    time.sleep(2.5)
+    return p
+
+
+def start_haproxy(tmp):
+    conf = os.path.join(tmp, "haproxy.cfg")
+    servers = "\n".join(f"  server b{i} 127.0.0.1:{p}" for i, p in enumerate(BACKEND_PORTS))
+    with open(conf, "w") as f:
+        f.write(f"""
+global
+  nbthread 1
+  maxconn 8000
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 30s
+  timeout server {RESPONSE_TIMEOUT_S}s
+  option http-keep-alive
+  retries 2
+  option redispatch 1
+  retry-on conn-failure empty-response
+frontend fe
+  bind 127.0.0.1:{PORTS['haproxy']}
+  default_backend be
+backend be
+  balance leastconn
+  http-reuse always
+  option httpchk GET /readyz
+  default-server check inter 1s fall 3 rise 2
+{servers}
+""")
+    p = subprocess.Popen(["haproxy", "-db", "-f", conf], stdout=subprocess.DEVNULL,
+                         stderr=open(os.path.join(tmp, "haproxy.log"), "w"))
+    time.sleep(2.5)
+    return p
+
+
+def start_nginx(tmp):
+    d = os.path.join(tmp, "nginx-proxy")
+    os.makedirs(d, exist_ok=True)
+    conf = os.path.join(d, "nginx.conf")
+    servers = "\n".join(f"    server 127.0.0.1:{p} max_fails=1 fail_timeout=10s;"
+                        for p in BACKEND_PORTS)
+    with open(conf, "w") as f:
+        f.write(f"""
+daemon off; worker_processes 1;
+pid {d}/nginx.pid; error_log {d}/error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};
+  uwsgi_temp_path {d}; scgi_temp_path {d};
+  upstream be {{
+    least_conn;
+{servers}
+    keepalive 128;
+  }}
+  server {{
+    listen 127.0.0.1:{PORTS['nginx']};
+    location / {{
+      proxy_pass http://be;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_connect_timeout 1s;
+      proxy_read_timeout {RESPONSE_TIMEOUT_S}s;
+      proxy_next_upstream error timeout;
+      proxy_next_upstream_tries 3;
+    }}
+  }}
+}}
+""")
+    p = subprocess.Popen(["nginx", "-p", d, "-c", conf, "-e", f"{d}/error.log"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.5)
+    return p
+
+
+UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+def ms(text):
+    m = re.match(r"([\d.]+)(us|ms|s|m)$", text)
+    return float(m.group(1)) * UNITS[m.group(2)] if m else float("nan")
+
+
+def parse_wrk(out):
+    r = {"rps": 0.0, "p50": float("nan"), "p99": float("nan"), "max": float("nan"),
+         "errors": 0, "requests": 0}
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("Requests/sec:"):
+            r["rps"] = float(line.split()[1])
+        elif line.startswith("Latency") and len(line.split()) >= 4:
+            r["max"] = ms(line.split()[3])
+        elif line.startswith("50%"):
+            r["p50"] = ms(line.split()[1])
+        elif line.startswith("99%"):
+            r["p99"] = ms(line.split()[1])
+        elif line.startswith("Socket errors:"):
+            r["errors"] += sum(int(x) for x in re.findall(r"\d+", line))
+        elif line.startswith("Non-2xx"):
+            r["errors"] += int(line.split()[-1])
+        elif "requests in" in line:
+            r["requests"] = int(line.split()[0])
+    return r
+
+
+def wrk(port, duration, event=None, at=None):
+    cmd = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{duration}s", "--latency", "--timeout", "30s",
+           f"http://127.0.0.1:{port}/"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if event:
+        time.sleep(at)
+        event()
+    out, _ = p.communicate(timeout=duration + 60)
+    return parse_wrk(out), out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vigil", required=True)
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--fail-duration", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="vigil-lb-bench-")
+    backends = Backends(tmp)
+    starters = {
+        "vigil": lambda: start_vigil(tmp, args.vigil),
+        "haproxy": lambda: start_haproxy(tmp),
+        "nginx": lambda: start_nginx(tmp),
+    }
+    fail_at = max(2, args.fail_duration // 5)
+    results = {name: {"normal_runs": []} for name in starters}
+    proc = None
+    try:
+        backends.start_all()
+        # Normal runs interleaved over rounds (the machine is shared: interleaving spreads
+        # background noise over all three); the median round is reported.
+        for _ in range(args.rounds):
+            for name, start in starters.items():
+                proc = start()
+                if proc.poll() is not None:
+                    sys.exit(f"{name} did not start; see {tmp}")
+                wrk(PORTS[name], 2)  # warm-up: connections to backends, caches
+                r, raw = wrk(PORTS[name], args.duration)
+                print(f"--- {name} normal\n{raw}", file=sys.stderr)
+                results[name]["normal_runs"].append(r)
+                stop(proc)
+                proc = None
+        for name, start in starters.items():
+            runs = sorted(results[name]["normal_runs"], key=lambda r: r["rps"])
+            results[name]["normal"] = runs[len(runs) // 2]
+            for scenario in ["kill", "freeze"]:
+                proc = start()
+                ev = (lambda: backends.kill(0)) if scenario == "kill" else (lambda: backends.freeze(0))
+                results[name][scenario], raw = wrk(PORTS[name], args.fail_duration, ev, fail_at)
+                print(f"--- {name} {scenario}\n{raw}", file=sys.stderr)
+                stop(proc)
+                proc = None
+                backends.restore()
+    finally:
+        stop(proc)
+        backends.stop_all()
+
+    print(f"\n## Normal run: wrk -t1 -c{CONNECTIONS} -d{args.duration}s, 4 backends, 1 worker each, "
+          f"median of {args.rounds} interleaved rounds\n")
+    print("| proxy | requests/s (median) | p50 ms | p99 ms | vigil/peer rps | vigil/peer p99 | all rounds rps |")
+    print("|---|---|---|---|---|---|---|")
+    v = results["vigil"]["normal"]
+    for name, res in results.items():
+        n = res["normal"]
+        all_rps = "/".join(f"{r['rps']:.0f}" for r in res["normal_runs"])
+        print(f"| {name} | {n['rps']:.0f} | {n['p50']:.2f} | {n['p99']:.2f} | "
+              f"{v['rps'] / n['rps']:.2f} | {v['p99'] / n['p99']:.2f} | {all_rps} |")
+    print(f"\n## Failure runs: {args.fail_duration}s, backend 0 killed (SIGKILL) or frozen "
+          f"(SIGSTOP) at t={fail_at}s; response timeout {RESPONSE_TIMEOUT_S}s for all\n")
+    print("| proxy | scenario | requests/s | throughput kept | client errors | slowest ms |")
+    print("|---|---|---|---|---|---|")
+    for name, res in results.items():
+        for scenario in ["kill", "freeze"]:
+            r = res[scenario]
+            kept = r["rps"] / res["normal"]["rps"] if res["normal"]["rps"] else float("nan")
+            print(f"| {name} | {scenario} | {r['rps']:.0f} | {kept:.0%} | {r['errors']} | {r['max']:.0f} |")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# vigil lb beside HAProxy and nginx, in one run, on this machine (not a timed test).
+#
+#   bench/lb/run.sh                 # default: 10 s normal runs, 20 s failure runs
+#   DURATION=5 FAIL_DURATION=12 ROUNDS=1 bench/lb/run.sh
+#
+# Installs nginx, haproxy and wrk from Debian if missing, builds vigil (release), starts
+# 4 tiny loopback backends (single-process nginx answering "ok"), then for each proxy
+# (vigil lb, HAProxy, nginx; 1 worker thread/process each, keep-alive to backends,
+# equivalent timeouts and active checks where the proxy has them):
+#   1. a normal wrk run: requests/s, p50, p99;
+#   2. 1 of 4 backends SIGKILLed mid-run: client errors, slowest request, throughput kept;
+#   3. 1 of 4 backends SIGSTOPped mid-run (frozen: accepts, never answers): same.
+# Prints a table with vigil's ratios to each peer. Every run is bounded in time.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+need=()
+command -v nginx >/dev/null || need+=(nginx-light)
+command -v haproxy >/dev/null || need+=(haproxy)
+command -v wrk >/dev/null || need+=(wrk)
+if ((${#need[@]})); then
+  echo "installing ${need[*]} from Debian" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null || apt-get install -y -qq nginx haproxy wrk >/dev/null
+fi
+# The Debian packages start system services on install: we run our own instances.
+systemctl stop nginx haproxy >/dev/null 2>&1 || service nginx stop >/dev/null 2>&1 || true
+service haproxy stop >/dev/null 2>&1 || true
+
+VIGIL=${VIGIL:-}
+if [[ -z "$VIGIL" ]]; then
+  cargo build --release -q -p vigil-cli
+  VIGIL=$PWD/target/release/vigil
+fi
+exec python3 bench/lb/bench.py --vigil "$VIGIL" --rounds "${ROUNDS:-3}" \
+  --duration "${DURATION:-10}" --fail-duration "${FAIL_DURATION:-20}"
