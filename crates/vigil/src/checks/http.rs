@@ -86,9 +86,13 @@ impl HttpGet {
         })
     }
 
-    /// Passes on exactly this status code (and fails on any other).
+    /// Passes on exactly this status code (and fails on any other). Panics on a number
+    /// that is not an HTTP status code (100..=999).
     pub fn expect_status(mut self, code: u16) -> Self {
-        self.expect = Expect::Status(StatusCode::from_u16(code).unwrap_or(StatusCode::OK));
+        let code = StatusCode::from_u16(code).unwrap_or_else(|_| {
+            panic!("HttpGet::expect_status: {code} is not an HTTP status code")
+        });
+        self.expect = Expect::Status(code);
         self
     }
 
