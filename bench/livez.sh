@@ -15,7 +15,11 @@
 # this nice value and its application workers are set back to WORKER_NICE (default 0),
 # so only the reserved health thread (and the process's other helper threads) run at
 # the higher priority: it then wins the CPU from saturated workers and from whatever
-# else runs on the host. HEALTH_NICE= (empty) runs everything at the default priority.
+# else runs on the host. With the kernel's autogroup scheduling on (a CFS group per
+# session), nice only ranks threads within their session, so the script re-runs itself
+# in a session of its own whose group gets the same nice value: the measured service
+# and its probes then compete with the rest of the host as one prioritised group.
+# HEALTH_NICE= (empty) runs everything at the default priority.
 # Loopback only; bounded by DURATION; the service is stopped on exit.
 set -euo pipefail
 
@@ -29,6 +33,15 @@ HEALTH_PORT=${HEALTH_PORT:-18481}
 TARGET_P99_MS=5
 if [ "$(id -u)" = 0 ]; then HEALTH_NICE=${HEALTH_NICE--10}; else HEALTH_NICE=${HEALTH_NICE-}; fi
 WORKER_NICE=${WORKER_NICE:-0}
+if [ -n "$HEALTH_NICE" ] && [ -z "${VIGIL_BENCH_SESSION:-}" ] && [ -w /proc/self/autogroup ] \
+   && command -v setsid >/dev/null; then
+  VIGIL_BENCH_SESSION=1 exec setsid --wait "$0" "$@"
+fi
+autogroup_note=""
+if [ -n "$HEALTH_NICE" ] && [ -n "${VIGIL_BENCH_SESSION:-}" ] \
+   && echo "$HEALTH_NICE" 2>/dev/null >/proc/self/autogroup; then
+  autogroup_note=", session group nice $HEALTH_NICE"
+fi
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -61,7 +74,7 @@ prio=()
 prio_note="all threads at the default priority"
 if [ -n "$HEALTH_NICE" ]; then
   prio=(nice -n "$HEALTH_NICE")
-  prio_note="health thread nice $HEALTH_NICE, application workers nice $WORKER_NICE"
+  prio_note="health thread nice $HEALTH_NICE, application workers nice $WORKER_NICE$autogroup_note"
 fi
 RUST_LOG=warn "${prio[@]}" "$bin" ${HEALTH_NICE:+--worker-nice "$WORKER_NICE"} \
   --listen "127.0.0.1:$APP_PORT" --health-listen "127.0.0.1:$HEALTH_PORT" \
