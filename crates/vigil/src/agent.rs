@@ -8,10 +8,10 @@
 //! | readiness | line | effect in HAProxy |
 //! |---|---|---|
 //! | pass | `up ready 100%` | up, full weight |
-//! | warn | `up ready 50%` | up, reduced weight (see [`AgentCheck::warn_weight`]) |
+//! | warn | `up ready 50%` | up, weight at 50% of the configured one (see [`AgentCheck::warn_weight`]) |
 //! | fail | `down #<failing checks>` | down, with the reason in the logs and stats page |
 //! | starting | `down #starting` | down until start-up checks passed once |
-//! | shutting down | `drain` | weight 0: no new connections, existing ones finish |
+//! | shutting down | `drain` | DRAIN state: no new connections, existing ones finish |
 //!
 //! `ready` in the pass/warn lines undoes an earlier `drain` (a restarted instance on the
 //! same address). Each connection gets its line and is closed at once; nothing is read.

@@ -191,3 +191,18 @@ async fn watch_on_an_unknown_service_streams_service_unknown_and_stays_open() {
         "the stream must stay open and quiet, got {more:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_turns_not_serving_when_the_checker_stalls() {
+    let mut f = start().await;
+    wait_check(&mut f.client, "", ServingStatus::Serving).await;
+    let mut watch = f.client.watch(req("")).await.unwrap().into_inner();
+    assert_eq!(next(&mut watch).await, ServingStatus::Serving);
+    // A hung checker publishes nothing more: the stream must notice the staleness itself.
+    f.health.inject_fault(vigil::CheckerFault::Hang);
+    assert_eq!(
+        next(&mut watch).await,
+        ServingStatus::NotServing,
+        "a stalled health checker must turn Watch NOT_SERVING"
+    );
+}
