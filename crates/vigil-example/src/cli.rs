@@ -29,6 +29,11 @@ pub struct Args {
     /// Reserved health listener address (its own thread and runtime).
     #[arg(long, env = "VIGIL_EXAMPLE_HEALTH_LISTEN", default_value = DEFAULT_HEALTH_LISTEN)]
     pub health_listen: SocketAddr,
+    /// HAProxy agent-check responder address (`agent-check agent-port ...`): one line
+    /// per connection, `up ready 100%` / `up ready 50%` / `down #reason` / `drain`.
+    /// Off unless given.
+    #[arg(long, env = "VIGIL_EXAMPLE_AGENT_LISTEN")]
+    pub agent_listen: Option<SocketAddr>,
     /// PostgreSQL URL. When unreachable at start, a local SQLite file is used instead.
     #[arg(long, env = "VIGIL_EXAMPLE_DB", default_value = DEFAULT_DB)]
     pub db: String,
@@ -96,6 +101,7 @@ impl Args {
         Ok(ServiceConfig {
             listen: self.listen,
             health_listen: self.health_listen,
+            agent_listen: self.agent_listen,
             db: self.db,
             sqlite_path: data_dir.join(format!("{safe_name}.sqlite")),
             data_dir,
@@ -157,8 +163,12 @@ pub fn run(args: Args) -> ExitCode {
             }
         };
         // One machine-readable line for scripts and tests (ports may be 0 = any).
+        let agent = running
+            .agent_addr
+            .map(|a| format!(" agent={a}"))
+            .unwrap_or_default();
         println!(
-            "LISTENING app=http://{} health=http://{} store={}",
+            "LISTENING app=http://{} health=http://{} store={}{agent}",
             running.app_addr, running.health_addr, running.store_kind
         );
         match running.wait().await {

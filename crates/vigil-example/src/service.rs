@@ -45,6 +45,8 @@ pub struct ServiceConfig {
     pub listen: SocketAddr,
     /// Reserved health listener.
     pub health_listen: SocketAddr,
+    /// HAProxy agent-check responder (its own thread too), if wanted.
+    pub agent_listen: Option<SocketAddr>,
     /// PostgreSQL URL.
     pub db: String,
     /// SQLite file used when PostgreSQL is unreachable at start.
@@ -183,9 +185,12 @@ pub struct Running {
     pub health: Health,
     /// Which store is in use: `postgres` or `sqlite`.
     pub store_kind: &'static str,
+    /// Where the agent-check responder listens, if started.
+    pub agent_addr: Option<SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     reserved: vigil::ReservedServer,
+    agent: Option<vigil::agent::AgentServer>,
 }
 
 impl Running {
@@ -195,6 +200,9 @@ impl Running {
     pub async fn wait(mut self) -> anyhow::Result<()> {
         let result = (&mut self.server).await;
         self.reserved.shutdown();
+        if let Some(agent) = self.agent {
+            agent.shutdown();
+        }
         result??;
         tracing::info!("stopped");
         Ok(())
@@ -317,6 +325,14 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
         .layer(health.shed_layer(config.max_in_flight));
 
     let reserved = health.serve_reserved(config.health_listen)?;
+    let agent = match config.agent_listen {
+        Some(addr) => {
+            let agent = vigil::agent::AgentCheck::new(&health).serve_reserved(addr)?;
+            tracing::info!(addr = %agent.local_addr(), "HAProxy agent-check responder");
+            Some(agent)
+        }
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     let app_addr = listener.local_addr()?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -341,9 +357,11 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
         health_addr: reserved.local_addr(),
         health,
         store_kind: store.kind(),
+        agent_addr: agent.as_ref().map(|a| a.local_addr()),
         stop: Some(stop_tx),
         server,
         reserved,
+        agent,
     })
 }
 

@@ -11,6 +11,7 @@ fn config(dir: &std::path::Path, db: &str) -> ServiceConfig {
     ServiceConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         health_listen: "127.0.0.1:0".parse().unwrap(),
+        agent_listen: Some("127.0.0.1:0".parse().unwrap()),
         db: db.into(),
         sqlite_path: dir.join("fallback.sqlite"),
         data_dir: dir.to_path_buf(),
@@ -85,6 +86,15 @@ impl Svc {
     }
 }
 
+/// The one line the agent-check responder writes.
+async fn agent_line(addr: std::net::SocketAddr) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut line = String::new();
+    stream.read_to_string(&mut line).await.unwrap();
+    line
+}
+
 fn status_of(body: &str) -> String {
     let v: serde_json::Value = serde_json::from_str(body).unwrap();
     v["status"].as_str().unwrap().to_string()
@@ -140,6 +150,11 @@ async fn database_down_warns_and_reads_come_from_the_cache() {
         code, 200,
         "a degraded server stays ready: load balancers keep it"
     );
+    assert_eq!(
+        agent_line(s.running.agent_addr.unwrap()).await,
+        "up ready 100%\n",
+        "the agent follows readiness, not the dependency"
+    );
 
     let (code, body) = s.get(&format!("{}/items/3", s.app)).await;
     assert_eq!(code, 200);
@@ -182,6 +197,11 @@ async fn disk_fault_fails_readiness_until_cleared() {
         .await;
     assert_eq!(check_status(&body, "disk:free"), "fail");
     assert!(body.contains("below the fail level 100%"), "{body}");
+    let line = agent_line(s.running.agent_addr.unwrap()).await;
+    assert!(
+        line.starts_with("down #") && line.contains("disk:free"),
+        "HAProxy is told why: {line:?}"
+    );
     s.post("/fault/disk?on=false").await;
     s.wait(&format!("{}/readyz", s.health), |c, _| c == 200)
         .await;
