@@ -39,6 +39,7 @@ struct Opts {
     warmup: u64,
     vigil: PathBuf,
     core: String,
+    keep_alive: bool,
 }
 
 fn opts() -> Opts {
@@ -49,6 +50,7 @@ fn opts() -> Opts {
         warmup: 10,
         vigil: PathBuf::from("target/release/vigil"),
         core: "0".into(),
+        keep_alive: true,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -61,6 +63,7 @@ fn opts() -> Opts {
             "--warmup" => o.warmup = v().parse().expect("--warmup N"),
             "--vigil" => o.vigil = PathBuf::from(v()),
             "--core" => o.core = v(),
+            "--no-keep-alive" => o.keep_alive = false,
             other => panic!("unknown flag {other}"),
         }
     }
@@ -191,8 +194,9 @@ fn main() {
     std::fs::write(
         dir.path().join("fleet.toml"),
         format!(
-            "listen = \"127.0.0.1:{listen}\"\ndata_dir = \"data\"\n[probe]\ninterval = \"{}\"\ntimeout = \"2s\"\nconcurrency = 1024\n[guard]\ngrace = \"0s\"\n[discovery]\npath = \"targets.json\"\n",
-            humantime::format_duration(o.interval)
+            "listen = \"127.0.0.1:{listen}\"\ndata_dir = \"data\"\n[probe]\ninterval = \"{}\"\ntimeout = \"2s\"\nconcurrency = 1024\nkeep_alive = {}\n[guard]\ngrace = \"0s\"\n[discovery]\npath = \"targets.json\"\n",
+            humantime::format_duration(o.interval),
+            o.keep_alive
         ),
     )
     .unwrap();

@@ -187,7 +187,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
     tasks.spawn(scheduler::run(
         plan_rx.clone(),
         engine_tx.clone(),
-        Prober::new(),
+        Prober::new(cfg.probe.keep_alive),
         heartbeats.clone(),
         metrics.clone(),
         shutdown_rx.clone(),

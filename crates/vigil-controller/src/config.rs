@@ -42,8 +42,12 @@ pub const DEFAULT_ACTUATOR_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default snapshot interval of the guard state: 30 s (the op log in between is
 /// replayed on restart, so this only bounds the replay).
 pub const DEFAULT_SNAPSHOT_EVERY: Duration = Duration::from_secs(30);
-/// Default number of recent probes kept per target in memory for the API: 20.
-pub const DEFAULT_HISTORY: usize = 20;
+/// Default number of recent probes kept per target in memory for the API: 10, enough
+/// to see a flap pattern; each costs about 80 bytes per target.
+pub const DEFAULT_HISTORY: usize = 10;
+/// Default: keep probe connections open between probes (one pooled connection per
+/// target): cheapest in CPU and kinder to targets than a new connection per probe.
+pub const DEFAULT_KEEP_ALIVE: bool = true;
 
 /// The whole configuration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -107,8 +111,12 @@ pub struct ProbeConfig {
     pub path: String,
     /// Largest body read. Defaults to 64 KiB.
     pub max_body: usize,
-    /// Recent probes kept per target for the API. Defaults to 20.
+    /// Recent probes kept per target for the API. Defaults to 10.
     pub history: usize,
+    /// Keep a pooled connection per target between probes (true), or connect for every
+    /// probe (false: less memory per target, more CPU). Needs a restart to change.
+    /// Defaults to true.
+    pub keep_alive: bool,
 }
 
 impl Default for ProbeConfig {
@@ -121,6 +129,7 @@ impl Default for ProbeConfig {
             path: DEFAULT_PROBE_PATH.to_string(),
             max_body: DEFAULT_MAX_BODY,
             history: DEFAULT_HISTORY,
+            keep_alive: DEFAULT_KEEP_ALIVE,
         }
     }
 }

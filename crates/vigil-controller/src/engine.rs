@@ -214,11 +214,23 @@ pub struct HoldInfo {
 struct Snapshot {
     config: GuardConfig,
     state: GuardState,
+    /// Guard time of the snapshot (ns): the clock never restarts earlier than this.
+    #[serde(default)]
+    at: u64,
+}
+
+/// [`Snapshot`] as written.
+#[derive(Serialize)]
+struct SnapshotRef<'a> {
+    config: &'a GuardConfig,
+    state: &'a GuardState,
+    at: u64,
 }
 
 struct TargetRuntime {
     spec: TargetConfig,
-    state: String,
+    /// Display state ("" until first computed).
+    state: &'static str,
     history: VecDeque<ProbeRecord>,
 }
 
@@ -271,6 +283,7 @@ impl Engine {
                         "the store's guard snapshot does not parse ({e}); refusing to start with a reset budget"
                     )
                 })?;
+                latest = Time::from_elapsed(Duration::from_nanos(snap.at));
                 SafetyGuard::restore(snap.config, snap.state)
             }
             None => SafetyGuard::new(config.guard.clone()),
@@ -339,7 +352,7 @@ impl Engine {
                         group: String::new(),
                         heartbeat: false,
                     },
-                    state: String::new(),
+                    state: "",
                     history: VecDeque::new(),
                 },
             );
@@ -547,7 +560,7 @@ impl Engine {
                 .entry(id.clone())
                 .or_insert_with(|| TargetRuntime {
                     spec: spec.clone(),
-                    state: String::new(),
+                    state: "",
                     history: VecDeque::new(),
                 });
             rt.spec = spec.clone();
@@ -613,19 +626,19 @@ impl Engine {
         let Some(view) = self.guard.target(now, id) else {
             return;
         };
-        let state = display_state(&view).to_string();
-        let detail = describe(&view);
+        let state = display_state(&view);
         let Some(rt) = self.runtime.get_mut(id) else {
             return;
         };
         if rt.state != state {
+            let detail = describe(&view);
             if !rt.state.is_empty() {
                 tracing::info!(target_id = %id, from = %rt.state, to = %state, detail = %detail, "target state changed");
                 self.batch.transitions.push(NewTransition {
                     at_ms: unix_ms(now),
                     target: id.to_string(),
-                    from: rt.state.clone(),
-                    to: state.clone(),
+                    from: rt.state.to_string(),
+                    to: state.to_string(),
                     detail,
                 });
             }
@@ -674,9 +687,12 @@ impl Engine {
     }
 
     fn snapshot(&mut self) {
-        let snap = Snapshot {
-            config: self.guard.config().clone(),
-            state: self.guard.state().clone(),
+        // Serialised from references: cloning a large fleet's state first would double
+        // its memory for a moment, and the allocator keeps such peaks.
+        let snap = SnapshotRef {
+            config: self.guard.config(),
+            state: self.guard.state(),
+            at: nanos(self.clock.now()),
         };
         let text = serde_json::to_string(&snap).expect("guard state serialises");
         self.batch.snapshot = Some((text, unix_ms(self.clock.now())));

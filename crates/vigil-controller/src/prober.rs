@@ -15,6 +15,10 @@ use vigil_core::guard::Observation;
 /// interval would keep every connection warm forever on a 10 s interval; 90 s matches
 /// hyper's default and most servers' keep-alive timeouts.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Read buffer per connection: health answers are small, and hyper's adaptive buffer
+/// starts at 8 KiB per pooled connection (growing up to ~400 KiB); a fixed 4 KiB keeps
+/// an idle connection cheap. Larger answers are simply read in several chunks.
+const READ_BUFFER: usize = 4096;
 
 /// One probe, as the API and dashboard show it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -28,7 +32,7 @@ pub struct ProbeRecord {
     /// HTTP status, if any came back.
     pub status: Option<u16>,
     /// The report's status (`pass`, `warn`, `fail`) if it parsed.
-    pub health: Option<String>,
+    pub health: Option<vigil_core::Status>,
     /// What failed: the error, or the failing checks.
     pub detail: String,
 }
@@ -41,19 +45,25 @@ pub struct Prober {
 
 impl Default for Prober {
     fn default() -> Self {
-        Self::new()
+        Self::new(true)
     }
 }
 
 impl Prober {
-    /// A prober with its own connection pool.
-    pub fn new() -> Prober {
+    /// A prober with its own connection pool; without `keep_alive`, every probe opens
+    /// (and closes) its own connection.
+    pub fn new(keep_alive: bool) -> Prober {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
+            .http1_read_buf_exact_size(READ_BUFFER);
+        if !keep_alive {
+            builder.pool_max_idle_per_host(0);
+        }
+        let client = builder.build(connector);
         Prober { client }
     }
 
@@ -95,7 +105,7 @@ impl Prober {
                     match HealthReport::parse(&body) {
                         Err(e) => fail(&mut record, format!("garbage health response: {e}")),
                         Ok(report) => {
-                            record.health = Some(report.status.as_str().to_string());
+                            record.health = Some(report.status);
                             let obs = Observation::from_report(target, zone, &report);
                             if obs.endpoint_failed {
                                 record.detail = "status fail without a failing check".into();

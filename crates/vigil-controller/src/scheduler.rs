@@ -188,7 +188,7 @@ fn judge_heartbeat(
         }
         Some(b) => match &b.report {
             Some(r) => {
-                record.health = Some(r.status.as_str().to_string());
+                record.health = Some(r.status);
                 let o = Observation::from_report(&spec.id, &spec.zone, r);
                 if !o.failing_checks.is_empty() {
                     record.detail = format!("failing: {}", o.failing_checks.join(", "));
