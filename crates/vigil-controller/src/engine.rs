@@ -229,6 +229,8 @@ struct SnapshotRef<'a> {
 
 struct TargetRuntime {
     spec: TargetConfig,
+    /// Its `target_up` metric labels.
+    labels: crate::metrics::Labels,
     /// Display state ("" until first computed).
     state: &'static str,
     history: VecDeque<ProbeRecord>,
@@ -345,6 +347,7 @@ impl Engine {
             engine.runtime.insert(
                 id.clone(),
                 TargetRuntime {
+                    labels: Metrics::target_labels(&id, &zone),
                     spec: TargetConfig {
                         id,
                         url: String::new(),
@@ -419,7 +422,7 @@ impl Engine {
                     return; // Removed while the probe was in flight.
                 };
                 self.metrics
-                    .probe(&id, &rt.spec.zone, record.ok, record.duration_ms / 1000.0);
+                    .probe(&rt.labels, record.ok, record.duration_ms / 1000.0);
                 rt.history.push_back(record);
                 while rt.history.len() > self.config.probe.history.max(1) {
                     rt.history.pop_front();
@@ -534,7 +537,7 @@ impl Engine {
             let at = nanos(self.clock.now());
             self.op(GuardOp::Remove { at, id: id.clone() }, None);
             if let Some(rt) = self.runtime.remove(&id) {
-                self.metrics.forget(&id, &rt.spec.zone);
+                self.metrics.forget(&rt.labels);
                 tracing::info!(target_id = %id, "target removed; forgotten");
             }
         }
@@ -559,10 +562,15 @@ impl Engine {
                 .runtime
                 .entry(id.clone())
                 .or_insert_with(|| TargetRuntime {
+                    labels: Metrics::target_labels(id, &spec.zone),
                     spec: spec.clone(),
                     state: "",
                     history: VecDeque::new(),
                 });
+            if rt.spec.zone != spec.zone {
+                self.metrics.forget(&rt.labels);
+                rt.labels = Metrics::target_labels(id, &spec.zone);
+            }
             rt.spec = spec.clone();
         }
         let plan = Plan {

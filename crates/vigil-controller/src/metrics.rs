@@ -11,7 +11,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-type Labels = Vec<(&'static str, String)>;
+/// A metric's labels.
+pub type Labels = Vec<(&'static str, String)>;
 
 /// Probe duration buckets (seconds): from a fast loopback answer to the timeout.
 const PROBE_BUCKETS: [f64; 12] = [
@@ -31,6 +32,8 @@ pub struct Metrics {
     unhealthy: Gauge,
     targets: Gauge,
     schedule_lag: Histogram,
+    ok: Labels,
+    fail: Labels,
 }
 
 impl Default for Metrics {
@@ -108,32 +111,27 @@ impl Metrics {
             unhealthy,
             targets,
             schedule_lag,
+            ok: vec![("result", "ok".to_string())],
+            fail: vec![("result", "fail".to_string())],
         }
     }
 
+    /// The `target_up` labels of a target (built once per target, reused per probe).
+    pub fn target_labels(target: &str, zone: &str) -> Labels {
+        vec![("target", target.to_string()), ("zone", zone.to_string())]
+    }
+
     /// Records a probe.
-    pub fn probe(&self, target: &str, zone: &str, ok: bool, seconds: f64) {
-        let result = if ok { "ok" } else { "fail" };
-        self.target_up
-            .get_or_create(&vec![
-                ("target", target.to_string()),
-                ("zone", zone.to_string()),
-            ])
-            .set(i64::from(ok));
-        self.probe_duration
-            .get_or_create(&vec![("result", result.to_string())])
-            .observe(seconds);
-        self.probes
-            .get_or_create(&vec![("result", result.to_string())])
-            .inc();
+    pub fn probe(&self, target: &Labels, ok: bool, seconds: f64) {
+        let result = if ok { &self.ok } else { &self.fail };
+        self.target_up.get_or_create(target).set(i64::from(ok));
+        self.probe_duration.get_or_create(result).observe(seconds);
+        self.probes.get_or_create(result).inc();
     }
 
     /// Forgets a removed target's series.
-    pub fn forget(&self, target: &str, zone: &str) {
-        self.target_up.remove(&vec![
-            ("target", target.to_string()),
-            ("zone", zone.to_string()),
-        ]);
+    pub fn forget(&self, target: &Labels) {
+        self.target_up.remove(target);
     }
 
     /// Records a decision.

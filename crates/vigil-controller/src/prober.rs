@@ -72,12 +72,12 @@ impl Prober {
         &self,
         target: &str,
         zone: &str,
-        url: &str,
+        uri: http::Uri,
         timeout: Duration,
         max_body: usize,
     ) -> (Observation, ProbeRecord) {
         let started = Instant::now();
-        let result = tokio::time::timeout(timeout, self.fetch(url, max_body)).await;
+        let result = tokio::time::timeout(timeout, self.fetch(uri, max_body)).await;
         let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
         let mut record = ProbeRecord {
             at_ms: crate::clock::wall_ms(),
@@ -123,8 +123,21 @@ impl Prober {
         (obs, record)
     }
 
-    async fn fetch(&self, url: &str, max_body: usize) -> Result<(u16, Bytes), String> {
-        let uri: http::Uri = url.parse().map_err(|e| format!("bad URL {url:?}: {e}"))?;
+    /// The observation for a target whose URL does not parse (config validation makes
+    /// this unreachable for configured targets; it is a failure, never a panic).
+    pub fn bad_url(target: &str, zone: &str, url: &str) -> (Observation, ProbeRecord) {
+        let record = ProbeRecord {
+            at_ms: crate::clock::wall_ms(),
+            ok: false,
+            duration_ms: 0.0,
+            status: None,
+            health: None,
+            detail: format!("bad URL {url:?}"),
+        };
+        (Observation::endpoint_failure(target, zone), record)
+    }
+
+    async fn fetch(&self, uri: http::Uri, max_body: usize) -> Result<(u16, Bytes), String> {
         let req = http::Request::get(uri)
             .header(
                 http::header::ACCEPT,

@@ -56,8 +56,20 @@ impl Heartbeats {
 }
 
 struct Entry {
-    spec: TargetConfig,
+    spec: Arc<TargetConfig>,
+    /// The probe URL, parsed once per plan (None for heartbeat targets or a URL that
+    /// does not parse: the probe then reports it).
+    uri: Option<http::Uri>,
     epoch: u64,
+}
+
+fn probe_uri(spec: &TargetConfig, path: &str) -> Option<http::Uri> {
+    if spec.heartbeat {
+        return None;
+    }
+    format!("{}{}", spec.url.trim_end_matches('/'), path)
+        .parse()
+        .ok()
 }
 
 /// Runs the scheduler until `shutdown` flips or the engine is gone.
@@ -81,10 +93,16 @@ pub async fn run(
             replan = false;
             let now = Instant::now();
             let interval = plan.probe.interval;
-            entries.retain(|id, _| plan.targets.iter().any(|t| &t.id == id));
-            heartbeats.retain(|id| plan.targets.iter().any(|t| t.id == id && t.heartbeat));
+            let wanted: HashMap<&str, &TargetConfig> =
+                plan.targets.iter().map(|t| (t.id.as_str(), t)).collect();
+            entries.retain(|id, _| wanted.contains_key(id.as_str()));
+            heartbeats.retain(|id| wanted.get(id).is_some_and(|t| t.heartbeat));
             for t in &plan.targets {
-                if entries.get(&t.id).is_some_and(|e| e.spec == *t) {
+                if let Some(e) = entries.get_mut(&t.id)
+                    && *e.spec == *t
+                {
+                    // Same target; the probe path may have changed with the plan.
+                    e.uri = probe_uri(t, &plan.probe.path);
                     continue;
                 }
                 epoch += 1;
@@ -92,7 +110,8 @@ pub async fn run(
                 entries.insert(
                     t.id.clone(),
                     Entry {
-                        spec: t.clone(),
+                        spec: Arc::new(t.clone()),
+                        uri: probe_uri(t, &plan.probe.path),
                         epoch,
                     },
                 );
@@ -126,6 +145,7 @@ pub async fn run(
                     continue; // removed or replaced
                 };
                 let spec = entry.spec.clone();
+                let uri = entry.uri.clone();
                 let now = Instant::now();
                 metrics.lag(now.saturating_duration_since(due).as_secs_f64());
                 let interval = plan.probe.interval;
@@ -134,7 +154,7 @@ pub async fn run(
                 heap.push(Reverse((base + interval.mul_f64(1.0 + jitter), ep, id)));
                 if spec.heartbeat {
                     let (obs, record) = judge_heartbeat(&spec, heartbeats.get(&spec.id), plan.heartbeat_ttl);
-                    if engine.send(Command::Probe { id: spec.id, obs, record }).await.is_err() {
+                    if engine.send(Command::Probe { id: spec.id.clone(), obs, record }).await.is_err() {
                         break;
                     }
                     continue;
@@ -146,13 +166,15 @@ pub async fn run(
                     p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
                 };
                 let (prober, engine) = (prober.clone(), engine.clone());
-                let url = format!("{}{}", spec.url.trim_end_matches('/'), plan.probe.path);
                 let (timeout, max_body) = (plan.probe.timeout, plan.probe.max_body);
                 tasks.spawn(async move {
-                    let (obs, record) = prober.probe(&spec.id, &spec.zone, &url, timeout, max_body).await;
+                    let (obs, record) = match uri {
+                        Some(uri) => prober.probe(&spec.id, &spec.zone, uri, timeout, max_body).await,
+                        None => Prober::bad_url(&spec.id, &spec.zone, &spec.url),
+                    };
                     drop(permit);
                     // The engine is gone only at shutdown: the probe in flight is lost, by design.
-                    let _ = engine.send(Command::Probe { id: spec.id, obs, record }).await;
+                    let _ = engine.send(Command::Probe { id: spec.id.clone(), obs, record }).await;
                 });
             }
         }
