@@ -24,6 +24,10 @@ pub const DEFAULT_WARN_PERCENT: f64 = 80.0;
 /// Default fail level: 100% of capacity: every worker is taken, a new request queues;
 /// the load balancer should send it elsewhere.
 pub const DEFAULT_FAIL_PERCENT: f64 = 100.0;
+/// Default fail level of [`Saturation::runtime_busy`]: 95%. A runtime busy all the time
+/// reads a little under 100% (the check's own sampling, parking between polls), so a
+/// level of 100 would never be reached by a saturated runtime.
+pub const DEFAULT_RUNTIME_BUSY_FAIL_PERCENT: f64 = 95.0;
 
 /// Counts requests in flight; cheap to clone, shared by the app and the check.
 #[derive(Clone, Debug, Default)]
@@ -111,9 +115,11 @@ impl Saturation {
     /// Grades the application requests in flight through a [`ShedLayer`](crate::ShedLayer)
     /// (`health.shed_layer(n)` then `layer.stats()`) against its limit.
     pub fn shed(stats: Arc<ShedStats>) -> Self {
-        let mut s = Self::in_flight(1);
-        s.mechanism = Mechanism::Shed(stats);
-        s
+        Saturation {
+            mechanism: Mechanism::Shed(stats),
+            warn_percent: Some(DEFAULT_WARN_PERCENT),
+            fail_percent: DEFAULT_FAIL_PERCENT,
+        }
     }
 
     /// Grades the busy share of the runtime behind `handle` between two checks. The
@@ -125,9 +131,7 @@ impl Saturation {
                 last: Mutex::new(None),
             },
             warn_percent: Some(DEFAULT_WARN_PERCENT),
-            // A runtime busy 100% of the time cannot be observed as more: fail a bit
-            // below so a saturated runtime actually fails.
-            fail_percent: 95.0,
+            fail_percent: DEFAULT_RUNTIME_BUSY_FAIL_PERCENT,
         }
     }
 
