@@ -503,3 +503,33 @@ async fn heartbeat_targets_fail_when_heartbeats_stop() {
         "{t}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_target_is_not_judged_during_its_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = backends(5);
+    bs[0].set_check("disk:free", Status::Fail);
+    let cfg = (base_config("") + &targets_toml(&bs)).replace("grace = \"0s\"", "grace = \"5s\"");
+    let c = Controller::start(dir.path(), &cfg);
+    // Failing from the first probe, yet in grace: shown as such, nothing decided.
+    let t = c.get("/api/targets/t0").await["target"].clone();
+    assert_eq!(t["state"], "grace", "{t}");
+    assert!(c.decisions().await.is_empty());
+    assert!(c.actions().await.is_empty());
+    // After the grace period it is judged like any other.
+    let a = c
+        .wait_for("an action on t0 after grace", || async {
+            let a = c.actions().await;
+            (!a.is_empty()).then_some(a)
+        })
+        .await;
+    assert_eq!(acts(&a), ["t0"]);
+    let waited = a[0]["created_ms"].as_i64().unwrap();
+    let started = c.get("/api/targets/t0").await["transitions"]
+        .as_array()
+        .unwrap()
+        .last()
+        .map(|t| t["at_ms"].as_i64().unwrap())
+        .unwrap();
+    assert!(waited >= started, "acted only after leaving grace");
+}
