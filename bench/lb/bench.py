@@ -133,7 +133,7 @@ enabled = true
 """)
     log = open(os.path.join(tmp, "vigil.log"), "w")
     p = subprocess.Popen([vigil, "lb", "-c", conf], stdout=subprocess.DEVNULL, stderr=log,
-                         env=dict(os.environ, RUST_LOG="warn"))
+                         env=dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn")))
     # New targets are unknown until 2 checks pass (about 1 s).
     time.sleep(2.5)
     return p
@@ -242,15 +242,37 @@ def parse_wrk(out):
     return r
 
 
-def wrk(port, duration, event=None, at=None):
+def tree_cpu_seconds(pid):
+    """User + system CPU time of a process and its children (nginx's worker)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields[1] is ppid; utime and stime are fields 14 and 15 of stat (1-based).
+        if int(entry) == pid or int(fields[1]) == pid:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def wrk(port, duration, event=None, at=None, pid=None):
     cmd = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{duration}s", "--latency", "--timeout", "30s",
            f"http://127.0.0.1:{port}/"]
+    cpu0 = tree_cpu_seconds(pid) if pid else 0.0
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if event:
         time.sleep(at)
         event()
     out, _ = p.communicate(timeout=duration + 60)
-    return parse_wrk(out), out
+    r = parse_wrk(out)
+    if pid and r["requests"]:
+        r["cpu_us"] = (tree_cpu_seconds(pid) - cpu0) / r["requests"] * 1e6
+    return r, out
 
 
 def main():
@@ -259,6 +281,8 @@ def main():
     ap.add_argument("--duration", type=int, default=10)
     ap.add_argument("--fail-duration", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default="vigil,haproxy,nginx", help="proxies to run")
+    ap.add_argument("--no-failures", action="store_true", help="normal runs only")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="vigil-lb-bench-")
     backends = Backends(tmp)
@@ -267,6 +291,7 @@ def main():
         "haproxy": lambda: start_haproxy(tmp),
         "nginx": lambda: start_nginx(tmp),
     }
+    starters = {k: v for k, v in starters.items() if k in args.only.split(",")}
     fail_at = max(2, args.fail_duration // 5)
     results = {name: {"normal_runs": []} for name in starters}
     proc = None
@@ -280,7 +305,7 @@ def main():
                 if proc.poll() is not None:
                     sys.exit(f"{name} did not start; see {tmp}")
                 wrk(PORTS[name], 2)  # warm-up: connections to backends, caches
-                r, raw = wrk(PORTS[name], args.duration)
+                r, raw = wrk(PORTS[name], args.duration, pid=proc.pid)
                 print(f"--- {name} normal\n{raw}", file=sys.stderr)
                 results[name]["normal_runs"].append(r)
                 stop(proc)
@@ -288,7 +313,7 @@ def main():
         for name, start in starters.items():
             runs = sorted(results[name]["normal_runs"], key=lambda r: r["rps"])
             results[name]["normal"] = runs[len(runs) // 2]
-            for scenario in ["kill", "freeze"]:
+            for scenario in [] if args.no_failures else ["kill", "freeze"]:
                 proc = start()
                 ev = (lambda: backends.kill(0)) if scenario == "kill" else (lambda: backends.freeze(0))
                 results[name][scenario], raw = wrk(PORTS[name], args.fail_duration, ev, fail_at)
@@ -302,20 +327,23 @@ def main():
 
     print(f"\n## Normal run: wrk -t1 -c{CONNECTIONS} -d{args.duration}s, 4 backends, 1 worker each, "
           f"median of {args.rounds} interleaved rounds\n")
-    print("| proxy | requests/s (median) | p50 ms | p99 ms | vigil/peer rps | vigil/peer p99 | all rounds rps |")
-    print("|---|---|---|---|---|---|---|")
-    v = results["vigil"]["normal"]
+    print("| proxy | requests/s (median) | p50 ms | p99 ms | CPU us/request | vigil/peer rps | vigil/peer p99 | all rounds rps |")
+    print("|---|---|---|---|---|---|---|---|")
+    v = results.get("vigil", next(iter(results.values())))["normal"]
     for name, res in results.items():
         n = res["normal"]
         all_rps = "/".join(f"{r['rps']:.0f}" for r in res["normal_runs"])
-        print(f"| {name} | {n['rps']:.0f} | {n['p50']:.2f} | {n['p99']:.2f} | "
+        cpu = sorted(r.get("cpu_us", float("nan")) for r in res["normal_runs"])[len(res["normal_runs"]) // 2]
+        print(f"| {name} | {n['rps']:.0f} | {n['p50']:.2f} | {n['p99']:.2f} | {cpu:.1f} | "
               f"{v['rps'] / n['rps']:.2f} | {v['p99'] / n['p99']:.2f} | {all_rps} |")
+    print("\nCPU us/request: user+system CPU of the proxy (and its workers) per request, "
+          "median round; less sensitive than requests/s to other load on the machine.")
     print(f"\n## Failure runs: {args.fail_duration}s, backend 0 killed (SIGKILL) or frozen "
           f"(SIGSTOP) at t={fail_at}s; response timeout {RESPONSE_TIMEOUT_S}s for all\n")
     print("| proxy | scenario | requests/s | throughput kept | client errors | slowest ms |")
     print("|---|---|---|---|---|---|")
     for name, res in results.items():
-        for scenario in ["kill", "freeze"]:
+        for scenario in [x for x in ["kill", "freeze"] if x in res]:
             r = res[scenario]
             kept = r["rps"] / res["normal"]["rps"] if res["normal"]["rps"] else float("nan")
             print(f"| {name} | {scenario} | {r['rps']:.0f} | {kept:.0%} | {r['errors']} | {r['max']:.0f} |")

@@ -168,7 +168,7 @@ impl Lb {
         self.wait_admin(Duration::from_secs(20), "every target in service", |v| {
             v["pools"][pool]["targets"]
                 .as_array()
-                .is_some_and(|ts| ts.iter().all(|t| in_service(t)))
+                .is_some_and(|ts| ts.iter().all(in_service))
         })
         .await;
     }
@@ -267,8 +267,7 @@ impl Load {
         for t in self.tasks {
             t.await.expect("load task");
         }
-        let s = self.samples.lock().unwrap().clone();
-        s
+        self.samples.lock().unwrap().clone()
     }
 }
 

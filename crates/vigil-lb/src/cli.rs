@@ -67,9 +67,15 @@ pub fn run(args: Args) -> ExitCode {
                     return ExitCode::from(EXIT_BAD_CONFIG);
                 }
             };
-            let mut rt = tokio::runtime::Builder::new_multi_thread();
+            // One worker: a current-thread runtime does the same work without the
+            // multi-thread scheduler's cross-thread bookkeeping.
+            let mut rt = if config.workers == 1 {
+                tokio::runtime::Builder::new_current_thread()
+            } else {
+                tokio::runtime::Builder::new_multi_thread()
+            };
             rt.enable_all().thread_name("vigil-lb");
-            if config.workers > 0 {
+            if config.workers > 1 {
                 rt.worker_threads(config.workers);
             }
             let rt = match rt.build() {
