@@ -139,3 +139,40 @@ async fn exec_runs_the_command_with_the_target_in_its_environment() {
         "the command saw the target"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_stuck_webhook_exits_cleanly_and_the_action_resumes_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = backends(5);
+    // Nothing listens on port 1: every attempt fails, with long backoffs in between.
+    let cfg = base_config(
+        "[actuator]\nkind = \"webhook\"\n[actuator.webhook]\nurl = \"http://127.0.0.1:1/\"\nretries = 100\nbackoff = \"2s\"\n",
+    ) + &targets_toml(&bs);
+    let c = Controller::start(dir.path(), &cfg);
+    c.wait_all(5, "healthy").await;
+    bs[0].set_check("disk:free", Status::Fail);
+    c.wait_for("an action attempted", || async {
+        c.actions()
+            .await
+            .iter()
+            .any(|a| a["state"] == "intended" && a["attempts"] == 1)
+            .then_some(())
+    })
+    .await;
+    let status = tokio::task::spawn_blocking(move || c.sigterm())
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "SIGTERM must exit 0 even with an action stuck: {status}"
+    );
+    let c = Controller::start_existing(dir.path());
+    c.wait_for("the action resumed", || async {
+        c.logs()
+            .contains("resuming an action left intended by the last run")
+            .then_some(())
+    })
+    .await;
+    let a = c.actions().await;
+    assert_eq!(a.len(), 1, "resumed, not duplicated: {a:#?}");
+}

@@ -109,7 +109,10 @@ fn daemon(path: &Path) -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    match rt.block_on(serve(path.to_path_buf(), cfg)) {
+    let result = rt.block_on(serve(path.to_path_buf(), cfg));
+    // Tasks cut short by the drain grace must not hold the exit up.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -262,18 +265,25 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
     drop(engine_tx);
     drop(actions_tx);
     tasks.close();
-    if tokio::time::timeout(DRAIN_GRACE, tasks.wait())
+    let drained = tokio::time::timeout(DRAIN_GRACE, tasks.wait())
         .await
-        .is_err()
-    {
+        .is_ok();
+    drop(store);
+    if drained {
+        // Every handle is gone: the store thread finishes its queue and exits.
+        if !matches!(
+            tokio::task::spawn_blocking(move || store_thread.join()).await,
+            Ok(Ok(()))
+        ) {
+            tracing::error!("store thread panicked");
+        }
+    } else {
+        // A task cut short still holds a store handle; its thread dies with the
+        // process. Everything committed is on disk already.
         tracing::warn!(
             "drain grace ran out: unfinished actions stay intended and run after a restart"
         );
     }
-    drop(store);
-    // The store thread exits once every handle is gone; tasks cut short may still hold
-    // one, so do not wait for it beyond the grace.
-    let _ = tokio::task::spawn_blocking(move || store_thread.join()).await;
     tracing::info!("vigil controller stopped");
     Ok(())
 }
