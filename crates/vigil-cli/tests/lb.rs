@@ -277,10 +277,26 @@ fn failures(samples: &[Sample]) -> Vec<&Sample> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_killed_backend_is_ejected_in_time_and_no_request_fails_after() {
+    killed_backend_scenario(true).await;
+}
+
+/// The detection bound is the active checker's: with outlier detection off, the
+/// checks alone take the dead target out in time, and retries cover the meantime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_killed_backend_is_found_by_active_checks_alone_within_the_bound() {
+    killed_backend_scenario(false).await;
+}
+
+async fn killed_backend_scenario(outlier_detection: bool) {
     let mut backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
     let refs: Vec<&Backend> = backends.iter().collect();
+    let outlier = if outlier_detection {
+        ""
+    } else {
+        "[pools.api.outlier]\nconsecutive_5xx = 0\nconsecutive_gateway_errors = 0\n"
+    };
     let lb = Lb::start(&format!(
-        "[pools.api]\n{}\nslow_start_window = \"0s\"\n[pools.api.health_check]\n{FAST_CHECKS}",
+        "[pools.api]\n{}\nslow_start_window = \"0s\"\n{outlier}[pools.api.health_check]\n{FAST_CHECKS}",
         targets_toml(&refs)
     ))
     .await;
@@ -298,6 +314,10 @@ async fn heavy_killed_backend_is_ejected_in_time_and_no_request_fails_after() {
     let ejected_at = loop {
         let s = lb.state_of("api", victim).await;
         if s == "unhealthy" || s == "ejected" {
+            assert!(
+                outlier_detection || s == "unhealthy",
+                "with outlier detection off only the checks act: {s}"
+            );
             break Instant::now();
         }
         assert!(Instant::now() < deadline, "killed target still {s}");
@@ -330,9 +350,15 @@ async fn heavy_killed_backend_is_ejected_in_time_and_no_request_fails_after() {
         "the state change must be logged with the target: {log}"
     );
     eprintln!(
-        "killed target out after {detection:?} (bound {bound:?}); {} requests, 0 failed",
+        "killed target out after {detection:?} (bound {bound:?}, outlier detection {outlier_detection}); {} requests, 0 failed",
         samples.len()
     );
+    if !outlier_detection {
+        assert!(
+            detection <= bound + Duration::from_millis(1500),
+            "the checks must find a dead target within interval x unhealthy_threshold + timeout (+ slack): {detection:?} > {bound:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -731,4 +757,96 @@ fn check_config_accepts_the_example_and_rejects_with_file_line_key() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "no config is a usage error");
+}
+
+/// A backend that answers 200 to everything (health checks included), records every
+/// request head it receives, and sends hop-by-hop headers of its own.
+async fn capturing_backend() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let end = loop {
+                        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break p + 4;
+                        }
+                        match c.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    buf.drain(..end);
+                    log.lock().unwrap().push(head);
+                    let resp = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\
+                                connection: keep-alive, x-internal\r\nkeep-alive: timeout=5\r\n\
+                                x-internal: secret\r\nx-app: kept\r\n\r\nok";
+                    if c.write_all(resp.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers_are_added_and_hop_by_hop_headers_removed_both_ways() {
+    let (addr, seen) = capturing_backend().await;
+    let lb = Lb::start(&format!(
+        "[pools.api]\ntargets = [{{ addr = \"{addr}\" }}]\n[pools.api.health_check]\n{FAST_CHECKS}"
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    let resp = raw(
+        lb.port,
+        b"GET /h?q=1 HTTP/1.1\r\nHost: app.example\r\nConnection: close, x-secret\r\n\
+          X-Secret: 1\r\nTE: trailers\r\nProxy-Authorization: Basic eDp5\r\n\
+          X-Forwarded-For: 10.0.0.1\r\nX-Custom: kept\r\n\r\n",
+        None,
+    )
+    .await
+    .to_ascii_lowercase();
+    assert!(resp.starts_with("http/1.1 200"), "{resp}");
+    assert!(
+        resp.contains("x-app: kept") && resp.contains("via: 1.1 vigil"),
+        "{resp}"
+    );
+    assert!(
+        !resp.contains("x-internal") && !resp.contains("keep-alive: timeout"),
+        "the target's hop-by-hop headers must not reach the client: {resp}"
+    );
+    let heads = seen.lock().unwrap().clone();
+    let head = heads
+        .iter()
+        .find(|h| h.starts_with("get /h?q=1 http/1.1"))
+        .unwrap_or_else(|| panic!("request not forwarded: {heads:?}"));
+    for want in [
+        "host: app.example",
+        "x-forwarded-for: 10.0.0.1, 127.0.0.1",
+        "x-forwarded-proto: http",
+        "via: 1.1 vigil",
+        "x-custom: kept",
+    ] {
+        assert!(head.contains(want), "missing {want:?} in {head}");
+    }
+    for gone in [
+        "x-secret",
+        "\r\nte:",
+        "proxy-authorization",
+        "connection: close",
+    ] {
+        assert!(
+            !head.contains(gone),
+            "{gone:?} must not be forwarded: {head}"
+        );
+    }
 }
