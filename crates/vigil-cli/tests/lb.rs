@@ -784,7 +784,24 @@ async fn capturing_backend() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
                     };
                     let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
                     buf.drain(..end);
-                    log.lock().unwrap().push(head);
+                    // Read a Content-Length body and record its length and last byte.
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < len {
+                        match c.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body: Vec<u8> = buf.drain(..len).collect();
+                    log.lock().unwrap().push(format!(
+                        "{head}body-bytes: {} sum: {}",
+                        body.len(),
+                        body.iter().map(|b| u64::from(*b)).sum::<u64>()
+                    ));
                     let resp = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\
                                 connection: keep-alive, x-internal\r\nkeep-alive: timeout=5\r\n\
                                 x-internal: secret\r\nx-app: kept\r\n\r\nok";
@@ -847,6 +864,38 @@ async fn forwarding_headers_are_added_and_hop_by_hop_headers_removed_both_ways()
         assert!(
             !head.contains(gone),
             "{gone:?} must not be forwarded: {head}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_small_and_streamed_reach_the_target_intact() {
+    let (addr, seen) = capturing_backend().await;
+    let lb = Lb::start(&format!(
+        "[pools.api]\ntargets = [{{ addr = \"{addr}\" }}]\n[pools.api.health_check]\n{FAST_CHECKS}"
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    // 10 bytes are buffered (retryable); 300 KiB exceed max_retry_body_bytes and stream.
+    for (path, size) in [("/small", 10usize), ("/large", 300 * 1024)] {
+        let body: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let sum: u64 = body.iter().map(|b| u64::from(*b)).sum();
+        let r = lb
+            .http
+            .post(lb.url(path))
+            .body(body)
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(r.status(), 200, "{path}");
+        let heads = seen.lock().unwrap().clone();
+        let head = heads
+            .iter()
+            .find(|h| h.starts_with(&format!("post {path} ")))
+            .unwrap_or_else(|| panic!("{path} not forwarded: {heads:?}"));
+        assert!(
+            head.ends_with(&format!("body-bytes: {size} sum: {sum}")),
+            "{path}: body altered: {head}"
         );
     }
 }
