@@ -2,6 +2,7 @@
 //! Same arguments as `vigil example-service` (`--help`).
 
 use clap::Parser;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 /// vigil's example service: cached reads over PostgreSQL, health on a reserved thread.
@@ -20,6 +21,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     vigil_example::cli::run(cli.args)
 }
