@@ -110,7 +110,7 @@ impl Store {
             // Serialised by an advisory lock: concurrent CREATE TABLE IF NOT EXISTS in
             // PostgreSQL can still fail with a unique violation on the catalog.
             .batch_execute(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock(7411001);
+                "SET client_min_messages TO warning; BEGIN; SELECT pg_advisory_xact_lock(7411001);
                  CREATE TABLE IF NOT EXISTS {TABLE} (id BIGINT PRIMARY KEY, name TEXT NOT NULL, price_cents BIGINT NOT NULL);
                  INSERT INTO {TABLE} (id, name, price_cents)
                    SELECT i, 'item ' || i, i * 100 + 99 FROM generate_series(1, {SEEDED_ITEMS}) AS i
