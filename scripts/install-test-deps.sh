@@ -9,6 +9,8 @@ command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
+# The agent-check interop test drives a real HAProxy.
+command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
