@@ -33,9 +33,12 @@ pub const DEFAULT_ZONES: u32 = 3;
 pub const DEFAULT_WORKERS: u32 = 16;
 /// Default CPU time per request: 20 ms, so a server serves 800 requests/s.
 pub const DEFAULT_SERVICE_TIME: Duration = Duration::from_millis(20);
-/// Default brownout: an overloaded server loses 30% of its throughput to contention and
-/// to work on requests that time out anyway (the "goodput collapse" of overload).
-pub const DEFAULT_BROWNOUT: f64 = 0.3;
+/// Default brownout: an overloaded server loses 10% of its throughput to contention and
+/// to rejecting what it cannot queue (with load shedding; without it, far more).
+pub const DEFAULT_BROWNOUT: f64 = 0.1;
+/// Default queue bound: a server queues at most 1 s of work and sheds (503) the rest, so
+/// a queued request can still make the default client timeout.
+pub const DEFAULT_MAX_QUEUE_WAIT: Duration = Duration::from_secs(1);
 /// Default background dependency-check interval: 10 s, a predictable load on the
 /// dependency whatever the request rate.
 pub const DEFAULT_DEP_CHECK_INTERVAL: Duration = Duration::from_secs(10);
@@ -174,8 +177,11 @@ pub struct FleetConfig {
     /// CPU time per request. Defaults to 20ms.
     #[serde(with = "humantime_serde")]
     pub service_time: Duration,
-    /// Throughput lost when overloaded (0 to 1). Defaults to 0.3.
+    /// Throughput lost when overloaded (0 to 1). Defaults to 0.1.
     pub brownout: f64,
+    /// Most work a server queues; arrivals beyond it are shed with a 503. Defaults to 1s.
+    #[serde(with = "humantime_serde")]
+    pub max_queue_wait: Duration,
     /// `reserved` or `shared` health capacity. Defaults to `reserved`.
     pub health_capacity: HealthCapacity,
     /// Whether `/readyz` fails when the background checker's snapshot is stale.
@@ -206,6 +212,7 @@ impl Default for FleetConfig {
             workers: DEFAULT_WORKERS,
             service_time: DEFAULT_SERVICE_TIME,
             brownout: DEFAULT_BROWNOUT,
+            max_queue_wait: DEFAULT_MAX_QUEUE_WAIT,
             health_capacity: HealthCapacity::Reserved,
             watchdog: Switch::On,
             dependency_check_interval: DEFAULT_DEP_CHECK_INTERVAL,

@@ -32,11 +32,12 @@
 //!   is shared; past the probe timeout they fail.
 //! - **The load balancer** is vigil-core's [`Pool`] (thresholds, outlier ejection,
 //!   fail-open, slow start), fed with every probe result and request outcome that can
-//!   change its state. Two elisions keep a fleet-day fast and are exact: a passing probe
-//!   of a target that is healthy and whose previous probe passed changes no decision, so
-//!   it is not fed; and a run of successes resets the outlier streaks exactly as one
-//!   success does, so runs are fed as one. When a target is ejected mid-tick, the rest of
-//!   its share of that tick goes to the new routing set.
+//!   change its state. Elisions keep a fleet-day fast and are exact: a probe result equal
+//!   to the previous one on a target whose verdict already agrees changes no decision, so
+//!   it is not fed; a run of successes resets the outlier streaks exactly as one success
+//!   does, so runs are fed as one; a failure run that cannot reach a threshold before a
+//!   success resets it is not fed (see `feed_runs`). When a target is ejected mid-tick,
+//!   the rest of its share of that tick goes to the new routing set.
 //! - **The controller** probes `/health`, and asks vigil-core's [`SafetyGuard`] before
 //!   replacing anyone (or, naive, replaces whoever its thresholds call unhealthy). The
 //!   guard's state is persisted (serialised after the last decision and restored) across
@@ -71,9 +72,6 @@ const DISK_WARN: f64 = 0.85;
 const FDS_FAIL: f64 = 0.95;
 /// Time a reserved health thread takes to answer.
 const RESERVED_HEALTH_LATENCY: Duration = Duration::from_millis(1);
-/// Longest failure run fed to outlier detection per server and tick: longer runs cannot
-/// change anything once the largest consecutive-error threshold is passed.
-const MAX_FED_RUN: u64 = 64;
 /// Chart resolution: samples per run.
 const SERIES_POINTS: u64 = 720;
 /// Notable events kept for the report.
@@ -165,6 +163,44 @@ enum Ev {
         wave: u16,
     },
     ControllerUp,
+}
+
+/// A strictly periodic event per server (active probes): presorted phases walked in
+/// cycles, so a fleet's probes cost no heap operations.
+#[derive(Default)]
+struct Periodic {
+    /// (phase in ns, server), sorted.
+    phases: Vec<(u64, u32)>,
+    interval: u64,
+    cycle: u64,
+    next: usize,
+}
+
+impl Periodic {
+    fn new(mut phases: Vec<(u64, u32)>, interval: Duration) -> Self {
+        phases.sort_unstable();
+        Periodic {
+            phases,
+            interval: interval.as_nanos() as u64,
+            cycle: 0,
+            next: 0,
+        }
+    }
+
+    fn next_at(&self) -> Option<Time> {
+        let (phase, _) = self.phases.get(self.next)?;
+        Some(Time::ZERO + Duration::from_nanos(self.cycle * self.interval + phase))
+    }
+
+    fn advance(&mut self) -> u32 {
+        let server = self.phases[self.next].1;
+        self.next += 1;
+        if self.next == self.phases.len() {
+            self.next = 0;
+            self.cycle += 1;
+        }
+        server
+    }
 }
 
 struct Scheduled {
@@ -286,6 +322,8 @@ struct Server {
     bad_version: bool,
     /// Replaced by the controller while it was up (capacity the system took out).
     replaced_while_up: bool,
+    /// Arrivals exceeded capacity in the last tick (brownout).
+    overloaded: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -350,6 +388,12 @@ pub struct Sim<'a> {
     now: Time,
     seq: u64,
     heap: BinaryHeap<Scheduled>,
+    /// Requests/s one server serves.
+    cap_rate: f64,
+    /// This tick's failure probability of plain servers' requests, when uniform.
+    tick_fail_prob: Option<f64>,
+    lb_probes: Periodic,
+    ctl_probes: Periodic,
     rng: SimRng,
     servers: Vec<Server>,
     deps: Vec<Dep>,
@@ -363,6 +407,9 @@ pub struct Sim<'a> {
     lb_last_ok: Vec<bool>,
     ejected: Vec<bool>,
     outlier_dirty: Vec<bool>,
+    /// Mirror of the outlier detector's (5xx, gateway) streaks per target.
+    streaks: Vec<(u32, u32)>,
+    ejected_count: usize,
     weights: Vec<f64>,
     served_tick: Vec<u64>,
     tick_no: u64,
@@ -376,6 +423,7 @@ pub struct Sim<'a> {
     queue_backlog: u64,
     // detection: per server, when its harm started (pending detection)
     pending_detect: Vec<Option<Time>>,
+    pending_count: usize,
     detect_times: Vec<Duration>,
     first_fault_at: Option<Time>,
     fail_open_since: Option<Time>,
@@ -419,6 +467,7 @@ impl<'a> Sim<'a> {
                 gray: 0.0,
                 bad_version: false,
                 replaced_while_up: false,
+                overloaded: false,
             })
             .collect();
         let deps = cfg
@@ -505,6 +554,10 @@ impl<'a> Sim<'a> {
             now: Time::ZERO,
             seq: 0,
             heap: BinaryHeap::new(),
+            cap_rate: cfg.fleet.server_capacity(),
+            tick_fail_prob: None,
+            lb_probes: Periodic::default(),
+            ctl_probes: Periodic::default(),
             rng,
             servers,
             deps,
@@ -517,6 +570,8 @@ impl<'a> Sim<'a> {
             lb_last_ok: vec![true; n],
             ejected: vec![false; n],
             outlier_dirty: vec![false; n],
+            streaks: vec![(0, 0); n],
+            ejected_count: 0,
             weights: Vec::with_capacity(n),
             served_tick: vec![u64::MAX; n],
             tick_no: 0,
@@ -527,6 +582,7 @@ impl<'a> Sim<'a> {
             deployments: Vec::new(),
             queue_backlog: 0,
             pending_detect: vec![None; n],
+            pending_count: 0,
             detect_times: Vec::new(),
             first_fault_at: None,
             fail_open_since: None,
@@ -541,15 +597,16 @@ impl<'a> Sim<'a> {
         };
         sim.s.min_in_service = n as u32;
         sim.schedule(Time::ZERO, Ev::Tick);
+        let mut lb = Vec::with_capacity(n);
+        let mut ctl = Vec::with_capacity(n);
         for i in 0..n as u32 {
-            let lb = Duration::from_nanos(sim.rng.below(cfg.lb.interval.as_nanos() as u64));
-            sim.schedule(Time::ZERO + lb, Ev::LbProbe(i));
+            lb.push((sim.rng.below(cfg.lb.interval.as_nanos() as u64), i));
             if cfg.controller.mode != ControllerMode::Off {
-                let c =
-                    Duration::from_nanos(sim.rng.below(cfg.controller.interval.as_nanos() as u64));
-                sim.schedule(Time::ZERO + c, Ev::CtlProbe(i));
+                ctl.push((sim.rng.below(cfg.controller.interval.as_nanos() as u64), i));
             }
         }
+        sim.lb_probes = Periodic::new(lb, cfg.lb.interval);
+        sim.ctl_probes = Periodic::new(ctl, cfg.controller.interval);
         if cfg.controller.mode != ControllerMode::Off {
             sim.schedule(Time::ZERO + cfg.controller.interval, Ev::CtlRound);
         }
@@ -585,7 +642,22 @@ impl<'a> Sim<'a> {
         let end = Time::from_elapsed(self.cfg.duration);
         let step = (self.cfg.duration / 100).max(Duration::from_secs(1));
         let mut next_progress = Time::ZERO + step;
-        while let Some(Scheduled { at, ev, .. }) = self.heap.pop() {
+        loop {
+            // Merge the heap with the two periodic probe streams (earliest first; on a
+            // tie the heap, then LB probes, then controller probes: fixed, so
+            // deterministic).
+            let heap_at = self.heap.peek().map(|s| s.at);
+            let lb_at = self.lb_probes.next_at();
+            let ctl_at = self.ctl_probes.next_at();
+            let first = [heap_at, lb_at, ctl_at].into_iter().flatten().min();
+            let Some(at) = first else { break };
+            let ev = if heap_at == Some(at) {
+                self.heap.pop().expect("peeked").ev
+            } else if lb_at == Some(at) {
+                Ev::LbProbe(self.lb_probes.advance())
+            } else {
+                Ev::CtlProbe(self.ctl_probes.advance())
+            };
             if at >= end {
                 break;
             }
@@ -638,7 +710,7 @@ impl<'a> Sim<'a> {
     }
 
     fn capacity(&self) -> f64 {
-        self.cfg.fleet.server_capacity()
+        self.cap_rate
     }
 
     fn fds_exhausted(&self, i: usize, now: Time) -> bool {
@@ -672,8 +744,48 @@ impl<'a> Sim<'a> {
         (err, lat)
     }
 
+    /// Whether server `i` has no fault of its own (its requests fail only through
+    /// dependencies, like every other such server).
+    fn is_plain(&self, i: usize) -> bool {
+        let s = &self.servers[i];
+        s.gc.is_none()
+            && s.disk.rate == 0.0
+            && s.disk.base < 1.0
+            && s.fds.rate == 0.0
+            && s.gray == 0.0
+            && !s.bad_version
+            && s.conn_broken.is_none()
+    }
+
+    /// The failure probability of a plain server's requests at `now`, when it is the same
+    /// for every plain server (no partial dependency failure); `None` otherwise.
+    fn fleet_fail_prob(&self, now: Time) -> Option<f64> {
+        let mut ok = 1.0;
+        for dep in &self.deps {
+            let c = dep.cond_at(now);
+            if c.affected < 1.0 {
+                return None;
+            }
+            let lat = dep.latency + c.extra_latency;
+            let err = if lat > self.cfg.clients.timeout {
+                1.0
+            } else {
+                c.error_rate
+            };
+            if err > 0.0 && dep.criticality == DepCriticality::Critical {
+                ok *= 1.0 - dep.request_fraction * err;
+            }
+        }
+        Some((1.0 - ok).clamp(0.0, 1.0))
+    }
+
     /// Probability that a request served by `i` at `now` fails.
     fn request_fail_prob(&self, i: usize, now: Time) -> f64 {
+        if let Some(p) = self.tick_fail_prob
+            && self.is_plain(i)
+        {
+            return p;
+        }
         let s = &self.servers[i];
         if self.disk_full(i, now) {
             return 1.0;
@@ -734,23 +846,19 @@ impl<'a> Sim<'a> {
         let s = &self.servers[i];
         let f = &self.cfg.fleet;
         let mut failing = 0u32;
-        let mut items: [(Status, Criticality); 12] = [(Status::Pass, Criticality::Critical); 12];
-        let mut n = 0;
+        // vigil-core's aggregation, folded as we go: worst of the weighted statuses.
+        let mut status = Status::Pass;
+        let mut add = |st: Status, crit: Criticality| status = status.worst(st.weighted(crit));
         let disk = s.disk.at(now);
-        let disk_status = if disk >= DISK_FAIL {
+        if disk >= DISK_FAIL {
             failing |= CHECK_DISK;
-            Status::Fail
+            add(Status::Fail, Criticality::Critical);
         } else if disk >= DISK_WARN {
-            Status::Warn
-        } else {
-            Status::Pass
-        };
-        items[n] = (disk_status, Criticality::Critical);
-        n += 1;
+            add(Status::Warn, Criticality::Critical);
+        }
         if s.fds.at(now) >= FDS_FAIL * f64::from(f.fd_limit) {
             failing |= CHECK_FDS;
-            items[n] = (Status::Fail, Criticality::Critical);
-            n += 1;
+            add(Status::Fail, Criticality::Critical);
         }
         let (last_run, k) = self.last_check_run(i, now);
         if f.watchdog == Switch::On {
@@ -758,28 +866,26 @@ impl<'a> Sim<'a> {
                 f.dependency_check_interval * WATCHDOG_STALE_INTERVALS + f.dependency_check_timeout;
             if now.since(last_run) > stale {
                 failing |= CHECK_WATCHDOG;
-                items[n] = (Status::Fail, Criticality::Critical);
-                n += 1;
+                add(Status::Fail, Criticality::Critical);
             }
         }
         if s.bad_version && self.deploy_readiness_fails() {
             failing |= CHECK_SELFTEST;
-            items[n] = (Status::Fail, Criticality::Critical);
-            n += 1;
+            add(Status::Fail, Criticality::Critical);
         }
         if s.backlog > 0 {
             // Saturation only warns: a busy server is still a server.
-            items[n] = (Status::Warn, Criticality::Critical);
-            n += 1;
+            add(Status::Warn, Criticality::Critical);
         }
         if deep {
-            for d in 0..self.deps.len().min(items.len() - n) {
+            for d in 0..self.deps.len().min(32 - CHECK_DEP0 as usize) {
                 let (err, lat) = self.dep_for(i, d, last_run);
                 let failed = lat > f.dependency_check_timeout
-                    || hash_unit(
-                        self.seed,
-                        &[i as u64, u64::from(s.incarnation), k, d as u64],
-                    ) < err;
+                    || (err > 0.0
+                        && hash_unit(
+                            self.seed,
+                            &[i as u64, u64::from(s.incarnation), k, d as u64],
+                        ) < err);
                 if failed {
                     let crit = match self.deps[d].criticality {
                         DepCriticality::Critical => {
@@ -788,12 +894,11 @@ impl<'a> Sim<'a> {
                         }
                         DepCriticality::NonCritical => Criticality::NonCritical,
                     };
-                    items[n] = (Status::Fail, crit);
-                    n += 1;
+                    add(Status::Fail, crit);
                 }
             }
         }
-        (failing, Status::aggregate(items[..n].iter().copied()))
+        (failing, status)
     }
 
     /// Probes server `i`'s `/readyz` (or `/health` when `deep`) at `now`.
@@ -816,7 +921,13 @@ impl<'a> Sim<'a> {
         latency += match self.cfg.fleet.health_capacity {
             HealthCapacity::Reserved => RESERVED_HEALTH_LATENCY,
             HealthCapacity::Shared => {
-                Duration::from_secs_f64(s.backlog as f64 / self.capacity())
+                // Behind the whole queue, drained at the (browned-out) service rate.
+                let eff = if s.overloaded {
+                    1.0 - self.cfg.fleet.brownout
+                } else {
+                    1.0
+                };
+                Duration::from_secs_f64(s.backlog as f64 / (self.capacity() * eff))
                     + self.cfg.fleet.service_time
             }
         };
@@ -871,10 +982,15 @@ impl<'a> Sim<'a> {
                 PoolEvent::Outlier { event, .. } => match event {
                     OutlierEvent::Ejected { target, .. } => {
                         self.ejected[*target as usize] = true;
+                        self.ejected_count += 1;
                         self.s.ejections += 1;
                     }
                     OutlierEvent::Readmitted { target, .. } => {
+                        // Readmission resets both streaks.
                         self.ejected[*target as usize] = false;
+                        self.ejected_count -= 1;
+                        self.streaks[*target as usize] = (0, 0);
+                        self.outlier_dirty[*target as usize] = false;
                     }
                     OutlierEvent::EjectionSkipped { .. } => {
                         self.s.ejections_skipped += 1;
@@ -905,7 +1021,14 @@ impl<'a> Sim<'a> {
         let iu = i as usize;
         let deep = self.cfg.lb.check == CheckPath::Deep;
         let p = self.probe(iu, now, deep, self.cfg.lb.timeout);
-        let elide = p.ok && self.lb_health[iu] == Health::Healthy && self.lb_last_ok[iu];
+        // Exact elision: a result equal to the previous one, on a target whose verdict
+        // already agrees with it, only lengthens a streak past its threshold.
+        let settled = if p.ok {
+            Health::Healthy
+        } else {
+            Health::Unhealthy
+        };
+        let elide = p.ok == self.lb_last_ok[iu] && self.lb_health[iu] == settled;
         if !elide {
             self.schedule(
                 now + p.latency,
@@ -917,7 +1040,6 @@ impl<'a> Sim<'a> {
                 },
             );
         }
-        self.schedule(now + self.cfg.lb.interval, Ev::LbProbe(i));
     }
 
     fn on_lb_probe_done(&mut self, i: u32, _gen: u32, ok: bool, detail: &'static str) {
@@ -929,19 +1051,10 @@ impl<'a> Sim<'a> {
     /// Feeds a tick's outcomes at server `i` to outlier detection, in a random order, and
     /// returns how many outcomes happened before it was ejected (all, if it was not).
     fn feed_outcomes(&mut self, i: u32, ok: u64, failed: u64, failure: RequestOutcome) -> u64 {
-        let iu = i as usize;
         let total = ok + failed;
         if failed == 0 {
-            if self.outlier_dirty[iu] && ok > 0 {
-                self.outlier_dirty[iu] = false;
-                let j = self.rng.unit();
-                let ev = self.pool.observe_request(
-                    &i,
-                    Self::pt(self.now),
-                    RequestOutcome::Response(200),
-                    j,
-                );
-                self.pool_events(ev);
+            if ok > 0 {
+                return self.feed_runs(i, &[(false, ok)], failure);
             }
             return total;
         }
@@ -989,14 +1102,35 @@ impl<'a> Sim<'a> {
                 push(&mut runs, f, 1);
             }
         }
+        self.feed_runs(i, &runs, failure)
+    }
+
+    /// Feeds run lengths to outlier detection, only where they can change a decision
+    /// (see [`Sim::feed_outcomes`]); returns the outcomes consumed before an ejection.
+    ///
+    /// Exactness: the detector's streaks are mirrored here (`streak_5xx`, `streak_gw`).
+    /// A failure run that cannot reach a threshold and is followed by a success changes
+    /// nothing (the success resets both streaks), so it is not fed. A run that can reach
+    /// one is fed until the ejection (or the refusal, reported once per streak); further
+    /// failures of that tick cannot change anything since room for an ejection only
+    /// appears at readmission, in `Pool::tick`. Outcomes of an ejected target are ignored
+    /// by the detector, so they are not fed.
+    fn feed_runs(&mut self, i: u32, runs: &[(bool, u64)], failure: RequestOutcome) -> u64 {
+        let iu = i as usize;
+        let total: u64 = runs.iter().map(|r| r.1).sum();
+        let oc = self.cfg.lb.pool.outlier;
+        if oc.max_ejection_percent == 0 {
+            return total;
+        }
+        let gateway = failure.is_gateway_error();
         let now = Self::pt(self.now);
         let mut consumed = 0u64;
-        for (is_fail, len) in runs {
+        for (k, &(is_fail, len)) in runs.iter().enumerate() {
             if len == 0 {
                 continue;
             }
             if !is_fail {
-                if self.outlier_dirty[iu] {
+                if self.outlier_dirty[iu] && !self.ejected[iu] {
                     self.outlier_dirty[iu] = false;
                     let j = self.rng.unit();
                     let ev = self
@@ -1004,17 +1138,50 @@ impl<'a> Sim<'a> {
                         .observe_request(&i, now, RequestOutcome::Response(200), j);
                     self.pool_events(ev);
                 }
+                self.streaks[iu] = (0, 0);
                 consumed += len;
                 continue;
             }
+            if self.ejected[iu] {
+                consumed += len;
+                continue;
+            }
+            let (s5, sg) = self.streaks[iu];
+            let need_5xx = (oc.consecutive_5xx > 0).then(|| oc.consecutive_5xx.saturating_sub(s5));
+            let need_gw = (gateway && oc.consecutive_gateway_errors > 0)
+                .then(|| oc.consecutive_gateway_errors.saturating_sub(sg));
+            let need = match (need_5xx, need_gw) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => u32::MAX,
+            };
+            let last = k + 1 == runs.len();
+            let reaches = u64::from(need) <= len;
+            if !reaches && !last {
+                // Reset by the success run that follows: no effect.
+                consumed += len;
+                continue;
+            }
+            // Saturated streak with no room for an ejection: feeding changes nothing.
+            let room = self.ejected_count < oc.max_ejected(self.servers.len());
+            if need == 0 && !room {
+                consumed += len;
+                continue;
+            }
+            let feed = if reaches { u64::from(need.max(1)) } else { len };
             self.outlier_dirty[iu] = true;
-            for k in 0..len.min(MAX_FED_RUN) {
+            for f in 0..feed {
                 let j = self.rng.unit();
                 let ev = self.pool.observe_request(&i, now, failure, j);
                 let ejected = ev.iter().any(|e| e.left_service() == Some(&i));
                 self.pool_events(ev);
+                let st = &mut self.streaks[iu];
+                st.0 = st.0.saturating_add(1);
+                if gateway {
+                    st.1 = st.1.saturating_add(1);
+                }
                 if ejected {
-                    return consumed + k + 1;
+                    return consumed + f + 1;
                 }
             }
             consumed += len;
@@ -1036,7 +1203,8 @@ impl<'a> Sim<'a> {
             };
             return (0, consumed.min(n), n - consumed.min(n));
         }
-        if self.fds_exhausted(iu, now) {
+        let plain = self.is_plain(iu);
+        if !plain && self.fds_exhausted(iu, now) {
             let consumed = if feed {
                 self.feed_outcomes(i, 0, n, RequestOutcome::Reset)
             } else {
@@ -1044,21 +1212,28 @@ impl<'a> Sim<'a> {
             };
             return (0, consumed.min(n), n - consumed.min(n));
         }
-        let cap_rate = self.capacity();
+        let cap_rate = self.cap_rate;
         let brownout = self.cfg.fleet.brownout;
-        let paused = self.servers[iu]
-            .gc
-            .map_or(0.0, |g| g.paused_fraction(now, dt));
+        let paused = if plain {
+            0.0
+        } else {
+            self.servers[iu]
+                .gc
+                .map_or(0.0, |g| g.paused_fraction(now, dt))
+        };
         let full = cap_rate * dt.as_secs_f64();
         let overloaded = n as f64 > full;
         let eff = if overloaded { 1.0 - brownout } else { 1.0 };
-        let cap = (full * (1.0 - paused) * eff).floor() as u64;
+        // Non-negative, so `as` truncation is floor (and much cheaper).
+        let cap = (full * (1.0 - paused) * eff) as u64;
+        let max_queue = (self.cfg.fleet.max_queue_wait.as_secs_f64() * cap_rate * eff) as u64;
         let s = &mut self.servers[iu];
+        s.overloaded = overloaded;
         let total = s.backlog + n;
+        // Serve what capacity allows, queue up to `max_queue_wait` of work, shed the rest.
         let (served, dropped) = if total > cap {
             let waiting = total - cap;
-            let max_wait = (self.cfg.clients.timeout.as_secs_f64() * cap_rate * eff) as u64;
-            let dropped = waiting.saturating_sub(max_wait);
+            let dropped = waiting.saturating_sub(max_queue);
             s.backlog = waiting - dropped;
             (cap, dropped)
         } else {
@@ -1071,10 +1246,10 @@ impl<'a> Sim<'a> {
         if !feed {
             return (ok, failed + dropped, 0);
         }
-        // Timeouts first (they are the oldest requests), then the served mix.
+        // Shed requests first (rejected on arrival), then the served mix.
         let mut consumed = 0;
         if dropped > 0 {
-            consumed = self.feed_outcomes(i, 0, dropped, RequestOutcome::Timeout);
+            consumed = self.feed_outcomes(i, 0, dropped, RequestOutcome::Response(503));
             if consumed < dropped {
                 let spill = (served + dropped - consumed).min(n);
                 return (0, consumed, spill);
@@ -1121,7 +1296,7 @@ impl<'a> Sim<'a> {
         let routes = std::mem::take(&mut self.routes.routes);
         for (j, r) in routes.iter().enumerate() {
             let share = n as f64 * self.weights[j] / total_w;
-            let nj = (share + self.rng.unit()).floor() as u64;
+            let nj = (share + self.rng.unit()) as u64;
             self.served_tick[r.key as usize] = self.tick_no;
             if nj == 0 && self.servers[r.key as usize].backlog == 0 {
                 continue;
@@ -1141,13 +1316,15 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let dt = self.cfg.tick;
         self.tick_no += 1;
-        if let Some(d) = self.pool.next_deadline()
+        if self.ejected_count > 0
+            && let Some(d) = self.pool.next_deadline()
             && d <= Self::pt(now)
         {
             let ev = self.pool.tick(Self::pt(now));
             self.pool_events(ev);
         }
         self.refresh_routes();
+        self.tick_fail_prob = self.fleet_fail_prob(now);
         let base =
             self.cfg.clients.rate.unwrap_or(
                 self.cfg.clients.load * self.capacity() * f64::from(self.cfg.fleet.servers),
@@ -1159,12 +1336,19 @@ impl<'a> Sim<'a> {
             ok += o;
             failed += f;
         }
-        // Servers out of the routing set still drain their backlog.
+        // One pass over the fleet: servers out of the routing set still drain their
+        // backlog; capacity counts.
+        let (mut up_total, mut replacing) = (0usize, 0usize);
         for i in 0..self.servers.len() {
             if self.servers[i].backlog > 0 && self.served_tick[i] != self.tick_no {
                 let (o, f, _) = self.serve(i as u32, 0, false);
                 ok += o;
                 failed += f;
+            }
+            if self.is_up(i) {
+                up_total += 1;
+            } else if self.servers[i].life == Life::Booting && self.servers[i].replaced_while_up {
+                replacing += 1;
             }
         }
         let requests = ok + failed;
@@ -1173,8 +1357,9 @@ impl<'a> Sim<'a> {
         if self.cfg.queue.is_some() {
             self.queue_tick();
         }
-        self.detect_tick();
-        // Capacity accounting.
+        if self.pending_count > 0 {
+            self.detect_tick();
+        }
         self.refresh_routes();
         let in_service = self
             .routes
@@ -1183,12 +1368,6 @@ impl<'a> Sim<'a> {
             .filter(|r| self.is_up(r.key as usize))
             .count() as u32;
         let routed_up = in_service as usize;
-        let up_total = (0..self.servers.len()).filter(|&i| self.is_up(i)).count();
-        let replacing = self
-            .servers
-            .iter()
-            .filter(|s| s.life == Life::Booting && s.replaced_while_up)
-            .count();
         let removed = (up_total - routed_up.min(up_total)) + replacing;
         let frac = removed as f64 / self.servers.len() as f64;
         if frac > self.s.max_removed_fraction {
@@ -1272,6 +1451,7 @@ impl<'a> Sim<'a> {
     fn harm(&mut self, i: usize, at: Time) {
         if self.pending_detect[i].is_none() {
             self.pending_detect[i] = Some(at);
+            self.pending_count += 1;
         }
     }
 
@@ -1284,19 +1464,21 @@ impl<'a> Sim<'a> {
             {
                 self.detect_times.push(now.since(at));
                 self.pending_detect[i] = None;
+                self.pending_count -= 1;
             }
         }
     }
 
     fn cure(&mut self, i: usize) {
-        self.pending_detect[i] = None;
+        if self.pending_detect[i].take().is_some() {
+            self.pending_count -= 1;
+        }
     }
 
     // === controller ===
 
     fn on_ctl_probe(&mut self, i: u32) {
         let now = self.now;
-        self.schedule(now + self.cfg.controller.interval, Ev::CtlProbe(i));
         let iu = i as usize;
         if !self.ctl.up || self.servers[iu].life == Life::Booting {
             return;
@@ -1429,8 +1611,10 @@ impl<'a> Sim<'a> {
         let s = &mut self.servers[iu];
         s.replaced_while_up = false;
         if zone_down {
-            // The zone is gone: the instance never comes up.
+            // The zone is gone: the new instance never answers, and the controller sees
+            // it as a new instance (grace period, then probes).
             s.life = Life::Down;
+            self.controller_meets_new_instance(iu);
             return;
         }
         s.life = Life::Up;
@@ -1443,22 +1627,27 @@ impl<'a> Sim<'a> {
         s.conn_broken = None;
         s.gray = 0.0;
         s.backlog = 0;
-        let pnow = Self::pt(now);
-        self.ctl.passes_fed[iu] = 0;
-        self.ctl.grace_end[iu] = pnow + self.cfg.controller.guard.grace;
+        self.controller_meets_new_instance(iu);
+        if self.servers[iu].bad_version && self.deploy_error_rate() > 0.0 {
+            self.harm(iu, now);
+        }
+    }
+
+    /// A new instance in slot `i`: the controller starts its grace period.
+    fn controller_meets_new_instance(&mut self, i: usize) {
+        let pnow = Self::pt(self.now);
+        self.ctl.passes_fed[i] = 0;
+        self.ctl.grace_end[i] = pnow + self.cfg.controller.guard.grace;
         match self.cfg.controller.mode {
             ControllerMode::Guarded => {
-                let zone = self.zone_names[self.servers[iu].zone as usize].clone();
-                self.ctl.guard.add_target(pnow, &self.ctl_ids[iu], &zone);
+                let zone = self.zone_names[self.servers[i].zone as usize].clone();
+                self.ctl.guard.add_target(pnow, &self.ctl_ids[i], &zone);
             }
             ControllerMode::Naive => {
-                self.ctl.naive[iu] =
+                self.ctl.naive[i] =
                     Thresholds::new_unknown(self.cfg.controller.guard.thresholds, pnow);
             }
             ControllerMode::Off => {}
-        }
-        if self.servers[iu].bad_version && self.deploy_error_rate() > 0.0 {
-            self.harm(iu, now);
         }
     }
 
