@@ -17,6 +17,10 @@
 //!   or `failed` after. `attempts` is incremented (committed) before every run.
 //! - **Transitions** (`transitions`): a target's state changes, its history.
 //!
+//! Decisions and transitions are pruned to the newest [`KEEP_DECISIONS`] and
+//! [`KEEP_TRANSITIONS`] at each snapshot (decisions that caused an action are kept);
+//! actions are never pruned.
+//!
 //! ## Invariants and recovery
 //!
 //! 1. Nothing acts before its intent is committed; an intent is never deleted. A crash
@@ -48,6 +52,12 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use std::path::Path;
+
+/// Decisions kept (the newest); older ones are pruned at each snapshot. 100,000 rows is
+/// weeks of a busy fleet's changes in a few tens of MB; actions are never pruned.
+pub const KEEP_DECISIONS: i64 = 100_000;
+/// Transitions kept (the newest), pruned like decisions.
+pub const KEEP_TRANSITIONS: i64 = 100_000;
 
 /// Schema migrations, in order; `PRAGMA user_version` counts those applied.
 pub const MIGRATIONS: &[&str] = &[
@@ -324,6 +334,7 @@ pub trait Store: Send {
 pub struct SqliteStore {
     conn: Connection,
     path: String,
+    keep: (i64, i64),
 }
 
 impl SqliteStore {
@@ -360,7 +371,17 @@ impl SqliteStore {
             tx.commit().map_err(e)?;
             tracing::info!(store = %shown, version = i + 1, "store schema migrated");
         }
-        Ok(SqliteStore { conn, path: shown })
+        Ok(SqliteStore {
+            conn,
+            path: shown,
+            keep: (KEEP_DECISIONS, KEEP_TRANSITIONS),
+        })
+    }
+
+    /// Changes how many decisions and transitions are kept (tests use small numbers).
+    pub fn with_retention(mut self, decisions: i64, transitions: i64) -> Self {
+        self.keep = (decisions, transitions);
+        self
     }
 
     fn err(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
@@ -431,6 +452,7 @@ impl Store for SqliteStore {
     }
 
     fn commit(&mut self, batch: &Batch) -> Result<Vec<ActionRecord>, StoreError> {
+        let (keep_decisions, keep_transitions) = self.keep;
         let path = self.path.clone();
         let e = |source| StoreError::Sqlite {
             path: path.clone(),
@@ -518,6 +540,19 @@ impl Store for SqliteStore {
                 .map_err(e)?;
                 tx.execute("DELETE FROM guard_ops WHERE seq <= ?1", [seq])
                     .map_err(e)?;
+                // Retention, at snapshot time only (cheap, bounded work). Decisions an
+                // action refers to are kept.
+                tx.execute(
+                    "DELETE FROM decisions WHERE id <= (SELECT MAX(id) FROM decisions) - ?1
+                     AND id NOT IN (SELECT decision_id FROM actions)",
+                    [keep_decisions],
+                )
+                .map_err(e)?;
+                tx.execute(
+                    "DELETE FROM transitions WHERE id <= (SELECT MAX(id) FROM transitions) - ?1",
+                    [keep_transitions],
+                )
+                .map_err(e)?;
             }
         }
         tx.commit().map_err(e)?;
@@ -746,6 +781,53 @@ mod tests {
         assert_eq!(all[1].attempts, 1);
         assert_eq!(all[1].state, ActionState::Done);
         assert_eq!(s.decisions(Some("y"), 10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn old_decisions_and_transitions_are_pruned_at_snapshots_but_not_acted_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = SqliteStore::open(&dir.path().join("vigil.db"))
+            .unwrap()
+            .with_retention(3, 2);
+        let mut decisions = vec![decision("acted", true)];
+        decisions.extend((0..9).map(|i| decision(&format!("d{i}"), false)));
+        let transitions = (0..5)
+            .map(|i| NewTransition {
+                at_ms: i,
+                target: "t".into(),
+                from: "a".into(),
+                to: "b".into(),
+                detail: String::new(),
+            })
+            .collect();
+        s.commit(&Batch {
+            decisions,
+            transitions,
+            ..Batch::default()
+        })
+        .unwrap();
+        assert_eq!(
+            s.decisions(None, 100).unwrap().len(),
+            10,
+            "no pruning without a snapshot"
+        );
+        s.commit(&Batch {
+            snapshot: Some(("{}".into(), 0)),
+            ..Batch::default()
+        })
+        .unwrap();
+        let left: Vec<String> = s
+            .decisions(None, 100)
+            .unwrap()
+            .into_iter()
+            .map(|d| d.target)
+            .collect();
+        assert_eq!(
+            left,
+            ["d8", "d7", "d6", "acted"],
+            "newest 3, and the one an action refers to"
+        );
+        assert_eq!(s.transitions("t", 100).unwrap().len(), 2);
     }
 
     #[test]
