@@ -24,6 +24,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// Default admin listener (`/admin/targets`, `/metrics`): loopback only, Envoy's admin
 /// port; never exposed by default because it tells everything about the fleet.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
+/// Default worker threads: 0, one per CPU (the proxy is CPU-bound; more threads than
+/// cores only add context switches). 1 selects a single-threaded runtime.
+pub const DEFAULT_WORKERS: usize = 0;
 /// Default time to finish in-flight requests after SIGTERM: 10 s, below Kubernetes'
 /// 30 s termination grace period, so the drain ends before a SIGKILL.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -100,7 +103,7 @@ impl Default for LbConfig {
         LbConfig {
             listen: DEFAULT_LISTEN.parse().expect("valid default address"),
             admin_listen: DEFAULT_ADMIN_LISTEN.parse().expect("valid default address"),
-            workers: 0,
+            workers: DEFAULT_WORKERS,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             timeouts: TimeoutsConfig::default(),
             limits: LimitsConfig::default(),
