@@ -1,5 +1,6 @@
-//! Active health checks: one loop per target, GET `path` every `interval` (with jitter)
-//! on a fresh connection, judged by status code and optionally by the health+json body.
+//! Active health checks: one loop per target, GET `path` every `interval` (with jitter,
+//! measured from one check's start to the next) on a fresh connection, judged by
+//! status code and optionally by the health+json body.
 //!
 //! A fresh connection per check (like HAProxy) is deliberate: it tests that the target
 //! still accepts connections, which a pooled connection would hide. Results go to the
@@ -167,6 +168,11 @@ pub fn spawn_checks(
             let mut stop = stop.clone();
             tokio::spawn(async move {
                 loop {
+                    // Checks start every interval (+-jitter) from the previous start, not
+                    // from its end: a target that times out is still checked once per
+                    // interval, which is what bounds detection by
+                    // interval x unhealthy_threshold + timeout.
+                    let started = tokio::time::Instant::now();
                     let v = tokio::select! {
                         biased;
                         _ = stop.changed() => return,
@@ -175,10 +181,11 @@ pub fn spawn_checks(
                     pool_metrics(&pool, &addr, v.ok);
                     pool.observe_probe(&addr, v.ok, v.detail);
                     let spread = 1.0 + hc.jitter * (2.0 * rand::random::<f64>() - 1.0);
+                    let next = started + hc.interval.mul_f64(spread);
                     tokio::select! {
                         biased;
                         _ = stop.changed() => return,
-                        _ = tokio::time::sleep(hc.interval.mul_f64(spread)) => {}
+                        _ = tokio::time::sleep_until(next) => {}
                     }
                 }
             })
