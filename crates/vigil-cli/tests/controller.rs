@@ -22,6 +22,8 @@ async fn one_of_ten_failing_gets_exactly_one_action_after_the_thresholds() {
     let bs = backends(10);
     let c = Controller::start(dir.path(), &(base_config("") + &targets_toml(&bs)));
     c.wait_all(10, "healthy").await;
+    // Degraded (warn) is healthy for replacement purposes.
+    bs[6].set_check("cache:hits", Status::Warn);
     bs[3].set_check("disk:free", Status::Fail);
     let actions = c
         .wait_for("one action", || async {
@@ -55,6 +57,30 @@ async fn one_of_ten_failing_gets_exactly_one_action_after_the_thresholds() {
         c.logs().contains("REPLACE target (dry run"),
         "log actuator logs"
     );
+    let t6 = c.get("/api/targets/t6").await;
+    assert_eq!(t6["target"]["state"], "healthy", "warn is healthy: {t6}");
+    assert_eq!(t6["target"]["last_probe"]["health"], "warn");
+    let metrics = reqwest::get(c.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "vigil_controller_target_up{target=\"t3\",zone=\"a\"} 0",
+        "vigil_controller_target_up{target=\"t6\",zone=\"a\"} 1",
+        "vigil_controller_decisions_total{outcome=\"act\"} 1",
+        "vigil_controller_guard_frozen 0",
+        "vigil_controller_guard_budget_left 1",
+        "vigil_controller_actions_total{result=\"done\"} 1",
+    ] {
+        assert!(
+            metrics.contains(line),
+            "/metrics lacks {line:?}:\n{metrics}"
+        );
+    }
+    assert!(metrics.contains("vigil_controller_probe_duration_seconds_bucket{le="));
+    assert!(metrics.contains("vigil_controller_probes_total{result=\"fail\"}"));
     assert!(c.sigterm().success(), "SIGTERM exits 0");
 }
 
