@@ -146,7 +146,7 @@ async fn sigterm_during_a_stuck_webhook_exits_cleanly_and_the_action_resumes_aft
     let bs = backends(5);
     // Nothing listens on port 1: every attempt fails, with long backoffs in between.
     let cfg = base_config(
-        "[actuator]\nkind = \"webhook\"\n[actuator.webhook]\nurl = \"http://127.0.0.1:1/\"\nretries = 100\nbackoff = \"2s\"\n",
+        "[actuator]\nkind = \"webhook\"\n[actuator.webhook]\nurl = \"http://127.0.0.1:1/\"\nsecret = \"s\"\nretries = 100\nbackoff = \"2s\"\n",
     ) + &targets_toml(&bs);
     let c = Controller::start(dir.path(), &cfg);
     c.wait_all(5, "healthy").await;

@@ -358,6 +358,21 @@ impl ControllerConfig {
                         self.actuator.webhook.url
                     ));
                 }
+                let env_secret = std::env::var("VIGIL_WEBHOOK_SECRET").is_ok_and(|s| !s.is_empty());
+                if !env_secret
+                    && self
+                        .actuator
+                        .webhook
+                        .secret
+                        .as_deref()
+                        .unwrap_or("")
+                        .is_empty()
+                {
+                    return Err(
+                        "actuator.webhook.secret must be set (or VIGIL_WEBHOOK_SECRET): webhook events are always signed"
+                            .into(),
+                    );
+                }
             }
             ActuatorKind::Exec => {
                 if self.actuator.exec.command.is_empty() {
@@ -496,6 +511,12 @@ mod tests {
         );
         assert!(bad("[guard.budget]\nper = \"0s\"").contains("guard.budget.per"));
         assert!(bad("[actuator]\nkind = \"webhook\"").contains("actuator.webhook.url"));
+        if std::env::var_os("VIGIL_WEBHOOK_SECRET").is_none() {
+            assert!(
+                bad("[actuator]\nkind = \"webhook\"\n[actuator.webhook]\nurl = \"http://x/\"")
+                    .contains("actuator.webhook.secret")
+            );
+        }
         assert!(bad("[[targets]]\nid = \"a\"\nurl = \"https://x\"").contains("targets[0].url"));
         assert!(
             bad("[[targets]]\nid = \"a\"\nurl = \"http://x\"\n[[targets]]\nid = \"a\"\nurl = \"http://y\"")
