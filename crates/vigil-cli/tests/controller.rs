@@ -559,3 +559,26 @@ async fn a_new_target_is_not_judged_during_its_grace_period() {
         .unwrap();
     assert!(waited >= started, "acted only after leaving grace");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_with_its_own_interval_is_probed_at_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = backends(2);
+    let cfg = base_config("")
+        + &format!(
+            "[[targets]]\nid = \"fast\"\nurl = \"http://{}\"\n[[targets]]\nid = \"slow\"\nurl = \"http://{}\"\ninterval = \"1000h\"\n",
+            bs[0].addr(),
+            bs[1].addr()
+        );
+    let c = Controller::start(dir.path(), &cfg);
+    c.wait_for("the fast target probed 10 times", || async {
+        (bs[0].health_requests() >= 10).then_some(())
+    })
+    .await;
+    assert_eq!(
+        bs[1].health_requests(),
+        0,
+        "a 1000h interval is not probed within seconds (its first slot is random within it)"
+    );
+    drop(c);
+}

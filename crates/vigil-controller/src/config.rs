@@ -285,6 +285,13 @@ pub struct TargetConfig {
     /// A push target: it sends `POST /api/heartbeat` instead of being probed.
     #[serde(default)]
     pub heartbeat: bool,
+    /// This target's own probe interval, e.g. `"30s"`. Defaults to `probe.interval`.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub interval: Option<Duration>,
 }
 
 impl TargetConfig {
@@ -292,6 +299,9 @@ impl TargetConfig {
     pub fn validate(&self, at: &str) -> Result<(), String> {
         if self.id.is_empty() {
             return Err(format!("{at}.id must not be empty"));
+        }
+        if self.interval.is_some_and(|i| i.is_zero()) {
+            return Err(format!("{at}.interval must be longer than 0s"));
         }
         if !self.heartbeat {
             if !self.url.starts_with("http://") {
@@ -497,6 +507,8 @@ mod tests {
 
     #[test]
     fn durations_are_humantime_strings() {
+        let c = parse("[[targets]]\nid = \"a\"\nurl = \"http://x\"\ninterval = \"30s\"\n").unwrap();
+        assert_eq!(c.targets[0].interval, Some(Duration::from_secs(30)));
         let c = parse("[probe]\ninterval = \"250ms\"\n[guard.budget]\nper = \"5m\"\n").unwrap();
         assert_eq!(c.probe.interval, Duration::from_millis(250));
         assert_eq!(c.guard.budget.per, Duration::from_secs(300));

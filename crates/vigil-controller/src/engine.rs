@@ -354,6 +354,7 @@ impl Engine {
                         zone,
                         group: String::new(),
                         heartbeat: false,
+                        interval: None,
                     },
                     state: "",
                     history: VecDeque::new(),

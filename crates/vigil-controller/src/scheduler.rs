@@ -106,7 +106,10 @@ pub async fn run(
                     continue;
                 }
                 epoch += 1;
-                let first = now + interval.mul_f64(rand::rng().random_range(0.0..1.0));
+                let first = now
+                    + t.interval
+                        .unwrap_or(interval)
+                        .mul_f64(rand::rng().random_range(0.0..1.0));
                 entries.insert(
                     t.id.clone(),
                     Entry {
@@ -148,7 +151,7 @@ pub async fn run(
                 let uri = entry.uri.clone();
                 let now = Instant::now();
                 metrics.lag(now.saturating_duration_since(due).as_secs_f64());
-                let interval = plan.probe.interval;
+                let interval = spec.interval.unwrap_or(plan.probe.interval);
                 let jitter = plan.probe.jitter * rand::rng().random_range(-1.0..=1.0);
                 let base = if now > due + interval { now } else { due };
                 heap.push(Reverse((base + interval.mul_f64(1.0 + jitter), ep, id)));
