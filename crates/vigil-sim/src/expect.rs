@@ -181,10 +181,17 @@ pub fn format_number(v: f64) -> String {
     }
 }
 
-/// A duration for people, to the millisecond.
+/// A duration for people: milliseconds under 10 s, tenths under a minute, whole
+/// seconds above.
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis() as u64;
-    humantime::format_duration(Duration::from_millis(ms)).to_string()
+    if ms < 10_000 {
+        humantime::format_duration(Duration::from_millis(ms)).to_string()
+    } else if ms < 60_000 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else {
+        humantime::format_duration(Duration::from_secs(ms / 1000)).to_string()
+    }
 }
 
 type Invalid = (Vec<PathSeg>, String);
