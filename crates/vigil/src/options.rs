@@ -1,7 +1,7 @@
 //! Per-check options ([`CheckOptions`]) and the health machinery's own settings
 //! ([`HealthConfig`]), each default a named constant saying why.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use vigil_core::Criticality;
 
@@ -44,8 +44,9 @@ pub const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(30);
 /// it to `failureThreshold x periodSeconds` under Kubernetes.
 pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(5);
 
-/// Options of one registered check.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+/// Options of one registered check. `Serialize` lets docs/config.md be checked against
+/// the defaults (crates/vigil-cli/tests/config_reference.rs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CheckOptions {
     /// How often the check runs. Defaults to [`DEFAULT_INTERVAL`] (10 s).
@@ -128,7 +129,8 @@ impl CheckOptions {
 }
 
 /// Settings of the health machinery itself (checker heartbeat, watchdog, drain).
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+/// `Serialize` lets docs/config.md be checked against the defaults.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HealthConfig {
     /// How often the checker publishes a snapshot when nothing else changed. Defaults to
