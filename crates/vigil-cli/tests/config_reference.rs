@@ -181,6 +181,7 @@ fn parse_reference(text: &str) -> Result<Reference, String> {
         } else if line.trim() == KEY_TABLE_HEADER {
             in_table = true;
         } else if in_table && line.starts_with("|---") {
+            // The header's separator row.
         } else if in_table && line.starts_with('|') {
             let cells = split_row(line);
             let [key, ty, default, meaning] = &cells[..] else {
