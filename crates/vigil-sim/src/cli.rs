@@ -296,14 +296,26 @@ fn check_all(args: CheckArgs) -> ExitCode {
         let n = checked.verdicts.len();
         let failed: Vec<_> = checked.verdicts.iter().filter(|v| !v.ok).collect();
         if failed.is_empty() {
+            // The headline figure: client availability, or message failures for a
+            // queue-only scenario.
+            let headline = |s: &crate::Summary| {
+                if s.requests == 0 && s.has_queue {
+                    format!(
+                        "message failures {:.3}%",
+                        s.metric("message_failure_rate").unwrap_or(0.0) * 100.0
+                    )
+                } else {
+                    format!("availability {:.3}%", s.availability * 100.0)
+                }
+            };
             println!(
-                "ok      {} ({n} expectations, availability {:.3}%{})",
+                "ok      {} ({n} expectations, {}{})",
                 file.display(),
-                checked.vigil.summary.availability * 100.0,
+                headline(&checked.vigil.summary),
                 checked
                     .naive
                     .as_ref()
-                    .map(|o| format!(", naive {:.3}%", o.summary.availability * 100.0))
+                    .map(|o| format!(", naive {}", headline(&o.summary)))
                     .unwrap_or_default()
             );
         } else {

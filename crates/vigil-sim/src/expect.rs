@@ -187,7 +187,7 @@ pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis() as u64;
     if ms < 10_000 {
         humantime::format_duration(Duration::from_millis(ms)).to_string()
-    } else if ms < 60_000 {
+    } else if ms < 60_000 && !ms.is_multiple_of(1000) {
         format!("{:.1}s", ms as f64 / 1000.0)
     } else {
         humantime::format_duration(Duration::from_secs(ms / 1000)).to_string()

@@ -1586,7 +1586,12 @@ impl<'a> Sim<'a> {
         s.replaced_while_up = was_up;
         s.backlog = 0;
         let incarnation = s.incarnation;
-        self.cure(i);
+        // Replacing a faulty server takes it out of service: that is a detection (at 0 s
+        // when it happens before the fault does harm, e.g. a disk at 95%).
+        if let Some(at) = self.pending_detect[i].take() {
+            self.pending_count -= 1;
+            self.detect_times.push(now.since(at));
+        }
         self.schedule(
             now + self.cfg.fleet.boot_time,
             Ev::Boot {

@@ -185,11 +185,11 @@ impl Summary {
                     "0".into()
                 } else {
                     format!(
-                        "{} ({} total{})",
+                        "{} ({}{})",
                         self.fail_open_episodes,
                         format_duration(self.fail_open_time),
                         self.first_fail_open_after_fault
-                            .map(|d| format!(", first {} after fault", format_duration(d)))
+                            .map(|d| format!("; {} after fault", format_duration(d)))
                             .unwrap_or_default()
                     )
                 },
@@ -276,24 +276,22 @@ pub fn render_text(runs: &[&Summary], verdicts: &[Verdict]) -> String {
     );
     let rows: Vec<Vec<(&str, String)>> = runs.iter().map(|s| s.rows()).collect();
     let label_w = rows[0].iter().map(|(l, _)| l.len()).max().unwrap_or(0);
-    let col_w = rows
+    let widths: Vec<usize> = rows
         .iter()
-        .flat_map(|r| r.iter().map(|(_, v)| v.len()))
-        .max()
-        .unwrap_or(0)
-        .max(8);
+        .map(|r| r.iter().map(|(_, v)| v.len()).max().unwrap_or(0).max(8))
+        .collect();
     if runs.len() > 1 {
         let _ = write!(out, "  {:label_w$}", "");
-        for s in runs {
-            let _ = write!(out, "  {:>col_w$}", s.policies);
+        for (s, w) in runs.iter().zip(&widths) {
+            let _ = write!(out, "  {:>w$}", s.policies);
         }
         out.push('\n');
     }
     for (k, (label, _)) in rows[0].iter().enumerate() {
         let _ = write!(out, "  {label:label_w$}");
-        for r in &rows {
+        for (r, w) in rows.iter().zip(&widths) {
             let v = r.get(k).map_or("", |(_, v)| v.as_str());
-            let _ = write!(out, "  {v:>col_w$}");
+            let _ = write!(out, "  {v:>w$}");
         }
         out.push('\n');
     }
