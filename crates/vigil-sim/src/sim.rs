@@ -392,6 +392,10 @@ pub struct Sim<'a> {
     cap_rate: f64,
     /// This tick's failure probability of plain servers' requests, when uniform.
     tick_fail_prob: Option<f64>,
+    /// Requests one server serves in a tick.
+    tick_full_cap: f64,
+    /// Round-robin position across ticks (equal-weight apportionment).
+    rr: u64,
     lb_probes: Periodic,
     ctl_probes: Periodic,
     rng: SimRng,
@@ -556,6 +560,8 @@ impl<'a> Sim<'a> {
             heap: BinaryHeap::new(),
             cap_rate: cfg.fleet.server_capacity(),
             tick_fail_prob: None,
+            tick_full_cap: cfg.fleet.server_capacity() * cfg.tick.as_secs_f64(),
+            rr: 0,
             lb_probes: Periodic::default(),
             ctl_probes: Periodic::default(),
             rng,
@@ -832,12 +838,10 @@ impl<'a> Sim<'a> {
         if horizon < first {
             return (s.boot_at, u64::MAX);
         }
-        let interval = self.cfg.fleet.dependency_check_interval.as_nanos();
-        let k = horizon.since(first).as_nanos() / interval;
-        (
-            first + Duration::from_nanos((k * interval) as u64),
-            k as u64,
-        )
+        // u64 nanoseconds (584 years) rather than u128: this runs on every probe.
+        let interval = self.cfg.fleet.dependency_check_interval.as_nanos() as u64;
+        let k = horizon.since(first).as_nanos() as u64 / interval;
+        (first + Duration::from_nanos(k * interval), k)
     }
 
     /// The server's health checks at `now`: a bitmask of failing checks and the aggregate
@@ -1195,7 +1199,23 @@ impl<'a> Sim<'a> {
         let iu = i as usize;
         let now = self.now;
         let dt = self.cfg.tick;
-        if !self.is_up(iu) {
+        let up = self.is_up(iu);
+        // Fast path, the common case: a server without a fault of its own, nothing
+        // queued, under capacity, and dependencies failing nobody. Same outcome as the
+        // general path below (no draw is needed when nothing can fail).
+        if up
+            && self.tick_fail_prob == Some(0.0)
+            && self.servers[iu].backlog == 0
+            && (n as f64) <= self.tick_full_cap
+            && self.is_plain(iu)
+        {
+            self.servers[iu].overloaded = false;
+            if feed && n > 0 && self.outlier_dirty[iu] {
+                self.feed_runs(i, &[(false, n)], RequestOutcome::Response(500));
+            }
+            return (n, 0, 0);
+        }
+        if !up {
             let consumed = if feed {
                 self.feed_outcomes(i, 0, n, RequestOutcome::ConnectFailure)
             } else {
@@ -1282,21 +1302,42 @@ impl<'a> Sim<'a> {
             return (0, n, 0);
         }
         let now = Self::pt(self.now);
-        self.weights.clear();
+        // Equal weights and no slow-start ramp: round-robin, exactly (each target gets
+        // n / k, and the remainder goes to the next targets in rotation, continuing
+        // where the last tick stopped). Otherwise: shares in proportion to effective
+        // weight, rounded randomly (unbiased).
+        let w0 = self.routes.routes[0].weight;
+        let uniform = w0 > 0
+            && self.routes.routes.iter().all(|r| {
+                r.weight == w0
+                    && r.ramp
+                        .is_none_or(|_| r.effective_weight(now) >= f64::from(w0))
+            });
+        let k = self.routes.routes.len() as u64;
+        let (base, rem, off) = (n / k, n % k, self.rr % k);
         let mut total_w = 0.0;
-        for r in &self.routes.routes {
-            let w = r.effective_weight(now);
-            total_w += w;
-            self.weights.push(w);
-        }
-        if total_w <= 0.0 {
-            return (0, n, 0);
+        if uniform {
+            self.rr = self.rr.wrapping_add(n);
+        } else {
+            self.weights.clear();
+            for r in &self.routes.routes {
+                let w = r.effective_weight(now);
+                total_w += w;
+                self.weights.push(w);
+            }
+            if total_w <= 0.0 {
+                return (0, n, 0);
+            }
         }
         let (mut ok, mut failed, mut spill) = (0, 0, 0);
         let routes = std::mem::take(&mut self.routes.routes);
         for (j, r) in routes.iter().enumerate() {
-            let share = n as f64 * self.weights[j] / total_w;
-            let nj = (share + self.rng.unit()) as u64;
+            let nj = if uniform {
+                base + u64::from((j as u64 + k - off) % k < rem)
+            } else {
+                let share = n as f64 * self.weights[j] / total_w;
+                (share + self.rng.unit()) as u64
+            };
             self.served_tick[r.key as usize] = self.tick_no;
             if nj == 0 && self.servers[r.key as usize].backlog == 0 {
                 continue;
