@@ -384,7 +384,6 @@ struct Controller {
 pub struct Sim<'a> {
     cfg: &'a ScenarioConfig,
     seed: u64,
-    naive: bool,
     now: Time,
     seq: u64,
     heap: BinaryHeap<Scheduled>,
@@ -554,7 +553,6 @@ impl<'a> Sim<'a> {
         let mut sim = Sim {
             cfg,
             seed,
-            naive,
             now: Time::ZERO,
             seq: 0,
             heap: BinaryHeap::new(),
@@ -2032,7 +2030,6 @@ impl<'a> Sim<'a> {
             self.log
                 .push((end.as_elapsed(), format!("... and {n} more events")));
         }
-        let _ = self.naive;
         Outcome {
             summary: self.s,
             series: self.series,
