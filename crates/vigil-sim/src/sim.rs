@@ -2042,6 +2042,84 @@ impl<'a> Sim<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::Scenario;
+    use std::path::Path;
+
+    fn busy_scenario() -> Scenario {
+        // Every kind of event: kills, a gray failure, a dependency spell, a lost zone,
+        // a disk filling, a controller restart, a queue.
+        Scenario::parse(
+            Path::new("t.toml"),
+            r#"
+duration = "20m"
+[fleet]
+servers = 12
+[[dependencies]]
+name = "db"
+request_fraction = 0.5
+[queue]
+rate = 50.0
+[[faults]]
+at = "1m"
+kind = "kill"
+target = "server:1"
+[[faults]]
+at = "2m"
+kind = "gray"
+target = "server:2"
+error_rate = 0.5
+[[faults]]
+at = "3m"
+kind = "dependency"
+dependency = "db"
+error_rate = 0.3
+affected = 0.5
+duration = "5m"
+[[faults]]
+at = "9m"
+kind = "zone_down"
+zone = 1
+duration = "4m"
+[[faults]]
+at = "4m"
+kind = "disk_fill"
+target = "server:5"
+fill_in = "3m"
+[[faults]]
+at = "10m"
+kind = "controller_restart"
+"#,
+        )
+        .expect("valid scenario")
+    }
+
+    #[test]
+    fn same_seed_same_run_different_seed_different_run() {
+        let s = busy_scenario();
+        let a = run(&s.config, 7, false, &mut |_| {});
+        let b = run(&s.config, 7, false, &mut |_| {});
+        assert_eq!(a.summary, b.summary, "same seed, same numbers");
+        assert_eq!(a.series, b.series, "same seed, same timeline");
+        assert_eq!(a.log, b.log, "same seed, same events");
+        let c = run(&s.config, 8, false, &mut |_| {});
+        assert_ne!(a.summary, c.summary, "the seed must matter");
+    }
+
+    #[test]
+    fn a_run_accounts_for_every_request_and_sees_its_faults() {
+        let s = busy_scenario();
+        let o = run(&s.config, 1, false, &mut |_| {});
+        let sum: u64 = o.series.iter().map(|x| x.requests).sum();
+        assert_eq!(sum, o.summary.requests, "the timeline adds up to the total");
+        assert!(o.summary.client_errors > 0, "faults cost something");
+        assert!(o.summary.ejections > 0, "the gray failure is ejected");
+        assert!(
+            o.summary.controller_actions > 0,
+            "the dead server is replaced"
+        );
+        assert_eq!(o.marks.len(), 6, "every fault is marked");
+        assert!(o.summary.messages_delivered > 0, "the queue is consumed");
+    }
 
     #[test]
     fn gc_pause_fraction_and_remaining() {
