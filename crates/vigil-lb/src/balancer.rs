@@ -12,6 +12,7 @@
 
 use crate::config::{Balance, PoolSection};
 use crate::metrics::{Metrics, PoolLabels, RequestLabels, TargetLabels};
+use crate::upstream::ConnPool;
 use arc_swap::ArcSwap;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
@@ -63,8 +64,10 @@ impl Clock {
 pub struct TargetRt {
     /// `host:port`.
     pub addr: String,
-    /// `http://host:port`, the prefix of every request URI.
-    pub base_uri: String,
+    /// `host:port` as a `Host` header, for a client request that had none.
+    pub host_header: http::HeaderValue,
+    /// Pooled connections to it.
+    pub conns: Arc<ConnPool>,
     /// Requests in flight to it (P2C's load).
     pub outstanding: AtomicU64,
     /// Set when an error was reported to outlier detection and no success since (so a
@@ -85,7 +88,9 @@ impl TargetRt {
     fn new(pool: &str, addr: &str) -> Self {
         TargetRt {
             addr: addr.to_string(),
-            base_uri: format!("http://{addr}"),
+            host_header: http::HeaderValue::from_str(addr)
+                .unwrap_or_else(|_| http::HeaderValue::from_static("localhost")),
+            conns: ConnPool::new(addr),
             outstanding: AtomicU64::new(0),
             error_pending: AtomicBool::new(false),
             left_service: Arc::new(Notify::new()),
@@ -450,6 +455,13 @@ impl PoolRt {
             }
         };
         picked.map(|i| routing.targets[*i].clone())
+    }
+
+    /// Closes target connections idle for `max_idle` or more.
+    pub fn evict_idle(&self, max_idle: Duration) {
+        for t in self.targets.lock().expect("targets lock").values() {
+            t.conns.evict_idle(max_idle);
+        }
     }
 
     /// The metrics.

@@ -10,6 +10,7 @@
 //! - [`proxy`]: the data path: routing, forwarding headers, retries, hedging, timeouts;
 //! - [`checker`]: active health checks;
 //! - [`admin`] and [`metrics`]: `/admin/targets`, `/metrics`;
+//! - [`upstream`]: pooled connections to targets;
 //! - [`conn`]: the client connection wrapper that lets a slowloris get its 408;
 //! - [`server`]: listeners, reload on SIGHUP, drain on SIGTERM;
 //! - [`cli`]: `vigil lb` and `vigil lb check-config`.
@@ -25,3 +26,4 @@ pub mod conn;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+pub mod upstream;

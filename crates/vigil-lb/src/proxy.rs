@@ -21,15 +21,13 @@
 
 use crate::balancer::{PoolRt, TargetRt};
 use crate::metrics::{Metrics, PoolLabels, RequestLabels, RetryLabels};
+use crate::upstream::UpstreamResponseBody;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -41,9 +39,7 @@ use vigil_core::outlier::RequestOutcome;
 /// Body of a request sent to a target: buffered (replayable) or streamed.
 pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
 /// Body of a response sent to the client: the target's, or one of ours.
-pub type ClientBody = Either<Incoming, Full<Bytes>>;
-/// The pooled HTTP client to targets.
-pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;
+pub type ClientBody = Either<UpstreamResponseBody, Full<Bytes>>;
 
 /// What the proxy needs from the current configuration, per request.
 pub struct ProxyTable {
@@ -55,6 +51,10 @@ pub struct ProxyTable {
     pub max_retry_body_bytes: usize,
     /// Time a client has to send a buffered body.
     pub client_body_timeout: Duration,
+    /// Connect timeout to targets.
+    pub connect_timeout: Duration,
+    /// Idle time after which a pooled target connection is closed.
+    pub idle_timeout: Duration,
 }
 
 /// A compiled routing rule.
@@ -109,7 +109,7 @@ pub enum Failure {
 }
 
 impl Failure {
-    fn outcome(self) -> RequestOutcome {
+    pub(crate) fn outcome(self) -> RequestOutcome {
         match self {
             Failure::Connect => RequestOutcome::ConnectFailure,
             Failure::Reset | Failure::Garbage => RequestOutcome::Reset,
@@ -124,7 +124,7 @@ impl Failure {
         }
     }
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Failure::Connect => "connect",
             Failure::Reset => "reset",
@@ -132,22 +132,6 @@ impl Failure {
             Failure::Timeout => "timeout",
         }
     }
-}
-
-fn classify(err: &hyper_util::client::legacy::Error) -> Failure {
-    if err.is_connect() {
-        return Failure::Connect;
-    }
-    let mut source = std::error::Error::source(err);
-    while let Some(s) = source {
-        if let Some(h) = s.downcast_ref::<hyper::Error>()
-            && h.is_parse()
-        {
-            return Failure::Garbage;
-        }
-        source = s.source();
-    }
-    Failure::Reset
 }
 
 fn is_idempotent(m: &Method) -> bool {
@@ -160,40 +144,68 @@ fn is_idempotent(m: &Method) -> bool {
 /// Headers that describe one connection and must not be forwarded (RFC 9110 7.6.1),
 /// plus any header the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+    // One pass over the names (standard names compare as enum tags); most messages
+    // carry none or only `Connection`.
+    let mut remove: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| is_hop_by_hop(n))
+        .cloned()
         .collect();
-    for n in named {
+    if remove.is_empty() {
+        return;
+    }
+    remove.extend(
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|s| s.split(','))
+            .map(str::trim)
+            .filter(|n| {
+                !n.is_empty()
+                    && !n.eq_ignore_ascii_case("keep-alive")
+                    && !n.eq_ignore_ascii_case("close")
+            })
+            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok()),
+    );
+    for n in remove {
         headers.remove(n);
     }
-    for n in [
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::PROXY_AUTHORIZATION,
-        header::PROXY_AUTHENTICATE,
-    ] {
-        headers.remove(n);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
+}
+
+fn is_hop_by_hop(n: &HeaderName) -> bool {
+    n == header::CONNECTION
+        || n == header::TE
+        || n == header::TRAILER
+        || n == header::TRANSFER_ENCODING
+        || n == header::UPGRADE
+        || n == header::PROXY_AUTHORIZATION
+        || n == header::PROXY_AUTHENTICATE
+        || n.as_str() == "keep-alive"
+        || n.as_str() == "proxy-connection"
 }
 
 const VIA: &str = "1.1 vigil";
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-fn append_header(headers: &mut HeaderMap, name: HeaderName, value: &str) {
-    let joined = match headers.get(&name).and_then(|v| v.to_str().ok()) {
-        Some(prev) if !prev.is_empty() => format!("{prev}, {value}"),
-        _ => value.to_string(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&joined) {
-        headers.insert(name, v);
+/// Appends `value` to a list-valued header: inserted as is (no formatting) when the
+/// header is absent, the usual case.
+fn append_header_value(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
+    match headers.get(&name).and_then(|v| v.to_str().ok()) {
+        Some(prev) if !prev.is_empty() => {
+            if let Ok(joined) = value
+                .to_str()
+                .map(|v| format!("{prev}, {v}"))
+                .map_err(drop)
+                .and_then(|j| HeaderValue::from_str(&j).map_err(drop))
+            {
+                headers.insert(name, joined);
+            }
+        }
+        _ => {
+            headers.insert(name, value);
+        }
     }
 }
 
@@ -218,8 +230,6 @@ pub fn local_response(status: StatusCode, msg: &str) -> Response<ClientBody> {
 pub struct Proxy {
     /// The current table (swapped on reload).
     pub table: arc_swap::ArcSwap<ProxyTable>,
-    /// The pooled client.
-    pub client: UpstreamClient,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
@@ -232,7 +242,8 @@ impl Drop for OutstandingGuard {
     }
 }
 
-type AttemptFuture = Pin<Box<dyn Future<Output = Result<Response<Incoming>, Failure>> + Send>>;
+type AttemptResult = Result<Response<UpstreamResponseBody>, Failure>;
+type AttemptFuture = Pin<Box<dyn Future<Output = AttemptResult> + Send>>;
 
 struct Attempt {
     target: Arc<TargetRt>,
@@ -244,16 +255,22 @@ struct Attempt {
 }
 
 enum Event {
-    Done(usize, Result<Response<Incoming>, Failure>),
+    Done(usize, AttemptResult),
     Left(usize),
     Hedge,
 }
 
 impl Proxy {
-    /// Handles one client request.
+    /// The `X-Forwarded-For` value of a client address (made once per connection).
+    pub fn client_ip_value(client: std::net::SocketAddr) -> HeaderValue {
+        HeaderValue::from_str(&client.ip().to_string()).expect("an IP address is a valid value")
+    }
+
+    /// Handles one client request; `client_ip` is [`Proxy::client_ip_value`] of the
+    /// client's address.
     pub async fn handle(
         self: Arc<Self>,
-        client: SocketAddr,
+        client_ip: HeaderValue,
         req: Request<Incoming>,
     ) -> Response<ClientBody> {
         let table = self.table.load_full();
@@ -268,16 +285,34 @@ impl Proxy {
         };
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        append_header(
+        append_header_value(&mut parts.headers, X_FORWARDED_FOR, client_ip);
+        parts
+            .headers
+            .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        append_header_value(
             &mut parts.headers,
-            HeaderName::from_static("x-forwarded-for"),
-            &client.ip().to_string(),
+            header::VIA,
+            HeaderValue::from_static(VIA),
         );
-        parts.headers.insert(
-            HeaderName::from_static("x-forwarded-proto"),
-            HeaderValue::from_static("http"),
-        );
-        append_header(&mut parts.headers, header::VIA, VIA);
+        // Targets get the origin form (`/path?query`); a client's absolute form
+        // (`GET http://host/path`) is rewritten, with its authority as Host when the
+        // request had none.
+        if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
+            if !parts.headers.contains_key(header::HOST)
+                && let Some(a) = parts.uri.authority()
+                && let Ok(v) = HeaderValue::from_str(a.as_str())
+            {
+                parts.headers.insert(header::HOST, v);
+            }
+            let pq = parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+            parts.uri = Uri::from(pq);
+        } else if parts.uri.path().is_empty() {
+            parts.uri = Uri::from_static("/");
+        }
 
         // Small bodies are buffered so that the request can be sent again.
         let declared = parts
@@ -303,11 +338,6 @@ impl Proxy {
             },
         };
         let idempotent = is_idempotent(&parts.method);
-        let path = parts
-            .uri
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_string();
         let start = Instant::now();
         pool.budget.lock().expect("budget lock").deposit(pool.now());
         let section = pool.section.load_full();
@@ -335,30 +365,29 @@ impl Proxy {
                 return false;
             };
             tried.push(target.clone());
-            let uri: Uri = match format!("{}{}", target.base_uri, path).parse() {
-                Ok(u) => u,
-                Err(_) => return false,
-            };
             let mut r = Request::new(match streamed.take() {
                 Some(b) => Either::Right(b),
                 None => Either::Left(Full::new(replay_body.clone())),
             });
             *r.method_mut() = parts.method.clone();
-            *r.uri_mut() = uri;
-            *r.headers_mut() = parts.headers.clone();
+            *r.uri_mut() = parts.uri.clone();
+            *r.version_mut() = Version::HTTP_11;
+            let mut headers = parts.headers.clone();
+            if !headers.contains_key(header::HOST) {
+                headers.insert(header::HOST, target.host_header.clone());
+            }
+            *r.headers_mut() = headers;
             let left = target.left_service.clone().notified_owned();
-            let client = self.client.clone();
-            let timeout = table.response_header_timeout;
+            let conns = target.conns.clone();
+            let (timeout, connect_timeout, idle_timeout) = (
+                table.response_header_timeout,
+                table.connect_timeout,
+                table.idle_timeout,
+            );
             let fut: AttemptFuture = Box::pin(async move {
-                match tokio::time::timeout(timeout, client.request(r)).await {
-                    Ok(Ok(resp)) => Ok(resp),
-                    Ok(Err(e)) => {
-                        let f = classify(&e);
-                        tracing::debug!(error = %ErrorChain(&e), failure = f.name(), "attempt failed");
-                        Err(f)
-                    }
-                    Err(_) => Err(Failure::Timeout),
-                }
+                tokio::time::timeout(timeout, conns.send(r, connect_timeout, idle_timeout))
+                    .await
+                    .unwrap_or(Err(Failure::Timeout))
             });
             target.outstanding.fetch_add(1, Ordering::Relaxed);
             // Racing: the target may have left service between the pick and now; then
@@ -417,7 +446,11 @@ impl Proxy {
                     drop(attempts);
                     let (mut rp, rb) = resp.into_parts();
                     strip_hop_by_hop(&mut rp.headers);
-                    append_header(&mut rp.headers, header::VIA, VIA);
+                    append_header_value(
+                        &mut rp.headers,
+                        header::VIA,
+                        HeaderValue::from_static(VIA),
+                    );
                     return Response::from_parts(rp, Either::Left(rb));
                 }
                 Event::Done(i, Err(f)) => {
@@ -565,15 +598,36 @@ mod tests {
     }
 
     #[test]
+    fn forwarding_header_values_append_or_insert() {
+        let mut h = HeaderMap::new();
+        append_header_value(&mut h, header::VIA, HeaderValue::from_static(VIA));
+        assert_eq!(h[header::VIA], "1.1 vigil");
+        append_header_value(&mut h, header::VIA, HeaderValue::from_static("1.1 other"));
+        assert_eq!(h[header::VIA], "1.1 vigil, 1.1 other");
+    }
+
+    #[test]
+    fn messages_without_hop_by_hop_headers_are_left_alone() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("a"));
+        h.insert("x-keep", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2);
+        h.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2, "proxy-connection is hop-by-hop");
+    }
+
+    #[test]
     fn forwarding_headers_append() {
         let mut h = HeaderMap::new();
-        append_header(&mut h, header::VIA, VIA);
+        append_header_value(&mut h, header::VIA, HeaderValue::from_static(VIA));
         assert_eq!(h[header::VIA], "1.1 vigil");
         h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
-        append_header(
+        append_header_value(
             &mut h,
-            HeaderName::from_static("x-forwarded-for"),
-            "127.0.0.1",
+            X_FORWARDED_FOR,
+            HeaderValue::from_static("127.0.0.1"),
         );
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
     }

@@ -14,7 +14,7 @@ use crate::checker;
 use crate::config::{self, LbConfig};
 use crate::conn::{ConnMarks, CountingStream, with_duplicate, write_final};
 use crate::metrics::{Metrics, RequestLabels};
-use crate::proxy::{Proxy, ProxyTable, RouteRule, UpstreamClient};
+use crate::proxy::{Proxy, ProxyTable, RouteRule};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http_body_util::Empty;
@@ -22,7 +22,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -53,21 +53,15 @@ impl Lb {
     /// Builds the balancer and starts its health checks (call inside a runtime).
     pub fn start(config: LbConfig) -> Arc<Lb> {
         let metrics = Arc::new(Metrics::new());
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(config.timeouts.connect));
-        http.set_nodelay(true);
-        let client: UpstreamClient = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(config.timeouts.idle)
-            .pool_timer(TokioTimer::new())
-            .build(http);
         let proxy = Arc::new(Proxy {
             table: ArcSwap::from_pointee(ProxyTable {
                 routes: Vec::new(),
                 response_header_timeout: config.timeouts.response_header,
                 max_retry_body_bytes: config.limits.max_retry_body_bytes,
                 client_body_timeout: config.timeouts.client_header,
+                connect_timeout: config.timeouts.connect,
+                idle_timeout: config.timeouts.idle,
             }),
-            client,
             metrics: metrics.clone(),
         });
         let lb = Arc::new(Lb {
@@ -135,6 +129,8 @@ impl Lb {
             response_header_timeout: config.timeouts.response_header,
             max_retry_body_bytes: config.limits.max_retry_body_bytes,
             client_body_timeout: config.timeouts.client_header,
+            connect_timeout: config.timeouts.connect,
+            idle_timeout: config.timeouts.idle,
         }));
         // Restart the checkers on the new settings: their state lives in the pools.
         let (tx, rx) = watch::channel(());
@@ -187,6 +183,7 @@ impl Lb {
                 pool.tick();
                 if n.is_multiple_of(LATENCY_REFRESH_TICKS) {
                     pool.latency.refresh(pool.section.load().hedge.quantile);
+                    pool.evict_idle(self.proxy.table.load().idle_timeout);
                 }
             }
         }
@@ -267,11 +264,12 @@ pub async fn serve(config: LbConfig, path: PathBuf) -> u8 {
                 let marks = Arc::new(ConnMarks::default());
                 let io = TokioIo::new(CountingStream::new(tcp, marks.clone()));
                 let (proxy, svc_marks) = (lb.proxy.clone(), marks.clone());
+                let client_ip = Proxy::client_ip_value(peer);
                 let svc = service_fn(move |req| {
-                    let (proxy, marks) = (proxy.clone(), svc_marks.clone());
+                    let (proxy, marks, client_ip) = (proxy.clone(), svc_marks.clone(), client_ip.clone());
                     marks.mark();
                     async move {
-                        let resp = proxy.handle(peer, req).await;
+                        let resp = proxy.handle(client_ip, req).await;
                         marks.mark();
                         Ok::<_, Infallible>(resp)
                     }
