@@ -2,7 +2,7 @@
 //! the expectations, as TOML.
 //!
 //! Every section is one struct with `#[serde(default, deny_unknown_fields)]`; every
-//! default is a named constant saying why. Loading ends in [`Scenario::validate`], and
+//! default is a named constant saying why. Loading ends in [`ScenarioConfig::validate`], and
 //! every error (syntax, type, unknown key, bad value) names the file, the line and the
 //! key, found from the TOML parser's spans. The policy sections embed vigil-core's own
 //! configuration types ([`PoolConfig`], [`GuardConfig`]), so a scenario's `[lb.pool]`

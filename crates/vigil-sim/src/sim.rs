@@ -91,7 +91,7 @@ const LOCAL_CHECK_NAMES: [&str; 4] = [
     "lifecycle:self-test",
 ];
 
-/// One sample of the run's timeline (one bucket of [`SERIES_POINTS`]).
+/// One sample of the run's timeline (one of about 720 buckets).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Sample {
     /// Start of the bucket, seconds.
