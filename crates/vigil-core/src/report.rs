@@ -360,10 +360,23 @@ fn parse_check(v: &Value, path: &str) -> Result<CheckResult, ParseError> {
     })
 }
 
+/// Writes a `time` in RFC 3339 with milliseconds, as the draft's examples do, unless the
+/// time carries more than that: then with as many digits as it needs (micro- or
+/// nanoseconds), so a report parsed from a service and relayed by vigil keeps the time
+/// the service sent (truncating it made `parse(serialise(r)) != r`; found by fuzzing).
 fn serialize_rfc3339<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
-    match t {
-        Some(t) => s.collect_str(&humantime::format_rfc3339_millis(*t)),
-        None => s.serialize_none(),
+    let Some(t) = *t else {
+        return s.serialize_none();
+    };
+    let nanos = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    if nanos % 1_000_000 == 0 {
+        s.collect_str(&humantime::format_rfc3339_millis(t))
+    } else if nanos % 1_000 == 0 {
+        s.collect_str(&humantime::format_rfc3339_micros(t))
+    } else {
+        s.collect_str(&humantime::format_rfc3339_nanos(t))
     }
 }
 
@@ -451,6 +464,34 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, ParseError::BadTime { .. }), "{err}");
+    }
+
+    #[test]
+    fn sub_millisecond_times_survive_a_round_trip() {
+        // Minimised from the health_json fuzz target (fuzz/regressions/health_json/).
+        for (sent, shown) in [
+            ("2026-11-30T07:00:00.0005Z", "2026-11-30T07:00:00.000500Z"),
+            (
+                "2026-11-30T07:00:00.123456789Z",
+                "2026-11-30T07:00:00.123456789Z",
+            ),
+            ("2026-11-30T07:00:00.5Z", "2026-11-30T07:00:00.500Z"),
+        ] {
+            let body = format!(
+                r#"{{"status":"pass","checks":{{"a":[{{"status":"pass","time":"{sent}"}}]}}}}"#
+            );
+            let report = HealthReport::parse(body.as_bytes()).unwrap();
+            let json = report.to_json();
+            assert!(
+                json.contains(shown),
+                "{sent} must be written as {shown}: {json}"
+            );
+            let back = HealthReport::parse(json.as_bytes()).unwrap();
+            assert_eq!(
+                back, report,
+                "a relayed report must keep the time it was sent"
+            );
+        }
     }
 
     proptest! {
