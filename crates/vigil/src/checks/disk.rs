@@ -1,6 +1,6 @@
 //! `DiskSpace`: free space on the filesystem holding a path, against warn and fail levels.
 
-use super::{assert_percent, human_bytes, round2};
+use super::{assert_percent, human_bytes, observe_blocking, round2};
 use crate::{Check, Observation};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -122,7 +122,7 @@ impl DiskSpace {
     /// Warns when free space is below this. Defaults to 10%.
     pub fn warn_below(mut self, amount: Amount) -> Self {
         if let Amount::Percent(p) = amount {
-            assert_percent("DiskSpace warn level", p);
+            assert_percent("DiskSpace", "warn", p);
         }
         self.warn_below = Some(amount);
         self
@@ -137,7 +137,7 @@ impl DiskSpace {
     /// Fails when free space is below this. Defaults to 5%.
     pub fn fail_below(mut self, amount: Amount) -> Self {
         if let Amount::Percent(p) = amount {
-            assert_percent("DiskSpace fail level", p);
+            assert_percent("DiskSpace", "fail", p);
         }
         self.fail_below = amount;
         self
@@ -201,10 +201,7 @@ impl DiskSpace {
 impl Check for DiskSpace {
     async fn check(&self) -> Observation {
         let this = self.clone();
-        match tokio::task::spawn_blocking(move || this.observe()).await {
-            Ok(observation) => observation,
-            Err(e) => Observation::fail(format!("disk check task failed: {e}")),
-        }
+        observe_blocking("disk", move || this.observe()).await
     }
 
     fn component_type(&self) -> &str {

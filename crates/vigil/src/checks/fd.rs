@@ -1,6 +1,6 @@
 //! `FileDescriptors`: open file descriptors against the process's soft `RLIMIT_NOFILE`.
 
-use super::{assert_percent, grade_above, round2};
+use super::{PercentLevels, percent_of, round2};
 use crate::{Check, Observation};
 use rustix::process::{Resource, getrlimit};
 use std::io;
@@ -24,8 +24,7 @@ const PROC_SELF_FD: &str = "/proc/self/fd";
 /// the check fails saying so: that is the condition it exists to catch.
 #[derive(Clone, Debug)]
 pub struct FileDescriptors {
-    warn_percent: Option<f64>,
-    fail_percent: f64,
+    levels: PercentLevels,
     fd_dir: PathBuf,
 }
 
@@ -39,29 +38,26 @@ impl FileDescriptors {
     /// Warns at 80% of the soft limit, fails at 95%.
     pub fn new() -> Self {
         FileDescriptors {
-            warn_percent: Some(DEFAULT_WARN_PERCENT),
-            fail_percent: DEFAULT_FAIL_PERCENT,
+            levels: PercentLevels::new(DEFAULT_WARN_PERCENT, DEFAULT_FAIL_PERCENT),
             fd_dir: PathBuf::from(PROC_SELF_FD),
         }
     }
 
     /// Warns at this percentage of the soft limit in use. Defaults to 80.
     pub fn warn_at_percent(mut self, percent: f64) -> Self {
-        assert_percent("FileDescriptors warn level", percent);
-        self.warn_percent = Some(percent);
+        self.levels.set_warn("FileDescriptors", percent);
         self
     }
 
     /// Never warns, only fails.
     pub fn no_warn(mut self) -> Self {
-        self.warn_percent = None;
+        self.levels.clear_warn();
         self
     }
 
     /// Fails at this percentage of the soft limit in use. Defaults to 95.
     pub fn fail_at_percent(mut self, percent: f64) -> Self {
-        assert_percent("FileDescriptors fail level", percent);
-        self.fail_percent = percent;
+        self.levels.set_fail("FileDescriptors", percent);
         self
     }
 
@@ -105,17 +101,13 @@ impl FileDescriptors {
                     "{open} file descriptors open; no soft limit (RLIMIT_NOFILE unlimited)"
                 ));
         };
-        let used = open as f64 * 100.0 / limit as f64;
-        let status = grade_above(used, self.warn_percent, self.fail_percent);
-        let levels = match self.warn_percent {
-            Some(w) => format!("warn at {w}%, fail at {}%", self.fail_percent),
-            None => format!("fail at {}%", self.fail_percent),
-        };
-        Observation::new(status)
+        let used = percent_of(open, limit);
+        Observation::new(self.levels.grade(used))
             .with_observed(open, "count")
             .with_output(format!(
-                "{open} of {limit} file descriptors in use ({:.1}%); {levels}",
-                round2(used)
+                "{open} of {limit} file descriptors in use ({:.1}%); {}",
+                round2(used),
+                self.levels.describe()
             ))
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! With neither, the check passes and reports the RSS, saying no limit applies.
 
-use super::{assert_percent, grade_above, human_bytes, round2};
+use super::{PercentLevels, human_bytes, percent_of, round2};
 use crate::{Check, Observation};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -291,8 +291,7 @@ enum CgroupSource {
 pub struct Memory {
     rss_limit: Option<u64>,
     cgroup: CgroupSource,
-    warn_percent: Option<f64>,
-    fail_percent: f64,
+    levels: PercentLevels,
 }
 
 impl Default for Memory {
@@ -314,8 +313,7 @@ impl Memory {
         Memory {
             rss_limit: None,
             cgroup: CgroupSource::Detect,
-            warn_percent: Some(DEFAULT_WARN_PERCENT),
-            fail_percent: DEFAULT_FAIL_PERCENT,
+            levels: PercentLevels::new(DEFAULT_WARN_PERCENT, DEFAULT_FAIL_PERCENT),
         }
     }
 
@@ -339,21 +337,19 @@ impl Memory {
 
     /// Warns at this percentage of the limit. Defaults to 80.
     pub fn warn_at_percent(mut self, percent: f64) -> Self {
-        assert_percent("Memory warn level", percent);
-        self.warn_percent = Some(percent);
+        self.levels.set_warn("Memory", percent);
         self
     }
 
     /// Never warns, only fails.
     pub fn no_warn(mut self) -> Self {
-        self.warn_percent = None;
+        self.levels.clear_warn();
         self
     }
 
     /// Fails at this percentage of the limit. Defaults to 95.
     pub fn fail_at_percent(mut self, percent: f64) -> Self {
-        assert_percent("Memory fail level", percent);
-        self.fail_percent = percent;
+        self.levels.set_fail("Memory", percent);
         self
     }
 
@@ -396,13 +392,7 @@ impl Memory {
     }
 
     fn grade(&self, rss: u64, usages: Vec<Usage>, notes: &[&str]) -> Observation {
-        let pct = |u: &Usage| {
-            if u.limit == 0 {
-                100.0
-            } else {
-                u.used as f64 * 100.0 / u.limit as f64
-            }
-        };
+        let pct = |u: &Usage| percent_of(u.used, u.limit);
         let Some(worst) = usages.iter().max_by(|a, b| pct(a).total_cmp(&pct(b))) else {
             let why = if notes.is_empty() {
                 "no memory limit".to_string()
@@ -414,20 +404,16 @@ impl Memory {
                 .with_output(format!("RSS {}; {why}", human_bytes(rss)));
         };
         let used = pct(worst);
-        let status = grade_above(used, self.warn_percent, self.fail_percent);
-        let levels = match self.warn_percent {
-            Some(w) => format!("warn at {w}%, fail at {}%", self.fail_percent),
-            None => format!("fail at {}%", self.fail_percent),
-        };
-        Observation::new(status)
+        Observation::new(self.levels.grade(used))
             .with_observed(worst.used, "bytes")
             .with_output(format!(
-                "{} {} of {} limit ({:.1}%); RSS {}; {levels}",
+                "{} {} of {} limit ({:.1}%); RSS {}; {}",
                 worst.what,
                 human_bytes(worst.used),
                 human_bytes(worst.limit),
                 round2(used),
-                human_bytes(rss)
+                human_bytes(rss),
+                self.levels.describe()
             ))
     }
 }

@@ -25,6 +25,7 @@
 mod disk;
 mod fd;
 mod http;
+mod levels;
 mod memory;
 mod process;
 mod saturation;
@@ -38,17 +39,27 @@ pub use process::ProcessAlive;
 pub use saturation::{InFlight, InFlightGuard, Saturation};
 pub use tcp::TcpConnect;
 
-use vigil_core::Status;
+use crate::Observation;
+use levels::PercentLevels;
 
-/// Grades `value` against levels that must not be reached: at or above `fail` fails, at
-/// or above `warn` warns.
-fn grade_above(value: f64, warn: Option<f64>, fail: f64) -> Status {
-    if value >= fail {
-        Status::Fail
-    } else if warn.is_some_and(|w| value >= w) {
-        Status::Warn
+/// `part` as a percentage of `whole`; a `whole` of zero counts as full (100%).
+fn percent_of(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        100.0
     } else {
-        Status::Pass
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+/// Runs `observe` on tokio's blocking pool (see the module docs); a panic there fails
+/// the check, naming it by `what`.
+async fn observe_blocking(
+    what: &str,
+    observe: impl FnOnce() -> Observation + Send + 'static,
+) -> Observation {
+    match tokio::task::spawn_blocking(observe).await {
+        Ok(observation) => observation,
+        Err(e) => Observation::fail(format!("{what} check task failed: {e}")),
     }
 }
 
@@ -74,11 +85,12 @@ fn round2(value: f64) -> f64 {
     (value * 100.0).round() / 100.0
 }
 
-/// Checks a percentage level given by a user: finite and within 0..=100.
-fn assert_percent(what: &str, value: f64) {
+/// Checks the `level` ("warn" or "fail") a user gives to `check`: a percentage, finite
+/// and within 0..=100.
+fn assert_percent(check: &str, level: &str, value: f64) {
     assert!(
         value.is_finite() && (0.0..=100.0).contains(&value),
-        "{what} must be a percentage within 0..=100, got {value}"
+        "{check} {level} level must be a percentage within 0..=100, got {value}"
     );
 }
 
@@ -87,11 +99,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn grade_above_orders_levels() {
-        assert_eq!(grade_above(10.0, Some(80.0), 95.0), Status::Pass);
-        assert_eq!(grade_above(80.0, Some(80.0), 95.0), Status::Warn);
-        assert_eq!(grade_above(95.0, Some(80.0), 95.0), Status::Fail);
-        assert_eq!(grade_above(90.0, None, 95.0), Status::Pass);
+    fn percent_of_counts_an_empty_whole_as_full() {
+        assert_eq!(percent_of(1, 4), 25.0);
+        assert_eq!(percent_of(0, 0), 100.0);
     }
 
     #[test]

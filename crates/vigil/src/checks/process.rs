@@ -3,6 +3,7 @@
 //! Found by pid file (the pid it names exists in `/proc` and is not a zombie) or by
 //! name (a process in `/proc` whose `comm` or first argument's file name matches).
 
+use super::observe_blocking;
 use crate::{Check, Observation};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -147,10 +148,7 @@ impl Check for ProcessAlive {
     async fn check(&self) -> Observation {
         // Scanning /proc by name touches every process: keep it off the runtime workers.
         let this = self.clone();
-        match tokio::task::spawn_blocking(move || this.observe()).await {
-            Ok(observation) => observation,
-            Err(e) => Observation::fail(format!("process check task failed: {e}")),
-        }
+        observe_blocking("process", move || this.observe()).await
     }
 
     fn component_type(&self) -> &str {

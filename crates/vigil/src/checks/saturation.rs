@@ -12,7 +12,7 @@
 //!   periodic maintenance, so a worker stuck in one long poll shows as busy only once it
 //!   yields; the in-flight count has no such lag.
 
-use super::{assert_percent, grade_above, round2};
+use super::{PercentLevels, percent_of, round2};
 use crate::{Check, Observation, ShedStats};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -86,8 +86,7 @@ enum Mechanism {
 #[derive(Debug)]
 pub struct Saturation {
     mechanism: Mechanism,
-    warn_percent: Option<f64>,
-    fail_percent: f64,
+    levels: PercentLevels,
 }
 
 impl Saturation {
@@ -100,8 +99,7 @@ impl Saturation {
                 tracker: InFlight::new(),
                 max,
             },
-            warn_percent: Some(DEFAULT_WARN_PERCENT),
-            fail_percent: DEFAULT_FAIL_PERCENT,
+            levels: PercentLevels::new(DEFAULT_WARN_PERCENT, DEFAULT_FAIL_PERCENT),
         }
     }
 
@@ -117,8 +115,7 @@ impl Saturation {
     pub fn shed(stats: Arc<ShedStats>) -> Self {
         Saturation {
             mechanism: Mechanism::Shed(stats),
-            warn_percent: Some(DEFAULT_WARN_PERCENT),
-            fail_percent: DEFAULT_FAIL_PERCENT,
+            levels: PercentLevels::new(DEFAULT_WARN_PERCENT, DEFAULT_FAIL_PERCENT),
         }
     }
 
@@ -130,8 +127,7 @@ impl Saturation {
                 handle,
                 last: Mutex::new(None),
             },
-            warn_percent: Some(DEFAULT_WARN_PERCENT),
-            fail_percent: DEFAULT_RUNTIME_BUSY_FAIL_PERCENT,
+            levels: PercentLevels::new(DEFAULT_WARN_PERCENT, DEFAULT_RUNTIME_BUSY_FAIL_PERCENT),
         }
     }
 
@@ -145,43 +141,30 @@ impl Saturation {
 
     /// Warns at this percentage of capacity. Defaults to 80.
     pub fn warn_at_percent(mut self, percent: f64) -> Self {
-        assert_percent("Saturation warn level", percent);
-        self.warn_percent = Some(percent);
+        self.levels.set_warn("Saturation", percent);
         self
     }
 
     /// Never warns, only fails.
     pub fn no_warn(mut self) -> Self {
-        self.warn_percent = None;
+        self.levels.clear_warn();
         self
     }
 
     /// Fails at this percentage of capacity. Defaults to 100 (95 for `runtime_busy`).
     pub fn fail_at_percent(mut self, percent: f64) -> Self {
-        assert_percent("Saturation fail level", percent);
-        self.fail_percent = percent;
+        self.levels.set_fail("Saturation", percent);
         self
     }
 
-    fn levels(&self) -> String {
-        match self.warn_percent {
-            Some(w) => format!("warn at {w}%, fail at {}%", self.fail_percent),
-            None => format!("fail at {}%", self.fail_percent),
-        }
-    }
-
     fn grade_count(&self, n: usize, max: usize) -> Observation {
-        let used = if max == 0 {
-            100.0
-        } else {
-            n as f64 * 100.0 / max as f64
-        };
-        Observation::new(grade_above(used, self.warn_percent, self.fail_percent))
+        let used = percent_of(n as u64, max as u64);
+        Observation::new(self.levels.grade(used))
             .with_observed(n, "count")
             .with_output(format!(
                 "{n} of {max} requests in flight ({:.1}%); {}",
                 round2(used),
-                self.levels()
+                self.levels.describe()
             ))
     }
 
@@ -211,12 +194,12 @@ impl Saturation {
                 } else {
                     (busy.saturating_sub(busy_then).as_secs_f64() * 100.0 / wall).min(100.0)
                 };
-                Observation::new(grade_above(used, self.warn_percent, self.fail_percent))
+                Observation::new(self.levels.grade(used))
                     .with_observed(round2(used), "percent")
                     .with_output(format!(
                         "runtime workers busy {:.1}% of the time since the last check ({workers} workers); {}",
                         round2(used),
-                        self.levels()
+                        self.levels.describe()
                     ))
             }
         }
