@@ -9,9 +9,16 @@
 //! probes/s, scheduling lag p99 (from the lag histogram's buckets), CPU and memory per
 //! target.
 //!
+//! With `--blackbox /usr/bin/prometheus-blackbox-exporter` the Prometheus blackbox
+//! exporter then probes the same fleet, pinned to the same core with `GOMAXPROCS=1`,
+//! driven closed-loop by `/probe` requests from this process; its own CPU is read from
+//! `/proc/<pid>/stat` (the driver's is not counted), and the ratios are printed.
+//!
 //! ```sh
+//! bench/controller/run.sh            # builds, runs both, prints figures and ratios
 //! cargo build --release -p vigil-cli -p vigil-controller --example controller_bench
-//! target/release/examples/controller_bench --targets 10000 --interval 1s --seconds 60
+//! target/release/examples/controller_bench --targets 10000 --interval 500ms --seconds 30 \
+//!     --core 1 --blackbox /usr/bin/prometheus-blackbox-exporter
 //! ```
 //!
 //! Needs `ulimit -n` above the target count (each target is a connection on both sides).
@@ -40,6 +47,10 @@ struct Opts {
     vigil: PathBuf,
     core: String,
     keep_alive: bool,
+    /// The blackbox exporter binary to measure beside vigil (None: vigil only).
+    blackbox: Option<PathBuf>,
+    /// Concurrent `/probe` requests the blackbox driver keeps in flight.
+    blackbox_concurrency: usize,
 }
 
 fn opts() -> Opts {
@@ -51,6 +62,8 @@ fn opts() -> Opts {
         vigil: PathBuf::from("target/release/vigil"),
         core: "0".into(),
         keep_alive: true,
+        blackbox: None,
+        blackbox_concurrency: 64,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -64,6 +77,10 @@ fn opts() -> Opts {
             "--vigil" => o.vigil = PathBuf::from(v()),
             "--core" => o.core = v(),
             "--no-keep-alive" => o.keep_alive = false,
+            "--blackbox" => o.blackbox = Some(PathBuf::from(v())),
+            "--blackbox-concurrency" => {
+                o.blackbox_concurrency = v().parse().expect("--blackbox-concurrency N")
+            }
             other => panic!("unknown flag {other}"),
         }
     }
@@ -241,12 +258,17 @@ fn main() {
         .iter()
         .find(|(_, n)| *n >= 0.99 * total)
         .map_or(f64::NAN, |d| d.0);
-    let hz = 100.0; // USER_HZ on Linux
-    let cpu = (c1 - c0) as f64 / hz / wall;
+    let cpu = (c1 - c0) as f64 / HZ / wall;
     let _ = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();
     let _ = child.wait();
+    let vigil = Figures {
+        probes_per_s: probes / wall,
+        cpu,
+        rss_kib: rss,
+    };
+    println!("== vigil controller (pid pinned to core {}) ==", o.core);
     println!("targets            {}", o.targets);
     println!(
         "interval           {}",
@@ -257,22 +279,197 @@ fn main() {
         o.warmup
     );
     println!(
-        "probes/s           {:.0} (target {:.0}); failed {:.0}",
+        "probes/s           {:.0} (scheduled {:.0}); failed {:.0}",
         probes / wall,
         o.targets as f64 / o.interval.as_secs_f64(),
         failed
     );
     println!("schedule lag p99   <= {p99} s (histogram bucket)");
+    vigil.print(o.targets);
+    let Some(bb) = &o.blackbox else { return };
+    let urls: Vec<String> = targets
+        .iter()
+        .map(|t| format!("{}/health", t["url"].as_str().expect("url")))
+        .collect();
+    let peer = blackbox(&o, bb, dir.path(), &urls);
+    println!();
     println!(
-        "cpu                {:.2} cores ({:.1} us per probe)",
-        cpu,
-        cpu * 1e6 / (probes / wall)
+        "== prometheus-blackbox-exporter (pinned to core {}, GOMAXPROCS=1, driven by {} concurrent /probe requests from this process) ==",
+        o.core, o.blackbox_concurrency
     );
     println!(
-        "rss                {} KiB = {:.2} KiB per target",
-        rss,
-        rss as f64 / o.targets as f64
+        "probes/s           {:.0} (closed loop: as fast as it answers); failed {}",
+        peer.figures.probes_per_s, peer.failed
     );
+    peer.figures.print(o.targets);
+    println!();
+    println!("== ratios (vigil / blackbox exporter) ==");
+    println!(
+        "CPU per probe      {:.2}x",
+        vigil.us_per_probe() / peer.figures.us_per_probe()
+    );
+    println!(
+        "probes/s per core  {:.2}x",
+        vigil.per_core() / peer.figures.per_core()
+    );
+    println!(
+        "memory per target  {:.2}x (the exporter keeps no per-target state: Prometheus holds the targets and the schedule)",
+        vigil.rss_kib as f64 / peer.figures.rss_kib as f64
+    );
+}
+
+/// USER_HZ on Linux: the unit of `/proc/<pid>/stat` CPU times.
+const HZ: f64 = 100.0;
+
+/// What one prober achieved.
+struct Figures {
+    probes_per_s: f64,
+    /// Cores used on average.
+    cpu: f64,
+    rss_kib: u64,
+}
+
+impl Figures {
+    fn us_per_probe(&self) -> f64 {
+        self.cpu * 1e6 / self.probes_per_s
+    }
+
+    /// Probes one fully used core would sustain at this CPU cost.
+    fn per_core(&self) -> f64 {
+        1e6 / self.us_per_probe()
+    }
+
+    fn print(&self, targets: usize) {
+        println!(
+            "cpu                {:.2} cores ({:.1} us per probe)",
+            self.cpu,
+            self.us_per_probe()
+        );
+        println!("probes/s per core  {:.0} (budget 20000)", self.per_core());
+        println!(
+            "rss                {} KiB = {:.2} KiB per target (budget 2)",
+            self.rss_kib,
+            self.rss_kib as f64 / targets as f64
+        );
+    }
+}
+
+struct Peer {
+    figures: Figures,
+    failed: u64,
+}
+
+/// Runs the blackbox exporter on the same core against the same fleet, driven by
+/// `/probe` requests from this process (the driver's own CPU is not counted: the
+/// exporter's CPU is read from `/proc/<pid>/stat`).
+fn blackbox(o: &Opts, bin: &PathBuf, dir: &std::path::Path, urls: &[String]) -> Peer {
+    let listen = free_ports(1)[0];
+    let config = dir.join("blackbox.yml");
+    // The closest module to vigil's probe: GET, 200 or 503, and a health status in
+    // the body (the exporter cannot parse health+json; a regexp stands in for it).
+    std::fs::write(
+        &config,
+        "modules:\n  health:\n    prober: http\n    timeout: 2s\n    http:\n      preferred_ip_protocol: ip4\n      valid_status_codes: [200, 503]\n      fail_if_body_not_matches_regexp: ['\"status\": ?\"(pass|warn)\"']\n",
+    )
+    .expect("write blackbox.yml");
+    let mut child = Command::new("taskset")
+        .args(["-c", &o.core])
+        .arg(bin)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{listen}"))
+        .arg("--log.level=warn")
+        .env("GOMAXPROCS", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn taskset prometheus-blackbox-exporter");
+    let pid = child.id();
+    let base = format!("http://127.0.0.1:{listen}");
+    let started = Instant::now();
+    while reqwest_ok(&format!("{base}/-/healthy")).is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "blackbox exporter did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "blackbox exporter pid {pid} on core {}; warming up {} s",
+        o.core, o.warmup
+    );
+    let probe_urls: Vec<String> = urls
+        .iter()
+        .map(|u| format!("{base}/probe?module=health&target={u}"))
+        .collect();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let failed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let driver = {
+        let (done, failed, stop) = (done.clone(), failed.clone(), stop.clone());
+        let k = o.blackbox_concurrency;
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("driver runtime");
+            rt.block_on(async move {
+                let client = reqwest::Client::new();
+                let urls = std::sync::Arc::new(probe_urls);
+                let mut tasks = Vec::new();
+                for w in 0..k {
+                    let (client, urls) = (client.clone(), urls.clone());
+                    let (done, failed, stop) = (done.clone(), failed.clone(), stop.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let mut i = w;
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            let ok = match client.get(&urls[i % urls.len()]).send().await {
+                                Ok(r) => r
+                                    .text()
+                                    .await
+                                    .is_ok_and(|t| t.contains("\nprobe_success 1")),
+                                Err(_) => false,
+                            };
+                            done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if !ok {
+                                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            i += k;
+                        }
+                    }));
+                }
+                for t in tasks {
+                    let _ = t.await;
+                }
+            });
+        })
+    };
+    std::thread::sleep(Duration::from_secs(o.warmup));
+    let (t0, c0) = (Instant::now(), cpu_ticks(pid));
+    let (n0, f0) = (
+        done.load(std::sync::atomic::Ordering::Relaxed),
+        failed.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    std::thread::sleep(Duration::from_secs(o.seconds));
+    let (wall, c1) = (t0.elapsed().as_secs_f64(), cpu_ticks(pid));
+    let (n1, f1) = (
+        done.load(std::sync::atomic::Ordering::Relaxed),
+        failed.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    let rss = rss_kib(pid);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = driver.join();
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let _ = child.wait();
+    Peer {
+        figures: Figures {
+            probes_per_s: (n1 - n0) as f64 / wall,
+            cpu: (c1 - c0) as f64 / HZ / wall,
+            rss_kib: rss,
+        },
+        failed: f1 - f0,
+    }
 }
 
 fn reqwest_ok(url: &str) -> Option<()> {

@@ -424,10 +424,16 @@ impl Engine {
                 };
                 self.metrics
                     .probe(&rt.labels, record.ok, record.duration_ms / 1000.0);
-                rt.history.push_back(record);
-                while rt.history.len() > self.config.probe.history.max(1) {
+                // Make room first: pushing past the capacity would double it (and a
+                // VecDeque never shrinks by itself), for every target.
+                let keep = self.config.probe.history.max(1);
+                while rt.history.len() >= keep {
                     rt.history.pop_front();
                 }
+                if rt.history.capacity() < keep {
+                    rt.history.reserve_exact(keep - rt.history.len());
+                }
+                rt.history.push_back(record);
                 let at = nanos(self.clock.now());
                 self.op(GuardOp::Observe { at, obs }, Some(&id));
             }

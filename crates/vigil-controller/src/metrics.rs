@@ -23,8 +23,6 @@ const PROBE_BUCKETS: [f64; 12] = [
 pub struct Metrics {
     registry: Registry,
     target_up: Family<Labels, Gauge>,
-    probe_duration: Family<Labels, Histogram>,
-    probes: Family<Labels, Counter>,
     decisions: Family<Labels, Counter>,
     actions: Family<Labels, Counter>,
     frozen: Gauge,
@@ -32,8 +30,10 @@ pub struct Metrics {
     unhealthy: Gauge,
     targets: Gauge,
     schedule_lag: Histogram,
-    ok: Labels,
-    fail: Labels,
+    /// The per-result series, looked up once: a probe then costs no label hashing
+    /// beyond its own `target_up` series.
+    probes_ok: (Histogram, Counter),
+    probes_fail: (Histogram, Counter),
 }
 
 impl Default for Metrics {
@@ -99,11 +99,11 @@ impl Metrics {
             "How late probes start against their schedule",
             schedule_lag.clone(),
         );
+        let probes_ok = result_series(&probe_duration, &probes, "ok");
+        let probes_fail = result_series(&probe_duration, &probes, "fail");
         Metrics {
             registry,
             target_up,
-            probe_duration,
-            probes,
             decisions,
             actions,
             frozen,
@@ -111,8 +111,8 @@ impl Metrics {
             unhealthy,
             targets,
             schedule_lag,
-            ok: vec![("result", "ok".to_string())],
-            fail: vec![("result", "fail".to_string())],
+            probes_ok,
+            probes_fail,
         }
     }
 
@@ -123,10 +123,14 @@ impl Metrics {
 
     /// Records a probe.
     pub fn probe(&self, target: &Labels, ok: bool, seconds: f64) {
-        let result = if ok { &self.ok } else { &self.fail };
+        let (duration, count) = if ok {
+            &self.probes_ok
+        } else {
+            &self.probes_fail
+        };
         self.target_up.get_or_create(target).set(i64::from(ok));
-        self.probe_duration.get_or_create(result).observe(seconds);
-        self.probes.get_or_create(result).inc();
+        duration.observe(seconds);
+        count.inc();
     }
 
     /// Forgets a removed target's series.
@@ -172,4 +176,17 @@ impl Metrics {
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
+}
+
+/// The (shared) histogram and counter of one probe result.
+fn result_series(
+    duration: &Family<Labels, Histogram>,
+    count: &Family<Labels, Counter>,
+    result: &str,
+) -> (Histogram, Counter) {
+    let labels = vec![("result", result.to_string())];
+    (
+        duration.get_or_create(&labels).clone(),
+        count.get_or_create(&labels).clone(),
+    )
 }

@@ -1,13 +1,13 @@
 //! Deep-health probes: `GET {url}{path}` over pooled HTTP/1.1 connections, bounded in
 //! time and body size, judged as a guard [`Observation`].
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use vigil_core::HealthReport;
 use vigil_core::guard::Observation;
 
@@ -15,10 +15,19 @@ use vigil_core::guard::Observation;
 /// interval would keep every connection warm forever on a 10 s interval; 90 s matches
 /// hyper's default and most servers' keep-alive timeouts.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// Read buffer per connection: health answers are small, and hyper's adaptive buffer
-/// starts at 8 KiB per pooled connection (growing up to ~400 KiB); a fixed 4 KiB keeps
-/// an idle connection cheap. Larger answers are simply read in several chunks.
-const READ_BUFFER: usize = 4096;
+/// How often the pool drops connections idle past [`POOL_IDLE_TIMEOUT`] (those of
+/// removed targets, mostly): a sweep walks the whole pool, so not on every probe.
+const POOL_SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// First read buffer of a probe: a typical health answer and its head fit in one read.
+/// The buffer lives only while the probe runs; an idle connection holds no buffer.
+const FIRST_READ: usize = 1024;
+/// Largest response head accepted: health answers carry a handful of headers; a
+/// larger head is a misbehaving or hostile endpoint.
+const MAX_HEAD: usize = 16 * 1024;
+/// Most response headers parsed (httparse needs a fixed array).
+const MAX_HEADERS: usize = 64;
+/// Longest chunk-size line (with extensions) accepted in a chunked body.
+const MAX_CHUNK_LINE: usize = 1024;
 
 /// One probe, as the API and dashboard show it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -38,9 +47,59 @@ pub struct ProbeRecord {
 }
 
 /// The HTTP prober (cheap to clone: the pool is shared).
+///
+/// A deliberately small HTTP/1.1 client: one `GET`, the response head parsed with
+/// `httparse`, the body framed by `Content-Length`, chunked encoding or the end of the
+/// connection, and bounded by `max_body`. Idle keep-alive connections wait in a pool,
+/// at most one per `host:port`, holding only the socket: no buffer, no task, no
+/// channel (hyper's client keeps a task, channels and 8 KiB+ of buffers per pooled
+/// connection, which at 10,000 targets was most of the controller's memory and CPU).
 #[derive(Clone)]
 pub struct Prober {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    keep_alive: bool,
+    pool: Arc<Mutex<Pool>>,
+}
+
+/// Idle connections by `host:port`.
+struct Pool {
+    idle: HashMap<Box<str>, Idle>,
+    last_sweep: Instant,
+}
+
+struct Idle {
+    stream: TcpStream,
+    since: Instant,
+}
+
+/// Why an exchange failed; `stale` failures on a reused connection are retried once on
+/// a fresh one (the server closed the idle connection as we reused it: nothing of the
+/// request was answered, and a GET is safe to repeat).
+struct Failure {
+    message: String,
+    stale: bool,
+}
+
+impl Failure {
+    fn new(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            stale: false,
+        }
+    }
+
+    fn stale(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            stale: true,
+        }
+    }
+}
+
+/// A response read in full: status, body, and whether the connection may be reused.
+struct Answer {
+    status: u16,
+    body: Vec<u8>,
+    reusable: bool,
 }
 
 impl Default for Prober {
@@ -53,18 +112,18 @@ impl Prober {
     /// A prober with its own connection pool; without `keep_alive`, every probe opens
     /// (and closes) its own connection.
     pub fn new(keep_alive: bool) -> Prober {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.enforce_http(true);
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .http1_read_buf_exact_size(READ_BUFFER);
-        if !keep_alive {
-            builder.pool_max_idle_per_host(0);
+        Prober {
+            keep_alive,
+            pool: Arc::new(Mutex::new(Pool {
+                idle: HashMap::new(),
+                last_sweep: Instant::now(),
+            })),
         }
-        let client = builder.build(connector);
-        Prober { client }
+    }
+
+    /// Idle connections in the pool now.
+    pub fn idle_connections(&self) -> usize {
+        self.pool.lock().expect("pool lock").idle.len()
     }
 
     /// Probes `base` + `path`. Never fails: every failure is an observation.
@@ -77,7 +136,7 @@ impl Prober {
         max_body: usize,
     ) -> (Observation, ProbeRecord) {
         let started = Instant::now();
-        let result = tokio::time::timeout(timeout, self.fetch(uri, max_body)).await;
+        let result = tokio::time::timeout(timeout, self.fetch(&uri, max_body)).await;
         let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
         let mut record = ProbeRecord {
             at_ms: crate::clock::wall_ms(),
@@ -137,43 +196,521 @@ impl Prober {
         (Observation::endpoint_failure(target, zone), record)
     }
 
-    async fn fetch(&self, uri: http::Uri, max_body: usize) -> Result<(u16, Bytes), String> {
-        let req = http::Request::get(uri)
-            .header(
-                http::header::ACCEPT,
-                "application/health+json, application/json",
-            )
-            .header(http::header::USER_AGENT, "vigil-controller")
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| e.to_string())?;
-        let resp = self
-            .client
-            .request(req)
-            .await
-            .map_err(|e| format!("request failed: {}", error_chain(&e)))?;
-        let status = resp.status().as_u16();
-        let body = Limited::new(resp.into_body(), max_body)
-            .collect()
-            .await
-            .map_err(|e| {
-                if e.is::<http_body_util::LengthLimitError>() {
-                    format!("health body larger than {max_body} bytes")
-                } else {
-                    format!("reading body: {e}")
-                }
-            })?
-            .to_bytes();
-        Ok((status, body))
+    async fn fetch(&self, uri: &http::Uri, max_body: usize) -> Result<(u16, Vec<u8>), String> {
+        if uri.scheme_str() != Some("http") {
+            return Err(format!("only http:// URLs are probed, not {uri}"));
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| format!("URL without a host: {uri}"))?;
+        let key = authority.as_str();
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {key}\r\nAccept: application/health+json, application/json\r\nUser-Agent: vigil-controller\r\n{}\r\n",
+            if self.keep_alive {
+                ""
+            } else {
+                "Connection: close\r\n"
+            }
+        );
+        let pooled = if self.keep_alive {
+            self.checkout(key)
+        } else {
+            None
+        };
+        let reused = pooled.is_some();
+        let mut stream = match pooled {
+            Some(s) => s,
+            None => connect(authority.host(), authority.port_u16().unwrap_or(80)).await?,
+        };
+        let answer = match exchange(&mut stream, request.as_bytes(), max_body).await {
+            Err(f) if f.stale && reused => {
+                // The pooled connection was closed under us: once more, fresh.
+                stream = connect(authority.host(), authority.port_u16().unwrap_or(80)).await?;
+                exchange(&mut stream, request.as_bytes(), max_body).await
+            }
+            other => other,
+        }
+        .map_err(|f| f.message)?;
+        if self.keep_alive && answer.reusable {
+            self.checkin(key, stream);
+        }
+        Ok((answer.status, answer.body))
+    }
+
+    /// An idle connection to `key` that is still open, if the pool has one.
+    fn checkout(&self, key: &str) -> Option<TcpStream> {
+        let idle = self.pool.lock().expect("pool lock").idle.remove(key)?;
+        if idle.since.elapsed() >= POOL_IDLE_TIMEOUT {
+            return None;
+        }
+        // An idle connection has nothing to read: readable means the server closed it
+        // (EOF) or sent something unasked; either way it is not reused. `try_read`
+        // costs no system call while the socket is not marked readable.
+        let mut probe = [0u8; 1];
+        match idle.stream.try_read(&mut probe) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Some(idle.stream),
+            _ => None,
+        }
+    }
+
+    fn checkin(&self, key: &str, stream: TcpStream) {
+        let now = Instant::now();
+        let mut pool = self.pool.lock().expect("pool lock");
+        if now.duration_since(pool.last_sweep) >= POOL_SWEEP_EVERY {
+            pool.last_sweep = now;
+            pool.idle
+                .retain(|_, i| now.duration_since(i.since) < POOL_IDLE_TIMEOUT);
+        }
+        // Reuse the key's allocation when the target was pooled before.
+        match pool.idle.get_mut(key) {
+            Some(slot) => *slot = Idle { stream, since: now },
+            None => {
+                pool.idle.insert(key.into(), Idle { stream, since: now });
+            }
+        }
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
+async fn connect(host: &str, port: u16) -> Result<TcpStream, String> {
+    // `Authority::host` keeps an IPv6 literal's brackets.
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let stream = match bare.parse::<IpAddr>() {
+        Ok(ip) => TcpStream::connect(SocketAddr::new(ip, port)).await,
+        // A name: resolved by tokio on its blocking pool, as hyper's connector does.
+        Err(_) => TcpStream::connect((bare, port)).await,
     }
-    s
+    .map_err(|e| format!("request failed: connect to {host}:{port}: {e}"))?;
+    stream
+        .set_nodelay(true)
+        .map_err(|e| format!("request failed: {e}"))?;
+    Ok(stream)
+}
+
+/// Reads more into `buf` (growing it when full). Returns the bytes read (0: EOF).
+async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, Failure> {
+    if buf.capacity() - buf.len() < FIRST_READ / 2 {
+        buf.reserve(buf.len().max(FIRST_READ));
+    }
+    stream
+        .read_buf(buf)
+        .await
+        .map_err(|e| Failure::new(format!("reading the response: {e}")))
+}
+
+/// Reads until `buf` holds `need` bytes.
+async fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>, need: usize) -> Result<(), Failure> {
+    if need > buf.len() {
+        buf.reserve(need - buf.len());
+    }
+    while buf.len() < need {
+        if read_more(stream, buf).await? == 0 {
+            return Err(Failure::new("connection closed in the middle of the body"));
+        }
+    }
+    Ok(())
+}
+
+fn too_large(max_body: usize) -> Failure {
+    Failure::new(format!("health body larger than {max_body} bytes"))
+}
+
+/// The response head's framing, as far as a GET cares.
+struct Head {
+    len: usize,
+    status: u16,
+    content_length: Option<usize>,
+    chunked: bool,
+    reusable: bool,
+}
+
+/// One request and its response on `stream`.
+async fn exchange(
+    stream: &mut TcpStream,
+    request: &[u8],
+    max_body: usize,
+) -> Result<Answer, Failure> {
+    stream
+        .write_all(request)
+        .await
+        .map_err(|e| Failure::stale(format!("request failed: sending: {e}")))?;
+    let mut buf: Vec<u8> = Vec::with_capacity(FIRST_READ);
+    let head = loop {
+        let n = match read_more(stream, &mut buf).await {
+            // Reset before any answer: the server dropped the idle connection.
+            Err(f) if buf.is_empty() => return Err(Failure::stale(f.message)),
+            r => r?,
+        };
+        if n == 0 {
+            return Err(if buf.is_empty() {
+                Failure::stale("request failed: connection closed before any response")
+            } else {
+                Failure::new("connection closed in the middle of the response head")
+            });
+        }
+        match parse_head(&buf)? {
+            None if buf.len() > MAX_HEAD => {
+                return Err(Failure::new(format!(
+                    "response head larger than {MAX_HEAD} bytes"
+                )));
+            }
+            None => continue,
+            // 1xx (other than 101) precede the real answer: skip them.
+            Some(h) if (100..200).contains(&h.status) && h.status != 101 => {
+                buf.drain(..h.len);
+                continue;
+            }
+            Some(h) => break h,
+        }
+    };
+    let start = head.len;
+    if head.status == 101 {
+        return Err(Failure::new("the endpoint switched protocols"));
+    }
+    if head.status == 204 || head.status == 304 {
+        let reusable = head.reusable && buf.len() == start;
+        return Ok(Answer {
+            status: head.status,
+            body: Vec::new(),
+            reusable,
+        });
+    }
+    if head.chunked {
+        let (body, end) = read_chunked(stream, &mut buf, start, max_body).await?;
+        return Ok(Answer {
+            status: head.status,
+            body,
+            reusable: head.reusable && buf.len() == end,
+        });
+    }
+    if let Some(len) = head.content_length {
+        if len > max_body {
+            return Err(too_large(max_body));
+        }
+        fill(stream, &mut buf, start + len).await?;
+        let reusable = head.reusable && buf.len() == start + len;
+        buf.truncate(start + len);
+        buf.drain(..start);
+        return Ok(Answer {
+            status: head.status,
+            body: buf,
+            reusable,
+        });
+    }
+    // Neither length nor chunks: the body ends with the connection.
+    loop {
+        if buf.len() - start > max_body {
+            return Err(too_large(max_body));
+        }
+        if read_more(stream, &mut buf).await? == 0 {
+            break;
+        }
+    }
+    buf.drain(..start);
+    Ok(Answer {
+        status: head.status,
+        body: buf,
+        reusable: false,
+    })
+}
+
+/// Parses a complete head (None: more bytes needed).
+fn parse_head(buf: &[u8]) -> Result<Option<Head>, Failure> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(Failure::new(format!("not an HTTP response: {e}"))),
+    };
+    let status = resp.code.unwrap_or(0);
+    // HTTP/1.1 keeps the connection unless told otherwise; 1.0 closes it unless told.
+    let mut reusable = resp.version == Some(1);
+    let mut content_length: Option<usize> = None;
+    let mut chunked = false;
+    for h in resp.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .ok_or_else(|| Failure::new("bad Content-Length in the response"))?;
+            if content_length.is_some_and(|c| c != n) {
+                return Err(Failure::new("conflicting Content-Length headers"));
+            }
+            content_length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = h
+                .value
+                .rsplit(|&b| b == b',')
+                .next()
+                .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    reusable = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && resp.version == Some(0) {
+                    reusable = true;
+                }
+            }
+        }
+    }
+    Ok(Some(Head {
+        len,
+        status,
+        content_length: if chunked { None } else { content_length },
+        chunked,
+        reusable,
+    }))
+}
+
+/// Decodes a chunked body starting at `pos`; returns it and where the message ended.
+async fn read_chunked(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    mut pos: usize,
+    max_body: usize,
+) -> Result<(Vec<u8>, usize), Failure> {
+    let mut body = Vec::new();
+    loop {
+        let (used, size) = loop {
+            match httparse::parse_chunk_size(&buf[pos..]) {
+                Ok(httparse::Status::Complete(c)) => break c,
+                Ok(httparse::Status::Partial) if buf.len() - pos > MAX_CHUNK_LINE => {
+                    return Err(Failure::new("chunk size line too long"));
+                }
+                Ok(httparse::Status::Partial) => {
+                    if read_more(stream, buf).await? == 0 {
+                        return Err(Failure::new("connection closed in the middle of the body"));
+                    }
+                }
+                Err(_) => return Err(Failure::new("bad chunk size in the response")),
+            }
+        };
+        pos += used;
+        if size == 0 {
+            break;
+        }
+        let size = usize::try_from(size).map_err(|_| too_large(max_body))?;
+        if size > max_body - body.len() {
+            return Err(too_large(max_body));
+        }
+        fill(stream, buf, pos + size + 2).await?;
+        body.extend_from_slice(&buf[pos..pos + size]);
+        if &buf[pos + size..pos + size + 2] != b"\r\n" {
+            return Err(Failure::new("a chunk does not end with CRLF"));
+        }
+        pos += size + 2;
+    }
+    // Trailer fields (ignored), then the empty line.
+    loop {
+        if buf.len() - pos >= 2 && &buf[pos..pos + 2] == b"\r\n" {
+            return Ok((body, pos + 2));
+        }
+        if let Some(i) = buf[pos..].windows(2).position(|w| w == b"\r\n") {
+            pos += i + 2;
+            continue;
+        }
+        if buf.len() - pos > MAX_HEAD {
+            return Err(Failure::new("chunked trailer too large"));
+        }
+        if read_more(stream, buf).await? == 0 {
+            return Err(Failure::new("connection closed in the chunked trailer"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::net::TcpListener;
+
+    const PASS: &str = r#"{"status":"pass","checks":{"disk:free":[{"status":"pass"}]}}"#;
+
+    /// A raw HTTP server: answers every request on a connection with `answer`, then
+    /// closes the connection after `per_conn` answers. Counts connections.
+    async fn serve(answer: String, per_conn: usize) -> (http::Uri, Arc<AtomicUsize>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("http://{}/health", l.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let conns = Arc::new(AtomicUsize::new(0));
+        let counted = conns.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                counted.fetch_add(1, Ordering::SeqCst);
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    for _ in 0..per_conn {
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            if s.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                        }
+                        buf.clear();
+                        if s.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (uri, conns)
+    }
+
+    fn with_length(body: &str) -> String {
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/health+json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    async fn probe(p: &Prober, uri: &http::Uri, max_body: usize) -> ProbeRecord {
+        p.probe("t", "z", uri.clone(), Duration::from_secs(5), max_body)
+            .await
+            .1
+    }
+
+    #[tokio::test]
+    async fn keep_alive_reuses_one_connection_per_target() {
+        let (uri, conns) = serve(with_length(PASS), usize::MAX).await;
+        let p = Prober::new(true);
+        for _ in 0..5 {
+            let r = probe(&p, &uri, 65536).await;
+            assert!(r.ok, "a pass answer must pass: {r:?}");
+        }
+        assert_eq!(
+            conns.load(Ordering::SeqCst),
+            1,
+            "probes must share a pooled connection"
+        );
+        assert_eq!(p.idle_connections(), 1);
+    }
+
+    #[tokio::test]
+    async fn without_keep_alive_every_probe_has_its_own_connection() {
+        let (uri, conns) = serve(with_length(PASS), usize::MAX).await;
+        let p = Prober::new(false);
+        for _ in 0..3 {
+            assert!(probe(&p, &uri, 65536).await.ok);
+        }
+        assert_eq!(conns.load(Ordering::SeqCst), 3);
+        assert_eq!(p.idle_connections(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_pooled_connection_closed_by_the_server_is_replaced_transparently() {
+        // One answer per connection, without saying `Connection: close`.
+        let (uri, conns) = serve(with_length(PASS), 1).await;
+        let p = Prober::new(true);
+        for i in 0..4 {
+            let r = probe(&p, &uri, 65536).await;
+            assert!(
+                r.ok,
+                "probe {i} must pass despite the closed idle connection: {r:?}"
+            );
+            // Give the FIN time to arrive for some probes, not for others.
+            if i % 2 == 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        assert_eq!(conns.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test]
+    async fn chunked_bodies_are_decoded() {
+        let (a, b) = PASS.split_at(10);
+        let answer = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x};ext=1\r\n{b}\r\n0\r\nx-trailer: 1\r\n\r\n",
+            a.len(),
+            b.len()
+        );
+        let (uri, conns) = serve(answer, usize::MAX).await;
+        let p = Prober::new(true);
+        for _ in 0..2 {
+            let r = probe(&p, &uri, 65536).await;
+            assert!(r.ok, "a chunked pass answer must pass: {r:?}");
+            assert_eq!(r.status, Some(503));
+        }
+        assert_eq!(
+            conns.load(Ordering::SeqCst),
+            1,
+            "a chunked answer keeps the connection"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_ending_with_the_connection_is_read_to_the_end() {
+        let answer = format!("HTTP/1.0 200 OK\r\n\r\n{PASS}");
+        let (uri, _) = serve(answer, 1).await;
+        let p = Prober::new(true);
+        let r = probe(&p, &uri, 65536).await;
+        assert!(r.ok, "{r:?}");
+        assert_eq!(
+            p.idle_connections(),
+            0,
+            "a close-delimited answer is not pooled"
+        );
+    }
+
+    #[tokio::test]
+    async fn bodies_larger_than_max_body_fail() {
+        let big = format!(r#"{{"status":"pass","output":"{}"}}"#, "x".repeat(5000));
+        let p = Prober::new(true);
+        let (uri, _) = serve(with_length(&big), usize::MAX).await;
+        let r = probe(&p, &uri, 1000).await;
+        assert!(!r.ok);
+        assert!(r.detail.contains("larger than 1000 bytes"), "{}", r.detail);
+        let chunked = format!(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{big}\r\n0\r\n\r\n",
+            big.len()
+        );
+        let (uri, _) = serve(chunked, usize::MAX).await;
+        let r = probe(&p, &uri, 1000).await;
+        assert!(r.detail.contains("larger than 1000 bytes"), "{}", r.detail);
+        let (uri, _) = serve(format!("HTTP/1.0 200 OK\r\n\r\n{big}"), 1).await;
+        let r = probe(&p, &uri, 1000).await;
+        assert!(r.detail.contains("larger than 1000 bytes"), "{}", r.detail);
+    }
+
+    #[tokio::test]
+    async fn garbage_and_wrong_statuses_fail_with_a_reason() {
+        let p = Prober::new(true);
+        let (uri, _) = serve("\x00\x01garbage, not HTTP\r\n\r\n".into(), 1).await;
+        let r = probe(&p, &uri, 65536).await;
+        assert!(!r.ok);
+        assert!(r.detail.contains("not an HTTP response"), "{}", r.detail);
+        let (uri, _) = serve(with_length("not json"), usize::MAX).await;
+        let r = probe(&p, &uri, 65536).await;
+        assert!(r.detail.contains("garbage health response"), "{}", r.detail);
+        let (uri, _) = serve(
+            "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".into(),
+            usize::MAX,
+        )
+        .await;
+        let r = probe(&p, &uri, 65536).await;
+        assert_eq!(r.status, Some(404));
+        assert!(r.detail.contains("HTTP 404"), "{}", r.detail);
+    }
+
+    #[tokio::test]
+    async fn a_silent_endpoint_times_out_and_a_closed_port_is_refused() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: http::Uri = format!("http://{}/health", l.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let p = Prober::new(true);
+        let (_, r) = p
+            .probe("t", "z", uri.clone(), Duration::from_millis(200), 65536)
+            .await;
+        assert!(!r.ok);
+        assert!(r.detail.contains("timed out"), "{}", r.detail);
+        drop(l);
+        let r = probe(&p, &uri, 65536).await;
+        assert!(!r.ok);
+        assert!(r.detail.contains("request failed"), "{}", r.detail);
+    }
 }
