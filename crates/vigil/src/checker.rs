@@ -124,7 +124,11 @@ fn jitter(interval: Duration, fraction: f64) -> Duration {
     if fraction <= 0.0 {
         return Duration::ZERO;
     }
-    interval.mul_f64(fraction * rand::random::<f64>())
+    // Whole milliseconds, rounded down: tokio's timers round a deadline *up* to the next
+    // millisecond, so a sub-millisecond jitter of 499.6 ms would fire at +500 ms, outside
+    // the promised `[0, fraction * interval)` window.
+    let j = interval.mul_f64(fraction * rand::random::<f64>());
+    Duration::from_millis(u64::try_from(j.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn take_fault(shared: &Shared) -> Option<CheckerFault> {
