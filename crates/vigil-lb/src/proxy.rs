@@ -78,14 +78,15 @@ impl ProxyTable {
                     h
                 }
             });
-            h.to_ascii_lowercase()
+            h
         });
+        // Rule hosts are lower case; the request's is compared without a lower-cased copy.
         self.routes
             .iter()
             .find(|r| {
                 r.host
                     .as_ref()
-                    .is_none_or(|want| host.as_deref() == Some(want))
+                    .is_none_or(|want| host.is_some_and(|h| h.eq_ignore_ascii_case(want)))
                     && path.starts_with(&r.path_prefix)
             })
             .map(|r| &r.pool)
@@ -144,18 +145,20 @@ fn is_idempotent(m: &Method) -> bool {
 /// Headers that describe one connection and must not be forwarded (RFC 9110 7.6.1),
 /// plus any header the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names (standard names compare as enum tags); most messages
-    // carry none or only `Connection`.
-    let mut remove: Vec<HeaderName> = headers
-        .keys()
-        .filter(|n| is_hop_by_hop(n))
-        .cloned()
-        .collect();
-    if remove.is_empty() {
+    // One pass over the names (standard names compare as enum tags) marks which are
+    // present; most messages carry none, or only `Connection`. No allocation.
+    let mut present = 0u16;
+    for n in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == n) {
+            present |= 1 << i;
+        }
+    }
+    if present == 0 {
         return;
     }
-    remove.extend(
-        headers
+    if present & 1 != 0 {
+        // Names listed in `Connection` (other than the usual keep-alive/close tokens).
+        let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
@@ -166,24 +169,32 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
                     && !n.eq_ignore_ascii_case("keep-alive")
                     && !n.eq_ignore_ascii_case("close")
             })
-            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok()),
-    );
-    for n in remove {
-        headers.remove(n);
+            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+            .collect();
+        for n in named {
+            headers.remove(n);
+        }
+    }
+    for (i, n) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(n);
+        }
     }
 }
 
-fn is_hop_by_hop(n: &HeaderName) -> bool {
-    n == header::CONNECTION
-        || n == header::TE
-        || n == header::TRAILER
-        || n == header::TRANSFER_ENCODING
-        || n == header::UPGRADE
-        || n == header::PROXY_AUTHORIZATION
-        || n == header::PROXY_AUTHENTICATE
-        || n.as_str() == "keep-alive"
-        || n.as_str() == "proxy-connection"
-}
+/// Headers that describe one connection (RFC 9110 7.6.1 and the usual non-standard
+/// ones); `Connection` first.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
 
 const VIA: &str = "1.1 vigil";
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -192,19 +203,20 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 /// Appends `value` to a list-valued header: inserted as is (no formatting) when the
 /// header is absent, the usual case.
 fn append_header_value(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
-    match headers.get(&name).and_then(|v| v.to_str().ok()) {
-        Some(prev) if !prev.is_empty() => {
-            if let Ok(joined) = value
-                .to_str()
-                .map(|v| format!("{prev}, {v}"))
-                .map_err(drop)
-                .and_then(|j| HeaderValue::from_str(&j).map_err(drop))
-            {
-                headers.insert(name, joined);
-            }
+    match headers.entry(name) {
+        header::Entry::Vacant(e) => {
+            e.insert(value);
         }
-        _ => {
-            headers.insert(name, value);
+        header::Entry::Occupied(mut e) => {
+            let joined = match (e.get().to_str(), value.to_str()) {
+                (Ok(prev), Ok(v)) if !prev.is_empty() => {
+                    HeaderValue::from_str(&format!("{prev}, {v}")).ok()
+                }
+                _ => Some(value),
+            };
+            if let Some(v) = joined {
+                e.insert(v);
+            }
         }
     }
 }
@@ -251,6 +263,8 @@ struct Attempt {
     /// Fires when the target leaves service; `None` once ignored.
     left: Option<Pin<Box<OwnedNotified>>>,
     started: Instant,
+    /// When the response header is due (`timeouts.response_header` after the start).
+    deadline: tokio::time::Instant,
     _guard: OutstandingGuard,
 }
 
@@ -355,7 +369,11 @@ impl Proxy {
             pool.latency
                 .hedge_delay(section.hedge.min_delay, section.hedge.max_delay)
         });
-        let mut hedge_timer = hedge_delay.map(|d| Box::pin(tokio::time::sleep(d)));
+        // One timer per request serves the hedge delay and every attempt's
+        // response-header deadline: it is re-armed for the earliest of them.
+        let mut hedge_at = hedge_delay.map(|d| tokio::time::Instant::now() + d);
+        let timer = tokio::time::sleep(table.response_header_timeout);
+        tokio::pin!(timer);
 
         let start_attempt = |tried: &mut Vec<Arc<TargetRt>>,
                              attempts: &mut Vec<Attempt>,
@@ -379,16 +397,9 @@ impl Proxy {
             *r.headers_mut() = headers;
             let left = target.left_service.clone().notified_owned();
             let conns = target.conns.clone();
-            let (timeout, connect_timeout, idle_timeout) = (
-                table.response_header_timeout,
-                table.connect_timeout,
-                table.idle_timeout,
-            );
-            let fut: AttemptFuture = Box::pin(async move {
-                tokio::time::timeout(timeout, conns.send(r, connect_timeout, idle_timeout))
-                    .await
-                    .unwrap_or(Err(Failure::Timeout))
-            });
+            let (connect_timeout, idle_timeout) = (table.connect_timeout, table.idle_timeout);
+            let fut: AttemptFuture =
+                Box::pin(async move { conns.send(r, connect_timeout, idle_timeout).await });
             target.outstanding.fetch_add(1, Ordering::Relaxed);
             // Racing: the target may have left service between the pick and now; then
             // its notification is already gone, and `in_service` says so.
@@ -399,6 +410,7 @@ impl Proxy {
                 fut,
                 left: in_service.then(|| Box::pin(left)),
                 started: Instant::now(),
+                deadline: tokio::time::Instant::now() + table.response_header_timeout,
             });
             true
         };
@@ -424,13 +436,30 @@ impl Proxy {
                         return Poll::Ready(Event::Left(i));
                     }
                 }
-                if let Some(t) = &mut hedge_timer
-                    && t.as_mut().poll(cx).is_ready()
-                {
-                    hedge_timer = None;
-                    return Poll::Ready(Event::Hedge);
+                loop {
+                    let next = attempts
+                        .iter()
+                        .map(|a| a.deadline)
+                        .chain(hedge_at)
+                        .min()
+                        .expect("an attempt is in flight");
+                    if timer.deadline() != next {
+                        timer.as_mut().reset(next);
+                    }
+                    if timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    // The timer fired: its deadline is reached even if the clock reads
+                    // a hair earlier.
+                    let now = tokio::time::Instant::now().max(timer.deadline());
+                    if hedge_at.is_some_and(|h| h <= now) {
+                        hedge_at = None;
+                        return Poll::Ready(Event::Hedge);
+                    }
+                    if let Some(i) = attempts.iter().position(|a| a.deadline <= now) {
+                        return Poll::Ready(Event::Done(i, Err(Failure::Timeout)));
+                    }
                 }
-                Poll::Pending
             })
             .await;
             match ev {
