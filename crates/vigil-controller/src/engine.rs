@@ -34,8 +34,9 @@ const RECENT_EVENTS: usize = 20;
 /// What the scheduler probes, and how.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
-    /// Targets (config and discovery merged).
-    pub targets: Vec<TargetConfig>,
+    /// Targets (config and discovery merged), shared with the engine's own records:
+    /// one copy of each target's strings, however many parts hold it.
+    pub targets: Vec<Arc<TargetConfig>>,
     /// Probe settings.
     pub probe: ProbeConfig,
     /// Heartbeat TTL.
@@ -228,7 +229,7 @@ struct SnapshotRef<'a> {
 }
 
 struct TargetRuntime {
-    spec: TargetConfig,
+    spec: Arc<TargetConfig>,
     /// Its `target_up` metric labels.
     labels: crate::metrics::Labels,
     /// Display state ("" until first computed).
@@ -247,8 +248,8 @@ pub struct Engine {
     actions: mpsc::UnboundedSender<ActionRecord>,
     plan: watch::Sender<Arc<Plan>>,
     config: Arc<ControllerConfig>,
-    config_targets: Vec<TargetConfig>,
-    discovered: Vec<TargetConfig>,
+    config_targets: Vec<Arc<TargetConfig>>,
+    discovered: Vec<Arc<TargetConfig>>,
     runtime: BTreeMap<String, TargetRuntime>,
     events: VecDeque<EventInfo>,
     batch: Batch,
@@ -348,14 +349,14 @@ impl Engine {
                 id.clone(),
                 TargetRuntime {
                     labels: Metrics::target_labels(&id, &zone),
-                    spec: TargetConfig {
+                    spec: Arc::new(TargetConfig {
                         id,
                         url: String::new(),
                         zone,
                         group: String::new(),
                         heartbeat: false,
                         interval: None,
-                    },
+                    }),
                     state: "",
                     history: VecDeque::new(),
                 },
@@ -374,8 +375,8 @@ impl Engine {
     /// Sets both target sources at start (before `run`), so targets in neither are
     /// forgotten once, and the others keep their state.
     pub fn initial_targets(&mut self, config: Vec<TargetConfig>, discovered: Vec<TargetConfig>) {
-        self.config_targets = config;
-        self.discovered = discovered;
+        self.config_targets = config.into_iter().map(Arc::new).collect();
+        self.discovered = discovered.into_iter().map(Arc::new).collect();
         self.apply_targets();
     }
 
@@ -438,6 +439,7 @@ impl Engine {
                 self.op(GuardOp::Observe { at, obs }, Some(&id));
             }
             Command::Targets { source, targets } => {
+                let targets = targets.into_iter().map(Arc::new).collect();
                 match source {
                     Source::Config => self.config_targets = targets,
                     Source::Discovery => self.discovered = targets,
@@ -506,7 +508,7 @@ impl Engine {
 
     fn reconfigure(&mut self, config: Arc<ControllerConfig>) {
         self.reconfigure_guard(&config);
-        self.config_targets = config.targets.clone();
+        self.config_targets = config.targets.iter().cloned().map(Arc::new).collect();
         self.config = config;
         self.apply_targets();
     }
@@ -525,7 +527,7 @@ impl Engine {
     /// Merges the two sources (config wins on a duplicate id), adds, updates and
     /// forgets targets, and publishes the plan to the scheduler.
     fn apply_targets(&mut self) {
-        let mut merged: BTreeMap<String, TargetConfig> = BTreeMap::new();
+        let mut merged: BTreeMap<String, Arc<TargetConfig>> = BTreeMap::new();
         for t in &self.discovered {
             merged.insert(t.id.clone(), t.clone());
         }

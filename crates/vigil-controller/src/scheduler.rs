@@ -94,12 +94,12 @@ pub async fn run(
             let now = Instant::now();
             let interval = plan.probe.interval;
             let wanted: HashMap<&str, &TargetConfig> =
-                plan.targets.iter().map(|t| (t.id.as_str(), t)).collect();
+                plan.targets.iter().map(|t| (t.id.as_str(), &**t)).collect();
             entries.retain(|id, _| wanted.contains_key(id.as_str()));
             heartbeats.retain(|id| wanted.get(id).is_some_and(|t| t.heartbeat));
             for t in &plan.targets {
                 if let Some(e) = entries.get_mut(&t.id)
-                    && *e.spec == *t
+                    && *e.spec == **t
                 {
                     // Same target; the probe path may have changed with the plan.
                     e.uri = probe_uri(t, &plan.probe.path);
@@ -113,7 +113,7 @@ pub async fn run(
                 entries.insert(
                     t.id.clone(),
                     Entry {
-                        spec: Arc::new(t.clone()),
+                        spec: t.clone(),
                         uri: probe_uri(t, &plan.probe.path),
                         epoch,
                     },
