@@ -71,14 +71,13 @@ impl ProxyTable {
     /// The first rule matching `host` and `path`.
     pub fn route(&self, host: Option<&str>, path: &str) -> Option<&Arc<PoolRt>> {
         let host = host.map(|h| {
-            let h = h.rsplit_once(':').map_or(h, |(name, port)| {
+            h.rsplit_once(':').map_or(h, |(name, port)| {
                 if port.bytes().all(|b| b.is_ascii_digit()) {
                     name
                 } else {
                     h
                 }
-            });
-            h
+            })
         });
         // Rule hosts are lower case; the request's is compared without a lower-cased copy.
         self.routes
@@ -149,7 +148,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // present; most messages carry none, or only `Connection`. No allocation.
     let mut present = 0u16;
     for n in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == n) {
+        if let Some(i) = hop_by_hop_index(n) {
             present |= 1 << i;
         }
     }
@@ -180,6 +179,23 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(n);
         }
     }
+}
+
+/// The index of `n` in [`HOP_BY_HOP`] (a string match: a length switch, then one
+/// comparison).
+fn hop_by_hop_index(n: &HeaderName) -> Option<usize> {
+    Some(match n.as_str() {
+        "connection" => 0,
+        "te" => 1,
+        "trailer" => 2,
+        "transfer-encoding" => 3,
+        "upgrade" => 4,
+        "proxy-authorization" => 5,
+        "proxy-authenticate" => 6,
+        "keep-alive" => 7,
+        "proxy-connection" => 8,
+        _ => return None,
+    })
 }
 
 /// Headers that describe one connection (RFC 9110 7.6.1 and the usual non-standard
@@ -659,6 +675,14 @@ mod tests {
             HeaderValue::from_static("127.0.0.1"),
         );
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
+    }
+
+    #[test]
+    fn hop_by_hop_index_matches_the_table() {
+        for (i, n) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_by_hop_index(n), Some(i), "{n}");
+        }
+        assert_eq!(hop_by_hop_index(&header::HOST), None);
     }
 
     #[test]
