@@ -22,7 +22,10 @@ fuzz_target!(|data: &[u8]| {
         .unwrap_or_else(|e| panic!("{text:?} parsed as {amount:?}, shown as {shown:?}: {e}"));
     match (amount, back) {
         (Amount::Percent(p), Amount::Percent(q)) => {
-            assert!(p.is_finite() && (0.0..=100.0).contains(&p), "{text:?} -> {p}");
+            assert!(
+                p.is_finite() && (0.0..=100.0).contains(&p),
+                "{text:?} -> {p}"
+            );
             assert_eq!(p, q, "{text:?} shown as {shown:?}");
         }
         (Amount::Bytes(a), Amount::Bytes(b)) => {

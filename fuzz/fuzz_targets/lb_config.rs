@@ -24,11 +24,17 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(e) => {
             let shown = e.to_string();
-            assert!(shown.starts_with("fuzz-lb.toml"), "error must name the file: {shown}");
+            assert!(
+                shown.starts_with("fuzz-lb.toml"),
+                "error must name the file: {shown}"
+            );
             let lines = text.lines().count().max(1);
             match e {
                 ConfigError::Parse { line, .. } | ConfigError::Invalid { line, .. } => {
-                    assert!(line <= lines + 1, "line {line} past the end ({lines} lines): {shown}");
+                    assert!(
+                        line <= lines + 1,
+                        "line {line} past the end ({lines} lines): {shown}"
+                    );
                 }
                 ConfigError::Read { .. } => unreachable!("parse reads no file"),
             }

@@ -20,10 +20,16 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(e) => {
             let shown = e.to_string();
-            assert!(shown.contains("fuzz-scenario.toml"), "error must name the file: {shown}");
+            assert!(
+                shown.contains("fuzz-scenario.toml"),
+                "error must name the file: {shown}"
+            );
             if let Some(line) = e.line {
                 let lines = text.lines().count().max(1);
-                assert!(line <= lines + 1, "line {line} past the end ({lines} lines): {shown}");
+                assert!(
+                    line <= lines + 1,
+                    "line {line} past the end ({lines} lines): {shown}"
+                );
             }
         }
     }
