@@ -550,10 +550,16 @@ async fn hostile_clients_and_a_garbage_backend_get_their_status_and_disturb_noth
     assert!(samples.len() > 20, "load ran: {}", samples.len());
     let failed = failures(&samples);
     assert!(failed.is_empty(), "nothing else is disturbed: {failed:?}");
-    let slowest = samples.iter().map(|s| s.latency).max().unwrap();
+    // The 90th percentile, not the maximum: a proxy held up by the slowloris (client
+    // header timeout 1 s, most of this load's duration) would delay most requests by
+    // up to a second, while one request delayed by a starved CI machine says nothing.
+    let mut latencies: Vec<Duration> = samples.iter().map(|s| s.latency).collect();
+    latencies.sort();
+    let p90 = latencies[latencies.len() * 9 / 10];
     assert!(
-        slowest < Duration::from_secs(1),
-        "other clients were not held up: slowest {slowest:?}"
+        p90 < Duration::from_millis(500),
+        "other clients were not held up: p90 {p90:?}, slowest {:?}",
+        latencies.last()
     );
 }
 
