@@ -365,12 +365,18 @@ fn parse_check(v: &Value, path: &str) -> Result<CheckResult, ParseError> {
 /// nanoseconds), so a report parsed from a service and relayed by vigil keeps the time
 /// the service sent (truncating it made `parse(serialise(r)) != r`; found by fuzzing).
 fn serialize_rfc3339<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
-    let Some(t) = *t else {
+    // RFC 3339 as humantime writes it covers 1970..=9999 and it panics outside; a time
+    // built in code outside that range is written as `null` (no time) rather than
+    // taking the health endpoint down.
+    const LAST_RFC3339_SECOND: u64 = 253_402_300_799; // 9999-12-31T23:59:59Z
+    let since_epoch = t.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok());
+    let (Some(t), Some(since_epoch)) = (*t, since_epoch) else {
         return s.serialize_none();
     };
-    let nanos = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
+    if since_epoch.as_secs() > LAST_RFC3339_SECOND {
+        return s.serialize_none();
+    }
+    let nanos = since_epoch.subsec_nanos();
     if nanos % 1_000_000 == 0 {
         s.collect_str(&humantime::format_rfc3339_millis(t))
     } else if nanos % 1_000 == 0 {
@@ -464,6 +470,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, ParseError::BadTime { .. }), "{err}");
+    }
+
+    #[test]
+    fn times_outside_rfc3339_are_written_as_null_not_a_panic() {
+        for t in [
+            SystemTime::UNIX_EPOCH - Duration::from_secs(1),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(300_000_000_000),
+        ] {
+            let mut r = CheckResult::new(Status::Pass);
+            r.time = Some(t);
+            let report = HealthReport::from_results([("a", r, Criticality::Critical)]);
+            let json = report.to_json();
+            assert!(json.contains("\"time\":null"), "{json}");
+            assert!(HealthReport::parse(json.as_bytes()).is_ok(), "{json}");
+        }
     }
 
     #[test]

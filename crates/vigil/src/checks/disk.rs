@@ -87,10 +87,12 @@ impl FromStr for Amount {
             "pib" => 1 << 50,
             _ => return Err(err()),
         };
-        if !num.is_finite() || num < 0.0 {
+        let bytes = num * mult as f64;
+        // `as u64` would saturate silently: an amount past 16 EiB is a typo, not a limit.
+        if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
             return Err(err());
         }
-        Ok(Amount::Bytes((num * mult as f64) as u64))
+        Ok(Amount::Bytes(bytes as u64))
     }
 }
 
@@ -230,7 +232,16 @@ mod tests {
         );
         assert_eq!("4096".parse::<Amount>().unwrap(), Amount::Bytes(4096));
         assert_eq!("1.5 GiB".parse::<Amount>().unwrap(), Amount::Bytes(3 << 29));
-        for bad in ["", "%", "101%", "-5%", "12 parsecs", "-1GB", "abc"] {
+        for bad in [
+            "",
+            "%",
+            "101%",
+            "-5%",
+            "12 parsecs",
+            "-1GB",
+            "abc",
+            "99999999999TiB",
+        ] {
             assert!(bad.parse::<Amount>().is_err(), "{bad:?} must not parse");
         }
     }
