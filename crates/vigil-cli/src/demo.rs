@@ -370,7 +370,7 @@ async fn run_fleet(
         "demo: traffic through the balancer: {} requests, {} ok, {} errors ({:.3}% success)",
         t.0,
         t.1,
-        t.0 - t.1,
+        t.0.saturating_sub(t.1),
         if t.0 == 0 {
             100.0
         } else {
@@ -514,16 +514,17 @@ async fn apply(
 
 #[derive(Default)]
 struct Traffic {
+    /// Requests answered (or failed): counted on completion, so a request still in
+    /// flight when the demo stops is not reported as an error.
     sent: AtomicU64,
     ok: AtomicU64,
 }
 
 impl Traffic {
+    /// (sent, ok), with ok <= sent.
     fn snapshot(&self) -> (u64, u64) {
-        (
-            self.sent.load(Ordering::Relaxed),
-            self.ok.load(Ordering::Relaxed),
-        )
+        let ok = self.ok.load(Ordering::SeqCst);
+        (self.sent.load(Ordering::SeqCst), ok)
     }
 }
 
@@ -550,14 +551,16 @@ async fn generate(
         let url = format!("{lb}/items/{}", 1 + i % 10);
         let (client, traffic) = (client.clone(), traffic.clone());
         tokio::spawn(async move {
-            traffic.sent.fetch_add(1, Ordering::Relaxed);
-            if client
+            let ok = client
                 .get(&url)
                 .send()
                 .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                traffic.ok.fetch_add(1, Ordering::Relaxed);
+                .is_ok_and(|r| r.status().is_success());
+            // sent before ok, and `snapshot` reads them the other way round: a reader
+            // never sees more ok than sent.
+            traffic.sent.fetch_add(1, Ordering::SeqCst);
+            if ok {
+                traffic.ok.fetch_add(1, Ordering::SeqCst);
             }
         });
     }
@@ -665,7 +668,7 @@ async fn narrate(
             let (sent, ok) = (now.0 - last_traffic.0, now.1 - last_traffic.1);
             println!(
                 "traffic: {sent} requests in the last 10s, {ok} ok, {} errors",
-                sent - ok
+                sent.saturating_sub(ok)
             );
             last_traffic = now;
             last_line = Instant::now();
