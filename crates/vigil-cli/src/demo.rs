@@ -363,8 +363,11 @@ async fn run_fleet(
         }
     };
     let _ = stop.0.send(true);
-    let _ = traffic_task.await;
-    let _ = narrator.await;
+    for (what, task) in [("traffic", traffic_task), ("narrator", narrator)] {
+        if let Err(e) = task.await {
+            eprintln!("demo: the {what} task failed: {e}");
+        }
+    }
     let t = traffic.snapshot();
     println!(
         "demo: traffic through the balancer: {} requests, {} ok, {} errors ({:.3}% success)",
