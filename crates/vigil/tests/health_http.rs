@@ -29,6 +29,20 @@ fn pass_check() -> FnCheck<impl Fn() -> std::future::Ready<Observation> + Send +
     FnCheck::new(|| std::future::ready(vigil::check::pass()))
 }
 
+/// A check that passes while `up` is true and fails with `why` otherwise.
+fn switch_check(
+    up: Arc<AtomicBool>,
+    why: &'static str,
+) -> FnCheck<impl Fn() -> std::future::Ready<Observation> + Send + Sync> {
+    FnCheck::new(move || {
+        std::future::ready(if up.load(Ordering::SeqCst) {
+            vigil::check::pass()
+        } else {
+            Observation::fail(why)
+        })
+    })
+}
+
 /// Everything a test looks at in one answer.
 struct Answer {
     status: u16,
@@ -176,21 +190,11 @@ async fn endpoints_speak_health_json_with_no_store_and_the_right_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn critical_dependency_failure_fails_health_but_not_readiness() {
     let up = Arc::new(AtomicBool::new(true));
-    let u = up.clone();
     let health = Health::builder()
         .config(fast_config())
         .dependency(
             "postgres:connect",
-            FnCheck::new(move || {
-                let ok = u.load(Ordering::SeqCst);
-                async move {
-                    if ok {
-                        vigil::check::pass()
-                    } else {
-                        Observation::fail("refused")
-                    }
-                }
-            }),
+            switch_check(up.clone(), "refused"),
             every(50),
         )
         .start();
@@ -446,21 +450,11 @@ async fn watchdog_restarts_a_hung_checker_after_its_staleness() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_fails_while_starting_until_startup_checks_passed_once() {
     let warm = Arc::new(AtomicBool::new(false));
-    let w = warm.clone();
     let health = Health::builder()
         .config(fast_config())
         .local(
             "cache:warm",
-            FnCheck::new(move || {
-                let ok = w.load(Ordering::SeqCst);
-                async move {
-                    if ok {
-                        vigil::check::pass()
-                    } else {
-                        Observation::fail("warming")
-                    }
-                }
-            }),
+            switch_check(warm.clone(), "warming"),
             every(50),
         )
         .start();
