@@ -1,12 +1,13 @@
 //! The HAProxy agent-check responder over loopback TCP: the line follows readiness.
 #![cfg(feature = "agent-check")]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use vigil::agent::AgentCheck;
 use vigil::{CheckOptions, CheckerFault, FnCheck, Health, Observation, Status};
+
+mod support;
+use support::{Knob, fast};
 
 /// Reads the one line the agent writes, then the connection must be closed.
 async fn read_line(addr: std::net::SocketAddr) -> String {
@@ -35,26 +36,9 @@ async fn wait_line(addr: std::net::SocketAddr, pred: impl Fn(&str) -> bool) -> S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_line_follows_readiness_through_warn_fail_and_shutdown() {
-    let knob = Arc::new(AtomicU8::new(0));
-    let check = {
-        let knob = knob.clone();
-        FnCheck::new(move || {
-            let status = match knob.load(Ordering::SeqCst) {
-                0 => Status::Pass,
-                1 => Status::Warn,
-                _ => Status::Fail,
-            };
-            std::future::ready(Observation::new(status).with_output("set by the test"))
-        })
-    };
+    let knob = Knob::default();
     let health = Health::builder()
-        .local(
-            "disk:free",
-            check,
-            CheckOptions::every(Duration::from_millis(50))
-                .timeout(Duration::from_secs(1))
-                .jitter(0.0),
-        )
+        .local("disk:free", knob.check(), fast())
         .start();
     let agent = AgentCheck::new(&health)
         .warn_weight(30)
@@ -67,14 +51,14 @@ async fn agent_line_follows_readiness_through_warn_fail_and_shutdown() {
         "up ready 100%\n"
     );
 
-    knob.store(1, Ordering::SeqCst);
+    knob.set(Status::Warn);
     assert_eq!(
         wait_line(addr, |l| l != "up ready 100%\n").await,
         "up ready 30%\n",
         "warn keeps the server up at a reduced weight"
     );
 
-    knob.store(2, Ordering::SeqCst);
+    knob.set(Status::Fail);
     let down = wait_line(addr, |l| l.starts_with("down")).await;
     assert!(down.starts_with("down #"), "{down:?}");
     assert!(
@@ -86,7 +70,7 @@ async fn agent_line_follows_readiness_through_warn_fail_and_shutdown() {
         "{down:?}"
     );
 
-    knob.store(0, Ordering::SeqCst);
+    knob.set(Status::Pass);
     wait_line(addr, |l| l == "up ready 100%\n").await;
 
     health.begin_shutdown();

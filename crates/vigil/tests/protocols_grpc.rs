@@ -2,8 +2,6 @@
 //! the snapshot, unknown services, per-service checks, NOT_SERVING on shutdown.
 #![cfg(feature = "grpc")]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -11,36 +9,10 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use vigil::grpc::GrpcHealth;
-use vigil::{CheckOptions, FnCheck, Health, Observation, Status};
+use vigil::{Health, Status};
 
-/// A check whose status the test sets.
-#[derive(Clone, Default)]
-struct Knob(Arc<AtomicU8>);
-
-impl Knob {
-    fn set(&self, s: Status) {
-        self.0.store(s as u8, Ordering::SeqCst);
-    }
-    fn check(
-        &self,
-    ) -> FnCheck<impl Fn() -> std::future::Ready<Observation> + Send + Sync + 'static> {
-        let knob = self.0.clone();
-        FnCheck::new(move || {
-            let status = match knob.load(Ordering::SeqCst) {
-                0 => Status::Pass,
-                1 => Status::Warn,
-                _ => Status::Fail,
-            };
-            std::future::ready(Observation::new(status).with_output("set by the test"))
-        })
-    }
-}
-
-fn fast() -> CheckOptions {
-    CheckOptions::every(Duration::from_millis(50))
-        .timeout(Duration::from_secs(1))
-        .jitter(0.0)
-}
+mod support;
+use support::{Knob, fast};
 
 struct Fixture {
     health: Health,

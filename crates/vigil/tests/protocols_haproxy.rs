@@ -5,12 +5,13 @@
 #![cfg(feature = "agent-check")]
 
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vigil::agent::AgentCheck;
-use vigil::{CheckOptions, FnCheck, Health, Observation, Status};
+use vigil::{Health, Status};
+
+mod support;
+use support::{Knob, fast};
 
 struct KillOnDrop(Child);
 
@@ -79,26 +80,9 @@ async fn haproxy_follows_the_agent_through_warn_fail_and_drain() {
         eprintln!("SKIPPED: no haproxy binary (apt-get install haproxy)");
         return;
     };
-    let knob = Arc::new(AtomicU8::new(0));
-    let check = {
-        let knob = knob.clone();
-        FnCheck::new(move || {
-            let status = match knob.load(Ordering::SeqCst) {
-                0 => Status::Pass,
-                1 => Status::Warn,
-                _ => Status::Fail,
-            };
-            std::future::ready(Observation::new(status).with_output("set by the test"))
-        })
-    };
+    let knob = Knob::default();
     let health = Health::builder()
-        .local(
-            "disk:free",
-            check,
-            CheckOptions::every(Duration::from_millis(50))
-                .timeout(Duration::from_secs(1))
-                .jitter(0.0),
-        )
+        .local("disk:free", knob.check(), fast())
         .start();
     let agent = AgentCheck::new(&health)
         .serve_reserved("127.0.0.1:0".parse().unwrap())
@@ -144,20 +128,20 @@ async fn haproxy_follows_the_agent_through_warn_fail_and_drain() {
         wait_state(&sock, "UP at full weight", |s, w| s == "UP" && w == "100").await;
     assert_eq!((status.as_str(), weight.as_str()), ("UP", "100"));
 
-    knob.store(1, Ordering::SeqCst);
+    knob.set(Status::Warn);
     wait_state(&sock, "UP at the warn weight 50", |s, w| {
         s == "UP" && w == "50"
     })
     .await;
 
-    knob.store(2, Ordering::SeqCst);
+    knob.set(Status::Fail);
     let (status, _) = wait_state(&sock, "DOWN", |s, _| s.starts_with("DOWN")).await;
     assert!(
         status.starts_with("DOWN"),
         "a failing readiness must take the server down"
     );
 
-    knob.store(0, Ordering::SeqCst);
+    knob.set(Status::Pass);
     wait_state(&sock, "UP again", |s, w| s == "UP" && w == "100").await;
 
     health.begin_shutdown();

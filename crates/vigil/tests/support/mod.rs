@@ -1,0 +1,36 @@
+//! Test doubles shared by the protocol tests (gRPC, agent-check, HAProxy interop).
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+use vigil::{CheckOptions, FnCheck, Observation, Status};
+
+/// A check whose status the test sets.
+#[derive(Clone, Default)]
+pub struct Knob(Arc<AtomicU8>);
+
+impl Knob {
+    pub fn set(&self, s: Status) {
+        self.0.store(s as u8, Ordering::SeqCst);
+    }
+    pub fn check(
+        &self,
+    ) -> FnCheck<impl Fn() -> std::future::Ready<Observation> + Send + Sync + 'static> {
+        let knob = self.0.clone();
+        FnCheck::new(move || {
+            let status = match knob.load(Ordering::SeqCst) {
+                0 => Status::Pass,
+                1 => Status::Warn,
+                _ => Status::Fail,
+            };
+            std::future::ready(Observation::new(status).with_output("set by the test"))
+        })
+    }
+}
+
+pub fn fast() -> CheckOptions {
+    CheckOptions::every(Duration::from_millis(50))
+        .timeout(Duration::from_secs(1))
+        .jitter(0.0)
+}
