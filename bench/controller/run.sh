@@ -5,12 +5,16 @@
 #
 # Builds release, then runs crates/vigil-controller/examples/controller_bench: a fake
 # fleet of N health+json targets on loopback (127.0.x.y on 100 ports, in the bench
-# process, unpinned), `vigil controller` pinned to one core probing every target at the
-# interval (default 10,000 targets every 500 ms = 20,000 probes/s scheduled), then the
-# blackbox exporter pinned to the same core probing the same targets as fast as a
-# closed-loop driver can make it. CPU is each prober's own (/proc/<pid>/stat), memory
-# its RSS at the end of the window. Prints probes/s, CPU per probe, probes/s per core,
-# memory per target and the ratios.
+# process, pinned to every core but CORE), `vigil controller` pinned to CORE probing
+# every target at the interval (default 10,000 targets every 500 ms = 20,000 probes/s
+# scheduled), then the blackbox exporter pinned to the same core probing the same
+# targets as fast as a closed-loop driver can make it. CPU is each prober's own
+# (/proc/<pid>/stat), memory its RSS at the end of the window. Prints achieved
+# probes/s, schedule lag p50/p99/p99.9, CPU per probe, probes/s per core, RSS per
+# target (RSS / N: includes the ~11 MB mapped binary) and the marginal memory per
+# target ((RSS at N - RSS of the same controller with 1 target) / (N - 1)), and the
+# ratios. Run at least 40 s (warm-up + window) so a guard snapshot (every 30 s) falls
+# inside; the peak RSS since start is printed too.
 #
 # Usage: bench/controller/run.sh [TARGETS] [INTERVAL] [SECONDS] [CORE]
 #   extra flags for the bench binary via BENCH_FLAGS (e.g. BENCH_FLAGS=--no-keep-alive)
@@ -19,7 +23,7 @@ cd "$(dirname "$0")/../.."
 
 TARGETS=${1:-10000}
 INTERVAL=${2:-500ms}
-SECONDS_=${3:-30}
+SECONDS_=${3:-60}
 CORE=${4:-1}
 WARMUP=${WARMUP:-10}
 

@@ -51,6 +51,10 @@ struct Opts {
     blackbox: Option<PathBuf>,
     /// Concurrent `/probe` requests the blackbox driver keeps in flight.
     blackbox_concurrency: usize,
+    /// Also run the same controller with one target, for the marginal memory per target.
+    baseline: bool,
+    /// How long that baseline controller runs before its memory is read.
+    baseline_seconds: u64,
 }
 
 fn opts() -> Opts {
@@ -64,6 +68,8 @@ fn opts() -> Opts {
         keep_alive: true,
         blackbox: None,
         blackbox_concurrency: 64,
+        baseline: true,
+        baseline_seconds: 5,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -77,6 +83,10 @@ fn opts() -> Opts {
             "--vigil" => o.vigil = PathBuf::from(v()),
             "--core" => o.core = v(),
             "--no-keep-alive" => o.keep_alive = false,
+            "--no-baseline" => o.baseline = false,
+            "--baseline-seconds" => {
+                o.baseline_seconds = v().parse().expect("--baseline-seconds N")
+            }
             "--blackbox" => o.blackbox = Some(PathBuf::from(v())),
             "--blackbox-concurrency" => {
                 o.blackbox_concurrency = v().parse().expect("--blackbox-concurrency N")
@@ -163,13 +173,90 @@ fn cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
-fn rss_kib(pid: u32) -> u64 {
+/// A process's memory now, KiB (from `/proc/<pid>/status`).
+struct Memory {
+    /// Resident set.
+    rss: u64,
+    /// Resident anonymous memory (heap, stacks).
+    anon: u64,
+    /// Resident file-backed pages (the mapped binary and libraries).
+    file: u64,
+    /// Peak resident set since start (VmHWM).
+    peak: u64,
+}
+
+fn memory(pid: u32) -> Memory {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0)
+    };
+    Memory {
+        rss: field("VmRSS:"),
+        anon: field("RssAnon:"),
+        file: field("RssFile:") + field("RssShmem:"),
+        peak: field("VmHWM:"),
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    memory(pid).rss
+}
+
+/// Writes the fleet's config and targets under `dir` and starts `vigil controller`
+/// pinned to the measured core. Returns the child, its pid and its base URL.
+fn start_controller(
+    o: &Opts,
+    dir: &std::path::Path,
+    targets: &[serde_json::Value],
+) -> (std::process::Child, u32, String) {
+    std::fs::write(
+        dir.join("targets.json"),
+        serde_json::to_string(targets).unwrap(),
+    )
+    .unwrap();
+    let listen = free_ports(1)[0];
+    std::fs::write(
+        dir.join("fleet.toml"),
+        format!(
+            "listen = \"127.0.0.1:{listen}\"\ndata_dir = \"data\"\n[probe]\ninterval = \"{}\"\ntimeout = \"2s\"\nconcurrency = 1024\nkeep_alive = {}\n[guard]\ngrace = \"0s\"\n[discovery]\npath = \"targets.json\"\n",
+            humantime::format_duration(o.interval),
+            o.keep_alive
+        ),
+    )
+    .unwrap();
+    let child = Command::new("taskset")
+        .args(["-c", &o.core])
+        .arg(&o.vigil)
+        .args(["controller", "-c"])
+        .arg(dir.join("fleet.toml"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn taskset vigil controller");
+    let pid = child.id();
+    (child, pid, format!("http://127.0.0.1:{listen}"))
+}
+
+fn wait_live(base: &str) {
+    let started = Instant::now();
+    while reqwest_ok(&format!("{base}/livez")).is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "controller did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn stop(child: &mut std::process::Child, pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let _ = child.wait();
 }
 
 fn get(url: &str) -> String {
@@ -187,8 +274,49 @@ fn get(url: &str) -> String {
     })
 }
 
+/// The cores in a `taskset -c` list (`1`, `0,2`, `1-3`).
+fn cores(list: &str) -> Vec<usize> {
+    list.split(',')
+        .flat_map(|part| match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().expect("core"), b.parse().expect("core"));
+                (a..=b).collect::<Vec<_>>()
+            }
+            None => vec![part.parse().expect("core")],
+        })
+        .collect()
+}
+
+/// Pins this process (the fake fleet, the blackbox driver) to every core but the
+/// measured ones, before any thread starts, so the threads it spawns inherit it and the
+/// prober's core runs the prober alone. Returns the cores it kept (empty: not pinned).
+fn pin_self_away_from(measured: &str) -> String {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let taken = cores(measured);
+    let others: Vec<String> = (0..n)
+        .filter(|c| !taken.contains(c))
+        .map(|c| c.to_string())
+        .collect();
+    if others.is_empty() {
+        eprintln!("warning: no core left for the fake fleet; it shares the prober's core");
+        return String::new();
+    }
+    let list = others.join(",");
+    let ok = Command::new("taskset")
+        .args(["-p", "-c", &list, &std::process::id().to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("warning: could not pin the fake fleet to cores {list}");
+        return String::new();
+    }
+    list
+}
+
 fn main() {
     let o = opts();
+    let fleet_cores = pin_self_away_from(&o.core);
     let ports = free_ports(PORTS);
     fleet(&ports);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -202,40 +330,24 @@ fn main() {
             })
         })
         .collect();
-    std::fs::write(
-        dir.path().join("targets.json"),
-        serde_json::to_string(&targets).unwrap(),
-    )
-    .unwrap();
-    let listen = free_ports(1)[0];
-    std::fs::write(
-        dir.path().join("fleet.toml"),
-        format!(
-            "listen = \"127.0.0.1:{listen}\"\ndata_dir = \"data\"\n[probe]\ninterval = \"{}\"\ntimeout = \"2s\"\nconcurrency = 1024\nkeep_alive = {}\n[guard]\ngrace = \"0s\"\n[discovery]\npath = \"targets.json\"\n",
-            humantime::format_duration(o.interval),
-            o.keep_alive
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new("taskset")
-        .args(["-c", &o.core])
-        .arg(&o.vigil)
-        .args(["controller", "-c"])
-        .arg(dir.path().join("fleet.toml"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn taskset vigil controller");
-    let pid = child.id();
-    let base = format!("http://127.0.0.1:{listen}");
-    let started = Instant::now();
-    while reqwest_ok(&format!("{base}/livez")).is_none() {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "controller did not start"
+    // The same controller with one target: its memory is what N targets add to.
+    let (base_rss, base_mem) = if o.baseline {
+        let base_dir = tempfile::tempdir().expect("tempdir");
+        let (mut child, pid, base) = start_controller(&o, base_dir.path(), &targets[..1]);
+        wait_live(&base);
+        std::thread::sleep(Duration::from_secs(o.baseline_seconds));
+        let mem = memory(pid);
+        stop(&mut child, pid);
+        eprintln!(
+            "baseline: the same controller with 1 target: rss {} KiB (anon {}, file {})",
+            mem.rss, mem.anon, mem.file
         );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        (Some(mem.rss), Some(mem))
+    } else {
+        (None, None)
+    };
+    let (mut child, pid, base) = start_controller(&o, dir.path(), &targets);
+    wait_live(&base);
     eprintln!(
         "controller pid {pid} on core {}; warming up {} s",
         o.core, o.warmup
@@ -246,7 +358,7 @@ fn main() {
     std::thread::sleep(Duration::from_secs(o.seconds));
     let m1 = get(&format!("{base}/metrics"));
     let (wall, c1) = (t0.elapsed().as_secs_f64(), cpu_ticks(pid));
-    let rss = rss_kib(pid);
+    let mem = memory(pid);
     let probes =
         metric(&m1, "vigil_controller_probes_total") - metric(&m0, "vigil_controller_probes_total");
     let failed = metric(&m1, "vigil_controller_probes_total{result=\"fail\"}")
@@ -254,21 +366,25 @@ fn main() {
     let (b0, b1) = (lag_buckets(&m0), lag_buckets(&m1));
     let delta: Vec<(f64, f64)> = b1.iter().zip(&b0).map(|(a, b)| (a.0, a.1 - b.1)).collect();
     let total = delta.last().map_or(0.0, |d| d.1);
-    let p99 = delta
-        .iter()
-        .find(|(_, n)| *n >= 0.99 * total)
-        .map_or(f64::NAN, |d| d.0);
+    let quantile = |q: f64| {
+        delta
+            .iter()
+            .find(|(_, n)| *n >= q * total)
+            .map_or(f64::NAN, |d| d.0)
+    };
+    let (p50, p99, p999) = (quantile(0.5), quantile(0.99), quantile(0.999));
     let cpu = (c1 - c0) as f64 / HZ / wall;
-    let _ = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status();
-    let _ = child.wait();
+    stop(&mut child, pid);
     let vigil = Figures {
         probes_per_s: probes / wall,
         cpu,
-        rss_kib: rss,
+        rss_kib: mem.rss,
     };
-    println!("== vigil controller (pid pinned to core {}) ==", o.core);
+    println!(
+        "== vigil controller (pinned to core {}; fake fleet and drivers on core(s) {}) ==",
+        o.core,
+        if fleet_cores.is_empty() { "any (NOT pinned away)" } else { &fleet_cores }
+    );
     println!("targets            {}", o.targets);
     println!(
         "interval           {}",
@@ -284,8 +400,29 @@ fn main() {
         o.targets as f64 / o.interval.as_secs_f64(),
         failed
     );
-    println!("schedule lag p99   <= {p99} s (histogram bucket)");
+    println!(
+        "schedule lag       p50 <= {} ms, p99 <= {} ms, p99.9 <= {} ms (upper bounds of the lag histogram's buckets)",
+        p50 * 1e3,
+        p99 * 1e3,
+        p999 * 1e3
+    );
     vigil.print(o.targets);
+    println!(
+        "rss split          anon {} KiB, file-backed {} KiB (the mapped binary and libraries); peak rss {} KiB (VmHWM, since start)",
+        mem.anon, mem.file, mem.peak
+    );
+    if let (Some(b), Some(bm)) = (base_rss, &base_mem) {
+        let n = o.targets.saturating_sub(1).max(1) as f64;
+        println!(
+            "marginal memory    {:.0} bytes per target = (rss {} KiB - rss {} KiB of the same controller with 1 target) / {} (anon only: {:.0} bytes per target; peak: {:.0} bytes per target)",
+            (mem.rss as f64 - b as f64) * 1024.0 / n,
+            mem.rss,
+            b,
+            o.targets - 1,
+            (mem.anon as f64 - bm.anon as f64) * 1024.0 / n,
+            (mem.peak as f64 - bm.peak as f64) * 1024.0 / n,
+        );
+    }
     let Some(bb) = &o.blackbox else { return };
     let urls: Vec<String> = targets
         .iter()

@@ -19,6 +19,12 @@ const PROBE_BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
+/// Schedule lag buckets (seconds): fine below 10 ms, where a healthy scheduler's p99
+/// lies, so its percentiles can be read off the histogram.
+const LAG_BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
 /// Every metric the controller exports.
 pub struct Metrics {
     registry: Registry,
@@ -93,7 +99,7 @@ impl Metrics {
         );
         let targets = Gauge::default();
         registry.register("targets", "Targets known", targets.clone());
-        let schedule_lag = Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]);
+        let schedule_lag = Histogram::new(LAG_BUCKETS);
         registry.register(
             "schedule_lag_seconds",
             "How late probes start against their schedule",
