@@ -10,7 +10,7 @@
 use crate::clock::{Clock, rfc3339_ms, unix_ms};
 use crate::config::{ControllerConfig, ProbeConfig, TargetConfig};
 use crate::metrics::Metrics;
-use crate::ops::{GuardOp, nanos};
+use crate::ops::{GuardOp, nanos, time};
 use crate::prober::ProbeRecord;
 use crate::store::{ActionRecord, Batch, NewDecision, NewTransition, StoreError, StoreHandle};
 use serde::{Deserialize, Serialize};
@@ -436,7 +436,14 @@ impl Engine {
                 }
                 rt.history.push_back(record);
                 let at = nanos(self.clock.now());
-                self.op(GuardOp::Observe { at, obs }, Some(&id));
+                // A probe that changes nothing in the guard (a healthy target passing
+                // again) is not logged: replaying the log without it ends in the same
+                // state (`SafetyGuard::observe_changed`), and a healthy fleet then
+                // writes nothing to the store per probe.
+                let (decision, changed) = self.guard.observe_changed(time(at), &obs);
+                if changed {
+                    self.logged(GuardOp::Observe { at, obs }, decision, Some(&id));
+                }
             }
             Command::Targets { source, targets } => {
                 let targets = targets.into_iter().map(Arc::new).collect();
@@ -602,6 +609,13 @@ impl Engine {
     /// Returns whether the op found its target.
     fn op(&mut self, op: GuardOp, target: Option<&str>) -> bool {
         let (decision, found) = op.apply(&mut self.guard);
+        self.logged(op, decision, target);
+        found
+    }
+
+    /// Queues an op already applied to the guard for the store, records its decision
+    /// and the state changes it caused.
+    fn logged(&mut self, op: GuardOp, decision: Option<Decision>, target: Option<&str>) {
         self.batch
             .ops
             .push(serde_json::to_string(&op).expect("guard ops serialise"));
@@ -635,7 +649,6 @@ impl Engine {
                 }
             }
         }
-        found
     }
 
     fn refresh_state(&mut self, id: &str) {

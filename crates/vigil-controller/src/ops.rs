@@ -80,7 +80,8 @@ pub fn nanos(t: Time) -> u64 {
     u64::try_from(t.as_elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-fn time(n: u64) -> Time {
+/// The `Time` of an op's integer nanoseconds.
+pub fn time(n: u64) -> Time {
     Time::from_elapsed(Duration::from_nanos(n))
 }
 

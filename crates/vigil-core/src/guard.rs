@@ -802,6 +802,9 @@ pub struct SafetyGuard {
     state: GuardState,
     index: Index,
     events: Vec<GuardEvent>,
+    /// The freezes may not match the counts (after a reconfiguration, until the next
+    /// [`SafetyGuard::update_freeze`]): no observation takes the no-change fast path.
+    freeze_stale: bool,
 }
 
 /// A read-only view of one target.
@@ -869,6 +872,7 @@ impl SafetyGuard {
             state,
             index: Index::default(),
             events: Vec::new(),
+            freeze_stale: true,
         };
         g.reconfigure(g.config.clone());
         g
@@ -883,6 +887,7 @@ impl SafetyGuard {
             index.apply(&self.config.cause, t, true);
         }
         self.index = index;
+        self.freeze_stale = true;
     }
 
     /// The configuration.
@@ -1058,6 +1063,46 @@ impl SafetyGuard {
         self.decide(now, &obs.target)
     }
 
+    /// Records one probe like [`SafetyGuard::observe`], and says whether the guard's
+    /// state changed. A passing probe of a target that is healthy, passed last time,
+    /// has nothing pending (no streak to reset, no flap damping, no hold due) and whose
+    /// zone is unchanged changes nothing that any later call could tell apart; it takes
+    /// a fast path that touches nothing and returns `(None, false)`. A driver that logs
+    /// every call to replay it after a restart may leave such calls out of its log: the
+    /// replayed guard ends in the same state (the steady state of a healthy fleet then
+    /// logs nothing per probe).
+    pub fn observe_changed(&mut self, now: Time, obs: &Observation) -> (Option<Decision>, bool) {
+        if self.is_quiet(now, obs) {
+            return (None, false);
+        }
+        (self.observe(now, obs), true)
+    }
+
+    /// Whether [`SafetyGuard::observe`] of `obs` would change nothing that matters: see
+    /// [`SafetyGuard::observe_changed`]. The only difference is the healthy target's
+    /// success streak, which no decision reads once the verdict is healthy.
+    fn is_quiet(&self, now: Time, obs: &Observation) -> bool {
+        if self.freeze_stale
+            || !obs.is_ok()
+            || self.index.next_hold_expiry.is_some_and(|n| n <= now)
+        {
+            return false;
+        }
+        let Some(t) = self.state.targets.get(&obs.target) else {
+            return false;
+        };
+        !t.in_grace
+            && t.zone == obs.zone
+            && t.last_ok == Some(true)
+            && t.failures == 0
+            && !t.endpoint_failed
+            && t.failing_checks.is_empty()
+            && t.last_signature.is_none()
+            && !t.damper.is_suppressed()
+            && t.thresholds.health() == Health::Healthy
+            && t.thresholds.consecutive_successes() > 0
+    }
+
     /// Budget tokens left at `now`.
     pub fn budget_left(&self, now: Time) -> u32 {
         self.state.budget.left(&self.config.budget, now)
@@ -1172,6 +1217,7 @@ impl SafetyGuard {
 
     /// Starts and ends automatic freezes from the current counts.
     fn update_freeze(&mut self, now: Time) {
+        self.freeze_stale = false;
         let mut want: Vec<(FreezeScope, u32, u32)> = Vec::new();
         if self.exceeds(self.index.unhealthy, self.index.total) {
             want.push((FreezeScope::Fleet, self.index.unhealthy, self.index.total));

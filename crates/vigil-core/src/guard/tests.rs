@@ -648,6 +648,9 @@ proptest! {
         let config = small_cfg();
         let mut g = SafetyGuard::new(config.clone());
         let mut twin = SafetyGuard::new(config.clone());
+        // Fed only what `twin` says changed its state, as the controller logs it: a
+        // restart replays exactly these, and must end where `g` is.
+        let mut replica = SafetyGuard::new(config.clone());
         let mut now = Time::ZERO;
         let mut acted: Vec<Time> = Vec::new();
         for op in ops {
@@ -665,8 +668,11 @@ proptest! {
                     let expired = held.as_ref().is_some_and(|h| h.until.is_some_and(|u| u <= now));
                     let manual = g.status(now).manual_freeze.is_some();
                     let d = g.observe(now, &o);
-                    let d2 = twin.observe(now, &o);
-                    prop_assert_eq!(&d, &d2, "restored guard decided differently");
+                    let (d2, changed) = twin.observe_changed(now, &o);
+                    prop_assert_eq!(&d, &d2, "restored guard (taking the quiet fast path) decided differently");
+                    if changed {
+                        prop_assert_eq!(&d, &replica.observe(now, &o), "the replica decided differently");
+                    }
                     if let Some(d) = d.filter(|d| d.outcome == Outcome::Act) {
                         prop_assert!(held.is_none() || expired, "acted on a held target: {}", d);
                         prop_assert!(!manual, "acted while manually frozen");
@@ -687,10 +693,11 @@ proptest! {
                     now = now + Duration::from_secs(s);
                     g.tick(now);
                     twin.tick(now);
+                    replica.tick(now);
                 }
                 Op::Maintenance(t, on) | Op::Silence(t, on) => {
                     let kind = if matches!(op, Op::Maintenance(..)) { HoldKind::Maintenance } else { HoldKind::Silenced };
-                    for guard in [&mut g, &mut twin] {
+                    for guard in [&mut g, &mut twin, &mut replica] {
                         let r = if on {
                             guard.set_hold(now, &id(t), Hold { kind, reason: "op".into(), until: Some(now + Duration::from_secs(200)) }).map(|_| true)
                         } else {
@@ -700,19 +707,26 @@ proptest! {
                     }
                 }
                 Op::Freeze(on) => {
-                    for guard in [&mut g, &mut twin] {
+                    for guard in [&mut g, &mut twin, &mut replica] {
                         if on { guard.freeze(now, "op") } else { guard.unfreeze(now); }
                     }
                 }
                 Op::Remove(t) => {
                     prop_assert_eq!(g.remove_target(now, &id(t)), twin.remove_target(now, &id(t)));
+                    replica.remove_target(now, &id(t));
                 }
                 Op::Restore => {
                     let saved = serde_json::to_string(twin.state()).unwrap();
                     twin = SafetyGuard::restore(config.clone(), serde_json::from_str(&saved).unwrap());
+                    let saved = serde_json::to_string(replica.state()).unwrap();
+                    replica = SafetyGuard::restore(config.clone(), serde_json::from_str(&saved).unwrap());
                 }
             }
             prop_assert_eq!(g.status(now), twin.status(now));
+            prop_assert_eq!(g.status(now), replica.status(now));
+            let views = |x: &SafetyGuard| x.targets(now).map(|v| format!("{v:?}")).collect::<Vec<_>>();
+            prop_assert_eq!(views(&g), views(&twin));
+            prop_assert_eq!(views(&g), views(&replica));
             let ((fu, ft), _) = recount(&g, now, "");
             let st = g.status(now);
             prop_assert_eq!((st.unhealthy, st.total), (fu, ft), "incremental counts drifted");
