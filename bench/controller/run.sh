@@ -40,7 +40,9 @@ if [ "$(ulimit -n)" -le "$((TARGETS + 1000))" ]; then
     exit 2
 fi
 
-cargo build --release -p vigil-cli -p vigil-controller --example controller_bench >&2
+# Two builds: with --example, cargo would build the example only, not the vigil binary.
+cargo build --release -p vigil-cli --bin vigil >&2
+cargo build --release -p vigil-controller --example controller_bench >&2
 
 echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
 echo "command: target/release/examples/controller_bench --targets $TARGETS --interval $INTERVAL --seconds $SECONDS_ --warmup $WARMUP --core $CORE --blackbox $BLACKBOX ${BENCH_FLAGS:-}"

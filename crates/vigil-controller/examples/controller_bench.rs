@@ -16,7 +16,8 @@
 //!
 //! ```sh
 //! bench/controller/run.sh            # builds, runs both, prints figures and ratios
-//! cargo build --release -p vigil-cli -p vigil-controller --example controller_bench
+//! cargo build --release -p vigil-cli --bin vigil
+//! cargo build --release -p vigil-controller --example controller_bench
 //! target/release/examples/controller_bench --targets 10000 --interval 500ms --seconds 30 \
 //!     --core 1 --blackbox /usr/bin/prometheus-blackbox-exporter
 //! ```

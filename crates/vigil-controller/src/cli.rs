@@ -295,7 +295,9 @@ async fn watch_discovery(
     engine: mpsc::Sender<Command>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut last: Option<(PathBuf, String)> = None;
+    // The last file seen, as its path and a hash of its text: a large discovery file
+    // is not kept (nor copied at every poll) just to see whether it changed.
+    let mut last: Option<(PathBuf, u64)> = None;
     let mut first = true;
     loop {
         let d = config.borrow_and_update().discovery.clone();
@@ -303,30 +305,39 @@ async fn watch_discovery(
         if let Some(d) = d {
             match std::fs::read_to_string(&d.path) {
                 Ok(text) => {
-                    let changed = last.as_ref() != Some(&(d.path.clone(), text.clone()));
-                    if changed {
+                    let hash = {
+                        use std::hash::{Hash, Hasher};
+                        let mut h = std::collections::hash_map::DefaultHasher::new();
+                        text.hash(&mut h);
+                        h.finish()
+                    };
+                    let changed = last
+                        .as_ref()
+                        .is_none_or(|(p, h)| *p != d.path || *h != hash);
+                    // The first read only records what start-up already applied
+                    // (and reported): no second parse of a large file.
+                    if changed && first {
+                        last = Some((d.path.clone(), hash));
+                    } else if changed {
                         match discovery::parse(&d.path, &text) {
-                            // The first read only records what start-up already applied.
                             Ok(targets) => {
-                                if !first {
-                                    tracing::info!(file = %d.path.display(), targets = targets.len(), "discovery file changed");
-                                    if engine
-                                        .send(Command::Targets {
-                                            source: Source::Discovery,
-                                            targets,
-                                        })
-                                        .await
-                                        .is_err()
-                                    {
-                                        return;
-                                    }
+                                tracing::info!(file = %d.path.display(), targets = targets.len(), "discovery file changed");
+                                if engine
+                                    .send(Command::Targets {
+                                        source: Source::Discovery,
+                                        targets,
+                                    })
+                                    .await
+                                    .is_err()
+                                {
+                                    return;
                                 }
                             }
                             Err(e) => {
                                 tracing::error!(error = %e, "discovery file rejected; keeping the previous target list")
                             }
                         }
-                        last = Some((d.path.clone(), text));
+                        last = Some((d.path.clone(), hash));
                     }
                 }
                 Err(e) => {

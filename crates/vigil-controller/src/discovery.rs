@@ -27,12 +27,12 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<TargetConfig>, String> {
             .map_err(|e| format!("{shown}: {e}"))?
             .targets
     } else {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| format!("{shown}: {e}"))?;
-        let r = if value.is_array() {
-            serde_json::from_value::<Vec<TargetConfig>>(value)
+        // Straight into the targets (no `serde_json::Value` tree of a large file first):
+        // an array is the list itself, anything else must be `{"targets": [...]}`.
+        let r = if text.trim_start().starts_with('[') {
+            serde_json::from_str::<Vec<TargetConfig>>(text)
         } else {
-            serde_json::from_value::<Wrapped>(value).map(|w| w.targets)
+            serde_json::from_str::<Wrapped>(text).map(|w| w.targets)
         };
         r.map_err(|e| format!("{shown}: {e}"))?
     };

@@ -9,12 +9,13 @@
 
 use crate::clock::{Clock, rfc3339_ms, unix_ms};
 use crate::config::{ControllerConfig, ProbeConfig, TargetConfig};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, TargetLabels};
+use prometheus_client::metrics::gauge::Gauge;
 use crate::ops::{GuardOp, nanos, time};
 use crate::prober::ProbeRecord;
 use crate::store::{ActionRecord, Batch, NewDecision, NewTransition, StoreError, StoreHandle};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -231,7 +232,9 @@ struct SnapshotRef<'a> {
 struct TargetRuntime {
     spec: Arc<TargetConfig>,
     /// Its `target_up` metric labels.
-    labels: crate::metrics::Labels,
+    labels: TargetLabels,
+    /// Its `target_up` series.
+    up: Gauge,
     /// Display state ("" until first computed).
     state: &'static str,
     history: VecDeque<ProbeRecord>,
@@ -255,6 +258,10 @@ pub struct Engine {
     batch: Batch,
     replies: Vec<Reply>,
     last_snapshot: Instant,
+    /// The length of the last snapshot written (bytes).
+    snapshot_size: usize,
+    /// Zone names, one shared copy each.
+    zones: BTreeSet<Arc<str>>,
 }
 
 /// What recovery found, for the log.
@@ -331,6 +338,8 @@ impl Engine {
             batch: Batch::default(),
             replies: Vec::new(),
             last_snapshot: Instant::now(),
+            snapshot_size: rec.snapshot.as_ref().map_or(0, String::len),
+            zones: BTreeSet::new(),
         };
         // Targets the guard remembers keep their state only if still configured; the
         // caller sends both sources before the first flush.
@@ -345,10 +354,12 @@ impl Engine {
                 .target(latest, &id)
                 .map(|v| v.zone.to_string())
                 .unwrap_or_default();
+            let labels = engine.labels(&id, &zone);
             engine.runtime.insert(
                 id.clone(),
                 TargetRuntime {
-                    labels: Metrics::target_labels(&id, &zone),
+                    up: engine.metrics.target_up(&labels),
+                    labels,
                     spec: Arc::new(TargetConfig {
                         id,
                         url: String::new(),
@@ -367,6 +378,14 @@ impl Engine {
         Ok((engine, report))
     }
 
+    /// A target's `target_up` labels, its zone shared with every target in it.
+    fn labels(&mut self, id: &str, zone: &str) -> TargetLabels {
+        TargetLabels {
+            target: Arc::from(id),
+            zone: intern(&mut self.zones, zone),
+        }
+    }
+
     /// The clock the engine uses (probers stamp results with it).
     pub fn clock(&self) -> Clock {
         self.clock
@@ -375,8 +394,8 @@ impl Engine {
     /// Sets both target sources at start (before `run`), so targets in neither are
     /// forgotten once, and the others keep their state.
     pub fn initial_targets(&mut self, config: Vec<TargetConfig>, discovered: Vec<TargetConfig>) {
-        self.config_targets = config.into_iter().map(Arc::new).collect();
-        self.discovered = discovered.into_iter().map(Arc::new).collect();
+        self.config_targets = shared(config);
+        self.discovered = shared(discovered);
         self.apply_targets();
     }
 
@@ -424,7 +443,7 @@ impl Engine {
                     return; // Removed while the probe was in flight.
                 };
                 self.metrics
-                    .probe(&rt.labels, record.ok, record.duration_ms / 1000.0);
+                    .probe(&rt.up, record.ok, record.duration_ms / 1000.0);
                 // Make room first: pushing past the capacity would double it (and a
                 // VecDeque never shrinks by itself), for every target.
                 let keep = self.config.probe.history.max(1);
@@ -446,7 +465,7 @@ impl Engine {
                 }
             }
             Command::Targets { source, targets } => {
-                let targets = targets.into_iter().map(Arc::new).collect();
+                let targets = shared(targets);
                 match source {
                     Source::Config => self.config_targets = targets,
                     Source::Discovery => self.discovered = targets,
@@ -574,18 +593,28 @@ impl Engine {
                     tracing::info!(target_id = %id, zone = %spec.zone, "target added");
                 }
             }
-            let rt = self
-                .runtime
-                .entry(id.clone())
-                .or_insert_with(|| TargetRuntime {
-                    labels: Metrics::target_labels(id, &spec.zone),
-                    spec: spec.clone(),
-                    state: "",
-                    history: VecDeque::new(),
-                });
+            if !self.runtime.contains_key(id) {
+                let labels = self.labels(id, &spec.zone);
+                self.runtime.insert(
+                    id.clone(),
+                    TargetRuntime {
+                        up: self.metrics.target_up(&labels),
+                        labels,
+                        spec: spec.clone(),
+                        state: "",
+                        history: VecDeque::new(),
+                    },
+                );
+            }
+            let rt = self.runtime.get_mut(id).expect("inserted above");
             if rt.spec.zone != spec.zone {
                 self.metrics.forget(&rt.labels);
-                rt.labels = Metrics::target_labels(id, &spec.zone);
+                let zone = intern(&mut self.zones, &spec.zone);
+                rt.labels = TargetLabels {
+                    target: rt.labels.target.clone(),
+                    zone,
+                };
+                rt.up = self.metrics.target_up(&rt.labels);
             }
             rt.spec = spec.clone();
         }
@@ -724,7 +753,11 @@ impl Engine {
             state: self.guard.state(),
             at: nanos(self.clock.now()),
         };
-        let text = serde_json::to_string(&snap).expect("guard state serialises");
+        // One buffer of about the last snapshot's size, not a chain of doublings.
+        let mut buf = Vec::with_capacity(self.snapshot_size + self.snapshot_size / 8);
+        serde_json::to_writer(&mut buf, &snap).expect("guard state serialises");
+        self.snapshot_size = buf.len();
+        let text = String::from_utf8(buf).expect("serde_json writes UTF-8");
         self.batch.snapshot = Some((text, unix_ms(self.clock.now())));
         self.last_snapshot = Instant::now();
     }
@@ -838,6 +871,24 @@ impl Engine {
             events: self.events.iter().cloned().collect(),
         }
     }
+}
+
+/// The one shared copy of `name` in `set` (added if new).
+fn intern(set: &mut BTreeSet<Arc<str>>, name: &str) -> Arc<str> {
+    if let Some(n) = set.get(name) {
+        return n.clone();
+    }
+    let n: Arc<str> = Arc::from(name);
+    set.insert(n.clone());
+    n
+}
+
+/// The targets behind `Arc`s, in a list of their own size: `collect` would reuse the
+/// (15 times larger) allocation of the `TargetConfig`s and keep it for good.
+fn shared(targets: Vec<TargetConfig>) -> Vec<Arc<TargetConfig>> {
+    let mut out = Vec::with_capacity(targets.len());
+    out.extend(targets.into_iter().map(Arc::new));
+    out
 }
 
 fn log_store_error(e: &StoreError, n_actions: usize) {

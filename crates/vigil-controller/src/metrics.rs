@@ -5,6 +5,8 @@
 
 use crate::store::ActionState;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
+use std::sync::Arc;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -13,6 +15,23 @@ use prometheus_client::registry::Registry;
 
 /// A metric's labels.
 pub type Labels = Vec<(&'static str, String)>;
+
+/// The labels of a target's `target_up` series: shared strings, so the series' key
+/// costs two reference counts, not copies of the id and zone.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TargetLabels {
+    /// The target's id.
+    pub target: Arc<str>,
+    /// Its zone.
+    pub zone: Arc<str>,
+}
+
+impl EncodeLabelSet for TargetLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("target", &*self.target).encode(encoder.encode_label())?;
+        ("zone", &*self.zone).encode(encoder.encode_label())
+    }
+}
 
 /// Probe duration buckets (seconds): from a fast loopback answer to the timeout.
 const PROBE_BUCKETS: [f64; 12] = [
@@ -28,7 +47,7 @@ const LAG_BUCKETS: [f64; 14] = [
 /// Every metric the controller exports.
 pub struct Metrics {
     registry: Registry,
-    target_up: Family<Labels, Gauge>,
+    target_up: Family<TargetLabels, Gauge>,
     decisions: Family<Labels, Counter>,
     actions: Family<Labels, Counter>,
     frozen: Gauge,
@@ -52,7 +71,7 @@ impl Metrics {
     /// Registers everything.
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("vigil_controller");
-        let target_up = Family::<Labels, Gauge>::default();
+        let target_up = Family::<TargetLabels, Gauge>::default();
         registry.register(
             "target_up",
             "Whether the target's last probe passed (1) or failed (0)",
@@ -122,25 +141,26 @@ impl Metrics {
         }
     }
 
-    /// The `target_up` labels of a target (built once per target, reused per probe).
-    pub fn target_labels(target: &str, zone: &str) -> Labels {
-        vec![("target", target.to_string()), ("zone", zone.to_string())]
+    /// A target's `target_up` series (created if new): keep it, and set it per probe
+    /// with [`Metrics::probe`] without looking it up again.
+    pub fn target_up(&self, labels: &TargetLabels) -> Gauge {
+        self.target_up.get_or_create(labels).clone()
     }
 
-    /// Records a probe.
-    pub fn probe(&self, target: &Labels, ok: bool, seconds: f64) {
+    /// Records a probe of the target whose `target_up` series is `up`.
+    pub fn probe(&self, up: &Gauge, ok: bool, seconds: f64) {
         let (duration, count) = if ok {
             &self.probes_ok
         } else {
             &self.probes_fail
         };
-        self.target_up.get_or_create(target).set(i64::from(ok));
+        up.set(i64::from(ok));
         duration.observe(seconds);
         count.inc();
     }
 
     /// Forgets a removed target's series.
-    pub fn forget(&self, target: &Labels) {
+    pub fn forget(&self, target: &TargetLabels) {
         self.target_up.remove(target);
     }
 

@@ -695,25 +695,53 @@ pub struct UnknownTarget(pub String);
 // === State ===
 
 /// Everything the guard knows about one target (serialised as part of [`GuardState`]).
+///
+/// Fields at their default (a healthy target's usual state) are left out of the
+/// serialised form and read back as the default, so a large healthy fleet's snapshot
+/// stays small; states written with every field still load.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct TargetState {
     zone: String,
     #[serde(with = "time_serde")]
     first_seen: Time,
+    #[serde(default, skip_serializing_if = "is_false")]
     in_grace: bool,
     #[serde(with = "thresholds_serde")]
     thresholds: Thresholds,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     last_ok: Option<bool>,
     /// Consecutive failed probes (the thresholds' own streak is only replayed up to the
     /// threshold on restore, so the full count lives here).
+    #[serde(default, skip_serializing_if = "is_zero")]
     failures: u32,
+    #[serde(default, skip_serializing_if = "is_false")]
     endpoint_failed: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     failing_checks: Vec<String>,
+    #[serde(default, skip_serializing_if = "is_default")]
     damper: FlapDamper,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     hold: Option<Hold>,
-    #[serde(with = "time_serde::opt")]
+    #[serde(
+        default,
+        with = "time_serde::opt",
+        skip_serializing_if = "Option::is_none"
+    )]
     reported: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     last_signature: Option<String>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_default<T: Default + PartialEq>(t: &T) -> bool {
+    *t == T::default()
 }
 
 impl TargetState {
@@ -1466,15 +1494,23 @@ mod thresholds_serde {
     use crate::time::Time;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+    /// Fields at their default are left out (and read back as the default).
     #[derive(Serialize, Deserialize)]
     struct Snapshot {
+        #[serde(default, skip_serializing_if = "super::is_default")]
         config: ThresholdsConfig,
         health: Health,
         #[serde(with = "time_serde")]
         since: Time,
+        #[serde(default, skip_serializing_if = "super::is_zero")]
         failures: u32,
-        #[serde(with = "time_serde::opt")]
+        #[serde(
+            default,
+            with = "time_serde::opt",
+            skip_serializing_if = "Option::is_none"
+        )]
         failing_since: Option<Time>,
+        #[serde(default, skip_serializing_if = "super::is_zero")]
         successes: u32,
     }
 

@@ -733,3 +733,38 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_healthy_target_is_snapshotted_small_and_a_state_with_every_field_still_loads() {
+    let mut g = SafetyGuard::new(cfg());
+    g.add_target(Time::ZERO, "t1", "a");
+    for s in 0..5 {
+        g.observe(Time::from_secs(s), &Observation::pass("t1", "a"));
+    }
+    let compact = serde_json::to_string(g.state()).unwrap();
+    assert!(
+        compact.len() < 200 && !compact.contains("failing_checks"),
+        "defaults are left out: {compact}"
+    );
+    let back = SafetyGuard::restore(cfg(), serde_json::from_str(&compact).unwrap());
+    assert_eq!(
+        format!("{:?}", back.target(Time::from_secs(9), "t1")),
+        format!("{:?}", g.target(Time::from_secs(9), "t1"))
+    );
+    // As written before defaults were left out: every field, nulls and empty lists.
+    let full = r#"{"targets":{"t1":{"zone":"a","first_seen":0,"in_grace":false,
+        "thresholds":{"config":{"healthy_threshold":2,"unhealthy_threshold":3},"health":"unhealthy",
+          "since":20000000000,"failures":3,"failing_since":0,"successes":0},
+        "last_ok":false,"failures":3,"endpoint_failed":false,"failing_checks":["disk:free"],
+        "damper":{"penalty":1000,"updated":0,"suppressed":false},
+        "hold":{"kind":"silenced","reason":"x","until":null},"reported":null,
+        "last_signature":"hold_back failing silenced"}},
+        "budget":{"spent":[]},"manual_freeze":null,"frozen":[]}"#;
+    let old = SafetyGuard::restore(cfg(), serde_json::from_str(full).unwrap());
+    let v = old.target(Time::from_secs(30), "t1").unwrap();
+    assert_eq!(v.health, Health::Unhealthy);
+    assert_eq!(v.consecutive_failures, 3);
+    assert_eq!(v.failing_checks, ["disk:free".to_string()]);
+    assert_eq!(v.hold.map(|h| h.kind), Some(HoldKind::Silenced));
+    assert_eq!(v.penalty, 977, "1000 decayed over 30 s with a 15 min half-life");
+}
