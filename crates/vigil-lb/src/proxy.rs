@@ -21,10 +21,10 @@
 
 use crate::balancer::{PoolRt, TargetRt};
 use crate::metrics::{Metrics, PoolLabels, RequestLabels, RetryLabels};
-use crate::upstream::UpstreamResponseBody;
+use crate::upstream::{Outgoing, OutgoingBody, UpstreamResponseBody};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use std::future::Future;
@@ -36,8 +36,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::futures::OwnedNotified;
 use vigil_core::outlier::RequestOutcome;
 
-/// Body of a request sent to a target: buffered (replayable) or streamed.
-pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
 /// Body of a response sent to the client: the target's, or one of ours.
 pub type ClientBody = Either<UpstreamResponseBody, Full<Bytes>>;
 
@@ -376,11 +374,19 @@ impl Proxy {
         let mut attempts: Vec<Attempt> = Vec::new();
         let mut retries = 0u32;
         let mut last_failure: Option<(Failure, String)>;
-        let (replay_body, mut streamed) = match body {
-            Ok(b) => (b, None),
-            Err(b) => (Bytes::new(), Some(b)),
+        let (out_body, mut streamed) = match body {
+            Ok(b) => (OutgoingBody::Buffered(b), None),
+            Err(b) => (OutgoingBody::Streamed(declared.map(|n| n as u64)), Some(b)),
         };
         let buffered = streamed.is_none();
+        // Serialised once; every attempt (retry, hedge) sends the same bytes.
+        let out = Arc::new(Outgoing::new(
+            &parts.method,
+            &parts.uri,
+            &parts.headers,
+            out_body,
+            idempotent,
+        ));
         let hedge_delay = (section.hedge.enabled && idempotent && buffered).then(|| {
             pool.latency
                 .hedge_delay(section.hedge.min_delay, section.hedge.max_delay)
@@ -399,23 +405,14 @@ impl Proxy {
                 return false;
             };
             tried.push(target.clone());
-            let mut r = Request::new(match streamed.take() {
-                Some(b) => Either::Right(b),
-                None => Either::Left(Full::new(replay_body.clone())),
-            });
-            *r.method_mut() = parts.method.clone();
-            *r.uri_mut() = parts.uri.clone();
-            *r.version_mut() = Version::HTTP_11;
-            let mut headers = parts.headers.clone();
-            if !headers.contains_key(header::HOST) {
-                headers.insert(header::HOST, target.host_header.clone());
-            }
-            *r.headers_mut() = headers;
             let left = target.left_service.clone().notified_owned();
-            let conns = target.conns.clone();
+            let (t, out, body) = (target.clone(), out.clone(), streamed.take());
             let (connect_timeout, idle_timeout) = (table.connect_timeout, table.idle_timeout);
-            let fut: AttemptFuture =
-                Box::pin(async move { conns.send(r, connect_timeout, idle_timeout).await });
+            let fut: AttemptFuture = Box::pin(async move {
+                t.conns
+                    .send(&out, &t.host_header, body, connect_timeout, idle_timeout)
+                    .await
+            });
             target.outstanding.fetch_add(1, Ordering::Relaxed);
             // Racing: the target may have left service between the pick and now; then
             // its notification is already gone, and `in_service` says so.

@@ -1,0 +1,448 @@
+//! HTTP/1.1 response framing, sans-IO (RFC 9112 section 6): where a response head ends,
+//! how its body is delimited, whether the connection can carry another request, and a
+//! decoder for chunked bodies.
+//!
+//! The parsing of the head itself is `httparse`'s; what is here is the part every
+//! HTTP/1 client re-derives from the head (and gets subtly wrong in one place or
+//! another): HEAD requests and 1xx/204/304 answers have no body whatever they say,
+//! `Transfer-Encoding` beats `Content-Length`, conflicting lengths are an error (a
+//! response-smuggling vector, not a choice), a message without either ends with the
+//! connection, and HTTP/1.0 closes unless it asks to keep alive. The callers own the
+//! sockets and buffers: the load balancer's upstream client streams bodies through
+//! [`ChunkedDecoder`], the controller's prober reads whole (small) ones.
+
+use std::ops::Range;
+
+/// Most headers accepted in a response head.
+pub const MAX_HEADERS: usize = 100;
+/// Longest chunk-size line (with extensions) accepted.
+pub const MAX_CHUNK_LINE: usize = 4096;
+/// Largest trailer section accepted after the last chunk.
+pub const MAX_TRAILERS: usize = 16 * 1024;
+
+/// How a response body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body (a HEAD request, 1xx, 204, 304, or `Content-Length: 0`).
+    Empty,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked` (decode with [`ChunkedDecoder`]).
+    Chunked,
+    /// Everything until the connection closes (the connection cannot be reused).
+    UntilClose,
+}
+
+/// A complete response head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    /// Bytes of the head, through its empty line.
+    pub len: usize,
+    /// Status code.
+    pub status: u16,
+    /// How the body is delimited.
+    pub framing: Framing,
+    /// Whether the connection may carry another exchange after this one.
+    pub keep_alive: bool,
+    /// Header count (the first `headers` entries of the caller's array are filled).
+    pub headers: usize,
+}
+
+/// Why bytes are not an acceptable response.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FramingError {
+    /// Not HTTP/1.x (httparse's reason).
+    #[error("not an HTTP/1 response: {0}")]
+    Syntax(String),
+    /// A `Content-Length` that is not a number.
+    #[error("bad Content-Length in the response")]
+    BadLength,
+    /// Two `Content-Length` headers that disagree.
+    #[error("conflicting Content-Length headers")]
+    ConflictingLength,
+    /// A chunk-size line that is not hex, or too long.
+    #[error("bad chunk size line in a chunked body")]
+    BadChunkSize,
+    /// Chunk data not followed by CRLF.
+    #[error("a chunk does not end with CRLF")]
+    BadChunkEnd,
+    /// Trailer section over [`MAX_TRAILERS`].
+    #[error("chunked trailer section too large")]
+    TrailersTooLarge,
+}
+
+/// Parses a response head at the start of `buf` into `headers` (`Ok(None)`: incomplete,
+/// read more). `head_request`: the request was HEAD (no body whatever the head says).
+pub fn parse_response<'b>(
+    buf: &'b [u8],
+    headers: &mut [httparse::Header<'b>],
+    head_request: bool,
+) -> Result<Option<ResponseHead>, FramingError> {
+    let mut resp = httparse::Response::new(headers);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(FramingError::Syntax(e.to_string())),
+    };
+    let status = resp.code.unwrap_or(0);
+    let http10 = resp.version == Some(0);
+    // HTTP/1.1 keeps the connection unless told otherwise; 1.0 closes it unless told.
+    let mut keep_alive = !http10;
+    let mut length: Option<u64> = None;
+    // Some(true): chunked is the final coding; Some(false): another coding is final.
+    let mut chunked: Option<bool> = None;
+    for h in resp.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or(FramingError::BadLength)?;
+            if length.is_some_and(|c| c != n) {
+                return Err(FramingError::ConflictingLength);
+            }
+            length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            let last = h.value.rsplit(|&b| b == b',').next().unwrap_or_default();
+            chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    keep_alive = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && http10 {
+                    keep_alive = true;
+                }
+            }
+        }
+    }
+    let framing = if head_request || (100..200).contains(&status) || status == 204 || status == 304
+    {
+        Framing::Empty
+    } else {
+        match (chunked, length) {
+            (Some(true), _) => Framing::Chunked,
+            // Another final coding: the body ends with the connection (RFC 9112 6.3).
+            (Some(false), _) | (None, None) => Framing::UntilClose,
+            (None, Some(0)) => Framing::Empty,
+            (None, Some(n)) => Framing::Length(n),
+        }
+    };
+    if framing == Framing::UntilClose {
+        keep_alive = false;
+    }
+    Ok(Some(ResponseHead {
+        len,
+        status,
+        framing,
+        keep_alive,
+        headers: resp.headers.len(),
+    }))
+}
+
+/// What [`ChunkedDecoder::decode`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decoded {
+    /// Body bytes at this range of the buffer given.
+    Data(Range<usize>),
+    /// The buffer holds no more body bytes yet: read more, call again.
+    NeedMore,
+    /// The body ended (trailers included).
+    End,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChunkState {
+    Size,
+    Data(u64),
+    DataEnd,
+    Trailers(usize),
+    Done,
+}
+
+/// A chunked-body decoder fed from the caller's buffer.
+#[derive(Debug, Clone)]
+pub struct ChunkedDecoder {
+    state: ChunkState,
+}
+
+impl Default for ChunkedDecoder {
+    fn default() -> Self {
+        ChunkedDecoder {
+            state: ChunkState::Size,
+        }
+    }
+}
+
+impl ChunkedDecoder {
+    /// A decoder at the start of a body.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// True once the last chunk and the trailers went by.
+    pub fn is_done(&self) -> bool {
+        self.state == ChunkState::Done
+    }
+
+    /// Decodes from the start of `buf`. Returns how many bytes of `buf` were consumed
+    /// (the caller drops them) and what they were; body bytes are returned one range
+    /// at a time (the range is inside the consumed part).
+    pub fn decode(&mut self, buf: &[u8]) -> Result<(usize, Decoded), FramingError> {
+        let mut pos = 0;
+        loop {
+            let rest = &buf[pos..];
+            match self.state {
+                ChunkState::Done => return Ok((pos, Decoded::End)),
+                ChunkState::Size => match httparse::parse_chunk_size(rest) {
+                    Ok(httparse::Status::Complete((n, _))) if n > MAX_CHUNK_LINE => {
+                        return Err(FramingError::BadChunkSize);
+                    }
+                    Ok(httparse::Status::Complete((n, size))) => {
+                        pos += n;
+                        self.state = if size == 0 {
+                            ChunkState::Trailers(0)
+                        } else {
+                            ChunkState::Data(size)
+                        };
+                    }
+                    Ok(httparse::Status::Partial) if rest.len() > MAX_CHUNK_LINE => {
+                        return Err(FramingError::BadChunkSize);
+                    }
+                    Ok(httparse::Status::Partial) => return Ok((pos, Decoded::NeedMore)),
+                    Err(_) => return Err(FramingError::BadChunkSize),
+                },
+                ChunkState::Data(left) => {
+                    if rest.is_empty() {
+                        return Ok((pos, Decoded::NeedMore));
+                    }
+                    let n = rest.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                    self.state = if n as u64 == left {
+                        ChunkState::DataEnd
+                    } else {
+                        ChunkState::Data(left - n as u64)
+                    };
+                    return Ok((pos + n, Decoded::Data(pos..pos + n)));
+                }
+                ChunkState::DataEnd => match rest {
+                    [b'\r', b'\n', ..] => {
+                        pos += 2;
+                        self.state = ChunkState::Size;
+                    }
+                    [] | [b'\r'] => return Ok((pos, Decoded::NeedMore)),
+                    _ => return Err(FramingError::BadChunkEnd),
+                },
+                ChunkState::Trailers(seen) => {
+                    // Trailer fields are dropped; lines up to the empty one.
+                    let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else {
+                        if seen + rest.len() > MAX_TRAILERS {
+                            return Err(FramingError::TrailersTooLarge);
+                        }
+                        return Ok((pos, Decoded::NeedMore));
+                    };
+                    pos += eol + 2;
+                    self.state = if eol == 0 {
+                        ChunkState::Done
+                    } else if seen + eol + 2 > MAX_TRAILERS {
+                        return Err(FramingError::TrailersTooLarge);
+                    } else {
+                        ChunkState::Trailers(seen + eol + 2)
+                    };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(raw: &str, head_request: bool) -> Result<Option<ResponseHead>, FramingError> {
+        let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        parse_response(raw.as_bytes(), &mut h, head_request)
+    }
+
+    fn framing(raw: &str) -> (Framing, bool) {
+        let h = head(raw, false).unwrap().unwrap();
+        (h.framing, h.keep_alive)
+    }
+
+    #[test]
+    fn body_framing_follows_rfc_9112_section_6_3() {
+        use Framing::*;
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"),
+            (Length(5), true)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"),
+            (Empty, true)
+        );
+        assert_eq!(
+            framing(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 9\r\n\r\n"
+            ),
+            (Chunked, true),
+            "transfer-encoding beats content-length"
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n"),
+            (UntilClose, false),
+            "chunked not final: read until close"
+        );
+        assert_eq!(framing("HTTP/1.1 200 OK\r\n\r\n"), (UntilClose, false));
+        assert_eq!(
+            framing("HTTP/1.1 204 No Content\r\ncontent-length: 7\r\n\r\n"),
+            (Empty, true)
+        );
+        assert_eq!(framing("HTTP/1.1 304 Not Modified\r\n\r\n"), (Empty, true));
+        assert_eq!(framing("HTTP/1.1 100 Continue\r\n\r\n"), (Empty, true));
+        let h = head("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Empty, "a HEAD answer has no body");
+    }
+
+    #[test]
+    fn keep_alive_by_version_and_connection_header() {
+        assert!(!framing("HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 1\r\n\r\n").1);
+        assert!(!framing("HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n").1);
+        assert!(
+            framing("HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n").1
+        );
+        assert!(
+            framing("HTTP/1.1 200 OK\r\nconnection: keep-alive, foo\r\ncontent-length: 1\r\n\r\n")
+                .1
+        );
+    }
+
+    #[test]
+    fn bad_heads_are_errors_and_short_ones_incomplete() {
+        assert_eq!(
+            head("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n", false),
+            Ok(None)
+        );
+        assert_eq!(
+            head("HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n", false),
+            Err(FramingError::BadLength)
+        );
+        assert_eq!(
+            head(
+                "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+                false
+            ),
+            Err(FramingError::ConflictingLength)
+        );
+        assert!(matches!(
+            head("garbage\r\n\r\n", false),
+            Err(FramingError::Syntax(_))
+        ));
+        let h = head(
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\nhello",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((h.len, h.headers, h.status), (57, 2, 200));
+    }
+
+    /// Decodes `wire` fed in pieces of `step` bytes, as a socket would deliver it.
+    fn decode_in_steps(wire: &[u8], step: usize) -> Result<(Vec<u8>, usize), FramingError> {
+        let mut d = ChunkedDecoder::new();
+        let (mut buf, mut fed, mut out) = (Vec::new(), 0, Vec::new());
+        loop {
+            let (n, what) = d.decode(&buf)?;
+            match what {
+                Decoded::Data(r) => out.extend_from_slice(&buf[r]),
+                Decoded::End => {
+                    buf.drain(..n);
+                    return Ok((out, buf.len() + wire.len() - fed));
+                }
+                Decoded::NeedMore => {
+                    if fed == wire.len() {
+                        panic!("ran out of input: {:?}", String::from_utf8_lossy(&out));
+                    }
+                    let more = step.min(wire.len() - fed);
+                    buf.extend_from_slice(&wire[fed..fed + more]);
+                    fed += more;
+                }
+            }
+            buf.drain(..n);
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_decode_whatever_the_read_sizes() {
+        let wire = b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\nNEXT";
+        for step in [1, 2, 3, 7, 64] {
+            let (body, left) = decode_in_steps(wire, step).unwrap();
+            assert_eq!(body, b"hello, world", "step {step}");
+            assert_eq!(
+                left, 4,
+                "the next message's bytes are not consumed (step {step})"
+            );
+        }
+    }
+
+    #[test]
+    fn broken_chunked_bodies_are_errors() {
+        assert_eq!(
+            decode_in_steps(b"zz\r\nhello\r\n0\r\n\r\n", 64),
+            Err(FramingError::BadChunkSize)
+        );
+        assert_eq!(
+            decode_in_steps(b"5\r\nhelloXX0\r\n\r\n", 64),
+            Err(FramingError::BadChunkEnd)
+        );
+        let long_ext = format!("5;{}\r\nhello\r\n0\r\n\r\n", "e".repeat(MAX_CHUNK_LINE));
+        assert_eq!(
+            decode_in_steps(long_ext.as_bytes(), 64),
+            Err(FramingError::BadChunkSize)
+        );
+        let big_trailer = format!("0\r\nx: {}\r\n\r\n", "t".repeat(MAX_TRAILERS));
+        assert_eq!(
+            decode_in_steps(big_trailer.as_bytes(), 512),
+            Err(FramingError::TrailersTooLarge)
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_chunking_of_any_body_round_trips(
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..600),
+            cuts in proptest::collection::vec(1usize..97, 1..8),
+            step in 1usize..40,
+        ) {
+            let mut wire = Vec::new();
+            let (mut at, mut i) = (0, 0);
+            while at < body.len() {
+                let n = cuts[i % cuts.len()].min(body.len() - at);
+                wire.extend_from_slice(format!("{n:x}\r\n").as_bytes());
+                wire.extend_from_slice(&body[at..at + n]);
+                wire.extend_from_slice(b"\r\n");
+                at += n;
+                i += 1;
+            }
+            wire.extend_from_slice(b"0\r\n\r\n");
+            let (out, left) = decode_in_steps(&wire, step).unwrap();
+            proptest::prop_assert_eq!(out, body);
+            proptest::prop_assert_eq!(left, 0);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_the_parsers(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
+        ) {
+            let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let _ = parse_response(&bytes, &mut h, false);
+            let mut d = ChunkedDecoder::new();
+            let mut pos = 0;
+            while let Ok((n, what)) = d.decode(&bytes[pos..]) {
+                pos += n;
+                if what != Decoded::NeedMore && n == 0 || what == Decoded::NeedMore {
+                    break;
+                }
+            }
+        }
+    }
+}
