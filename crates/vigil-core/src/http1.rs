@@ -11,6 +11,7 @@
 //! sockets and buffers: the load balancer's upstream client streams bodies through
 //! [`ChunkedDecoder`], the controller's prober reads whole (small) ones.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 /// Most headers accepted in a response head.
@@ -44,7 +45,7 @@ pub struct ResponseHead {
     pub framing: Framing,
     /// Whether the connection may carry another exchange after this one.
     pub keep_alive: bool,
-    /// Header count (the first `headers` entries of the caller's array are filled).
+    /// Header field count.
     pub headers: usize,
 }
 
@@ -71,15 +72,23 @@ pub enum FramingError {
     TrailersTooLarge,
 }
 
-/// Parses a response head at the start of `buf` into `headers` (`Ok(None)`: incomplete,
-/// read more). `head_request`: the request was HEAD (no body whatever the head says).
+/// Parses a response head at the start of `buf` (`Ok(None)`: incomplete, read more).
+/// `head_request`: the request was HEAD (no body whatever the head says). `on_field` is
+/// called with each header field of a final (not 1xx) response, in order, borrowing
+/// from `buf`.
 pub fn parse_response<'b>(
     buf: &'b [u8],
-    headers: &mut [httparse::Header<'b>],
     head_request: bool,
+    mut on_field: impl FnMut(&'b str, &'b [u8]),
 ) -> Result<Option<ResponseHead>, FramingError> {
-    let mut resp = httparse::Response::new(headers);
-    let len = match resp.parse(buf) {
+    // Uninitialised: filling 100 empty fields first would cost more than the parse.
+    let mut fields = [const { MaybeUninit::<httparse::Header<'b>>::uninit() }; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut fields,
+    ) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(e) => return Err(FramingError::Syntax(e.to_string())),
@@ -129,6 +138,11 @@ pub fn parse_response<'b>(
     };
     if framing == Framing::UntilClose {
         keep_alive = false;
+    }
+    if status >= 200 {
+        for h in resp.headers.iter() {
+            on_field(h.name, h.value);
+        }
     }
     Ok(Some(ResponseHead {
         len,
@@ -258,8 +272,7 @@ mod tests {
     use super::*;
 
     fn head(raw: &str, head_request: bool) -> Result<Option<ResponseHead>, FramingError> {
-        let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        parse_response(raw.as_bytes(), &mut h, head_request)
+        parse_response(raw.as_bytes(), head_request, |_, _| {})
     }
 
     fn framing(raw: &str) -> (Framing, bool) {
@@ -301,6 +314,24 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(h.framing, Empty, "a HEAD answer has no body");
+    }
+
+    #[test]
+    fn fields_of_final_answers_are_handed_over_in_order() {
+        let mut seen = Vec::new();
+        let raw = "HTTP/1.1 200 OK\r\nx-a: 1\r\nX-B: two\r\nx-a: 3\r\n\r\n";
+        parse_response(raw.as_bytes(), false, |n, v| {
+            seen.push(format!("{n}={}", String::from_utf8_lossy(v)))
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(seen, ["x-a=1", "X-B=two", "x-a=3"]);
+        seen.clear();
+        let early = "HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n";
+        parse_response(early.as_bytes(), false, |n, _| seen.push(n.to_string()))
+            .unwrap()
+            .unwrap();
+        assert!(seen.is_empty(), "1xx fields are not the answer's");
     }
 
     #[test]
@@ -433,8 +464,7 @@ mod tests {
         fn arbitrary_bytes_never_panic_the_parsers(
             bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
         ) {
-            let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let _ = parse_response(&bytes, &mut h, false);
+            let _ = parse_response(&bytes, false, |_, _| {});
             let mut d = ChunkedDecoder::new();
             let mut pos = 0;
             while let Ok((n, what)) = d.decode(&bytes[pos..]) {

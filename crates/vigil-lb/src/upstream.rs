@@ -34,14 +34,15 @@ use std::task::{Context, Poll, Waker, ready};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use vigil_core::http1::{self, ChunkedDecoder, Decoded, Framing, MAX_HEADERS};
+use vigil_core::http1::{self, ChunkedDecoder, Decoded, Framing};
 
 /// Largest response head accepted from a target (a larger one is a 502).
 pub const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// A buffered request body up to this size goes out in the same write as the head.
 const INLINE_BODY: usize = 16 * 1024;
-/// Read buffer space ensured before each read.
-const READ_RESERVE: usize = 8 * 1024;
+/// Read buffer space allocated when a read finds less than [`MIN_READ_ROOM`] left.
+const READ_RESERVE: usize = 16 * 1024;
+const MIN_READ_ROOM: usize = 2 * 1024;
 /// A read buffer grown past this (a large head) is not kept in the pool.
 const KEEP_BUFFER: usize = 64 * 1024;
 
@@ -154,7 +155,11 @@ impl Conn {
     }
 
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        self.rbuf.reserve(READ_RESERVE);
+        // Room for a read: most answers fit many times in what is left of the buffer,
+        // whose earlier bytes may still be shared by answers in flight.
+        if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_ROOM {
+            self.rbuf.reserve(READ_RESERVE);
+        }
         tokio_util::io::poll_read_buf(Pin::new(&mut self.tcp), cx, &mut self.rbuf)
     }
 
@@ -298,7 +303,7 @@ impl ConnPool {
         req: &Outgoing,
         host: &HeaderValue,
         streamed: Option<Incoming>,
-    ) -> Result<http1::ResponseHead, ExchangeError> {
+    ) -> Result<Head, ExchangeError> {
         conn.wbuf.clear();
         conn.wbuf.extend_from_slice(&req.head);
         if req.needs_host {
@@ -326,22 +331,41 @@ impl ConnPool {
         loop {
             if !conn.rbuf.is_empty() {
                 answered = true;
-                let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-                match http1::parse_response(&conn.rbuf, &mut headers, req.head_request) {
+                // Parsed from a frozen view of what was read, so that header values are
+                // slices of it (shared, not copied).
+                let read = conn.rbuf.split().freeze();
+                let mut headers = HeaderMap::new();
+                let mut bad_field = false;
+                let parsed = http1::parse_response(&read, req.head_request, |name, value| {
+                    match (
+                        HeaderName::from_bytes(name.as_bytes()),
+                        HeaderValue::from_maybe_shared(read.slice_ref(value)),
+                    ) {
+                        (Ok(n), Ok(v)) => {
+                            headers.append(n, v);
+                        }
+                        _ => bad_field = true,
+                    }
+                });
+                match parsed {
                     Ok(Some(h)) if h.status == 101 => {
                         tracing::debug!(target_addr = %self.addr, "101 Switching Protocols to a request without Upgrade");
                         return Err(ExchangeError::Failed(Failure::Garbage));
                     }
                     Ok(Some(h)) if h.status < 200 => {
-                        conn.rbuf.advance(h.len);
+                        conn.rbuf = unfreeze(read.slice(h.len..));
                         continue;
                     }
-                    Ok(Some(h)) => return Ok(h),
-                    Ok(None) if conn.rbuf.len() >= MAX_RESPONSE_HEAD => {
+                    Ok(Some(_)) if bad_field => {
+                        tracing::debug!(target_addr = %self.addr, "invalid header field in the response");
+                        return Err(ExchangeError::Failed(Failure::Garbage));
+                    }
+                    Ok(Some(h)) => return Ok(Head { h, headers, read }),
+                    Ok(None) if read.len() >= MAX_RESPONSE_HEAD => {
                         tracing::debug!(target_addr = %self.addr, "response head over {MAX_RESPONSE_HEAD} bytes");
                         return Err(ExchangeError::Failed(Failure::Garbage));
                     }
-                    Ok(None) => {}
+                    Ok(None) => conn.rbuf = unfreeze(read),
                     Err(e) => {
                         tracing::debug!(target_addr = %self.addr, "{e}");
                         return Err(ExchangeError::Failed(Failure::Garbage));
@@ -410,36 +434,34 @@ impl ConnPool {
     fn respond(
         self: &Arc<Self>,
         mut conn: Box<Conn>,
-        h: http1::ResponseHead,
+        head: Head,
     ) -> Result<Response<UpstreamResponseBody>, Failure> {
-        let garbage = |what: &str| {
-            tracing::debug!(target_addr = %self.addr, "{what}");
+        let Head { h, headers, read } = head;
+        let status = StatusCode::from_u16(h.status).map_err(|_| {
+            tracing::debug!(target_addr = %self.addr, status = h.status, "bad status code");
             Failure::Garbage
-        };
-        let status = StatusCode::from_u16(h.status).map_err(|_| garbage("bad status code"))?;
-        // Header names and values are slices of the head's bytes, not copies: parse
-        // again over the frozen head (httparse is fast; a copy of every value is not).
-        let head = conn.rbuf.split_to(h.len).freeze();
-        let mut parsed = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut parsed);
-        resp.parse(&head)
-            .map_err(|_| garbage("response head changed"))?;
-        let mut headers = HeaderMap::with_capacity(h.headers);
-        for f in resp.headers.iter() {
-            let name = HeaderName::from_bytes(f.name.as_bytes())
-                .map_err(|_| garbage("bad header name in the response"))?;
-            let value = HeaderValue::from_maybe_shared(head.slice_ref(f.value))
-                .map_err(|_| garbage("bad header value in the response"))?;
-            headers.append(name, value);
-        }
+        })?;
+        let after = read.slice(h.len..);
+        drop(read);
         let state = match h.framing {
-            Framing::Empty => BodyState::Ready(None),
-            Framing::Length(n) if conn.rbuf.len() as u64 >= n => {
-                BodyState::Ready(Some(conn.rbuf.split_to(n as usize).freeze()))
+            Framing::Length(n) if after.len() as u64 >= n => {
+                let n = n as usize;
+                // Bytes past the answer were never asked for: the connection is not
+                // reused (checkin refuses a buffer that is not empty).
+                conn.rbuf.extend_from_slice(&after[n..]);
+                BodyState::Ready(Some(after.slice(..n)))
             }
-            Framing::Length(n) => BodyState::Length(n),
-            Framing::Chunked => BodyState::Chunked(ChunkedDecoder::new()),
-            Framing::UntilClose => BodyState::UntilClose,
+            framing => {
+                if !after.is_empty() {
+                    conn.rbuf = unfreeze(after);
+                }
+                match framing {
+                    Framing::Empty => BodyState::Ready(None),
+                    Framing::Length(n) => BodyState::Length(n),
+                    Framing::Chunked => BodyState::Chunked(ChunkedDecoder::new()),
+                    Framing::UntilClose => BodyState::UntilClose,
+                }
+            }
         };
         let mut body = UpstreamResponseBody {
             state,
@@ -460,6 +482,23 @@ impl ConnPool {
         *r.headers_mut() = headers;
         Ok(r)
     }
+}
+
+/// A final response head: its framing, its fields, and everything read with it.
+struct Head {
+    h: http1::ResponseHead,
+    headers: HeaderMap,
+    /// The bytes read so far, head first (what follows it is body).
+    read: Bytes,
+}
+
+/// Bytes back into a read buffer: without a copy when nothing else holds them.
+fn unfreeze(b: Bytes) -> BytesMut {
+    b.try_into_mut().unwrap_or_else(|b| {
+        let mut m = BytesMut::with_capacity(b.len().max(READ_RESERVE));
+        m.extend_from_slice(&b);
+        m
+    })
 }
 
 #[derive(Debug)]
