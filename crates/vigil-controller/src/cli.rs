@@ -109,7 +109,15 @@ fn daemon(path: &Path) -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    let result = rt.block_on(serve(path.to_path_buf(), cfg));
+    // On a worker thread, not this one: what start-up allocates (targets, guard state)
+    // and frees then shares the workers' malloc arena with the probing that follows, so
+    // its freed memory is reused instead of left behind in an arena nobody else uses.
+    let result = rt.block_on(async {
+        match tokio::spawn(serve(path.to_path_buf(), cfg)).await {
+            Ok(r) => r,
+            Err(e) => Err(anyhow::anyhow!("the controller task failed: {e}")),
+        }
+    });
     // Tasks cut short by the drain grace must not hold the exit up.
     rt.shutdown_timeout(Duration::from_secs(1));
     match result {

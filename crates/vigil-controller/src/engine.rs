@@ -9,6 +9,7 @@
 
 use crate::clock::{Clock, rfc3339_ms, unix_ms};
 use crate::config::{ControllerConfig, ProbeConfig, TargetConfig};
+use crate::history::History;
 use crate::metrics::{Metrics, TargetLabels};
 use prometheus_client::metrics::gauge::Gauge;
 use crate::ops::{GuardOp, nanos, time};
@@ -29,6 +30,10 @@ use vigil_core::{Health, Time};
 const MAX_COMMANDS_PER_TURN: usize = 4096;
 /// Guard ticks (hold expiry, flap release): once a second is finer than any hold.
 const TICK_EVERY: Duration = Duration::from_secs(1);
+/// Targets added or removed at once (start-up, a discovery change) from which the
+/// guard is snapshotted rather than each change logged: one write of the whole state
+/// instead of thousands of ops that the next snapshot would drop anyway.
+const BULK_CHANGES: usize = 256;
 /// Recent guard events kept for the dashboard.
 const RECENT_EVENTS: usize = 20;
 
@@ -237,7 +242,7 @@ struct TargetRuntime {
     up: Gauge,
     /// Display state ("" until first computed).
     state: &'static str,
-    history: VecDeque<ProbeRecord>,
+    history: History,
 }
 
 type Reply = (oneshot::Sender<Result<(), String>>, Result<(), String>);
@@ -262,6 +267,8 @@ pub struct Engine {
     snapshot_size: usize,
     /// Zone names, one shared copy each.
     zones: BTreeSet<Arc<str>>,
+    /// Ops are applied without being logged: a snapshot in the same batch covers them.
+    unlogged: bool,
 }
 
 /// What recovery found, for the log.
@@ -340,6 +347,7 @@ impl Engine {
             last_snapshot: Instant::now(),
             snapshot_size: rec.snapshot.as_ref().map_or(0, String::len),
             zones: BTreeSet::new(),
+            unlogged: false,
         };
         // Targets the guard remembers keep their state only if still configured; the
         // caller sends both sources before the first flush.
@@ -369,7 +377,7 @@ impl Engine {
                         interval: None,
                     }),
                     state: "",
-                    history: VecDeque::new(),
+                    history: History::default(),
                 },
             );
         }
@@ -444,16 +452,7 @@ impl Engine {
                 };
                 self.metrics
                     .probe(&rt.up, record.ok, record.duration_ms / 1000.0);
-                // Make room first: pushing past the capacity would double it (and a
-                // VecDeque never shrinks by itself), for every target.
-                let keep = self.config.probe.history.max(1);
-                while rt.history.len() >= keep {
-                    rt.history.pop_front();
-                }
-                if rt.history.capacity() < keep {
-                    rt.history.reserve_exact(keep - rt.history.len());
-                }
-                rt.history.push_back(record);
+                rt.history.push(record, self.config.probe.history);
                 let at = nanos(self.clock.now());
                 // A probe that changes nothing in the guard (a healthy target passing
                 // again) is not logged: replaying the log without it ends in the same
@@ -568,6 +567,12 @@ impl Engine {
             .filter(|id| !merged.contains_key(*id))
             .cloned()
             .collect();
+        let added = merged
+            .keys()
+            .filter(|id| !self.runtime.contains_key(*id))
+            .count();
+        let bulk = gone.len() + added >= BULK_CHANGES;
+        self.unlogged = bulk;
         for id in gone {
             let at = nanos(self.clock.now());
             self.op(GuardOp::Remove { at, id: id.clone() }, None);
@@ -602,7 +607,7 @@ impl Engine {
                         labels,
                         spec: spec.clone(),
                         state: "",
-                        history: VecDeque::new(),
+                        history: History::default(),
                     },
                 );
             }
@@ -617,6 +622,12 @@ impl Engine {
                 rt.up = self.metrics.target_up(&rt.labels);
             }
             rt.spec = spec.clone();
+        }
+        if bulk {
+            // The snapshot covers every op of this batch, logged or not.
+            self.unlogged = false;
+            self.snapshot();
+            self.batch.ops.clear();
         }
         let plan = Plan {
             targets: merged.into_values().collect(),
@@ -645,9 +656,11 @@ impl Engine {
     /// Queues an op already applied to the guard for the store, records its decision
     /// and the state changes it caused.
     fn logged(&mut self, op: GuardOp, decision: Option<Decision>, target: Option<&str>) {
-        self.batch
-            .ops
-            .push(serde_json::to_string(&op).expect("guard ops serialise"));
+        if !self.unlogged {
+            self.batch
+                .ops
+                .push(serde_json::to_string(&op).expect("guard ops serialise"));
+        }
         if let Some(d) = decision {
             self.record_decision(d);
         }
@@ -859,8 +872,8 @@ impl Engine {
                         until_ms: h.until.map(unix_ms),
                     }),
                     reported_at_ms: v.reported_at.map(unix_ms),
-                    last_probe: rt.history.back().cloned(),
-                    history: rt.history.iter().cloned().collect(),
+                    last_probe: rt.history.last(),
+                    history: rt.history.records(),
                 })
             })
             .collect();
@@ -941,4 +954,159 @@ fn describe(v: &TargetView<'_>) -> String {
         parts.push(format!("{:?}: {}", h.kind, h.reason).to_lowercase());
     }
     parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SqliteStore;
+
+    fn targets(n: usize) -> Vec<TargetConfig> {
+        (0..n)
+            .map(|i| TargetConfig {
+                id: format!("t{i:03}"),
+                url: format!("http://127.0.0.1:{}", 1000 + i),
+                zone: format!("z{}", i % 3),
+                group: String::new(),
+                heartbeat: false,
+                interval: None,
+            })
+            .collect()
+    }
+
+    fn probe(id: &str, zone: &str, ok: bool) -> Command {
+        let obs = if ok {
+            Observation::pass(id, zone)
+        } else {
+            Observation::failed_checks(id, zone, ["disk:free"])
+        };
+        Command::Probe {
+            id: id.to_string(),
+            record: ProbeRecord {
+                at_ms: 0,
+                ok,
+                duration_ms: 1.0,
+                status: Some(200),
+                health: None,
+                detail: String::new(),
+            },
+            obs,
+        }
+    }
+
+    /// The guard's view of every target, as the API shows it (history aside: it is not
+    /// persisted).
+    async fn guard_views(tx: &mpsc::Sender<Command>) -> Vec<serde_json::Value> {
+        let (reply, rx) = oneshot::channel();
+        tx.send(Command::Fleet(reply)).await.unwrap();
+        let fleet = rx.await.unwrap();
+        fleet
+            .targets
+            .iter()
+            .map(|t| {
+                let mut v = serde_json::to_value(t).unwrap();
+                v.as_object_mut().unwrap().remove("history");
+                v.as_object_mut().unwrap().remove("last_probe");
+                v
+            })
+            .collect()
+    }
+
+    /// Starts an engine on the store in `dir` with `n` targets.
+    async fn start(
+        dir: &std::path::Path,
+        n: usize,
+    ) -> (
+        mpsc::Sender<Command>,
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let config = Arc::new(ControllerConfig {
+            guard: GuardConfig {
+                grace: Duration::ZERO,
+                ..GuardConfig::default()
+            },
+            ..ControllerConfig::default()
+        });
+        let store = SqliteStore::open(&dir.join("vigil.db")).unwrap();
+        let (store, _thread) = StoreHandle::spawn(Box::new(store));
+        let (actions, _actions_rx) = mpsc::unbounded_channel();
+        let (plan, _plan_rx) = watch::channel(Arc::new(Plan {
+            targets: Vec::new(),
+            probe: config.probe.clone(),
+            heartbeat_ttl: config.heartbeat.ttl,
+        }));
+        let (mut engine, _) =
+            Engine::recover(config, store, Arc::new(Metrics::new()), actions, plan)
+                .await
+                .unwrap();
+        engine.initial_targets(Vec::new(), targets(n));
+        let (tx, rx) = mpsc::channel(1024);
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(engine.run(rx, stop_rx));
+        (tx, stop, task)
+    }
+
+    /// A crash (no final snapshot) after probes, some of which the engine did not log
+    /// (healthy targets passing again) and a bulk start-up it snapshotted instead of
+    /// logging: the restarted engine's guard is where the first one left it.
+    async fn restart_keeps_the_guard(n: usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, _stop, task) = start(dir.path(), n).await;
+        for round in 0..4 {
+            for t in targets(n) {
+                let ok = !(t.id == "t001" || (t.id == "t002" && round % 2 == 1));
+                tx.send(probe(&t.id, &t.zone, ok)).await.unwrap();
+            }
+        }
+        // A hold is answered once committed: everything before it is in the store.
+        let (reply, rx) = oneshot::channel();
+        tx.send(Command::SetHold {
+            id: "t000".into(),
+            kind: HoldKind::Silenced,
+            reason: "test".into(),
+            duration: None,
+            reply,
+        })
+        .await
+        .unwrap();
+        rx.await.unwrap().unwrap();
+        let before = guard_views(&tx).await;
+        task.abort();
+        let _ = task.await;
+        let rec = crate::store::Store::recover(
+            &mut SqliteStore::open(&dir.path().join("vigil.db")).unwrap(),
+        )
+        .unwrap();
+        let ops: Vec<GuardOp> = rec
+            .ops
+            .iter()
+            .flat_map(|b| serde_json::from_str::<Vec<GuardOp>>(b).unwrap())
+            .collect();
+        let count = |f: fn(&GuardOp) -> bool| ops.iter().filter(|o| f(o)).count();
+        if n >= BULK_CHANGES {
+            assert!(rec.snapshot.is_some(), "a bulk start is snapshotted");
+            assert_eq!(count(|o| matches!(o, GuardOp::Add { .. })), 0);
+        }
+        // A target's first two passes make it healthy; its later passes are not logged
+        // (t001 fails 4 times, t002 alternates: 4 logged each).
+        let observed = count(|o| matches!(o, GuardOp::Observe { .. }));
+        assert_eq!(observed, 2 * (n - 2) + 8, "of {} probes", 4 * n);
+        let (tx, _stop, _task) = start(dir.path(), n).await;
+        let after = guard_views(&tx).await;
+        assert_eq!(before.len(), n);
+        let flapping = before.iter().find(|v| v["id"] == "t002").unwrap();
+        assert!(flapping["penalty"].as_u64().unwrap() > 0, "{flapping}");
+        assert_eq!(before, after);
+    }
+
+    #[tokio::test]
+    async fn a_restart_after_a_crash_restores_the_guard_with_few_targets() {
+        restart_keeps_the_guard(5).await;
+    }
+
+    #[tokio::test]
+    async fn a_restart_after_a_crash_restores_the_guard_after_a_bulk_start() {
+        restart_keeps_the_guard(BULK_CHANGES + 50).await;
+    }
 }

@@ -7,6 +7,7 @@
 //! - [`scheduler`] and [`prober`]: deep-health probing with jitter, timeouts, bounded
 //!   concurrency and pooled connections; heartbeat targets.
 //! - [`discovery`]: the watched target file.
+//! - [`history`]: each target's recent probes, packed, for the API.
 //! - [`store`]: the `Store` trait and its SQLite implementation (snapshot + op log,
 //!   decision log, action intents).
 //! - [`actuator`]: log, webhook (HMAC-signed, retried, idempotent), exec.
@@ -23,6 +24,7 @@ pub mod config;
 pub mod dashboard;
 pub mod discovery;
 pub mod engine;
+pub mod history;
 pub mod metrics;
 pub mod ops;
 pub mod prober;

@@ -1,8 +1,8 @@
 //! The probe scheduler: every target on its own interval with jitter, probes bounded by
 //! a semaphore, heartbeat targets judged by the age of their last heartbeat.
 //!
-//! One task holds a min-heap of due times. Removed targets are dropped lazily (their
-//! heap entries carry an epoch that no longer matches). New targets get a random first
+//! One task holds a min-heap of due times over a slab of targets. Removed targets are
+//! dropped lazily (their heap entries carry a slot and an epoch that no longer match). New targets get a random first
 //! slot within one interval, so a fleet added at once is not probed at once.
 
 use crate::config::TargetConfig;
@@ -55,21 +55,30 @@ impl Heartbeats {
     }
 }
 
-struct Entry {
+/// A scheduled target.
+struct Slot {
     spec: Arc<TargetConfig>,
-    /// The probe URL, parsed once per plan (None for heartbeat targets or a URL that
-    /// does not parse: the probe then reports it).
-    uri: Option<http::Uri>,
-    epoch: u64,
+    /// The probe URL (None for heartbeat targets), parsed at each probe: a parsed
+    /// `http::Uri` is four times the size of its text, kept for every target.
+    url: Option<Box<str>>,
+    /// Tells this target's heap entries from those of a target that held the slot
+    /// before it.
+    epoch: u32,
 }
 
-fn probe_uri(spec: &TargetConfig, path: &str) -> Option<http::Uri> {
+fn probe_url(spec: &TargetConfig, path: &str) -> Option<Box<str>> {
     if spec.heartbeat {
         return None;
     }
-    format!("{}{}", spec.url.trim_end_matches('/'), path)
-        .parse()
-        .ok()
+    Some(format!("{}{}", spec.url.trim_end_matches('/'), path).into_boxed_str())
+}
+
+/// A due probe in the heap: (due time as nanoseconds since the scheduler started, slot,
+/// epoch), 16 bytes. Entries of removed or replaced targets are skipped when popped.
+type Due = Reverse<(u64, u32, u32)>;
+
+fn since(base: Instant, t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Runs the scheduler until `shutdown` flips or the engine is gone.
@@ -82,9 +91,11 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
     tasks: tokio_util::task::TaskTracker,
 ) {
-    let mut entries: HashMap<String, Entry> = HashMap::new();
-    let mut heap: BinaryHeap<Reverse<(Instant, u64, String)>> = BinaryHeap::new();
-    let mut epoch = 0u64;
+    let base = Instant::now();
+    let mut slots: Vec<Option<Slot>> = Vec::new();
+    let mut free: Vec<u32> = Vec::new();
+    let mut heap: BinaryHeap<Due> = BinaryHeap::new();
+    let mut epoch = 0u32;
     let mut plan = plan_rx.borrow_and_update().clone();
     let mut permits = Arc::new(Semaphore::new(plan.probe.concurrency));
     let mut replan = true;
@@ -93,35 +104,52 @@ pub async fn run(
             replan = false;
             let now = Instant::now();
             let interval = plan.probe.interval;
-            let wanted: HashMap<&str, &TargetConfig> =
-                plan.targets.iter().map(|t| (t.id.as_str(), &**t)).collect();
-            entries.retain(|id, _| wanted.contains_key(id.as_str()));
-            heartbeats.retain(|id| wanted.get(id).is_some_and(|t| t.heartbeat));
-            for t in &plan.targets {
-                if let Some(e) = entries.get_mut(&t.id)
-                    && *e.spec == **t
-                {
-                    // Same target; the probe path may have changed with the plan.
-                    e.uri = probe_uri(t, &plan.probe.path);
-                    continue;
+            let by_id: HashMap<&str, usize> = plan
+                .targets
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.id.as_str(), i))
+                .collect();
+            heartbeats.retain(|id| by_id.get(id).is_some_and(|&i| plan.targets[i].heartbeat));
+            let mut kept = vec![false; plan.targets.len()];
+            for (si, slot) in slots.iter_mut().enumerate() {
+                let Some(s) = slot else { continue };
+                match by_id.get(s.spec.id.as_str()) {
+                    Some(&ti) if !kept[ti] && *plan.targets[ti] == *s.spec => {
+                        // Same target: keep its schedule; the probe path may have
+                        // changed with the plan, and the plan's copy is the live one.
+                        kept[ti] = true;
+                        s.url = probe_url(&plan.targets[ti], &plan.probe.path);
+                        s.spec = plan.targets[ti].clone();
+                    }
+                    _ => {
+                        // Removed or changed: its heap entries are skipped from now on.
+                        *slot = None;
+                        free.push(u32::try_from(si).expect("fewer than 2^32 targets"));
+                    }
                 }
-                epoch += 1;
+            }
+            for (t, _) in plan.targets.iter().zip(&kept).filter(|(_, k)| !**k) {
+                epoch = epoch.wrapping_add(1);
+                let si = free.pop().unwrap_or_else(|| {
+                    slots.push(None);
+                    u32::try_from(slots.len() - 1).expect("fewer than 2^32 targets")
+                });
+                slots[si as usize] = Some(Slot {
+                    spec: t.clone(),
+                    url: probe_url(t, &plan.probe.path),
+                    epoch,
+                });
                 let first = now
                     + t.interval
                         .unwrap_or(interval)
                         .mul_f64(rand::rng().random_range(0.0..1.0));
-                entries.insert(
-                    t.id.clone(),
-                    Entry {
-                        spec: t.clone(),
-                        uri: probe_uri(t, &plan.probe.path),
-                        epoch,
-                    },
-                );
-                heap.push(Reverse((first, epoch, t.id.clone())));
+                heap.push(Reverse((since(base, first), si, epoch)));
             }
         }
-        let next_due = heap.peek().map(|Reverse((due, _, _))| *due);
+        let next_due = heap
+            .peek()
+            .map(|Reverse((due, _, _))| base + Duration::from_nanos(*due));
         let sleep = async {
             match next_due {
                 Some(due) => tokio::time::sleep_until(due.into()).await,
@@ -143,18 +171,22 @@ pub async fn run(
                 replan = true;
             }
             _ = sleep => {
-                let Some(Reverse((due, ep, id))) = heap.pop() else { continue };
-                let Some(entry) = entries.get(&id).filter(|e| e.epoch == ep) else {
+                let Some(Reverse((due, si, ep))) = heap.pop() else { continue };
+                let Some(slot) = slots
+                    .get(si as usize)
+                    .and_then(Option::as_ref)
+                    .filter(|s| s.epoch == ep)
+                else {
                     continue; // removed or replaced
                 };
-                let spec = entry.spec.clone();
-                let uri = entry.uri.clone();
+                let spec = slot.spec.clone();
+                let due = base + Duration::from_nanos(due);
                 let now = Instant::now();
                 metrics.lag(now.saturating_duration_since(due).as_secs_f64());
                 let interval = spec.interval.unwrap_or(plan.probe.interval);
                 let jitter = plan.probe.jitter * rand::rng().random_range(-1.0..=1.0);
-                let base = if now > due + interval { now } else { due };
-                heap.push(Reverse((base + interval.mul_f64(1.0 + jitter), ep, id)));
+                let start = if now > due + interval { now } else { due };
+                heap.push(Reverse((since(base, start + interval.mul_f64(1.0 + jitter)), si, ep)));
                 if spec.heartbeat {
                     let (obs, record) = judge_heartbeat(&spec, heartbeats.get(&spec.id), plan.heartbeat_ttl);
                     if engine.send(Command::Probe { id: spec.id.clone(), obs, record }).await.is_err() {
@@ -162,6 +194,7 @@ pub async fn run(
                     }
                     continue;
                 }
+                let uri = slot.url.as_deref().and_then(|u| u.parse::<http::Uri>().ok());
                 // Bounded concurrency: wait for a slot (the lag metric shows when this bites).
                 let permit = tokio::select! {
                     biased;
