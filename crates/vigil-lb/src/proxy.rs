@@ -27,6 +27,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
+use smallvec::SmallVec;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -154,19 +155,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         return;
     }
     if present & 1 != 0 {
-        // Names listed in `Connection` (other than the usual keep-alive/close tokens).
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|s| s.split(','))
-            .map(str::trim)
-            .filter(|n| {
-                !n.is_empty()
-                    && !n.eq_ignore_ascii_case("keep-alive")
-                    && !n.eq_ignore_ascii_case("close")
-            })
-            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+            .flat_map(|v| connection_options(v.as_bytes()))
             .collect();
         for n in named {
             headers.remove(n);
@@ -179,9 +171,23 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The header names a `Connection` field value lists, other than the usual
+/// `keep-alive` and `close` (those fields describe the connection too).
+pub(crate) fn connection_options(value: &[u8]) -> impl Iterator<Item = HeaderName> + '_ {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|n| {
+            !n.is_empty()
+                && !n.eq_ignore_ascii_case(b"keep-alive")
+                && !n.eq_ignore_ascii_case(b"close")
+        })
+        .filter_map(|n| HeaderName::from_bytes(n).ok())
+}
+
 /// The index of `n` in [`HOP_BY_HOP`] (a string match: a length switch, then one
-/// comparison).
-fn hop_by_hop_index(n: &HeaderName) -> Option<usize> {
+/// comparison); 0 is `Connection`.
+pub(crate) fn hop_by_hop_index(n: &HeaderName) -> Option<usize> {
     Some(match n.as_str() {
         "connection" => 0,
         "te" => 1,
@@ -370,8 +376,9 @@ impl Proxy {
         pool.budget.lock().expect("budget lock").deposit(pool.now());
         let section = pool.section.load_full();
 
-        let mut tried: Vec<Arc<TargetRt>> = Vec::new();
-        let mut attempts: Vec<Attempt> = Vec::new();
+        // Inline: one attempt is the rule, a retry or a hedge the exception.
+        let mut tried: SmallVec<[Arc<TargetRt>; 3]> = SmallVec::new();
+        let mut attempts: SmallVec<[Attempt; 2]> = SmallVec::new();
         let mut retries = 0u32;
         let mut last_failure: Option<(Failure, String)>;
         let (out_body, mut streamed) = match body {
@@ -397,8 +404,8 @@ impl Proxy {
         let timer = tokio::time::sleep(table.response_header_timeout);
         tokio::pin!(timer);
 
-        let start_attempt = |tried: &mut Vec<Arc<TargetRt>>,
-                             attempts: &mut Vec<Attempt>,
+        let start_attempt = |tried: &mut SmallVec<[Arc<TargetRt>; 3]>,
+                             attempts: &mut SmallVec<[Attempt; 2]>,
                              streamed: &mut Option<Incoming>|
          -> bool {
             let Some(target) = pool.pick(tried) else {
@@ -486,13 +493,12 @@ impl Proxy {
                     a.target.count(&self.metrics, code);
                     // Losing attempts (hedges) are dropped here: their connections close.
                     drop(attempts);
+                    // Hop-by-hop fields were left out when the head was read.
                     let (mut rp, rb) = resp.into_parts();
-                    strip_hop_by_hop(&mut rp.headers);
-                    append_header_value(
-                        &mut rp.headers,
-                        header::VIA,
-                        HeaderValue::from_static(VIA),
-                    );
+                    // A second `Via` line says the same as one combined value (RFC 9110
+                    // 5.3) without a lookup.
+                    rp.headers
+                        .append(header::VIA, HeaderValue::from_static(VIA));
                     return Response::from_parts(rp, Either::Left(rb));
                 }
                 Event::Done(i, Err(f)) => {

@@ -21,7 +21,7 @@
 //! on it is noticed by the empty answer, and an idempotent request then goes again on a
 //! new connection to the same target.
 
-use crate::proxy::Failure;
+use crate::proxy::{Failure, connection_options, hop_by_hop_index};
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Uri};
@@ -336,17 +336,30 @@ impl ConnPool {
                 let read = conn.rbuf.split().freeze();
                 let mut headers = HeaderMap::new();
                 let mut bad_field = false;
+                // Fields naming this connection (hop-by-hop) are not kept: the proxy
+                // would only remove them again.
+                let mut named: Vec<HeaderName> = Vec::new();
                 let parsed = http1::parse_response(&read, req.head_request, |name, value| {
-                    match (
-                        HeaderName::from_bytes(name.as_bytes()),
-                        HeaderValue::from_maybe_shared(read.slice_ref(value)),
-                    ) {
-                        (Ok(n), Ok(v)) => {
+                    let Ok(n) = HeaderName::from_bytes(name.as_bytes()) else {
+                        bad_field = true;
+                        return;
+                    };
+                    if let Some(i) = hop_by_hop_index(&n) {
+                        if i == 0 {
+                            named.extend(connection_options(value));
+                        }
+                        return;
+                    }
+                    match HeaderValue::from_maybe_shared(read.slice_ref(value)) {
+                        Ok(v) => {
                             headers.append(n, v);
                         }
-                        _ => bad_field = true,
+                        Err(_) => bad_field = true,
                     }
                 });
+                for n in named {
+                    headers.remove(n);
+                }
                 match parsed {
                     Ok(Some(h)) if h.status == 101 => {
                         tracing::debug!(target_addr = %self.addr, "101 Switching Protocols to a request without Upgrade");
