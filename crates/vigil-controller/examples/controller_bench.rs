@@ -153,8 +153,42 @@ fn metric(text: &str, name: &str) -> f64 {
 }
 
 fn lag_buckets(text: &str) -> Vec<(f64, f64)> {
+    buckets(text, "vigil_controller_schedule_lag_seconds_bucket")
+}
+
+/// A histogram's cumulative buckets (summed over its label sets), by upper bound.
+fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    for (le, n) in raw_buckets(text, name) {
+        match out.iter_mut().find(|(l, _)| *l == le) {
+            Some(b) => b.1 += n,
+            None => out.push((le, n)),
+        }
+    }
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
+}
+
+/// The upper bound of the bucket holding quantile `q` of the difference of two
+/// snapshots of a histogram.
+fn quantile_between(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f64 {
+    let delta: Vec<(f64, f64)> = after
+        .iter()
+        .map(|a| {
+            let b = before.iter().find(|b| b.0 == a.0).map_or(0.0, |b| b.1);
+            (a.0, a.1 - b)
+        })
+        .collect();
+    let total = delta.last().map_or(0.0, |d| d.1);
+    delta
+        .iter()
+        .find(|(_, n)| *n >= q * total)
+        .map_or(f64::NAN, |d| d.0)
+}
+
+fn raw_buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
     text.lines()
-        .filter(|l| l.starts_with("vigil_controller_schedule_lag_seconds_bucket"))
+        .filter(|l| l.starts_with(name))
         .filter_map(|l| {
             let le = l.split("le=\"").nth(1)?.split('"').next()?;
             let le = if le == "+Inf" {
@@ -374,6 +408,14 @@ fn main() {
             .map_or(f64::NAN, |d| d.0)
     };
     let (p50, p99, p999) = (quantile(0.5), quantile(0.99), quantile(0.999));
+    let (d0, d1) = (
+        buckets(&m0, "vigil_controller_probe_duration_seconds_bucket"),
+        buckets(&m1, "vigil_controller_probe_duration_seconds_bucket"),
+    );
+    let (dur50, dur99) = (
+        quantile_between(&d0, &d1, 0.5),
+        quantile_between(&d0, &d1, 0.99),
+    );
     let cpu = (c1 - c0) as f64 / HZ / wall;
     stop(&mut child, pid);
     let vigil = Figures {
@@ -406,6 +448,11 @@ fn main() {
         p50 * 1e3,
         p99 * 1e3,
         p999 * 1e3
+    );
+    println!(
+        "probe duration     p50 <= {} ms, p99 <= {} ms (the fake fleet's answer time as the controller sees it: a slow fleet shows here)",
+        dur50 * 1e3,
+        dur99 * 1e3
     );
     vigil.print(o.targets);
     println!(

@@ -258,7 +258,8 @@ pub struct Engine {
     config: Arc<ControllerConfig>,
     config_targets: Vec<Arc<TargetConfig>>,
     discovered: Vec<Arc<TargetConfig>>,
-    runtime: BTreeMap<String, TargetRuntime>,
+    /// By id (the same shared string as the target's metric labels).
+    runtime: BTreeMap<Arc<str>, TargetRuntime>,
     events: VecDeque<EventInfo>,
     batch: Batch,
     replies: Vec<Reply>,
@@ -364,7 +365,7 @@ impl Engine {
                 .unwrap_or_default();
             let labels = engine.labels(&id, &zone);
             engine.runtime.insert(
-                id.clone(),
+                labels.target.clone(),
                 TargetRuntime {
                     up: engine.metrics.target_up(&labels),
                     labels,
@@ -447,7 +448,7 @@ impl Engine {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::Probe { id, obs, record } => {
-                let Some(rt) = self.runtime.get_mut(&id) else {
+                let Some(rt) = self.runtime.get_mut(id.as_str()) else {
                     return; // Removed while the probe was in flight.
                 };
                 self.metrics
@@ -561,21 +562,29 @@ impl Engine {
                 tracing::warn!(target_id = %t.id, "target in both config and discovery; the config's entry wins");
             }
         }
-        let gone: Vec<String> = self
+        let gone: Vec<Arc<str>> = self
             .runtime
             .keys()
-            .filter(|id| !merged.contains_key(*id))
+            .filter(|id| !merged.contains_key(&***id))
             .cloned()
             .collect();
         let added = merged
             .keys()
-            .filter(|id| !self.runtime.contains_key(*id))
+            .filter(|id| !self.runtime.contains_key(id.as_str()))
             .count();
         let bulk = gone.len() + added >= BULK_CHANGES;
         self.unlogged = bulk;
         for id in gone {
             let at = nanos(self.clock.now());
-            self.op(GuardOp::Remove { at, id: id.clone() }, None);
+            // Only the removed target's own state changes (to gone): no other
+            // target's display state depends on it.
+            self.op(
+                GuardOp::Remove {
+                    at,
+                    id: id.to_string(),
+                },
+                Some(&id),
+            );
             if let Some(rt) = self.runtime.remove(&id) {
                 self.metrics.forget(&rt.labels);
                 tracing::info!(target_id = %id, "target removed; forgotten");
@@ -598,10 +607,10 @@ impl Engine {
                     tracing::info!(target_id = %id, zone = %spec.zone, "target added");
                 }
             }
-            if !self.runtime.contains_key(id) {
+            if !self.runtime.contains_key(id.as_str()) {
                 let labels = self.labels(id, &spec.zone);
                 self.runtime.insert(
-                    id.clone(),
+                    labels.target.clone(),
                     TargetRuntime {
                         up: self.metrics.target_up(&labels),
                         labels,
@@ -611,7 +620,7 @@ impl Engine {
                     },
                 );
             }
-            let rt = self.runtime.get_mut(id).expect("inserted above");
+            let rt = self.runtime.get_mut(id.as_str()).expect("inserted above");
             if rt.spec.zone != spec.zone {
                 self.metrics.forget(&rt.labels);
                 let zone = intern(&mut self.zones, &spec.zone);
@@ -685,7 +694,7 @@ impl Engine {
         match target {
             Some(id) => self.refresh_state(id),
             None => {
-                let ids: Vec<String> = self.runtime.keys().cloned().collect();
+                let ids: Vec<Arc<str>> = self.runtime.keys().cloned().collect();
                 for id in ids {
                     self.refresh_state(&id);
                 }
@@ -726,7 +735,7 @@ impl Engine {
         let at_ms = unix_ms(d.at);
         let reasons = serde_json::to_value(&d.reasons).expect("reasons serialise");
         let action = (d.outcome == Outcome::Act).then(|| {
-            let spec = self.runtime.get(&d.target).map(|r| &r.spec);
+            let spec = self.runtime.get(d.target.as_str()).map(|r| &r.spec);
             serde_json::json!({
                 "kind": "replace",
                 "target": d.target,
@@ -853,7 +862,7 @@ impl Engine {
             .filter_map(|(id, rt)| {
                 let v = self.guard.target(now, id)?;
                 Some(TargetInfo {
-                    id: id.clone(),
+                    id: id.to_string(),
                     url: rt.spec.url.clone(),
                     zone: rt.spec.zone.clone(),
                     group: rt.spec.group.clone(),

@@ -134,7 +134,8 @@ use budget::{Budget, BudgetConfig};
 use cause::{Cause, CauseConfig, SharedIndex};
 use damping::{DampingConfig, FlapDamper};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::fmt;
 use std::time::Duration;
 
@@ -701,7 +702,9 @@ pub struct UnknownTarget(pub String);
 /// stays small; states written with every field still load.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct TargetState {
-    zone: String,
+    /// Shared by every target of the zone (interned by the guard).
+    #[serde(with = "shared_str")]
+    zone: Arc<str>,
     #[serde(with = "time_serde")]
     first_seen: Time,
     #[serde(default, skip_serializing_if = "is_false")]
@@ -720,8 +723,9 @@ struct TargetState {
     failing_checks: Vec<String>,
     #[serde(default, skip_serializing_if = "is_default")]
     damper: FlapDamper,
+    /// Boxed: most targets have none, and a `Hold` is six words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    hold: Option<Hold>,
+    hold: Option<Box<Hold>>,
     #[serde(
         default,
         with = "time_serde::opt",
@@ -729,7 +733,7 @@ struct TargetState {
     )]
     reported: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    last_signature: Option<String>,
+    last_signature: Option<Box<str>>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -748,7 +752,7 @@ impl TargetState {
     fn counted(&self) -> bool {
         !self.in_grace
             && !matches!(
-                self.hold,
+                self.hold.as_deref(),
                 Some(Hold {
                     kind: HoldKind::Maintenance,
                     ..
@@ -766,7 +770,7 @@ impl TargetState {
 /// whole.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct GuardState {
-    targets: BTreeMap<String, TargetState>,
+    targets: BTreeMap<Box<str>, TargetState>,
     budget: Budget,
     manual_freeze: Option<ManualFreeze>,
     frozen: Vec<Freeze>,
@@ -778,7 +782,7 @@ pub struct GuardState {
 struct Index {
     total: u32,
     unhealthy: u32,
-    zones: BTreeMap<String, (u32, u32)>,
+    zones: BTreeMap<Arc<str>, (u32, u32)>,
     shared: SharedIndex,
     /// Earliest `until` of any hold (a lower bound: may be stale-early, never late), so
     /// observations sweep expired holds of every target in O(1) when none is due.
@@ -806,7 +810,7 @@ impl Index {
             zone.0 -= 1;
             zone.1 -= sick;
             if zone.0 == 0 {
-                self.zones.remove(&t.zone);
+                self.zones.remove(&*t.zone);
             }
         }
         if t.last_ok == Some(false) {
@@ -833,6 +837,8 @@ pub struct SafetyGuard {
     /// The freezes may not match the counts (after a reconfiguration, until the next
     /// [`SafetyGuard::update_freeze`]): no observation takes the no-change fast path.
     freeze_stale: bool,
+    /// Zone names, one shared copy each.
+    zones: BTreeSet<Arc<str>>,
 }
 
 /// A read-only view of one target.
@@ -901,7 +907,14 @@ impl SafetyGuard {
             index: Index::default(),
             events: Vec::new(),
             freeze_stale: true,
+            zones: BTreeSet::new(),
         };
+        // A restored state has a copy of the zone's name per target: share them.
+        let mut zones = std::mem::take(&mut g.zones);
+        for t in g.state.targets.values_mut() {
+            t.zone = intern(&mut zones, &t.zone);
+        }
+        g.zones = zones;
         g.reconfigure(g.config.clone());
         g
     }
@@ -937,16 +950,16 @@ impl SafetyGuard {
     /// true when it was new.
     pub fn add_target(&mut self, now: Time, id: &str, zone: &str) -> bool {
         if let Some(t) = self.state.targets.get_mut(id) {
-            if t.zone != zone {
+            if *t.zone != *zone {
                 self.index.apply(&self.config.cause, t, false);
-                t.zone = zone.to_string();
+                t.zone = intern(&mut self.zones, zone);
                 self.index.apply(&self.config.cause, t, true);
                 self.update_freeze(now);
             }
             return false;
         }
         let t = TargetState {
-            zone: zone.to_string(),
+            zone: intern(&mut self.zones, zone),
             first_seen: now,
             in_grace: !self.config.grace.is_zero(),
             thresholds: Thresholds::new_unknown(self.config.thresholds, now),
@@ -960,7 +973,7 @@ impl SafetyGuard {
             last_signature: None,
         };
         self.index.apply(&self.config.cause, &t, true);
-        self.state.targets.insert(id.to_string(), t);
+        self.state.targets.insert(id.into(), t);
         self.update_freeze(now);
         true
     }
@@ -979,12 +992,12 @@ impl SafetyGuard {
 
     /// Ids of the known targets, in order.
     pub fn target_ids(&self) -> impl Iterator<Item = &str> {
-        self.state.targets.keys().map(String::as_str)
+        self.state.targets.keys().map(|k| &**k)
     }
 
     /// Puts an operator's hold on a target (replacing any previous one).
     pub fn set_hold(&mut self, now: Time, id: &str, hold: Hold) -> Result<(), UnknownTarget> {
-        self.modify(now, id, |t| t.hold = Some(hold))
+        self.modify(now, id, |t| t.hold = Some(Box::new(hold)))
     }
 
     /// Lifts the operator's hold on a target. Returns whether there was one.
@@ -1040,7 +1053,7 @@ impl SafetyGuard {
                 t.hold.as_ref().is_some_and(|h| h.until.is_some())
                     || (flaps && t.damper.is_suppressed())
             })
-            .map(|(id, _)| id.clone())
+            .map(|(id, _)| id.to_string())
             .collect();
         for id in ids {
             // Re-indexing re-registers the expiry of the holds still pending.
@@ -1058,7 +1071,7 @@ impl SafetyGuard {
         let t = self
             .state
             .targets
-            .get_mut(&obs.target)
+            .get_mut(obs.target.as_str())
             .expect("add_target registered it");
         self.index.apply(&cfg.cause, t, false);
         if t.in_grace {
@@ -1116,11 +1129,11 @@ impl SafetyGuard {
         {
             return false;
         }
-        let Some(t) = self.state.targets.get(&obs.target) else {
+        let Some(t) = self.state.targets.get(obs.target.as_str()) else {
             return false;
         };
         !t.in_grace
-            && t.zone == obs.zone
+            && *t.zone == *obs.zone
             && t.last_ok == Some(true)
             && t.failures == 0
             && !t.endpoint_failed
@@ -1189,7 +1202,7 @@ impl SafetyGuard {
             failing_checks: &t.failing_checks,
             penalty: t.damper.penalty(&self.config.damping, now),
             flapping: t.damper.is_suppressed(),
-            hold: t.hold.as_ref(),
+            hold: t.hold.as_deref(),
             reported_at: t.reported,
         }
     }
@@ -1252,7 +1265,7 @@ impl SafetyGuard {
         }
         for (zone, &(total, unhealthy)) in &self.index.zones {
             if self.exceeds(unhealthy, total) {
-                want.push((FreezeScope::Zone(zone.clone()), unhealthy, total));
+                want.push((FreezeScope::Zone(zone.to_string()), unhealthy, total));
             }
         }
         let old = std::mem::take(&mut self.state.frozen);
@@ -1260,7 +1273,12 @@ impl SafetyGuard {
             if !want.iter().any(|(s, _, _)| *s == f.scope) {
                 let (total, unhealthy) = match &f.scope {
                     FreezeScope::Fleet => (self.index.total, self.index.unhealthy),
-                    FreezeScope::Zone(z) => self.index.zones.get(z).copied().unwrap_or((0, 0)),
+                    FreezeScope::Zone(z) => self
+                        .index
+                        .zones
+                        .get(z.as_str())
+                        .copied()
+                        .unwrap_or((0, 0)),
                 };
                 self.events.push(GuardEvent::Unfrozen {
                     scope: f.scope.clone(),
@@ -1353,7 +1371,7 @@ impl SafetyGuard {
         for f in &self.state.frozen {
             let applies = match &f.scope {
                 FreezeScope::Fleet => true,
-                FreezeScope::Zone(z) => *z == t.zone,
+                FreezeScope::Zone(z) => **z == *t.zone,
             };
             if applies {
                 hold.push(self.freeze_reason(f));
@@ -1380,7 +1398,7 @@ impl SafetyGuard {
         if let Some(at) = t.reported {
             hold.push(Reason::AlreadyReported { ago: now.since(at) });
         }
-        let zone = t.zone.clone();
+        let zone = t.zone.to_string();
         let mut reasons = vec![Reason::Failing {
             failures,
             failing_for,
@@ -1422,7 +1440,7 @@ impl SafetyGuard {
             signature.push_str(r.kind());
         }
         let repeated = t.last_signature.as_deref() == Some(signature.as_str());
-        t.last_signature = Some(signature);
+        t.last_signature = Some(signature.into_boxed_str());
         Some(Decision {
             target: id.to_string(),
             zone,
@@ -1434,7 +1452,31 @@ impl SafetyGuard {
     }
 }
 
+/// The one shared copy of `name` in `set` (added if new).
+fn intern(set: &mut BTreeSet<Arc<str>>, name: &str) -> Arc<str> {
+    if let Some(n) = set.get(name) {
+        return n.clone();
+    }
+    let n: Arc<str> = Arc::from(name);
+    set.insert(n.clone());
+    n
+}
+
 // === serde helpers ===
+
+/// Serde for a shared `Arc<str>`, as a plain string.
+mod shared_str {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::sync::Arc;
+
+    pub fn serialize<S: Serializer>(s: &Arc<str>, ser: S) -> Result<S::Ok, S::Error> {
+        ser.serialize_str(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<str>, D::Error> {
+        String::deserialize(d).map(Arc::from)
+    }
+}
 
 /// A `Time` inside serialised state (nanoseconds since the driver's epoch).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
