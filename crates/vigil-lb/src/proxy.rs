@@ -492,6 +492,11 @@ impl Proxy {
                     pool.observe_request(&a.target, RequestOutcome::Response(code));
                     a.target.count(&self.metrics, code);
                     // Losing attempts (hedges) are dropped here: their connections close.
+                    // One that started before the winner was overtaken: outlier
+                    // detection hears of it (a frozen target is ejected after a few).
+                    for loser in attempts.iter().filter(|l| l.started < a.started) {
+                        pool.observe_request(&loser.target, RequestOutcome::Overtaken);
+                    }
                     drop(attempts);
                     // Hop-by-hop fields were left out when the head was read.
                     let (mut rp, rb) = resp.into_parts();
