@@ -703,6 +703,51 @@ async fn heavy_frozen_backend_holds_no_request_past_the_response_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_a_frozen_backend_overtaken_by_hedges_is_ejected_before_any_check_notices() {
+    let backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    // Active checks too slow to notice within this test: only outlier detection can.
+    let lb = Lb::start(&format!(
+        "[pools.api]\n{}\nslow_start_window = \"0s\"\n\
+         [pools.api.hedge]\nenabled = true\nmin_delay = \"20ms\"\nmax_delay = \"100ms\"\n\
+         [pools.api.health_check]\ninterval = \"60s\"\ntimeout = \"1s\"\n\
+         healthy_threshold = 1\nunhealthy_threshold = 3\n",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    let load = Load::start(&lb, "/work", 4, Duration::from_secs(20));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Requests hang; the health path still answers (a gray failure).
+    backends[0].set_mode(Mode::Freeze);
+    let victim = backends[0].addr().to_string();
+    lb.wait_admin(
+        Duration::from_secs(5),
+        "the frozen target ejected for being overtaken by hedges",
+        |v| {
+            v["pools"]["api"]["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|t| {
+                    t["addr"] == victim.as_str()
+                        && t["state"] == "ejected"
+                        && t["reason"]
+                            .as_str()
+                            .is_some_and(|r| r.contains("overtaken"))
+                })
+        },
+    )
+    .await;
+    let samples = load.finish().await;
+    let failed = failures(&samples);
+    assert!(
+        failed.is_empty(),
+        "hedges answered every request: {failed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_then_exits_0() {
     let b = Backend::start("slow");
     let mut lb = Lb::start(&format!(
