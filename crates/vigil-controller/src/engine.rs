@@ -34,6 +34,9 @@ const TICK_EVERY: Duration = Duration::from_secs(1);
 /// guard is snapshotted rather than each change logged: one write of the whole state
 /// instead of thousands of ops that the next snapshot would drop anyway.
 const BULK_CHANGES: usize = 256;
+/// A guard that changed nothing is snapshotted this often all the same (its stored
+/// time, which a restart never goes back before, keeps up with the clock).
+const QUIET_SNAPSHOT_EVERY: Duration = Duration::from_secs(600);
 /// Recent guard events kept for the dashboard.
 const RECENT_EVENTS: usize = 20;
 
@@ -270,6 +273,8 @@ pub struct Engine {
     zones: BTreeSet<Arc<str>>,
     /// Ops are applied without being logged: a snapshot in the same batch covers them.
     unlogged: bool,
+    /// Ops logged since the last snapshot.
+    ops_since_snapshot: usize,
 }
 
 /// What recovery found, for the log.
@@ -349,6 +354,7 @@ impl Engine {
             snapshot_size: rec.snapshot.as_ref().map_or(0, String::len),
             zones: BTreeSet::new(),
             unlogged: false,
+            ops_since_snapshot: rec.ops.len(),
         };
         // Targets the guard remembers keep their state only if still configured; the
         // caller sends both sources before the first flush.
@@ -434,8 +440,12 @@ impl Engine {
                     }
                 }
                 _ = tick.tick() => {
+                    // A tick with no hold due and nobody flapping changes nothing: it
+                    // is not logged, and no target's state needs a refresh.
                     let at = nanos(self.clock.now());
-                    self.op(GuardOp::Tick { at }, None);
+                    if self.guard.tick_changed(time(at)) {
+                        self.logged(GuardOp::Tick { at }, None, None);
+                    }
                 }
             }
             self.flush().await;
@@ -637,6 +647,10 @@ impl Engine {
             self.unlogged = false;
             self.snapshot();
             self.batch.ops.clear();
+            // Maps filled one target at a time in id order keep half-empty nodes.
+            self.guard.compact();
+            let runtime = std::mem::take(&mut self.runtime);
+            self.runtime = runtime.into_iter().collect();
         }
         let plan = Plan {
             targets: merged.into_values().collect(),
@@ -669,6 +683,7 @@ impl Engine {
             self.batch
                 .ops
                 .push(serde_json::to_string(&op).expect("guard ops serialise"));
+            self.ops_since_snapshot += 1;
         }
         if let Some(d) = decision {
             self.record_decision(d);
@@ -782,11 +797,18 @@ impl Engine {
         let text = String::from_utf8(buf).expect("serde_json writes UTF-8");
         self.batch.snapshot = Some((text, unix_ms(self.clock.now())));
         self.last_snapshot = Instant::now();
+        self.ops_since_snapshot = 0;
     }
 
     /// Commits the batch; then runs its actions and answers its commands.
     async fn flush(&mut self) {
-        if self.last_snapshot.elapsed() >= self.config.store.snapshot_every {
+        // Nothing logged since the last snapshot (a healthy fleet passing its probes):
+        // the stored state is current; rewriting it would only churn memory and disk.
+        // Now and then all the same, so the stored guard time keeps up.
+        let since = self.last_snapshot.elapsed();
+        if since >= self.config.store.snapshot_every
+            && (self.ops_since_snapshot > 0 || since >= QUIET_SNAPSHOT_EVERY)
+        {
             self.snapshot();
         }
         let now = self.clock.now();

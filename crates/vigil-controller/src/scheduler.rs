@@ -146,6 +146,7 @@ pub async fn run(
                         .mul_f64(rand::rng().random_range(0.0..1.0));
                 heap.push(Reverse((since(base, first), si, epoch)));
             }
+            slots.shrink_to_fit();
         }
         let next_due = heap
             .peek()
