@@ -225,7 +225,10 @@ pub async fn serve(config: LbConfig, path: PathBuf) -> u8 {
     http.timer(TokioTimer::new())
         .header_read_timeout(config.timeouts.client_header)
         .max_buf_size(config.limits.max_header_bytes)
-        .keep_alive(true);
+        .keep_alive(true)
+        // One buffer and one write(2) per response: the usual proxied answer is small,
+        // and copying it beats writev's vector (bench/lb/instructions.py: -1.5%).
+        .writev(false);
     tracing::info!(
         listen = %config.listen,
         admin = %config.admin_listen,
