@@ -108,13 +108,12 @@ http {{
             stop(p, signal.SIGKILL)
 
 
-def start_vigil(tmp, vigil):
-    conf = os.path.join(tmp, "lb.toml")
+def vigil_config(port=PORTS["vigil"], admin=VIGIL_ADMIN):
+    """vigil lb's settings for these runs (also bench/lb/instructions.py's)."""
     targets = ", ".join(f'{{ addr = "127.0.0.1:{p}" }}' for p in BACKEND_PORTS)
-    with open(conf, "w") as f:
-        f.write(f"""
-listen = "127.0.0.1:{PORTS['vigil']}"
-admin_listen = "127.0.0.1:{VIGIL_ADMIN}"
+    return f"""
+listen = "127.0.0.1:{port}"
+admin_listen = "127.0.0.1:{admin}"
 workers = 1
 [timeouts]
 connect = "1s"
@@ -130,7 +129,13 @@ unhealthy_threshold = 3
 max_retries = 2
 [pools.app.hedge]
 enabled = true
-""")
+"""
+
+
+def start_vigil(tmp, vigil):
+    conf = os.path.join(tmp, "lb.toml")
+    with open(conf, "w") as f:
+        f.write(vigil_config())
     log = open(os.path.join(tmp, "vigil.log"), "w")
     p = subprocess.Popen([vigil, "lb", "-c", conf], stdout=subprocess.DEVNULL, stderr=log,
                          env=dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn")))

@@ -6,7 +6,7 @@ data-path changes with. perf has no hardware counters on these VMs, so this is h
 
     python3 bench/lb/instructions.py [--vigil target/release/vigil]
 
-Starts 4 loopback nginx targets and `vigil lb` (1 worker, hedging on) under callgrind,
+Starts 4 loopback nginx targets and `vigil lb` (bench.py's settings: 1 worker, hedging on) under callgrind,
 sends a fixed number of GETs over 16 keep-alive client connections, twice (2000 and 6000
 requests, in separate runs), and prints (I6000 - I2000) / 4000: start-up and shut-down
 cancel out. Every run is bounded; every process started here is stopped here.
@@ -22,7 +22,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench import Backends, BACKEND_PORTS, stop, wait_port  # noqa: E402
+from bench import Backends, stop, vigil_config, wait_port  # noqa: E402
 
 LB_PORT, ADMIN_PORT = 18190, 18191
 CONNS = 16
@@ -63,19 +63,8 @@ def drive(total):
 
 def run(vigil, tmp, total):
     conf = os.path.join(tmp, "lb.toml")
-    targets = ", ".join(f'{{ addr = "127.0.0.1:{p}" }}' for p in BACKEND_PORTS)
     with open(conf, "w") as f:
-        f.write(f"""
-listen = "127.0.0.1:{LB_PORT}"
-admin_listen = "127.0.0.1:{ADMIN_PORT}"
-workers = 1
-[pools.app]
-targets = [{targets}]
-[pools.app.health_check]
-interval = "1s"
-[pools.app.hedge]
-enabled = true
-""")
+        f.write(vigil_config(LB_PORT, ADMIN_PORT))
     out = os.path.join(tmp, f"callgrind.{total}")
     p = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
                           vigil, "lb", "-c", conf],

@@ -696,9 +696,22 @@ mod tests {
     const MINUTE: Duration = Duration::from_secs(60);
     const HELLO: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-a: 1\r\n\r\nhello";
 
-    async fn fetch(pool: &Arc<ConnPool>, req: &Outgoing) -> Result<(u16, Vec<u8>), Failure> {
+    /// A GET of `/` on `pool`, up to the response head.
+    async fn send_get(pool: &Arc<ConnPool>) -> Result<Response<UpstreamResponseBody>, Failure> {
+        fetch_head(pool, &get(Method::GET)).await
+    }
+
+    async fn fetch_head(
+        pool: &Arc<ConnPool>,
+        req: &Outgoing,
+    ) -> Result<Response<UpstreamResponseBody>, Failure> {
         let host = HeaderValue::from_static("t");
-        let resp = pool.send(req, &host, None, SECOND, MINUTE).await?;
+        pool.send(req, &host, None, SECOND, MINUTE).await
+    }
+
+    /// Status and whole body of `req` sent on `pool`.
+    async fn fetch(pool: &Arc<ConnPool>, req: &Outgoing) -> Result<(u16, Vec<u8>), Failure> {
+        let resp = fetch_head(pool, req).await?;
         let status = resp.status().as_u16();
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         Ok((status, body.to_vec()))
@@ -743,16 +756,7 @@ mod tests {
         let (addr, accepted) = serve(HELLO.to_vec(), usize::MAX).await;
         let pool = ConnPool::new(&addr);
         for _ in 0..20 {
-            let resp = pool
-                .send(
-                    &get(Method::GET),
-                    &HeaderValue::from_static("t"),
-                    None,
-                    SECOND,
-                    MINUTE,
-                )
-                .await
-                .unwrap();
+            let resp = send_get(&pool).await.unwrap();
             assert_eq!(resp.headers()["x-a"], "1");
             assert_eq!(
                 pool.idle_count(),
@@ -860,11 +864,7 @@ mod tests {
         );
         let (addr, accepted) = serve(long.into_bytes(), usize::MAX).await;
         let pool = ConnPool::new(&addr);
-        let host = HeaderValue::from_static("t");
-        let first = pool
-            .send(&get(Method::GET), &host, None, SECOND, MINUTE)
-            .await
-            .unwrap();
+        let first = send_get(&pool).await.unwrap();
         drop(first);
         assert_eq!(
             pool.idle_count(),
@@ -924,16 +924,7 @@ mod tests {
         )
         .await;
         let pool = ConnPool::new(&addr);
-        let resp = pool
-            .send(
-                &get(Method::GET),
-                &HeaderValue::from_static("t"),
-                None,
-                SECOND,
-                MINUTE,
-            )
-            .await
-            .unwrap();
+        let resp = send_get(&pool).await.unwrap();
         assert!(resp.into_body().collect().await.is_err());
         assert_eq!(pool.idle_count(), 0);
     }
