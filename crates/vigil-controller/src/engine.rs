@@ -563,24 +563,40 @@ impl Engine {
     /// Merges the two sources (config wins on a duplicate id), adds, updates and
     /// forgets targets, and publishes the plan to the scheduler.
     fn apply_targets(&mut self) {
-        let mut merged: BTreeMap<String, Arc<TargetConfig>> = BTreeMap::new();
-        for t in &self.discovered {
-            merged.insert(t.id.clone(), t.clone());
-        }
-        for t in &self.config_targets {
-            if merged.insert(t.id.clone(), t.clone()).is_some() {
-                tracing::warn!(target_id = %t.id, "target in both config and discovery; the config's entry wins");
+        // Sorted by id, sharing the sources' `Arc`s (no copy of any id): a stable sort
+        // keeps a discovered entry before the config's entry of the same id, and the
+        // later one wins.
+        let mut all: Vec<(Arc<TargetConfig>, Source)> =
+            Vec::with_capacity(self.discovered.len() + self.config_targets.len());
+        all.extend(self.discovered.iter().map(|t| (t.clone(), Source::Discovery)));
+        all.extend(self.config_targets.iter().map(|t| (t.clone(), Source::Config)));
+        all.sort_by(|a, b| a.0.id.cmp(&b.0.id));
+        let mut merged: Vec<Arc<TargetConfig>> = Vec::with_capacity(all.len());
+        for (t, source) in all {
+            match merged.last_mut() {
+                Some(last) if last.id == t.id => {
+                    if source == Source::Config {
+                        tracing::warn!(target_id = %t.id, "target in both config and discovery; the config's entry wins");
+                    }
+                    *last = t;
+                }
+                _ => merged.push(t),
             }
         }
+        let wanted = |id: &str| {
+            merged
+                .binary_search_by(|t| t.id.as_str().cmp(id))
+                .is_ok()
+        };
         let gone: Vec<Arc<str>> = self
             .runtime
             .keys()
-            .filter(|id| !merged.contains_key(&***id))
+            .filter(|id| !wanted(id))
             .cloned()
             .collect();
         let added = merged
-            .keys()
-            .filter(|id| !self.runtime.contains_key(id.as_str()))
+            .iter()
+            .filter(|t| !self.runtime.contains_key(t.id.as_str()))
             .count();
         let bulk = gone.len() + added >= BULK_CHANGES;
         self.unlogged = bulk;
@@ -600,7 +616,8 @@ impl Engine {
                 tracing::info!(target_id = %id, "target removed; forgotten");
             }
         }
-        for (id, spec) in &merged {
+        for spec in &merged {
+            let id = &spec.id;
             let known = self
                 .guard
                 .target(self.clock.now(), id)
@@ -653,7 +670,7 @@ impl Engine {
             self.runtime = runtime.into_iter().collect();
         }
         let plan = Plan {
-            targets: merged.into_values().collect(),
+            targets: merged,
             probe: self.config.probe.clone(),
             heartbeat_ttl: self.config.heartbeat.ttl,
         };

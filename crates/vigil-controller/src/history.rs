@@ -1,30 +1,33 @@
 //! A target's recent probes, as the API shows them, in a compact ring.
 //!
 //! Every target keeps its last `probe.history` probes (10 by default) for the API and
-//! dashboard. At 10,000 targets that is 100,000 records, so each is packed into 24
-//! bytes: time, duration in microseconds, HTTP status, verdict, and the failure's words
-//! behind one pointer (absent for a passing probe). The ring is one allocation of
-//! exactly `history` records, made on the first probe.
+//! dashboard. At 10,000 targets that is 100,000 records, so each is packed into 16
+//! bytes: time, duration in microseconds, HTTP status, verdict, and whether it has
+//! words (what failed). The words, which passing probes do not have, wait in a list of
+//! their own in the records' order, allocated only while a record has some. The ring
+//! is one allocation of exactly `history` records, made on the first probe.
 
 use crate::prober::ProbeRecord;
+use std::collections::VecDeque;
 use vigil_core::Status;
 
 /// One probe, packed (see the module docs).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Packed {
     at_ms: i64,
     /// Microseconds, saturating at about 71 minutes (probes time out long before).
     duration_us: u32,
     /// 0: no HTTP status came back.
     status: u16,
-    /// Bit 0: passed; bits 1-2: the report's status (0 none, 1 pass, 2 warn, 3 fail).
+    /// Bit 0: passed; bits 1-2: the report's status (0 none, 1 pass, 2 warn, 3 fail);
+    /// bit 3: its words are in the details list.
     flags: u8,
-    /// What failed (None: nothing to say).
-    detail: Option<Box<Box<str>>>,
 }
 
+const HAS_DETAIL: u8 = 8;
+
 impl Packed {
-    fn pack(r: ProbeRecord) -> Packed {
+    fn pack(r: &ProbeRecord) -> Packed {
         let health = match r.health {
             None => 0,
             Some(Status::Pass) => 1,
@@ -36,12 +39,17 @@ impl Packed {
             // `as` saturates: a negative or huge duration cannot wrap.
             duration_us: (r.duration_ms * 1000.0).round() as u32,
             status: r.status.unwrap_or(0),
-            flags: u8::from(r.ok) | (health << 1),
-            detail: (!r.detail.is_empty()).then(|| Box::new(r.detail.into_boxed_str())),
+            flags: u8::from(r.ok)
+                | (health << 1)
+                | if r.detail.is_empty() { 0 } else { HAS_DETAIL },
         }
     }
 
-    fn unpack(&self) -> ProbeRecord {
+    fn has_detail(&self) -> bool {
+        self.flags & HAS_DETAIL != 0
+    }
+
+    fn unpack(&self, detail: Option<&str>) -> ProbeRecord {
         ProbeRecord {
             at_ms: self.at_ms,
             ok: self.flags & 1 != 0,
@@ -53,7 +61,7 @@ impl Packed {
                 3 => Some(Status::Fail),
                 _ => None,
             },
-            detail: self.detail.as_deref().map_or_else(String::new, |d| d.to_string()),
+            detail: detail.map_or_else(String::new, str::to_string),
         }
     }
 }
@@ -64,36 +72,75 @@ pub struct History {
     /// At most `keep` records; once full, `head` is the oldest and is overwritten next.
     ring: Vec<Packed>,
     head: usize,
+    /// The words of the records that have some, oldest first (None: no record has).
+    /// Boxed on purpose: one word per target instead of four, for a list most targets
+    /// never need.
+    #[allow(clippy::box_collection)]
+    details: Option<Box<VecDeque<Box<str>>>>,
 }
 
 impl History {
     /// Adds a probe, dropping the oldest beyond `keep` (at least 1).
     pub fn push(&mut self, record: ProbeRecord, keep: usize) {
         let keep = keep.max(1);
-        let packed = Packed::pack(record);
+        let packed = Packed::pack(&record);
         if self.ring.len() == keep {
-            self.ring[self.head] = packed;
+            let old = std::mem::replace(&mut self.ring[self.head], packed);
             self.head = (self.head + 1) % keep;
-            return;
+            if old.has_detail() {
+                self.drop_oldest_detail();
+            }
+        } else {
+            if self.head != 0 || self.ring.len() > keep {
+                // `keep` changed (a reload): lay the ring out afresh, oldest first.
+                self.ring.rotate_left(self.head);
+                self.head = 0;
+                let excess = (self.ring.len() + 1).saturating_sub(keep);
+                for old in self.ring.drain(..excess).collect::<Vec<_>>() {
+                    if old.has_detail() {
+                        self.drop_oldest_detail();
+                    }
+                }
+                self.ring.shrink_to(keep);
+            }
+            if self.ring.capacity() < keep {
+                self.ring.reserve_exact(keep - self.ring.len());
+            }
+            self.ring.push(packed);
         }
-        if self.head != 0 || self.ring.len() > keep {
-            // `keep` changed (a reload): lay the ring out afresh, oldest first.
-            self.ring.rotate_left(self.head);
-            self.head = 0;
-            let excess = (self.ring.len() + 1).saturating_sub(keep);
-            self.ring.drain(..excess);
-            self.ring.shrink_to(keep);
+        if packed.has_detail() {
+            self.details
+                .get_or_insert_with(Default::default)
+                .push_back(record.detail.into_boxed_str());
         }
-        if self.ring.capacity() < keep {
-            self.ring.reserve_exact(keep - self.ring.len());
+    }
+
+    fn drop_oldest_detail(&mut self) {
+        if let Some(d) = &mut self.details {
+            d.pop_front();
+            if d.is_empty() {
+                self.details = None;
+            }
         }
-        self.ring.push(packed);
+    }
+
+    /// The records oldest first, each with its words.
+    fn each(&self) -> impl Iterator<Item = ProbeRecord> + '_ {
+        let (newer, older) = self.ring.split_at(self.head);
+        let mut details = self.details.iter().flat_map(|d| d.iter());
+        older.iter().chain(newer).map(move |p| {
+            let detail = if p.has_detail() {
+                details.next().map(|d| &**d)
+            } else {
+                None
+            };
+            p.unpack(detail)
+        })
     }
 
     /// The probes, oldest first.
     pub fn records(&self) -> Vec<ProbeRecord> {
-        let (newer, older) = self.ring.split_at(self.head);
-        older.iter().chain(newer).map(Packed::unpack).collect()
+        self.each().collect()
     }
 
     /// The latest probe.
@@ -103,7 +150,13 @@ impl History {
         } else {
             self.head - 1
         };
-        Some(self.ring[i].unpack())
+        let p = &self.ring[i];
+        let detail = if p.has_detail() {
+            self.details.as_ref().and_then(|d| d.back()).map(|d| &**d)
+        } else {
+            None
+        };
+        Some(p.unpack(detail))
     }
 }
 
@@ -139,7 +192,7 @@ mod tests {
         }
         assert_eq!(h.records(), (0..8).map(rec).collect::<Vec<_>>());
         assert_eq!(h.last(), Some(rec(7)));
-        assert_eq!(std::mem::size_of::<Packed>(), 24);
+        assert_eq!(std::mem::size_of::<Packed>(), 16);
     }
 
     #[test]
@@ -161,5 +214,12 @@ mod tests {
         h.push(rec(29), 6);
         assert_eq!(times(&h), vec![24, 25, 26, 27, 28, 29]);
         assert_eq!(h.last().map(|r| r.at_ms), Some(29));
+        // Every record still has its own words after all that.
+        assert_eq!(h.records(), (24..30).map(rec).collect::<Vec<_>>());
+        assert_eq!(h.details.as_ref().map_or(0, |d| d.len()), 3, "odd ones only");
+        for i in 30..40 {
+            h.push(rec(i * 2), 6);
+        }
+        assert!(h.details.is_none(), "no words kept once no record has any");
     }
 }

@@ -345,6 +345,12 @@ async fn exchange(
         .write_all(request)
         .await
         .map_err(|e| Failure::stale(format!("request failed: sending: {e}")))?;
+    // The buffer only once the answer is there: a probe waiting on a slow target holds
+    // none (at the concurrency limit, a thousand waiting probes would hold a MiB).
+    stream
+        .readable()
+        .await
+        .map_err(|e| Failure::stale(format!("reading the response: {e}")))?;
     let mut buf: Vec<u8> = Vec::with_capacity(FIRST_READ);
     let head = loop {
         let n = match read_more(stream, &mut buf).await {
