@@ -252,8 +252,9 @@ impl Default for DiscoveryConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
-    /// How often the guard state is snapshotted (the op log since is replayed on
-    /// restart). Defaults to 30 s.
+    /// How often the guard state is snapshotted when it changed since the last snapshot
+    /// (every 10 minutes regardless); the op log since is replayed on restart.
+    /// Defaults to 30 s.
     #[serde(with = "humantime_serde")]
     pub snapshot_every: Duration,
 }

@@ -109,7 +109,35 @@ pub const MIGRATIONS: &[&str] = &[
         detail TEXT NOT NULL
     );
     CREATE INDEX transitions_target ON transitions (target, id);",
+    // 2: a snapshot's text past its first part, in parts of SNAPSHOT_PART bytes (SQLite
+    // copies each text it is given: one copy of a 10,000-target snapshot stayed resident
+    // in the store thread's heap; a part's copy is reused by the next).
+    "CREATE TABLE guard_snapshot_parts (
+        part INTEGER PRIMARY KEY,
+        text TEXT NOT NULL
+    );",
 ];
+
+/// Bytes of snapshot text per row (the first part in `guard_snapshot`, the rest in
+/// `guard_snapshot_parts`).
+pub const SNAPSHOT_PART: usize = 64 * 1024;
+
+/// `text` in parts of at most `max` bytes, each cut at a character boundary.
+fn parts(text: &str, max: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut cut = rest.len().min(max.max(4));
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let (part, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(part)
+    })
+}
 
 /// A store error.
 #[derive(Debug, thiserror::Error)]
@@ -420,7 +448,7 @@ const ACTION_COLUMNS: &str = "id, decision_id, target, idempotency_key, state, a
 impl Store for SqliteStore {
     fn recover(&mut self) -> Result<Recovered, StoreError> {
         let e = self.err();
-        let snap: Option<(i64, String)> = self
+        let mut snap: Option<(i64, String)> = self
             .conn
             .query_row(
                 "SELECT seq, state FROM guard_snapshot WHERE id = 1",
@@ -429,6 +457,22 @@ impl Store for SqliteStore {
             )
             .optional()
             .map_err(&e)?;
+        if let Some((_, text)) = &mut snap {
+            let mut stmt = self
+                .conn
+                .prepare("SELECT text FROM guard_snapshot_parts ORDER BY part")
+                .map_err(&e)?;
+            let mut rows = stmt.query([]).map_err(&e)?;
+            while let Some(row) = rows.next().map_err(&e)? {
+                text.push_str(row.get_ref(0).map_err(&e)?.as_str().map_err(|x| {
+                    e(rusqlite::Error::FromSqlConversionFailure(
+                        0,
+                        rusqlite::types::Type::Text,
+                        Box::new(x),
+                    ))
+                })?);
+            }
+        }
         let after = snap.as_ref().map_or(0, |s| s.0);
         let mut stmt = self
             .conn
@@ -538,12 +582,23 @@ impl Store for SqliteStore {
                         r.get(0)
                     })
                     .map_err(e)?;
+                let mut parts = parts(state, SNAPSHOT_PART);
                 tx.execute(
                     "INSERT INTO guard_snapshot (id, seq, state, saved_ms) VALUES (1, ?1, ?2, ?3)
                      ON CONFLICT (id) DO UPDATE SET seq = ?1, state = ?2, saved_ms = ?3",
-                    params![seq, state, saved_ms],
+                    params![seq, parts.next().unwrap_or(""), saved_ms],
                 )
                 .map_err(e)?;
+                tx.execute("DELETE FROM guard_snapshot_parts", [])
+                    .map_err(e)?;
+                for (i, part) in parts.enumerate() {
+                    tx.prepare_cached(
+                        "INSERT INTO guard_snapshot_parts (part, text) VALUES (?1, ?2)",
+                    )
+                    .map_err(e)?
+                    .execute(params![i as i64 + 1, part])
+                    .map_err(e)?;
+                }
                 tx.execute("DELETE FROM guard_ops WHERE seq <= ?1", [seq])
                     .map_err(e)?;
                 // Retention, at snapshot time only (cheap, bounded work). Decisions an
@@ -752,6 +807,43 @@ mod tests {
         let r = s.recover().unwrap();
         assert_eq!(r.snapshot.as_deref(), Some("state-after-b"));
         assert_eq!(r.ops, ["[c]"], "one row per batch");
+    }
+
+    #[test]
+    fn a_large_snapshot_is_stored_in_parts_and_read_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vigil.db");
+        let mut s = SqliteStore::open(&path).unwrap();
+        // Several parts, with a two-byte character across every part boundary.
+        let big: String = (0..3 * SNAPSHOT_PART / 7)
+            .map(|i| format!("{:06}é", i))
+            .collect();
+        assert!(big.len() > 2 * SNAPSHOT_PART);
+        s.commit(&Batch {
+            snapshot: Some((big.clone(), 1)),
+            ..Batch::default()
+        })
+        .unwrap();
+        assert_eq!(s.recover().unwrap().snapshot.as_deref(), Some(big.as_str()));
+        let rows: i64 = s
+            .conn
+            .query_row("SELECT COUNT(*) FROM guard_snapshot_parts", [], |r| r.get(0))
+            .unwrap();
+        assert!(rows >= 2, "{rows} parts after the first");
+        // A smaller snapshot leaves no part of the larger one behind.
+        s.commit(&Batch {
+            snapshot: Some(("small".into(), 2)),
+            ..Batch::default()
+        })
+        .unwrap();
+        drop(s);
+        let mut s = SqliteStore::open(&path).unwrap();
+        assert_eq!(s.recover().unwrap().snapshot.as_deref(), Some("small"));
+        assert_eq!(
+            parts("abcéd", 4).collect::<Vec<_>>(),
+            ["abc", "éd"],
+            "a part never splits a character"
+        );
     }
 
     #[test]
