@@ -85,9 +85,7 @@ fn opts() -> Opts {
             "--core" => o.core = v(),
             "--no-keep-alive" => o.keep_alive = false,
             "--no-baseline" => o.baseline = false,
-            "--baseline-seconds" => {
-                o.baseline_seconds = v().parse().expect("--baseline-seconds N")
-            }
+            "--baseline-seconds" => o.baseline_seconds = v().parse().expect("--baseline-seconds N"),
             "--blackbox" => o.blackbox = Some(PathBuf::from(v())),
             "--blackbox-concurrency" => {
                 o.blackbox_concurrency = v().parse().expect("--blackbox-concurrency N")
@@ -426,7 +424,11 @@ fn main() {
     println!(
         "== vigil controller (pinned to core {}; fake fleet and drivers on core(s) {}) ==",
         o.core,
-        if fleet_cores.is_empty() { "any (NOT pinned away)" } else { &fleet_cores }
+        if fleet_cores.is_empty() {
+            "any (NOT pinned away)"
+        } else {
+            &fleet_cores
+        }
     );
     println!("targets            {}", o.targets);
     println!(

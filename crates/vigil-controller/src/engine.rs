@@ -11,10 +11,10 @@ use crate::clock::{Clock, rfc3339_ms, unix_ms};
 use crate::config::{ControllerConfig, ProbeConfig, TargetConfig};
 use crate::history::History;
 use crate::metrics::{Metrics, TargetLabels};
-use prometheus_client::metrics::gauge::Gauge;
 use crate::ops::{GuardOp, nanos, time};
 use crate::prober::ProbeRecord;
 use crate::store::{ActionRecord, Batch, NewDecision, NewTransition, StoreError, StoreHandle};
+use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -568,8 +568,16 @@ impl Engine {
         // later one wins.
         let mut all: Vec<(Arc<TargetConfig>, Source)> =
             Vec::with_capacity(self.discovered.len() + self.config_targets.len());
-        all.extend(self.discovered.iter().map(|t| (t.clone(), Source::Discovery)));
-        all.extend(self.config_targets.iter().map(|t| (t.clone(), Source::Config)));
+        all.extend(
+            self.discovered
+                .iter()
+                .map(|t| (t.clone(), Source::Discovery)),
+        );
+        all.extend(
+            self.config_targets
+                .iter()
+                .map(|t| (t.clone(), Source::Config)),
+        );
         all.sort_by(|a, b| a.0.id.cmp(&b.0.id));
         let mut merged: Vec<Arc<TargetConfig>> = Vec::with_capacity(all.len());
         for (t, source) in all {
@@ -583,11 +591,7 @@ impl Engine {
                 _ => merged.push(t),
             }
         }
-        let wanted = |id: &str| {
-            merged
-                .binary_search_by(|t| t.id.as_str().cmp(id))
-                .is_ok()
-        };
+        let wanted = |id: &str| merged.binary_search_by(|t| t.id.as_str().cmp(id)).is_ok();
         let gone: Vec<Arc<str>> = self
             .runtime
             .keys()

@@ -170,8 +170,12 @@ mod tests {
             ok: i % 2 == 0,
             duration_ms: 1.5,
             status: (i % 3 != 0).then_some(503),
-            health: [None, Some(Status::Pass), Some(Status::Warn), Some(Status::Fail)]
-                [(i % 4) as usize],
+            health: [
+                None,
+                Some(Status::Pass),
+                Some(Status::Warn),
+                Some(Status::Fail),
+            ][(i % 4) as usize],
             detail: if i % 2 == 0 {
                 String::new()
             } else {
@@ -216,7 +220,11 @@ mod tests {
         assert_eq!(h.last().map(|r| r.at_ms), Some(29));
         // Every record still has its own words after all that.
         assert_eq!(h.records(), (24..30).map(rec).collect::<Vec<_>>());
-        assert_eq!(h.details.as_ref().map_or(0, |d| d.len()), 3, "odd ones only");
+        assert_eq!(
+            h.details.as_ref().map_or(0, |d| d.len()),
+            3,
+            "odd ones only"
+        );
         for i in 30..40 {
             h.push(rec(i * 2), 6);
         }

@@ -6,12 +6,12 @@
 use crate::store::ActionState;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
-use std::sync::Arc;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
 
 /// A metric's labels.
 pub type Labels = Vec<(&'static str, String)>;

@@ -385,7 +385,8 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(e)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(e)?;
-        conn.pragma_update(None, "cache_size", CACHE_KIB).map_err(e)?;
+        conn.pragma_update(None, "cache_size", CACHE_KIB)
+            .map_err(e)?;
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(e)?;
@@ -827,7 +828,9 @@ mod tests {
         assert_eq!(s.recover().unwrap().snapshot.as_deref(), Some(big.as_str()));
         let rows: i64 = s
             .conn
-            .query_row("SELECT COUNT(*) FROM guard_snapshot_parts", [], |r| r.get(0))
+            .query_row("SELECT COUNT(*) FROM guard_snapshot_parts", [], |r| {
+                r.get(0)
+            })
             .unwrap();
         assert!(rows >= 2, "{rows} parts after the first");
         // A smaller snapshot leaves no part of the larger one behind.

@@ -135,8 +135,8 @@ use cause::{Cause, CauseConfig, SharedIndex};
 use damping::{DampingConfig, FlapDamper};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default minimum failing duration T: 30 s. Together with N consecutive failures this
@@ -1051,7 +1051,11 @@ impl SafetyGuard {
     pub fn tick_changed(&mut self, now: Time) -> bool {
         let quiet = !self.freeze_stale
             && self.index.next_hold_expiry.is_none_or(|n| n > now)
-            && !self.state.targets.values().any(|t| t.damper.is_suppressed());
+            && !self
+                .state
+                .targets
+                .values()
+                .any(|t| t.damper.is_suppressed());
         if quiet {
             return false;
         }
@@ -1297,12 +1301,9 @@ impl SafetyGuard {
             if !want.iter().any(|(s, _, _)| *s == f.scope) {
                 let (total, unhealthy) = match &f.scope {
                     FreezeScope::Fleet => (self.index.total, self.index.unhealthy),
-                    FreezeScope::Zone(z) => self
-                        .index
-                        .zones
-                        .get(z.as_str())
-                        .copied()
-                        .unwrap_or((0, 0)),
+                    FreezeScope::Zone(z) => {
+                        self.index.zones.get(z.as_str()).copied().unwrap_or((0, 0))
+                    }
                 };
                 self.events.push(GuardEvent::Unfrozen {
                     scope: f.scope.clone(),
