@@ -316,8 +316,6 @@ def main():
                 stop(proc)
                 proc = None
         for name, start in starters.items():
-            runs = sorted(results[name]["normal_runs"], key=lambda r: r["rps"])
-            results[name]["normal"] = runs[len(runs) // 2]
             for scenario in [] if args.no_failures else ["kill", "freeze"]:
                 proc = start()
                 # The baseline of "throughput kept": a normal run of this very proxy just
@@ -338,17 +336,23 @@ def main():
 
     print(f"\n## Normal run: wrk -t1 -c{CONNECTIONS} -d{args.duration}s, 4 backends, 1 worker each, "
           f"median of {args.rounds} interleaved rounds\n")
-    print("| proxy | requests/s (median) | p50 ms | p99 ms | CPU us/request | vigil/peer rps | vigil/peer p99 | all rounds rps |")
-    print("|---|---|---|---|---|---|---|---|")
-    v = results.get("vigil", next(iter(results.values())))["normal"]
+    def median(res, key):
+        vals = sorted(r.get(key, float("nan")) for r in res["normal_runs"])
+        return vals[len(vals) // 2]
+
+    print("| proxy | requests/s | p50 ms | p99 ms | CPU us/request | vigil/peer rps | vigil/peer p99 | all rounds rps | all rounds p99 ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    v = results.get("vigil", next(iter(results.values())))
     for name, res in results.items():
-        n = res["normal"]
         all_rps = "/".join(f"{r['rps']:.0f}" for r in res["normal_runs"])
-        cpu = sorted(r.get("cpu_us", float("nan")) for r in res["normal_runs"])[len(res["normal_runs"]) // 2]
-        print(f"| {name} | {n['rps']:.0f} | {n['p50']:.2f} | {n['p99']:.2f} | {cpu:.1f} | "
-              f"{v['rps'] / n['rps']:.2f} | {v['p99'] / n['p99']:.2f} | {all_rps} |")
-    print("\nCPU us/request: user+system CPU of the proxy (and its workers) per request, "
-          "median round; less sensitive than requests/s to other load on the machine.")
+        all_p99 = "/".join(f"{r['p99']:.1f}" for r in res["normal_runs"])
+        print(f"| {name} | {median(res, 'rps'):.0f} | {median(res, 'p50'):.2f} | "
+              f"{median(res, 'p99'):.2f} | {median(res, 'cpu_us'):.1f} | "
+              f"{median(v, 'rps') / median(res, 'rps'):.2f} | "
+              f"{median(v, 'p99') / median(res, 'p99'):.2f} | {all_rps} | {all_p99} |")
+    print("\nEach column is the median over the rounds (a round's p99 is a single stall away "
+          "from another's on a shared machine). CPU us/request: user+system CPU of the proxy "
+          "(and its workers) per request; less sensitive than requests/s to other load.")
     print(f"\n## Failure runs: {args.fail_duration}s, backend 0 killed (SIGKILL) or frozen "
           f"(SIGSTOP) at t={fail_at}s; response timeout {RESPONSE_TIMEOUT_S}s for all\n")
     print("throughput kept: requests/s of the failure run over a normal run of the same proxy "
