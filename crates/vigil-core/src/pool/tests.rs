@@ -485,8 +485,10 @@ proptest! {
             // Every retry in the last 0.9 s lies in the bucket window of the latest
             // retry, whose requests all lie in the last 2 s: so retries in the last 0.9 s
             // are at most floor x 1 s + ratio x requests of the last 2 s.
-            let retries = log.iter().filter(|(t, rt)| *rt && *t > now - Duration::from_millis(900)).count();
-            let requests = log.iter().filter(|(t, rt)| !rt && *t > now - Duration::from_secs(2)).count();
+            // (`t + d > now`, not `t > now - d`: `Time` saturates at zero, which would
+            // drop the requests made at time zero from the count.)
+            let retries = log.iter().filter(|(t, rt)| *rt && *t + Duration::from_millis(900) > now).count();
+            let requests = log.iter().filter(|(t, rt)| !rt && *t + Duration::from_secs(2) > now).count();
             prop_assert!(retries as f64 <= f64::from(floor) + ratio * requests as f64 + 1e-9, "{retries} retries for {requests} requests");
         }
     }
