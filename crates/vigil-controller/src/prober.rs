@@ -10,6 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use vigil_core::HealthReport;
 use vigil_core::guard::Observation;
+use vigil_core::http1::{self, ChunkedDecoder, Decoded, Framing};
 
 /// Idle pooled connections are dropped after this long: longer than any sane probe
 /// interval would keep every connection warm forever on a 10 s interval; 90 s matches
@@ -24,10 +25,6 @@ const FIRST_READ: usize = 1024;
 /// Largest response head accepted: health answers carry a handful of headers; a
 /// larger head is a misbehaving or hostile endpoint.
 const MAX_HEAD: usize = 16 * 1024;
-/// Most response headers parsed (httparse needs a fixed array).
-const MAX_HEADERS: usize = 64;
-/// Longest chunk-size line (with extensions) accepted in a chunked body.
-const MAX_CHUNK_LINE: usize = 1024;
 
 /// One probe, as the API and dashboard show it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -326,15 +323,6 @@ fn too_large(max_body: usize) -> Failure {
     Failure::new(format!("health body larger than {max_body} bytes"))
 }
 
-/// The response head's framing, as far as a GET cares.
-struct Head {
-    len: usize,
-    status: u16,
-    content_length: Option<usize>,
-    chunked: bool,
-    reusable: bool,
-}
-
 /// One request and its response on `stream`.
 async fn exchange(
     stream: &mut TcpStream,
@@ -352,7 +340,10 @@ async fn exchange(
         .await
         .map_err(|e| Failure::stale(format!("reading the response: {e}")))?;
     let mut buf: Vec<u8> = Vec::with_capacity(FIRST_READ);
-    let head = loop {
+    let framing_error = |e: http1::FramingError| Failure::new(e.to_string());
+    // Framing rules (HEAD/1xx/204/304, Transfer-Encoding over Content-Length, ...) are
+    // vigil-core's, shared with the load balancer's client.
+    let head = 'read: loop {
         let n = match read_more(stream, &mut buf).await {
             // Reset before any answer: the server dropped the idle connection.
             Err(f) if buf.is_empty() => return Err(Failure::stale(f.message)),
@@ -365,174 +356,92 @@ async fn exchange(
                 Failure::new("connection closed in the middle of the response head")
             });
         }
-        match parse_head(&buf)? {
-            None if buf.len() > MAX_HEAD => {
-                return Err(Failure::new(format!(
-                    "response head larger than {MAX_HEAD} bytes"
-                )));
+        loop {
+            match http1::parse_response(&buf, false, |_, _| {}).map_err(framing_error)? {
+                None if buf.len() > MAX_HEAD => {
+                    return Err(Failure::new(format!(
+                        "response head larger than {MAX_HEAD} bytes"
+                    )));
+                }
+                None => continue 'read,
+                Some(h) if h.status == 101 => {
+                    return Err(Failure::new("the endpoint switched protocols"));
+                }
+                // 1xx precede the real answer: skip them.
+                Some(h) if h.status < 200 => {
+                    buf.drain(..h.len);
+                }
+                Some(h) => break 'read h,
             }
-            None => continue,
-            // 1xx (other than 101) precede the real answer: skip them.
-            Some(h) if (100..200).contains(&h.status) && h.status != 101 => {
-                buf.drain(..h.len);
-                continue;
-            }
-            Some(h) => break h,
         }
     };
     let start = head.len;
-    if head.status == 101 {
-        return Err(Failure::new("the endpoint switched protocols"));
-    }
-    if head.status == 204 || head.status == 304 {
-        let reusable = head.reusable && buf.len() == start;
-        return Ok(Answer {
+    match head.framing {
+        Framing::Empty => Ok(Answer {
             status: head.status,
             body: Vec::new(),
-            reusable,
-        });
-    }
-    if head.chunked {
-        let (body, end) = read_chunked(stream, &mut buf, start, max_body).await?;
-        return Ok(Answer {
-            status: head.status,
-            body,
-            reusable: head.reusable && buf.len() == end,
-        });
-    }
-    if let Some(len) = head.content_length {
-        if len > max_body {
-            return Err(too_large(max_body));
-        }
-        fill(stream, &mut buf, start + len).await?;
-        let reusable = head.reusable && buf.len() == start + len;
-        buf.truncate(start + len);
-        buf.drain(..start);
-        return Ok(Answer {
-            status: head.status,
-            body: buf,
-            reusable,
-        });
-    }
-    // Neither length nor chunks: the body ends with the connection.
-    loop {
-        if buf.len() - start > max_body {
-            return Err(too_large(max_body));
-        }
-        if read_more(stream, &mut buf).await? == 0 {
-            break;
-        }
-    }
-    buf.drain(..start);
-    Ok(Answer {
-        status: head.status,
-        body: buf,
-        reusable: false,
-    })
-}
-
-/// Parses a complete head (None: more bytes needed).
-fn parse_head(buf: &[u8]) -> Result<Option<Head>, Failure> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut headers);
-    let len = match resp.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(Failure::new(format!("not an HTTP response: {e}"))),
-    };
-    let status = resp.code.unwrap_or(0);
-    // HTTP/1.1 keeps the connection unless told otherwise; 1.0 closes it unless told.
-    let mut reusable = resp.version == Some(1);
-    let mut content_length: Option<usize> = None;
-    let mut chunked = false;
-    for h in resp.headers.iter() {
-        if h.name.eq_ignore_ascii_case("content-length") {
-            let n = std::str::from_utf8(h.value)
+            reusable: head.keep_alive && buf.len() == start,
+        }),
+        Framing::Length(len) => {
+            let len = usize::try_from(len)
                 .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .ok_or_else(|| Failure::new("bad Content-Length in the response"))?;
-            if content_length.is_some_and(|c| c != n) {
-                return Err(Failure::new("conflicting Content-Length headers"));
-            }
-            content_length = Some(n);
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = h
-                .value
-                .rsplit(|&b| b == b',')
-                .next()
-                .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if h.name.eq_ignore_ascii_case("connection") {
-            for token in h.value.split(|&b| b == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    reusable = false;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") && resp.version == Some(0) {
-                    reusable = true;
-                }
-            }
+                .filter(|&l| l <= max_body)
+                .ok_or_else(|| too_large(max_body))?;
+            fill(stream, &mut buf, start + len).await?;
+            let reusable = head.keep_alive && buf.len() == start + len;
+            buf.truncate(start + len);
+            buf.drain(..start);
+            Ok(Answer {
+                status: head.status,
+                body: buf,
+                reusable,
+            })
         }
-    }
-    Ok(Some(Head {
-        len,
-        status,
-        content_length: if chunked { None } else { content_length },
-        chunked,
-        reusable,
-    }))
-}
-
-/// Decodes a chunked body starting at `pos`; returns it and where the message ended.
-async fn read_chunked(
-    stream: &mut TcpStream,
-    buf: &mut Vec<u8>,
-    mut pos: usize,
-    max_body: usize,
-) -> Result<(Vec<u8>, usize), Failure> {
-    let mut body = Vec::new();
-    loop {
-        let (used, size) = loop {
-            match httparse::parse_chunk_size(&buf[pos..]) {
-                Ok(httparse::Status::Complete(c)) => break c,
-                Ok(httparse::Status::Partial) if buf.len() - pos > MAX_CHUNK_LINE => {
-                    return Err(Failure::new("chunk size line too long"));
-                }
-                Ok(httparse::Status::Partial) => {
-                    if read_more(stream, buf).await? == 0 {
-                        return Err(Failure::new("connection closed in the middle of the body"));
+        Framing::Chunked => {
+            let mut decoder = ChunkedDecoder::new();
+            let (mut body, mut pos) = (Vec::new(), start);
+            loop {
+                let (used, what) = decoder.decode(&buf[pos..]).map_err(framing_error)?;
+                match what {
+                    Decoded::Data(r) => {
+                        if r.len() > max_body - body.len() {
+                            return Err(too_large(max_body));
+                        }
+                        body.extend_from_slice(&buf[pos + r.start..pos + r.end]);
+                    }
+                    Decoded::End => {
+                        return Ok(Answer {
+                            status: head.status,
+                            body,
+                            reusable: head.keep_alive && buf.len() == pos + used,
+                        });
+                    }
+                    Decoded::NeedMore => {
+                        if read_more(stream, &mut buf).await? == 0 {
+                            return Err(Failure::new(
+                                "connection closed in the middle of the body",
+                            ));
+                        }
                     }
                 }
-                Err(_) => return Err(Failure::new("bad chunk size in the response")),
+                pos += used;
             }
-        };
-        pos += used;
-        if size == 0 {
-            break;
         }
-        let size = usize::try_from(size).map_err(|_| too_large(max_body))?;
-        if size > max_body - body.len() {
-            return Err(too_large(max_body));
-        }
-        fill(stream, buf, pos + size + 2).await?;
-        body.extend_from_slice(&buf[pos..pos + size]);
-        if &buf[pos + size..pos + size + 2] != b"\r\n" {
-            return Err(Failure::new("a chunk does not end with CRLF"));
-        }
-        pos += size + 2;
-    }
-    // Trailer fields (ignored), then the empty line.
-    loop {
-        if buf.len() - pos >= 2 && &buf[pos..pos + 2] == b"\r\n" {
-            return Ok((body, pos + 2));
-        }
-        if let Some(i) = buf[pos..].windows(2).position(|w| w == b"\r\n") {
-            pos += i + 2;
-            continue;
-        }
-        if buf.len() - pos > MAX_HEAD {
-            return Err(Failure::new("chunked trailer too large"));
-        }
-        if read_more(stream, buf).await? == 0 {
-            return Err(Failure::new("connection closed in the chunked trailer"));
+        Framing::UntilClose => {
+            loop {
+                if buf.len() - start > max_body {
+                    return Err(too_large(max_body));
+                }
+                if read_more(stream, &mut buf).await? == 0 {
+                    break;
+                }
+            }
+            buf.drain(..start);
+            Ok(Answer {
+                status: head.status,
+                body: buf,
+                reusable: false,
+            })
         }
     }
 }

@@ -53,7 +53,7 @@ pub struct ResponseHead {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FramingError {
     /// Not HTTP/1.x (httparse's reason).
-    #[error("not an HTTP/1 response: {0}")]
+    #[error("not an HTTP response: {0}")]
     Syntax(String),
     /// A `Content-Length` that is not a number.
     #[error("bad Content-Length in the response")]
