@@ -25,12 +25,7 @@ async fn one_of_ten_failing_gets_exactly_one_action_after_the_thresholds() {
     // Degraded (warn) is healthy for replacement purposes.
     bs[6].set_check("cache:hits", Status::Warn);
     bs[3].set_check("disk:free", Status::Fail);
-    let actions = c
-        .wait_for("one action", || async {
-            let a = c.actions().await;
-            (!a.is_empty()).then_some(a)
-        })
-        .await;
+    let actions = c.wait_for_actions("one action").await;
     assert_eq!(acts(&actions), ["t3"]);
     // Another 15 probe intervals: still exactly one (the target stays failing).
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -312,12 +307,7 @@ async fn garbage_health_responses_count_as_failures() {
     let c = Controller::start(dir.path(), &(base_config("") + &targets_toml(&bs)));
     c.wait_all(5, "healthy").await;
     bs[2].set_health_mode(Mode::Garbage);
-    let a = c
-        .wait_for("an action on t2", || async {
-            let a = c.actions().await;
-            (!a.is_empty()).then_some(a)
-        })
-        .await;
+    let a = c.wait_for_actions("an action on t2").await;
     assert_eq!(acts(&a), ["t2"]);
     let t2 = c.get("/api/targets/t2").await;
     let detail = t2["target"]["last_probe"]["detail"].as_str().unwrap();
@@ -543,12 +533,7 @@ async fn a_new_target_is_not_judged_during_its_grace_period() {
     assert!(c.decisions().await.is_empty());
     assert!(c.actions().await.is_empty());
     // After the grace period it is judged like any other.
-    let a = c
-        .wait_for("an action on t0 after grace", || async {
-            let a = c.actions().await;
-            (!a.is_empty()).then_some(a)
-        })
-        .await;
+    let a = c.wait_for_actions("an action on t0 after grace").await;
     assert_eq!(acts(&a), ["t0"]);
     let waited = a[0]["created_ms"].as_i64().unwrap();
     let started = c.get("/api/targets/t0").await["transitions"]

@@ -172,6 +172,16 @@ impl Controller {
             .unwrap_or_default()
     }
 
+    /// Waits until at least one action was taken (`what` says which, for the failure
+    /// message); returns the actions.
+    pub async fn wait_for_actions(&self, what: &str) -> Vec<Value> {
+        self.wait_for(what, || async {
+            let a = self.actions().await;
+            (!a.is_empty()).then_some(a)
+        })
+        .await
+    }
+
     pub async fn decisions(&self) -> Vec<Value> {
         self.get("/api/decisions?limit=1000").await["decisions"]
             .as_array()
