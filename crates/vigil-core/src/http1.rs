@@ -94,6 +94,10 @@ pub fn parse_response<'b>(
         Err(e) => return Err(FramingError::Syntax(e.to_string())),
     };
     let status = resp.code.unwrap_or(0);
+    if status < 100 {
+        // httparse takes any three digits; "000" is no status at all.
+        return Err(FramingError::Syntax(format!("status code {status:03}")));
+    }
     let http10 = resp.version == Some(0);
     // HTTP/1.1 keeps the connection unless told otherwise; 1.0 closes it unless told.
     let mut keep_alive = !http10;
@@ -368,6 +372,13 @@ mod tests {
             head("garbage\r\n\r\n", false),
             Err(FramingError::Syntax(_))
         ));
+        assert!(
+            matches!(
+                head("HTTP/1.1 042 X\r\n\r\n", false),
+                Err(FramingError::Syntax(_))
+            ),
+            "a status under 100 is not informational: it is not HTTP"
+        );
         let h = head(
             "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\nhello",
             false,
