@@ -75,7 +75,7 @@ pub enum FramingError {
 /// Parses a response head at the start of `buf` (`Ok(None)`: incomplete, read more).
 /// `head_request`: the request was HEAD (no body whatever the head says). `on_field` is
 /// called with each header field of a final (not 1xx) response, in order, borrowing
-/// from `buf`.
+/// from `buf` — except `Content-Length` when `Transfer-Encoding` is present.
 pub fn parse_response<'b>(
     buf: &'b [u8],
     head_request: bool,
@@ -99,16 +99,17 @@ pub fn parse_response<'b>(
         return Err(FramingError::Syntax(format!("status code {status:03}")));
     }
     let http10 = resp.version == Some(0);
-    // HTTP/1.1 keeps the connection unless told otherwise; 1.0 closes it unless told.
-    let mut keep_alive = !http10;
+    let (mut saw_close, mut saw_keep_alive) = (false, false);
     let mut length: Option<u64> = None;
     // Some(true): chunked is the final coding; Some(false): another coding is final.
     let mut chunked: Option<bool> = None;
     for h in resp.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
-            let n = std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
+            // 1*DIGIT, nothing else: `+5` or `5 5` would be read differently downstream.
+            let v = h.value.trim_ascii();
+            let n = (!v.is_empty() && v.iter().all(u8::is_ascii_digit))
+                .then(|| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+                .flatten()
                 .ok_or(FramingError::BadLength)?;
             if length.is_some_and(|c| c != n) {
                 return Err(FramingError::ConflictingLength);
@@ -120,13 +121,18 @@ pub fn parse_response<'b>(
         } else if h.name.eq_ignore_ascii_case("connection") {
             for token in h.value.split(|&b| b == b',') {
                 let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    keep_alive = false;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") && http10 {
-                    keep_alive = true;
-                }
+                saw_close |= token.eq_ignore_ascii_case(b"close");
+                saw_keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
             }
         }
+    }
+    // HTTP/1.1 keeps the connection unless told otherwise; 1.0 closes it unless told;
+    // a `close` anywhere wins.
+    let mut keep_alive = !saw_close && (!http10 || saw_keep_alive);
+    // Both lengths (a smuggling attempt, RFC 9112 6.3) or chunked in HTTP/1.0 (6.1):
+    // framed by Transfer-Encoding, but the connection is not trusted with another.
+    if chunked.is_some() && (length.is_some() || http10) {
+        keep_alive = false;
     }
     let framing = if head_request || (100..200).contains(&status) || status == 204 || status == 304
     {
@@ -145,6 +151,11 @@ pub fn parse_response<'b>(
     }
     if status >= 200 {
         for h in resp.headers.iter() {
+            // With Transfer-Encoding, Content-Length is not the message's: an
+            // intermediary must drop it (RFC 9112 6.3), or its client would trust it.
+            if chunked.is_some() && h.name.eq_ignore_ascii_case("content-length") {
+                continue;
+            }
             on_field(h.name, h.value);
         }
     }
@@ -299,8 +310,8 @@ mod tests {
             framing(
                 "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 9\r\n\r\n"
             ),
-            (Chunked, true),
-            "transfer-encoding beats content-length"
+            (Chunked, false),
+            "transfer-encoding beats content-length (and the connection is not reused)"
         );
         assert_eq!(
             framing("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n"),
@@ -349,6 +360,48 @@ mod tests {
             framing("HTTP/1.1 200 OK\r\nconnection: keep-alive, foo\r\ncontent-length: 1\r\n\r\n")
                 .1
         );
+    }
+
+    #[test]
+    fn transfer_encoding_hides_content_length_and_costs_the_connection() {
+        let mut seen = Vec::new();
+        let raw =
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\nx: 1\r\n\r\n";
+        let h = parse_response(raw.as_bytes(), false, |n, _| seen.push(n.to_string()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Framing::Chunked);
+        assert!(
+            !h.keep_alive,
+            "both lengths: a smuggling attempt, not reused"
+        );
+        assert_eq!(
+            seen,
+            ["transfer-encoding", "x"],
+            "Content-Length is not passed on"
+        );
+        let h = head(
+            "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n",
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!h.keep_alive, "chunked in HTTP/1.0 is faulty framing");
+    }
+
+    #[test]
+    fn content_length_is_digits_and_close_is_final() {
+        for bad in ["+5", "5 5", "-1", "0x5", "", "99999999999999999999999"] {
+            let raw = format!("HTTP/1.1 200 OK\r\ncontent-length: {bad}\r\n\r\n");
+            assert_eq!(head(&raw, false), Err(FramingError::BadLength), "{bad:?}");
+        }
+        assert!(
+            !framing(
+                "HTTP/1.0 200 OK\r\nconnection: close, keep-alive\r\ncontent-length: 1\r\n\r\n"
+            )
+            .1
+        );
+        assert!(!framing("HTTP/1.0 200 OK\r\nconnection: close\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n").1);
     }
 
     #[test]

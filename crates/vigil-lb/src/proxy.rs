@@ -494,8 +494,12 @@ impl Proxy {
                     // Losing attempts (hedges) are dropped here: their connections close.
                     // One that started before the winner was overtaken: outlier
                     // detection hears of it (a frozen target is ejected after a few).
-                    for loser in attempts.iter().filter(|l| l.started < a.started) {
-                        pool.observe_request(&loser.target, RequestOutcome::Overtaken);
+                    // (Not when the winner's answer is itself an error: a fast 503 from
+                    // a broken hedge target says nothing against the slower one.)
+                    if !RequestOutcome::Response(code).is_error() {
+                        for loser in attempts.iter().filter(|l| l.started < a.started) {
+                            pool.observe_request(&loser.target, RequestOutcome::Overtaken);
+                        }
                     }
                     drop(attempts);
                     // Hop-by-hop fields were left out when the head was read.

@@ -917,6 +917,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn with_both_lengths_transfer_encoding_frames_and_content_length_is_dropped() {
+        let smuggle = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\nA\r\n0123456789\r\n0\r\n\r\n";
+        let (addr, _) = serve(smuggle.to_vec(), usize::MAX).await;
+        let pool = ConnPool::new(&addr);
+        let resp = send_get(&pool).await.unwrap();
+        assert!(
+            !resp.headers().contains_key(header::CONTENT_LENGTH),
+            "a client must not trust the target's Content-Length here"
+        );
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"0123456789");
+        assert_eq!(
+            pool.idle_count(),
+            0,
+            "a connection that sent both is not reused"
+        );
+    }
+
+    #[tokio::test]
     async fn a_truncated_body_is_an_error_not_a_short_success() {
         let (addr, _) = serve(
             b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc".to_vec(),
