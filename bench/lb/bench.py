@@ -23,6 +23,14 @@ VIGIL_ADMIN = 18181
 # fall 3, rise 2 (nginx open source has passive checks only: max_fails=1).
 RESPONSE_TIMEOUT_S = 10
 CONNECTIONS = 64
+# --pin: the proxy alone on core 0, wrk and the backends on core 1 (else: wherever the
+# scheduler puts them). Set in main().
+PIN = False
+
+
+def on(core, cmd):
+    """`cmd` pinned to `core` when --pin is given."""
+    return ["taskset", "-c", str(core)] + cmd if PIN else cmd
 
 
 def wait_port(port, timeout=10.0):
@@ -76,7 +84,7 @@ http {{
 }}
 """)
         self.procs[i] = subprocess.Popen(
-            ["nginx", "-p", d, "-c", conf, "-e", f"{d}/error.log"],
+            on(1, ["nginx", "-p", d, "-c", conf, "-e", f"{d}/error.log"]),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not wait_port(BACKEND_PORTS[i]):
             sys.exit(f"backend {i} did not start")
@@ -137,7 +145,7 @@ def start_vigil(tmp, vigil):
     with open(conf, "w") as f:
         f.write(vigil_config())
     log = open(os.path.join(tmp, "vigil.log"), "w")
-    p = subprocess.Popen([vigil, "lb", "-c", conf], stdout=subprocess.DEVNULL, stderr=log,
+    p = subprocess.Popen(on(0, [vigil, "lb", "-c", conf]), stdout=subprocess.DEVNULL, stderr=log,
                          env=dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn")))
     # New targets are unknown until 2 checks pass (about 1 s).
     time.sleep(2.5)
@@ -171,7 +179,7 @@ backend be
   default-server check inter 1s fall 3 rise 2
 {servers}
 """)
-    p = subprocess.Popen(["haproxy", "-db", "-f", conf], stdout=subprocess.DEVNULL,
+    p = subprocess.Popen(on(0, ["haproxy", "-db", "-f", conf]), stdout=subprocess.DEVNULL,
                          stderr=open(os.path.join(tmp, "haproxy.log"), "w"))
     time.sleep(2.5)
     return p
@@ -211,7 +219,7 @@ http {{
   }}
 }}
 """)
-    p = subprocess.Popen(["nginx", "-p", d, "-c", conf, "-e", f"{d}/error.log"],
+    p = subprocess.Popen(on(0, ["nginx", "-p", d, "-c", conf, "-e", f"{d}/error.log"]),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.5)
     return p
@@ -269,7 +277,7 @@ def wrk(port, duration, event=None, at=None, pid=None):
     cmd = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{duration}s", "--latency", "--timeout", "30s",
            f"http://127.0.0.1:{port}/"]
     cpu0 = tree_cpu_seconds(pid) if pid else 0.0
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(on(1, cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if event:
         time.sleep(at)
         event()
@@ -288,7 +296,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="vigil,haproxy,nginx", help="proxies to run")
     ap.add_argument("--no-failures", action="store_true", help="normal runs only")
+    ap.add_argument("--pin", action="store_true",
+                    help="proxy alone on core 0; wrk and the backends on core 1")
     args = ap.parse_args()
+    global PIN
+    PIN = args.pin
     tmp = tempfile.mkdtemp(prefix="vigil-lb-bench-")
     backends = Backends(tmp)
     starters = {
@@ -334,8 +346,10 @@ def main():
         stop(proc)
         backends.stop_all()
 
+    placement = ("proxy pinned to core 0, wrk and backends to core 1" if PIN
+                 else "unpinned")
     print(f"\n## Normal run: wrk -t1 -c{CONNECTIONS} -d{args.duration}s, 4 backends, 1 worker each, "
-          f"median of {args.rounds} interleaved rounds\n")
+          f"{placement}, median of {args.rounds} interleaved rounds\n")
     def median(res, key):
         vals = sorted(r.get(key, float("nan")) for r in res["normal_runs"])
         return vals[len(vals) // 2]

@@ -3,6 +3,7 @@
 #
 #   bench/lb/run.sh                 # default: 10 s normal runs, 20 s failure runs
 #   DURATION=5 FAIL_DURATION=12 ROUNDS=1 bench/lb/run.sh
+#   PIN=1 bench/lb/run.sh          # proxy alone on core 0, wrk and backends on core 1
 #
 # Installs nginx, haproxy and wrk from Debian if missing, builds vigil (release), starts
 # 4 tiny loopback backends (single-process nginx answering "ok"), then for each proxy
@@ -35,4 +36,4 @@ if [[ -z "$VIGIL" ]]; then
   VIGIL=$PWD/target/release/vigil
 fi
 exec python3 bench/lb/bench.py --vigil "$VIGIL" --rounds "${ROUNDS:-3}" \
-  --duration "${DURATION:-10}" --fail-duration "${FAIL_DURATION:-20}"
+  --duration "${DURATION:-10}" --fail-duration "${FAIL_DURATION:-20}" ${PIN:+--pin}
