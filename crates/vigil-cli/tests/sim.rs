@@ -52,6 +52,18 @@ fn broken(s: &Scenario, policies: Policies) -> Vec<String> {
         .collect()
 }
 
+/// Asserts that running `s` with vigil's policies breaks each of the expectations
+/// `names`; `why` says what regression they stand for.
+fn assert_breaks(s: &Scenario, names: &[&str], why: &str) {
+    let b = broken(s, Policies::Vigil);
+    for name in names {
+        assert!(
+            b.iter().any(|e| e.starts_with(name)),
+            "{name}: {why}: {b:?}"
+        );
+    }
+}
+
 #[test]
 fn heavy_same_scenario_and_seed_give_byte_identical_output_and_report() {
     let dir = tempfile::tempdir().unwrap();
@@ -133,14 +145,10 @@ fn heavy_fail_open_regression_is_caught() {
     let mut s = load("shared-dependency-outage");
     assert!(broken(&s, Policies::Vigil).is_empty(), "baseline holds");
     s.config.lb.pool.panic_threshold = 0.0;
-    let b = broken(&s, Policies::Vigil);
-    assert!(
-        b.iter().any(|e| e.starts_with("fail_open_within")),
-        "fail_open_within must break without fail-open: {b:?}"
-    );
-    assert!(
-        b.iter().any(|e| e.starts_with("availability")),
-        "availability must break without fail-open: {b:?}"
+    assert_breaks(
+        &s,
+        &["fail_open_within", "availability"],
+        "must break without fail-open",
     );
 }
 
@@ -149,19 +157,19 @@ fn heavy_guard_regressions_are_caught() {
     // A controller without its guard replaces the fleet during a shared outage.
     let mut s = load("shared-dependency-outage");
     s.config.controller.mode = ControllerMode::Naive;
-    let b = broken(&s, Policies::Vigil);
-    assert!(
-        b.iter().any(|e| e.starts_with("controller_actions")),
-        "an unguarded controller must break controller_actions: {b:?}"
+    assert_breaks(
+        &s,
+        &["controller_actions"],
+        "an unguarded controller must break controller_actions",
     );
     // A guard whose state is not persisted refills its budget on restart.
     let mut s = load("controller-restart");
     assert!(broken(&s, Policies::Vigil).is_empty(), "baseline holds");
     s.config.controller.state = GuardStateStore::InMemory;
-    let b = broken(&s, Policies::Vigil);
-    assert!(
-        b.iter().any(|e| e.starts_with("controller_actions")),
-        "a budget reset by a restart must show: {b:?}"
+    assert_breaks(
+        &s,
+        &["controller_actions"],
+        "a budget reset by a restart must show",
     );
 }
 
@@ -169,17 +177,17 @@ fn heavy_guard_regressions_are_caught() {
 fn watchdog_and_worker_gate_regressions_are_caught() {
     let mut s = load("checker-dies");
     s.config.fleet.watchdog = Switch::Off;
-    let b = broken(&s, Policies::Vigil);
-    assert!(
-        b.iter().any(|e| e.starts_with("undetected")),
-        "without the watchdog the stale servers stay in service: {b:?}"
+    assert_breaks(
+        &s,
+        &["undetected"],
+        "without the watchdog the stale servers stay in service",
     );
     let mut s = load("queue-worker-disk-full");
     s.config.queue.as_mut().unwrap().gate = Switch::Off;
-    let b = broken(&s, Policies::Vigil);
-    assert!(
-        b.iter().any(|e| e.starts_with("message_failure_rate")),
-        "without the worker gate the sick worker eats the queue: {b:?}"
+    assert_breaks(
+        &s,
+        &["message_failure_rate"],
+        "without the worker gate the sick worker eats the queue",
     );
 }
 
