@@ -454,36 +454,10 @@ mod tests {
 
     const PASS: &str = r#"{"status":"pass","checks":{"disk:free":[{"status":"pass"}]}}"#;
 
-    /// A raw HTTP server: answers every request on a connection with `answer`, then
-    /// closes the connection after `per_conn` answers. Counts connections.
+    /// `vigil_testkit::scripted_server`, addressed as a health URL.
     async fn serve(answer: String, per_conn: usize) -> (http::Uri, Arc<AtomicUsize>) {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let uri = format!("http://{}/health", l.local_addr().unwrap())
-            .parse()
-            .unwrap();
-        let conns = Arc::new(AtomicUsize::new(0));
-        let counted = conns.clone();
-        tokio::spawn(async move {
-            loop {
-                let (mut s, _) = l.accept().await.unwrap();
-                counted.fetch_add(1, Ordering::SeqCst);
-                let answer = answer.clone();
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    for _ in 0..per_conn {
-                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                            if s.read_buf(&mut buf).await.unwrap_or(0) == 0 {
-                                return;
-                            }
-                        }
-                        buf.clear();
-                        if s.write_all(answer.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
+        let (addr, conns) = vigil_testkit::scripted_server(answer, per_conn).await;
+        let uri = format!("http://{addr}/health").parse().unwrap();
         (uri, conns)
     }
 

@@ -644,42 +644,11 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A loopback server that reads one request head at a time and answers each with
-    /// `answer` (raw bytes); `per_conn` answers per connection, then it closes.
-    /// Counts the connections it accepted.
+    /// `vigil_testkit::scripted_server`, addressed as `host:port`.
     async fn serve(answer: Vec<u8>, per_conn: usize) -> (String, Arc<AtomicUsize>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
-        tokio::spawn(async move {
-            loop {
-                let (mut tcp, _) = listener.accept().await.unwrap();
-                count.fetch_add(1, Ordering::SeqCst);
-                let answer = answer.clone();
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    for _ in 0..per_conn {
-                        // Read up to the end of a request head (bodies are not sent here).
-                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                            let mut b = [0u8; 1024];
-                            match tcp.read(&mut b).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&b[..n]),
-                            }
-                        }
-                        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-                        buf.drain(..end);
-                        if tcp.write_all(&answer).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        (addr, accepted)
+        let (addr, accepted) = vigil_testkit::scripted_server(answer, per_conn).await;
+        (addr.to_string(), accepted)
     }
 
     fn get(method: Method) -> Outgoing {

@@ -10,6 +10,9 @@
 //!   status, garbage bytes, a frozen connection (accepted, never answered, like a
 //!   SIGSTOPped process), or a delay;
 //! - [`Backend::kill`] closes the listener and every open connection, like a crash.
+//!
+//! [`scripted_server`] answers every request with the same raw bytes, for HTTP clients'
+//! unit tests (the lb's upstream client, the controller's prober).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -263,6 +266,47 @@ async fn handle(
         .header("cache-control", "no-store")
         .body(Full::new(Bytes::from(body)))
         .expect("valid response")
+}
+
+/// A scripted HTTP/1 server on loopback, for clients' unit tests: it reads each request
+/// head (bodies are not expected) and answers it with `answer`, raw bytes whatever they
+/// are (a truncated head, garbage, a chunked body...); after `per_conn` answers it closes
+/// the connection. Runs on the caller's tokio runtime. Returns its address and the count
+/// of connections it accepted.
+pub async fn scripted_server(
+    answer: impl Into<Vec<u8>>,
+    per_conn: usize,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::AsyncReadExt;
+    let answer: Vec<u8> = answer.into();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("bound address");
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                for _ in 0..per_conn {
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        if tcp.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                    }
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
+                    buf.drain(..end);
+                    if tcp.write_all(&answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
 }
 
 #[cfg(test)]
