@@ -651,6 +651,15 @@ mod tests {
         (addr.to_string(), accepted)
     }
 
+    /// A 200 answer with `body` and its Content-Length.
+    fn with_length(body: &str) -> Vec<u8> {
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    }
+
     fn get(method: Method) -> Outgoing {
         Outgoing::new(
             &method,
@@ -760,11 +769,7 @@ mod tests {
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
 
-        let long = format!(
-            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{big}",
-            big.len()
-        );
-        let (addr, accepted) = serve(long.into_bytes(), usize::MAX).await;
+        let (addr, accepted) = serve(with_length(&big), usize::MAX).await;
         let pool = ConnPool::new(&addr);
         for _ in 0..3 {
             let (_, body) = fetch(&pool, &get(Method::GET)).await.unwrap();
@@ -827,11 +832,7 @@ mod tests {
     #[tokio::test]
     async fn an_abandoned_body_closes_its_connection_and_idle_ones_age_out() {
         let big = "y".repeat(50_000);
-        let long = format!(
-            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{big}",
-            big.len()
-        );
-        let (addr, accepted) = serve(long.into_bytes(), usize::MAX).await;
+        let (addr, accepted) = serve(with_length(&big), usize::MAX).await;
         let pool = ConnPool::new(&addr);
         let first = send_get(&pool).await.unwrap();
         drop(first);
