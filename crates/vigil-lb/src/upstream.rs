@@ -476,21 +476,19 @@ impl ConnPool {
                 }
             }
         };
-        let mut body = UpstreamResponseBody {
-            state,
-            conn: None,
-            pool: None,
-            keep_alive: h.keep_alive,
-        };
-        if matches!(body.state, BodyState::Ready(_)) {
+        let conn = if matches!(state, BodyState::Ready(_)) {
             if h.keep_alive {
                 self.checkin(conn);
             }
+            None
         } else {
-            body.conn = Some(conn);
-            body.pool = Some(self.clone());
-        }
-        let mut r = Response::new(body);
+            Some((self.clone(), conn))
+        };
+        let mut r = Response::new(UpstreamResponseBody {
+            state,
+            conn,
+            keep_alive: h.keep_alive,
+        });
         *r.status_mut() = status;
         *r.headers_mut() = headers;
         Ok(r)
@@ -531,9 +529,9 @@ enum BodyState {
 #[derive(Debug)]
 pub struct UpstreamResponseBody {
     state: BodyState,
-    /// The connection, while the body is still arriving on it.
-    conn: Option<Box<Conn>>,
-    pool: Option<Arc<ConnPool>>,
+    /// The connection (and the pool it goes back to), while the body is still arriving
+    /// on it.
+    conn: Option<(Arc<ConnPool>, Box<Conn>)>,
     keep_alive: bool,
 }
 
@@ -541,7 +539,7 @@ impl UpstreamResponseBody {
     /// The body ended cleanly: give the connection back.
     fn finish(&mut self) {
         self.state = BodyState::Ready(None);
-        if let (Some(conn), Some(pool)) = (self.conn.take(), self.pool.take())
+        if let Some((pool, conn)) = self.conn.take()
             && self.keep_alive
         {
             pool.checkin(conn);
@@ -567,10 +565,13 @@ impl Body for UpstreamResponseBody {
         loop {
             let conn = match &mut this.state {
                 BodyState::Ready(b) => return Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-                _ => this
-                    .conn
-                    .as_mut()
-                    .expect("a body still arriving has its connection"),
+                _ => {
+                    &mut this
+                        .conn
+                        .as_mut()
+                        .expect("a body still arriving has its connection")
+                        .1
+                }
             };
             // First what the buffer holds.
             match &mut this.state {
