@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use vigil::checks::Amount;
 
 /// Default application address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -44,6 +45,14 @@ pub struct Args {
     /// watches. Defaults to `<tmp>/vigil-example`.
     #[arg(long, env = "VIGIL_EXAMPLE_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Free space on the data directory's filesystem below which `/health` warns:
+    /// a percentage (`10%`) or a size (`2GiB`); `off` never warns.
+    #[arg(long, env = "VIGIL_EXAMPLE_DISK_WARN_BELOW", default_value = "10%", value_parser = parse_warn_level)]
+    pub disk_warn_below: WarnLevel,
+    /// Free space on the data directory's filesystem below which `/health` fails
+    /// (readiness too): a percentage (`5%`) or a size (`500MiB`).
+    #[arg(long, env = "VIGIL_EXAMPLE_DISK_FAIL_BELOW", default_value = "5%")]
+    pub disk_fail_below: Amount,
     /// Worker threads of the application runtime. Defaults to the number of CPUs.
     #[arg(long, env = "VIGIL_EXAMPLE_WORKERS")]
     pub workers: Option<usize>,
@@ -68,6 +77,19 @@ pub struct Args {
     /// workers. Defaults to leaving them as started.
     #[arg(long, env = "VIGIL_EXAMPLE_WORKER_NICE", allow_hyphen_values = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
     pub worker_nice: Option<i32>,
+}
+
+/// `--disk-warn-below`: a level, or `off`.
+#[derive(Clone, Copy, Debug)]
+pub struct WarnLevel(pub Option<Amount>);
+
+fn parse_warn_level(s: &str) -> Result<WarnLevel, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(WarnLevel(None));
+    }
+    s.parse::<Amount>()
+        .map(|a| WarnLevel(Some(a)))
+        .map_err(|e| e.to_string())
 }
 
 impl Args {
@@ -105,6 +127,8 @@ impl Args {
             db: self.db,
             sqlite_path: data_dir.join(format!("{safe_name}.sqlite")),
             data_dir,
+            disk_warn_below: self.disk_warn_below.0,
+            disk_fail_below: self.disk_fail_below,
             name: self.name,
             workers,
             max_in_flight: self.max_in_flight,

@@ -53,6 +53,10 @@ pub struct ServiceConfig {
     pub sqlite_path: PathBuf,
     /// Directory whose filesystem the disk check watches.
     pub data_dir: PathBuf,
+    /// Free space on `data_dir`'s filesystem below which `/health` warns (None: never).
+    pub disk_warn_below: Option<Amount>,
+    /// Free space on `data_dir`'s filesystem below which `/health` fails.
+    pub disk_fail_below: Amount,
     /// Instance name (reported as the health description).
     pub name: String,
     /// Worker threads of the application runtime (for `/fault/freeze`).
@@ -262,7 +266,13 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
         .local(
             "disk:free",
             DiskWithFault {
-                normal: DiskSpace::new(&config.data_dir),
+                normal: {
+                    let d = DiskSpace::new(&config.data_dir).fail_below(config.disk_fail_below);
+                    match config.disk_warn_below {
+                        Some(level) => d.warn_below(level),
+                        None => d.no_warn(),
+                    }
+                },
                 impossible: DiskSpace::new(&config.data_dir).fail_below(Amount::Percent(100.0)),
                 fault: disk_fault.clone(),
             },
