@@ -1,6 +1,6 @@
-//! HTTP/1.1 response framing, sans-IO (RFC 9112 section 6): where a response head ends,
-//! how its body is delimited, whether the connection can carry another request, and a
-//! decoder for chunked bodies.
+//! HTTP/1.1 message framing, sans-IO (RFC 9112 section 6): where a response or request
+//! head ends, how its body is delimited, whether the connection can carry another
+//! exchange, and a decoder for chunked bodies.
 //!
 //! The parsing of the head itself is `httparse`'s; what is here is the part every
 //! HTTP/1 client re-derives from the head (and gets subtly wrong in one place or
@@ -47,6 +47,8 @@ pub struct ResponseHead {
     pub keep_alive: bool,
     /// Header field count.
     pub headers: usize,
+    /// Where the reason phrase is in the buffer parsed (empty when there is none).
+    pub reason: Range<usize>,
 }
 
 /// Why bytes are not an acceptable response.
@@ -94,6 +96,10 @@ pub fn parse_response<'b>(
         Err(e) => return Err(FramingError::Syntax(e.to_string())),
     };
     let status = resp.code.unwrap_or(0);
+    let reason = resp.reason.map_or(0..0, |r| {
+        let at = r.as_ptr() as usize - buf.as_ptr() as usize;
+        at..at + r.len()
+    });
     if status < 100 {
         // httparse takes any three digits; "000" is no status at all.
         return Err(FramingError::Syntax(format!("status code {status:03}")));
@@ -165,7 +171,140 @@ pub fn parse_response<'b>(
         framing,
         keep_alive,
         headers: resp.headers.len(),
+        reason,
     }))
+}
+
+/// How a request body is delimited (RFC 9112 6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestBody {
+    /// No body (no `Content-Length`, no `Transfer-Encoding`, or a length of 0).
+    None,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// A complete request head; the strings borrow from the buffer parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead<'b> {
+    /// Bytes of the head, through its empty line.
+    pub len: usize,
+    /// The method, as sent (methods are case-sensitive).
+    pub method: &'b str,
+    /// The request target, as sent (origin, absolute, authority or asterisk form).
+    pub target: &'b str,
+    /// HTTP/1.0 (else 1.1).
+    pub http10: bool,
+    /// How the body is delimited.
+    pub body: RequestBody,
+    /// Whether the client wants the connection kept for another request.
+    pub keep_alive: bool,
+    /// `Expect: 100-continue`: the client waits for a `100 Continue` before its body.
+    pub expect_continue: bool,
+    /// Where the `Host` field value is in the buffer, if there is one.
+    pub host: Option<Range<usize>>,
+}
+
+/// Why bytes are not an acceptable request (each a 400, except as noted).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// Not HTTP/1.x (httparse's reason).
+    #[error("not an HTTP/1.1 request: {0}")]
+    Syntax(String),
+    /// More than [`MAX_HEADERS`] header fields (a 431).
+    #[error("more than {MAX_HEADERS} header fields")]
+    TooManyHeaders,
+    /// A `Content-Length` that is not a number, or two that disagree.
+    #[error("bad or conflicting Content-Length")]
+    BadLength,
+    /// `Transfer-Encoding` whose final coding is not chunked, or sent with
+    /// `Content-Length` or in HTTP/1.0: the body's end cannot be trusted (smuggling).
+    #[error("Transfer-Encoding other than chunked, or with Content-Length, or in HTTP/1.0")]
+    BadTransferEncoding,
+    /// Two `Host` fields.
+    #[error("more than one Host field")]
+    DuplicateHost,
+}
+
+/// Parses a request head at the start of `buf` (`Ok(None)`: incomplete, read more).
+/// `fields` is where the header fields go (uninitialised space, at most
+/// [`MAX_HEADERS`] are looked at); the ones parsed are returned with the head.
+pub fn parse_request<'b, 'h>(
+    buf: &'b [u8],
+    fields: &'h mut [MaybeUninit<httparse::Header<'b>>],
+) -> Result<Option<(RequestHead<'b>, &'h [httparse::Header<'b>])>, RequestError> {
+    let mut req = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default()
+        .parse_request_with_uninit_headers(&mut req, buf, fields)
+    {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(RequestError::TooManyHeaders),
+        Err(e) => return Err(RequestError::Syntax(e.to_string())),
+    };
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return Err(RequestError::Syntax("incomplete request line".into()));
+    };
+    let http10 = version == 0;
+    let (mut saw_close, mut saw_keep_alive, mut expect_continue) = (false, false, false);
+    let mut length: Option<u64> = None;
+    let mut chunked: Option<bool> = None;
+    let mut host = None;
+    for h in req.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("content-length") {
+            let v = h.value.trim_ascii();
+            let n = (!v.is_empty() && v.iter().all(u8::is_ascii_digit))
+                .then(|| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+                .flatten()
+                .ok_or(RequestError::BadLength)?;
+            if length.is_some_and(|c| c != n) {
+                return Err(RequestError::BadLength);
+            }
+            length = Some(n);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            let last = h.value.rsplit(|&b| b == b',').next().unwrap_or_default();
+            // Any field whose final coding is not chunked spoils it for good.
+            chunked =
+                Some(chunked != Some(false) && last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                saw_close |= token.eq_ignore_ascii_case(b"close");
+                saw_keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        } else if name.eq_ignore_ascii_case("host") {
+            if host.is_some() {
+                return Err(RequestError::DuplicateHost);
+            }
+            let at = h.value.as_ptr() as usize - buf.as_ptr() as usize;
+            host = Some(at..at + h.value.len());
+        } else if name.eq_ignore_ascii_case("expect") {
+            expect_continue |= h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+        }
+    }
+    let body = match (chunked, length) {
+        (Some(true), None) if !http10 => RequestBody::Chunked,
+        (Some(_), _) => return Err(RequestError::BadTransferEncoding),
+        (None, None | Some(0)) => RequestBody::None,
+        (None, Some(n)) => RequestBody::Length(n),
+    };
+    Ok(Some((
+        RequestHead {
+            len,
+            method,
+            target,
+            http10,
+            body,
+            keep_alive: !saw_close && (!http10 || saw_keep_alive),
+            // An HTTP/1.0 client does not know 100 Continue (RFC 9110 10.1.1).
+            expect_continue: expect_continue && !http10,
+            host,
+        },
+        req.headers,
+    )))
 }
 
 /// What [`ChunkedDecoder::decode`] found.
@@ -285,6 +424,90 @@ impl ChunkedDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request(raw: &str) -> Result<Option<RequestHead<'_>>, RequestError> {
+        let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        parse_request(raw.as_bytes(), &mut fields).map(|r| r.map(|(h, _)| h))
+    }
+
+    fn request_body(raw: &str) -> Result<RequestBody, RequestError> {
+        request(raw).map(|h| h.expect("complete").body)
+    }
+
+    #[test]
+    fn request_framing_rejects_every_ambiguous_length() {
+        use RequestBody::*;
+        assert_eq!(request_body("GET / HTTP/1.1\r\nhost: a\r\n\r\n"), Ok(None));
+        assert_eq!(
+            request_body("POST / HTTP/1.1\r\ncontent-length: 5\r\n\r\n"),
+            Ok(Length(5))
+        );
+        assert_eq!(
+            request_body("POST / HTTP/1.1\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\n"),
+            Ok(Length(5)),
+            "the same length twice is one length"
+        );
+        assert_eq!(
+            request_body("POST / HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n"),
+            Ok(Chunked)
+        );
+        for bad in [
+            "POST / HTTP/1.1\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+            "POST / HTTP/1.1\r\ncontent-length: +5\r\n\r\n",
+            "POST / HTTP/1.1\r\ncontent-length: 5 5\r\n\r\n",
+        ] {
+            assert_eq!(request_body(bad), Err(RequestError::BadLength), "{bad:?}");
+        }
+        for bad in [
+            "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n",
+            "POST / HTTP/1.1\r\ntransfer-encoding: chunked, gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n",
+        ] {
+            assert_eq!(
+                request_body(bad),
+                Err(RequestError::BadTransferEncoding),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn request_head_fields_keep_alive_expect_and_host() {
+        let raw = "PUT /a?b HTTP/1.1\r\nHost: example.com\r\nExpect: 100-Continue\r\ncontent-length: 3\r\n\r\nabc";
+        let h = request(raw).unwrap().unwrap();
+        assert_eq!((h.method, h.target, h.http10), ("PUT", "/a?b", false));
+        assert_eq!(h.len, raw.len() - 3);
+        assert!(h.keep_alive && h.expect_continue);
+        assert_eq!(&raw[h.host.clone().unwrap()], "example.com");
+        let h = request("GET / HTTP/1.1\r\nconnection: foo, Close\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.keep_alive && h.host.is_none());
+        let h = request("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
+        assert!(!h.keep_alive, "HTTP/1.0 closes unless asked");
+        let h = request("GET / HTTP/1.0\r\nconnection: keep-alive\r\nexpect: 100-continue\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(
+            h.keep_alive && !h.expect_continue,
+            "1.0 knows no 100 Continue"
+        );
+        assert_eq!(request("GET / HTTP/1.1\r\nhost: a"), Ok(Option::None));
+        assert_eq!(
+            request("GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n"),
+            Err(RequestError::DuplicateHost)
+        );
+        assert!(matches!(
+            request("GET /\r\n\r\n"),
+            Err(RequestError::Syntax(_))
+        ));
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("x-{i}: 1\r\n")).collect();
+        assert_eq!(
+            request(&format!("GET / HTTP/1.1\r\n{many}\r\n")),
+            Err(RequestError::TooManyHeaders)
+        );
+    }
 
     fn head(raw: &str, head_request: bool) -> Result<Option<ResponseHead>, FramingError> {
         parse_response(raw.as_bytes(), head_request, |_, _| {})
