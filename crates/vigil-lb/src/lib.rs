@@ -2,16 +2,17 @@
 //!
 //! The policies (rise/fall thresholds, outlier ejection, fail-open, slow start, P2C,
 //! retry budget) are vigil-core's sans-IO state machines; this crate drives them with
-//! real I/O (hyper 1, tokio):
+//! real I/O (tokio; hyper for the admin listener and the health checks):
 //!
 //! - [`config`]: `lb.toml`, defaults, errors naming file, line and key;
 //! - [`balancer`]: a pool at run time: policy state, lock-free routing snapshots,
 //!   events logged with their cause;
-//! - [`proxy`]: the data path: routing, forwarding headers, retries, hedging, timeouts;
+//! - [`front`]: the client side, a lean HTTP/1.1 server (parse once, forward raw
+//!   field lines);
+//! - [`proxy`]: the data path: retries, hedging, timeouts, outlier reporting;
 //! - [`checker`]: active health checks;
 //! - [`admin`] and [`metrics`]: `/admin/targets`, `/metrics`;
 //! - [`upstream`]: pooled connections to targets;
-//! - [`conn`]: the client connection wrapper that lets a slowloris get its 408;
 //! - [`server`]: listeners, reload on SIGHUP, drain on SIGTERM;
 //! - [`cli`]: `vigil lb` and `vigil lb check-config`.
 #![forbid(unsafe_code)]
@@ -22,7 +23,7 @@ pub mod balancer;
 pub mod checker;
 pub mod cli;
 pub mod config;
-pub mod conn;
+pub mod front;
 pub mod metrics;
 pub mod proxy;
 pub mod server;

@@ -1,32 +1,27 @@
-//! The data path: route a client request to a pool, pick a target, forward, retry,
-//! hedge, and answer.
+//! The data path: pick a target, forward, retry, hedge, and answer. The client side
+//! ([`crate::front`]) has already matched a route to a pool, serialised the request
+//! (hop-by-hop fields removed, `X-Forwarded-For`, `X-Forwarded-Proto` and `Via` added)
+//! and read a small body whole; a large one is streamed from the client by the attempt.
 //!
-//! One request's life:
-//! 1. match a route (host, path prefix) to a pool; none: 404;
-//! 2. strip hop-by-hop headers, add `X-Forwarded-For`, `X-Forwarded-Proto`, `Via`;
-//! 3. buffer a small body (so the request can be retried or hedged), stream a large one;
-//! 4. pick a target (P2C or round-robin over the pool's routing snapshot); none: 503
+//! One request's life here:
+//! 1. pick a target (P2C or round-robin over the pool's routing snapshot); none: 503
 //!    with `Retry-After`;
-//! 5. forward with a response-header timeout; meanwhile, watch for the target leaving
+//! 2. forward with a response-header timeout; meanwhile, watch for the target leaving
 //!    service and for the hedge delay;
-//! 6. on a connect failure (always safe: nothing was sent), or a reset before the
+//! 3. on a connect failure (always safe: nothing was sent), or a reset before the
 //!    response of an idempotent request, retry on another target within the pool's
 //!    retry budget; when the target is ejected while the request waits, an idempotent
 //!    request moves to another target at once; past the hedge delay, an idempotent
 //!    request is also sent to a second target and the first answer wins;
-//! 7. report every outcome to outlier detection; answer 502 (connect failure, reset,
+//! 4. report every outcome to outlier detection; answer 502 (connect failure, reset,
 //!    garbage), 504 (no response header in time), or the target's response.
 //!
 //! Errors record where they came from and whether a retry is allowed ([`Failure`]).
 
 use crate::balancer::{PoolRt, TargetRt};
+use crate::front::BodyReader;
 use crate::metrics::{Metrics, PoolLabels, RequestLabels, RetryLabels};
-use crate::upstream::{Outgoing, OutgoingBody, UpstreamResponseBody};
-use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Either, Full};
-use hyper::body::Incoming;
+use crate::upstream::{Outgoing, UpstreamResponse};
 use smallvec::SmallVec;
 use std::future::Future;
 use std::pin::Pin;
@@ -36,9 +31,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::futures::OwnedNotified;
 use vigil_core::outlier::RequestOutcome;
-
-/// Body of a response sent to the client: the target's, or one of ours.
-pub type ClientBody = Either<UpstreamResponseBody, Full<Bytes>>;
 
 /// What the proxy needs from the current configuration, per request.
 pub struct ProxyTable {
@@ -116,10 +108,10 @@ impl Failure {
         }
     }
 
-    fn status(self) -> StatusCode {
+    fn status(self) -> u16 {
         match self {
-            Failure::Timeout => StatusCode::GATEWAY_TIMEOUT,
-            _ => StatusCode::BAD_GATEWAY,
+            Failure::Timeout => 504,
+            _ => 502,
         }
     }
 
@@ -133,47 +125,17 @@ impl Failure {
     }
 }
 
-fn is_idempotent(m: &Method) -> bool {
+/// Whether a request with this method may be sent twice (RFC 9110 9.2.2).
+pub fn is_idempotent(method: &str) -> bool {
     matches!(
-        *m,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+        method,
+        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
     )
-}
-
-/// Headers that describe one connection and must not be forwarded (RFC 9110 7.6.1),
-/// plus any header the `Connection` header names.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names (standard names compare as enum tags) marks which are
-    // present; most messages carry none, or only `Connection`. No allocation.
-    let mut present = 0u16;
-    for n in headers.keys() {
-        if let Some(i) = hop_by_hop_index(n) {
-            present |= 1 << i;
-        }
-    }
-    if present == 0 {
-        return;
-    }
-    if present & 1 != 0 {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .flat_map(|v| connection_options(v.as_bytes()))
-            .collect();
-        for n in named {
-            headers.remove(n);
-        }
-    }
-    for (i, n) in HOP_BY_HOP.iter().enumerate() {
-        if present & (1 << i) != 0 {
-            headers.remove(n);
-        }
-    }
 }
 
 /// The header names a `Connection` field value lists, other than the usual
 /// `keep-alive` and `close` (those fields describe the connection too).
-pub(crate) fn connection_options(value: &[u8]) -> impl Iterator<Item = HeaderName> + '_ {
+pub(crate) fn connection_options(value: &[u8]) -> impl Iterator<Item = &[u8]> + '_ {
     value
         .split(|&b| b == b',')
         .map(<[u8]>::trim_ascii)
@@ -182,80 +144,43 @@ pub(crate) fn connection_options(value: &[u8]) -> impl Iterator<Item = HeaderNam
                 && !n.eq_ignore_ascii_case(b"keep-alive")
                 && !n.eq_ignore_ascii_case(b"close")
         })
-        .filter_map(|n| HeaderName::from_bytes(n).ok())
 }
 
-/// The index of `n` in [`HOP_BY_HOP`] (a string match: a length switch, then one
-/// comparison); 0 is `Connection`.
-pub(crate) fn hop_by_hop_index(n: &HeaderName) -> Option<usize> {
-    Some(match n.as_str() {
-        "connection" => 0,
-        "te" => 1,
-        "trailer" => 2,
-        "transfer-encoding" => 3,
-        "upgrade" => 4,
-        "proxy-authorization" => 5,
-        "proxy-authenticate" => 6,
-        "keep-alive" => 7,
-        "proxy-connection" => 8,
-        _ => return None,
-    })
-}
-
-/// Headers that describe one connection (RFC 9110 7.6.1 and the usual non-standard
-/// ones); `Connection` first.
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::PROXY_AUTHORIZATION,
-    header::PROXY_AUTHENTICATE,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
+/// Fields that describe one connection (RFC 9110 7.6.1 and the usual non-standard
+/// ones) and are never forwarded; `Connection` first.
+const HOP_BY_HOP: [&[u8]; 9] = [
+    b"connection",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+    b"proxy-authorization",
+    b"proxy-authenticate",
+    b"keep-alive",
+    b"proxy-connection",
 ];
 
-const VIA: &str = "1.1 vigil";
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-
-/// Appends `value` to a list-valued header: inserted as is (no formatting) when the
-/// header is absent, the usual case.
-fn append_header_value(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
-    match headers.entry(name) {
-        header::Entry::Vacant(e) => {
-            e.insert(value);
-        }
-        header::Entry::Occupied(mut e) => {
-            let joined = match (e.get().to_str(), value.to_str()) {
-                (Ok(prev), Ok(v)) if !prev.is_empty() => {
-                    HeaderValue::from_str(&format!("{prev}, {v}")).ok()
-                }
-                _ => Some(value),
-            };
-            if let Some(v) = joined {
-                e.insert(v);
-            }
-        }
-    }
+/// The index of the field name `name` (any case) in [`HOP_BY_HOP`]; 0 is `Connection`.
+/// Lengths are compared first, so most names cost a few integer comparisons.
+pub(crate) fn hop_by_hop(name: &[u8]) -> Option<usize> {
+    HOP_BY_HOP
+        .iter()
+        .position(|h| h.len() == name.len() && h.eq_ignore_ascii_case(name))
 }
 
-/// An answer made by vigil itself.
-pub fn local_response(status: StatusCode, msg: &str) -> Response<ClientBody> {
-    let mut r = Response::new(Either::Right(Full::new(Bytes::from(format!("{msg}\n")))));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r.headers_mut()
-        .insert(header::VIA, HeaderValue::from_static(VIA));
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    r
+/// `Via` as vigil adds it.
+pub const VIA: &str = "1.1 vigil";
+
+/// What the client gets for a request.
+// The target's head (its field spans inline) is moved twice per request; boxing it
+// would cost an allocation each time to save copying ~300 bytes.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Answer {
+    /// The target's response.
+    Target(UpstreamResponse),
+    /// One of vigil's own: a status code and a one-line message.
+    Local(u16, String),
 }
 
 /// Everything a request needs, shared.
@@ -274,12 +199,12 @@ impl Drop for OutstandingGuard {
     }
 }
 
-type AttemptResult = Result<Response<UpstreamResponseBody>, Failure>;
-type AttemptFuture = Pin<Box<dyn Future<Output = AttemptResult> + Send>>;
+type AttemptResult = Result<UpstreamResponse, Failure>;
+type AttemptFuture<'a> = Pin<Box<dyn Future<Output = AttemptResult> + Send + 'a>>;
 
-struct Attempt {
+struct Attempt<'a> {
     target: Arc<TargetRt>,
-    fut: AttemptFuture,
+    fut: AttemptFuture<'a>,
     /// Fires when the target leaves service; `None` once ignored.
     left: Option<Pin<Box<OwnedNotified>>>,
     started: Instant,
@@ -288,6 +213,7 @@ struct Attempt {
     _guard: OutstandingGuard,
 }
 
+#[allow(clippy::large_enum_variant)] // as Answer: not boxed on purpose
 enum Event {
     Done(usize, AttemptResult),
     Left(usize),
@@ -295,105 +221,29 @@ enum Event {
 }
 
 impl Proxy {
-    /// The `X-Forwarded-For` value of a client address (made once per connection).
-    pub fn client_ip_value(client: std::net::SocketAddr) -> HeaderValue {
-        HeaderValue::from_str(&client.ip().to_string()).expect("an IP address is a valid value")
-    }
-
-    /// Handles one client request; `client_ip` is [`Proxy::client_ip_value`] of the
-    /// client's address.
-    pub async fn handle(
-        self: Arc<Self>,
-        client_ip: HeaderValue,
-        req: Request<Incoming>,
-    ) -> Response<ClientBody> {
-        let table = self.table.load_full();
-        let host = req
-            .headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| req.uri().host());
-        let Some(pool) = table.route(host, req.uri().path()).cloned() else {
-            self.count_local("none", 404);
-            return local_response(StatusCode::NOT_FOUND, "no route for this host and path");
-        };
-        let (mut parts, body) = req.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
-        append_header_value(&mut parts.headers, X_FORWARDED_FOR, client_ip);
-        parts
-            .headers
-            .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-        append_header_value(
-            &mut parts.headers,
-            header::VIA,
-            HeaderValue::from_static(VIA),
-        );
-        // Targets get the origin form (`/path?query`); a client's absolute form
-        // (`GET http://host/path`) is rewritten, with its authority as Host when the
-        // request had none.
-        if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
-            if !parts.headers.contains_key(header::HOST)
-                && let Some(a) = parts.uri.authority()
-                && let Ok(v) = HeaderValue::from_str(a.as_str())
-            {
-                parts.headers.insert(header::HOST, v);
-            }
-            let pq = parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-            parts.uri = Uri::from(pq);
-        } else if parts.uri.path().is_empty() {
-            parts.uri = Uri::from_static("/");
-        }
-
-        // Small bodies are buffered so that the request can be sent again.
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        // No Content-Length and not known empty: chunked (its header is already gone).
-        let chunked = declared.is_none() && !hyper::body::Body::is_end_stream(&body);
-        let body = match declared {
-            _ if chunked => Err(body),
-            Some(n) if n > table.max_retry_body_bytes => Err(body),
-            _ => match tokio::time::timeout(table.client_body_timeout, body.collect()).await {
-                Ok(Ok(c)) => Ok(c.to_bytes()),
-                Ok(Err(_)) => {
-                    self.count_local(&pool.name, 400);
-                    return local_response(StatusCode::BAD_REQUEST, "incomplete request body");
-                }
-                Err(_) => {
-                    self.count_local(&pool.name, 408);
-                    return local_response(StatusCode::REQUEST_TIMEOUT, "request body too slow");
-                }
-            },
-        };
-        let idempotent = is_idempotent(&parts.method);
+    /// Sends one client request to `pool` (`out`: the request serialised once;
+    /// `streamed`: its body when too large to buffer, read from the client as it is
+    /// sent) and returns what the client gets.
+    pub async fn forward<'a, 'b>(
+        &self,
+        table: &ProxyTable,
+        pool: &Arc<PoolRt>,
+        out: Outgoing,
+        idempotent: bool,
+        mut streamed: Option<&'a mut BodyReader<'b>>,
+    ) -> Answer {
         let start = Instant::now();
         pool.budget.lock().expect("budget lock").deposit(pool.now());
         let section = pool.section.load_full();
 
         // Inline: one attempt is the rule, a retry or a hedge the exception.
         let mut tried: SmallVec<[Arc<TargetRt>; 3]> = SmallVec::new();
-        let mut attempts: SmallVec<[Attempt; 2]> = SmallVec::new();
+        let mut attempts: SmallVec<[Attempt<'a>; 2]> = SmallVec::new();
         let mut retries = 0u32;
         let mut last_failure: Option<(Failure, String)>;
-        let (out_body, mut streamed) = match body {
-            Ok(b) => (OutgoingBody::Buffered(b), None),
-            Err(b) => (OutgoingBody::Streamed(declared.map(|n| n as u64)), Some(b)),
-        };
         let buffered = streamed.is_none();
         // Serialised once; every attempt (retry, hedge) sends the same bytes.
-        let out = Arc::new(Outgoing::new(
-            &parts.method,
-            &parts.uri,
-            &parts.headers,
-            out_body,
-            idempotent,
-        ));
+        let out = Arc::new(out);
         let hedge_delay = (section.hedge.enabled && idempotent && buffered).then(|| {
             pool.latency
                 .hedge_delay(section.hedge.min_delay, section.hedge.max_delay)
@@ -404,9 +254,8 @@ impl Proxy {
         let timer = tokio::time::sleep(table.response_header_timeout);
         tokio::pin!(timer);
 
-        let start_attempt = |tried: &mut SmallVec<[Arc<TargetRt>; 3]>,
-                             attempts: &mut SmallVec<[Attempt; 2]>,
-                             streamed: &mut Option<Incoming>|
+        let mut start_attempt = |tried: &mut SmallVec<[Arc<TargetRt>; 3]>,
+                                 attempts: &mut SmallVec<[Attempt<'a>; 2]>|
          -> bool {
             let Some(target) = pool.pick(tried) else {
                 return false;
@@ -415,9 +264,15 @@ impl Proxy {
             let left = target.left_service.clone().notified_owned();
             let (t, out, body) = (target.clone(), out.clone(), streamed.take());
             let (connect_timeout, idle_timeout) = (table.connect_timeout, table.idle_timeout);
-            let fut: AttemptFuture = Box::pin(async move {
+            let fut: AttemptFuture<'a> = Box::pin(async move {
                 t.conns
-                    .send(&out, &t.host_header, body, connect_timeout, idle_timeout)
+                    .send(
+                        &out,
+                        t.host_header.as_bytes(),
+                        body,
+                        connect_timeout,
+                        idle_timeout,
+                    )
                     .await
             });
             target.outstanding.fetch_add(1, Ordering::Relaxed);
@@ -435,12 +290,9 @@ impl Proxy {
             true
         };
 
-        if !start_attempt(&mut tried, &mut attempts, &mut streamed) {
+        if !start_attempt(&mut tried, &mut attempts) {
             self.count_local(&pool.name, 503);
-            return local_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &format!("pool {}: no target available", pool.name),
-            );
+            return Answer::Local(503, format!("pool {}: no target available", pool.name));
         }
 
         loop {
@@ -488,7 +340,7 @@ impl Proxy {
                     let elapsed = a.started.elapsed();
                     pool.latency.record(elapsed);
                     pool.duration.observe(start.elapsed().as_secs_f64());
-                    let code = resp.status().as_u16();
+                    let code = resp.head.status;
                     pool.observe_request(&a.target, RequestOutcome::Response(code));
                     a.target.count(&self.metrics, code);
                     // Losing attempts (hedges) are dropped here: their connections close.
@@ -501,14 +353,7 @@ impl Proxy {
                             pool.observe_request(&loser.target, RequestOutcome::Overtaken);
                         }
                     }
-                    drop(attempts);
-                    // Hop-by-hop fields were left out when the head was read.
-                    let (mut rp, rb) = resp.into_parts();
-                    // A second `Via` line says the same as one combined value (RFC 9110
-                    // 5.3) without a lookup.
-                    rp.headers
-                        .append(header::VIA, HeaderValue::from_static(VIA));
-                    return Response::from_parts(rp, Either::Left(rb));
+                    return Answer::Target(resp);
                 }
                 Event::Done(i, Err(f)) => {
                     let a = attempts.swap_remove(i);
@@ -522,11 +367,11 @@ impl Proxy {
                         };
                     if retryable
                         && retries < section.retries.max_retries
-                        && self.withdraw(&pool, f.name())
+                        && self.withdraw(pool, f.name())
                     {
                         retries += 1;
                         tracing::debug!(pool = %pool.name, target = %a.target.addr, failure = f.name(), "retrying on another target");
-                        if start_attempt(&mut tried, &mut attempts, &mut streamed) {
+                        if start_attempt(&mut tried, &mut attempts) {
                             continue;
                         }
                     }
@@ -541,11 +386,11 @@ impl Proxy {
                     if idempotent
                         && buffered
                         && retries < section.retries.max_retries
-                        && self.withdraw(&pool, "ejected")
+                        && self.withdraw(pool, "ejected")
                     {
                         retries += 1;
                         let before = attempts.len();
-                        if start_attempt(&mut tried, &mut attempts, &mut streamed) {
+                        if start_attempt(&mut tried, &mut attempts) {
                             tracing::debug!(pool = %pool.name, target = %attempts[i].target.addr, "target left service: request moved");
                             let _abandoned = attempts.swap_remove(i);
                             debug_assert_eq!(attempts.len(), before);
@@ -553,19 +398,19 @@ impl Proxy {
                     }
                 }
                 Event::Hedge => {
-                    if attempts.len() == 1 && self.withdraw(&pool, "hedge") {
-                        start_attempt(&mut tried, &mut attempts, &mut streamed);
+                    if attempts.len() == 1 && self.withdraw(pool, "hedge") {
+                        start_attempt(&mut tried, &mut attempts);
                     }
                 }
             }
         }
         let (f, addr) = last_failure.expect("the loop ends only after a failure");
         let code = f.status();
-        self.count_local(&pool.name, code.as_u16());
+        self.count_local(&pool.name, code);
         pool.duration.observe(start.elapsed().as_secs_f64());
-        local_response(
+        Answer::Local(
             code,
-            &format!("pool {}: target {addr}: {}", pool.name, describe(f)),
+            format!("pool {}: target {addr}: {}", pool.name, describe(f)),
         )
     }
 
@@ -594,7 +439,8 @@ impl Proxy {
         ok
     }
 
-    fn count_local(&self, pool: &str, code: u16) {
+    /// Counts an answer vigil made itself.
+    pub fn count_local(&self, pool: &str, code: u16) {
         self.metrics
             .requests
             .get_or_create(&RequestLabels {
@@ -635,71 +481,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hop_by_hop_headers_are_removed_with_those_connection_names() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("keep-alive, x-secret"),
-        );
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert("x-secret", HeaderValue::from_static("1"));
-        h.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
-        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        h.insert("x-keep", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h);
-        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
-        assert_eq!(left, vec!["x-keep"], "only end-to-end headers may pass");
-    }
-
-    #[test]
-    fn forwarding_header_values_append_or_insert() {
-        let mut h = HeaderMap::new();
-        append_header_value(&mut h, header::VIA, HeaderValue::from_static(VIA));
-        assert_eq!(h[header::VIA], "1.1 vigil");
-        append_header_value(&mut h, header::VIA, HeaderValue::from_static("1.1 other"));
-        assert_eq!(h[header::VIA], "1.1 vigil, 1.1 other");
-    }
-
-    #[test]
-    fn messages_without_hop_by_hop_headers_are_left_alone() {
-        let mut h = HeaderMap::new();
-        h.insert(header::HOST, HeaderValue::from_static("a"));
-        h.insert("x-keep", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 2);
-        h.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 2, "proxy-connection is hop-by-hop");
-    }
-
-    #[test]
-    fn forwarding_headers_append() {
-        let mut h = HeaderMap::new();
-        append_header_value(&mut h, header::VIA, HeaderValue::from_static(VIA));
-        assert_eq!(h[header::VIA], "1.1 vigil");
-        h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
-        append_header_value(
-            &mut h,
-            X_FORWARDED_FOR,
-            HeaderValue::from_static("127.0.0.1"),
-        );
-        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
-    }
-
-    #[test]
-    fn hop_by_hop_index_matches_the_table() {
+    fn hop_by_hop_names_match_in_any_case_and_only_whole() {
         for (i, n) in HOP_BY_HOP.iter().enumerate() {
-            assert_eq!(hop_by_hop_index(n), Some(i), "{n}");
+            assert_eq!(hop_by_hop(n), Some(i));
+            assert_eq!(hop_by_hop(&n.to_ascii_uppercase()), Some(i));
         }
-        assert_eq!(hop_by_hop_index(&header::HOST), None);
+        for other in [
+            &b"host"[..],
+            b"tee",
+            b"connections",
+            b"x-forwarded-for",
+            b"",
+        ] {
+            assert_eq!(
+                hop_by_hop(other),
+                None,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
+    }
+
+    #[test]
+    fn connection_options_leave_out_keep_alive_and_close() {
+        let named: Vec<&[u8]> =
+            connection_options(b" Keep-Alive, x-secret ,close,,Upgrade").collect();
+        assert_eq!(named, vec![&b"x-secret"[..], b"Upgrade"]);
     }
 
     #[test]
     fn idempotent_methods_per_rfc_9110() {
-        assert!(is_idempotent(&Method::GET) && is_idempotent(&Method::PUT));
-        assert!(!is_idempotent(&Method::POST) && !is_idempotent(&Method::PATCH));
+        assert!(is_idempotent("GET") && is_idempotent("PUT") && is_idempotent("DELETE"));
+        assert!(!is_idempotent("POST") && !is_idempotent("PATCH") && !is_idempotent("get"));
     }
 }

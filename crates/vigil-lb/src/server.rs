@@ -12,8 +12,8 @@ use crate::admin;
 use crate::balancer::{Clock, PoolRt};
 use crate::checker;
 use crate::config::{self, LbConfig};
-use crate::conn::{ConnMarks, CountingStream, with_duplicate, write_final};
-use crate::metrics::{Metrics, RequestLabels};
+use crate::front::{self, FrontSettings};
+use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyTable, RouteRule};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -22,8 +22,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::TokioIo;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
@@ -32,6 +31,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Tick period of the pools (readmissions after ejections).
 const TICK: Duration = Duration::from_millis(100);
@@ -221,14 +222,10 @@ pub async fn serve(config: LbConfig, path: PathBuf) -> u8 {
         }
     };
     let drain_timeout = config.drain_timeout;
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(config.timeouts.client_header)
-        .max_buf_size(config.limits.max_header_bytes)
-        .keep_alive(true)
-        // One buffer and one write(2) per response: the usual proxied answer is small,
-        // and copying it beats writev's vector (bench/lb/instructions.py: -1.5%).
-        .writev(false);
+    let settings = FrontSettings {
+        header_timeout: config.timeouts.client_header,
+        max_header_bytes: config.limits.max_header_bytes,
+    };
     tracing::info!(
         listen = %config.listen,
         admin = %config.admin_listen,
@@ -239,7 +236,9 @@ pub async fn serve(config: LbConfig, path: PathBuf) -> u8 {
     tokio::spawn(lb.clone().tick_loop());
     let admin_task = tokio::spawn(serve_admin(admin_listener, lb.clone()));
 
-    let graceful = GracefulShutdown::new();
+    // Cancelled on SIGTERM: connections finish the request in hand and close.
+    let shutdown = CancellationToken::new();
+    let connections = TaskTracker::new();
     loop {
         tokio::select! {
             biased;
@@ -257,47 +256,20 @@ pub async fn serve(config: LbConfig, path: PathBuf) -> u8 {
                     }
                 };
                 let _ = tcp.set_nodelay(true);
-                let (tcp, dup) = match with_duplicate(tcp) {
-                    Ok(pair) => pair,
-                    Err(e) => {
-                        tracing::warn!(%peer, "cannot set up the connection: {e}");
-                        continue;
-                    }
-                };
-                let marks = Arc::new(ConnMarks::default());
-                let io = TokioIo::new(CountingStream::new(tcp, marks.clone()));
-                let (proxy, svc_marks) = (lb.proxy.clone(), marks.clone());
-                let client_ip = Proxy::client_ip_value(peer);
-                let svc = service_fn(move |req| {
-                    let (proxy, marks, client_ip) = (proxy.clone(), svc_marks.clone(), client_ip.clone());
-                    marks.mark();
-                    async move {
-                        let resp = proxy.handle(client_ip, req).await;
-                        marks.mark();
-                        Ok::<_, Infallible>(resp)
-                    }
-                });
-                let conn = graceful.watch(http.serve_connection(io, svc));
-                let metrics = lb.metrics.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        if e.is_timeout() && marks.partial() {
-                            // A half-sent request header (slowloris): say so, then close.
-                            write_final(&dup, b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n");
-                            metrics.requests.get_or_create(&RequestLabels {
-                                pool: "none".into(), target: "none".into(), code: "408".into(),
-                            }).inc();
-                            tracing::debug!(%peer, "client too slow to send its request header: 408");
-                        } else {
-                            tracing::debug!(%peer, "client connection ended: {e}");
-                        }
-                    }
-                });
+                connections.spawn(front::serve_connection(
+                    tcp,
+                    peer,
+                    lb.proxy.clone(),
+                    settings,
+                    shutdown.clone(),
+                ));
             }
         }
     }
     drop(listener);
-    match tokio::time::timeout(drain_timeout, graceful.shutdown()).await {
+    shutdown.cancel();
+    connections.close();
+    match tokio::time::timeout(drain_timeout, connections.wait()).await {
         Ok(()) => tracing::info!("drained; exiting"),
         Err(_) => tracing::warn!(
             "drain timeout ({}) ran out with requests still in flight; exiting",

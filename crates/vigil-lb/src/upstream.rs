@@ -2,14 +2,15 @@
 //! connections, driven inside the client request's own task.
 //!
 //! Why not hyper's client: a proxy knows its target, its request is already parsed and
-//! valid, and its answer goes straight back out through hyper's server. hyper's client
+//! valid, and its answer goes straight back out to the client ([`crate::front`]). hyper's client
 //! runs each connection as a task of its own and hands requests, responses and body
 //! chunks across channels, which on a busy balancer cost more than the parsing (four
 //! task wake-ups per request, measured with `perf`). Here the request's task writes the
 //! request (serialised once per request, [`Outgoing`]; one `write` when the body is
 //! small), reads and parses the response head (`httparse`, framing rules in
-//! [`vigil_core::http1`]), and the response body is read by whoever polls it: hyper's
-//! server, sending it on to the client. A body already in the read buffer (the common
+//! [`vigil_core::http1`]) into spans of the bytes read ([`ResponseHead`]: no map of
+//! fields is built, they go on as they came), and the response body is read by whoever
+//! polls it: the client side, sending it on. A body already in the read buffer (the common
 //! small answer) is handed over whole and the connection is back in the pool before the
 //! client gets its response.
 //!
@@ -21,13 +22,14 @@
 //! on it is noticed by the empty answer, and an idempotent request then goes again on a
 //! new connection to the same target.
 
-use crate::proxy::{Failure, connection_options, hop_by_hop_index};
+use crate::front::BodyReader;
+use crate::proxy::{Failure, connection_options, hop_by_hop};
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Response, StatusCode, Uri};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
+use smallvec::SmallVec;
 use std::io::{self, Write as _};
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker, ready};
@@ -68,50 +70,35 @@ pub struct Outgoing {
 pub enum OutgoingBody {
     /// Read whole already (it can be sent again).
     Buffered(Bytes),
-    /// Streamed from the client, once: its `Content-Length` (kept among the headers),
-    /// or none (sent chunked).
+    /// Streamed from the client, once: its length, or none (sent chunked).
     Streamed(Option<u64>),
 }
 
 impl Outgoing {
-    /// Serialises a request in origin form; `headers` are sent as they are except
-    /// `Content-Length` for a buffered body (written from the body) and `Host` when
-    /// absent (each target's own).
+    /// A request whose `head` holds its request line and the fields to forward (each
+    /// `name: value` and a line end) but neither `Content-Length` nor
+    /// `Transfer-Encoding`: those are written here, from `body`.
+    /// `declares_body`: the method defines a body (POST, PUT, PATCH), so an empty one
+    /// is declared with a length of 0.
     pub fn new(
-        method: &Method,
-        uri: &Uri,
-        headers: &HeaderMap,
+        mut head: Vec<u8>,
+        has_host: bool,
+        head_request: bool,
+        declares_body: bool,
         body: OutgoingBody,
         idempotent: bool,
     ) -> Outgoing {
-        let mut head = Vec::with_capacity(256);
-        head.extend_from_slice(method.as_str().as_bytes());
-        head.push(b' ');
-        head.extend_from_slice(
-            uri.path_and_query()
-                .map_or("/", |pq| pq.as_str())
-                .as_bytes(),
-        );
-        head.extend_from_slice(b" HTTP/1.1\r\n");
-        let buffered = matches!(body, OutgoingBody::Buffered(_));
-        for (name, value) in headers {
-            if buffered && name == header::CONTENT_LENGTH {
-                continue;
-            }
-            head.extend_from_slice(name.as_str().as_bytes());
-            head.extend_from_slice(b": ");
-            head.extend_from_slice(value.as_bytes());
-            head.extend_from_slice(b"\r\n");
-        }
         let (body, chunked) = match body {
             OutgoingBody::Buffered(b) => {
-                // Methods that define a body say so even when it is empty.
-                if !b.is_empty() || matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
+                if !b.is_empty() || declares_body {
                     let _ = write!(head, "content-length: {}\r\n", b.len());
                 }
                 (b, false)
             }
-            OutgoingBody::Streamed(Some(_)) => (Bytes::new(), false),
+            OutgoingBody::Streamed(Some(n)) => {
+                let _ = write!(head, "content-length: {n}\r\n");
+                (Bytes::new(), false)
+            }
             OutgoingBody::Streamed(None) => {
                 head.extend_from_slice(b"transfer-encoding: chunked\r\n");
                 (Bytes::new(), true)
@@ -119,13 +106,79 @@ impl Outgoing {
         };
         Outgoing {
             head,
-            needs_host: !headers.contains_key(header::HOST),
-            head_request: *method == Method::HEAD,
+            needs_host: !has_host,
+            head_request,
             idempotent,
             body,
             chunked,
         }
     }
+}
+
+/// Where a kept header field is in the response's read buffer.
+#[derive(Debug, Clone, Copy)]
+struct FieldSpan {
+    start: u32,
+    colon: u32,
+    end: u32,
+}
+
+/// A target's response head as it goes on to the client: the status, the reason, the
+/// end-to-end fields (hop-by-hop ones and those `Connection` names already left out,
+/// `Content-Length` too when `Transfer-Encoding` framed the body), as spans of the
+/// bytes read, and how the body is framed.
+#[derive(Debug)]
+pub struct ResponseHead {
+    /// Status code.
+    pub status: u16,
+    /// How the target framed the body.
+    pub framing: Framing,
+    read: Bytes,
+    reason: Range<usize>,
+    fields: SmallVec<[FieldSpan; 12]>,
+}
+
+impl ResponseHead {
+    /// Appends the status line and the fields, each line with its end (no empty line).
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"HTTP/1.1 ");
+        let code = itoa_status(self.status);
+        out.extend_from_slice(&code);
+        out.push(b' ');
+        out.extend_from_slice(&self.read[self.reason.clone()]);
+        out.extend_from_slice(b"\r\n");
+        for f in &self.fields {
+            out.extend_from_slice(&self.read[f.start as usize..f.end as usize]);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// The value of the first field named `name` (any case), trimmed.
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.fields.iter().find_map(|f| {
+            let n = &self.read[f.start as usize..f.colon as usize];
+            n.eq_ignore_ascii_case(name.as_bytes())
+                .then(|| self.read[f.colon as usize + 1..f.end as usize].trim_ascii())
+        })
+    }
+}
+
+/// Three ASCII digits of a status code (100..=999 by then).
+fn itoa_status(status: u16) -> [u8; 3] {
+    [
+        b'0' + (status / 100 % 10) as u8,
+        b'0' + (status / 10 % 10) as u8,
+        b'0' + (status % 10) as u8,
+    ]
+}
+
+/// A target's response: head, and body to read.
+#[derive(Debug)]
+pub struct UpstreamResponse {
+    /// The head.
+    pub head: ResponseHead,
+    /// The body.
+    pub body: UpstreamResponseBody,
 }
 
 /// One connection to a target, with its buffers.
@@ -155,17 +208,27 @@ impl Conn {
     }
 
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        // Room for a read: most answers fit many times in what is left of the buffer,
-        // whose earlier bytes may still be shared by answers in flight.
-        if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_ROOM {
-            self.rbuf.reserve(READ_RESERVE);
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.tcp), cx, &mut self.rbuf)
+        poll_read_more(&mut self.tcp, &mut self.rbuf, cx)
     }
 
     async fn read(&mut self) -> io::Result<usize> {
         std::future::poll_fn(|cx| self.poll_read(cx)).await
     }
+}
+
+/// Reads what the socket has into `buf` (0: closed). A short read tells tokio the socket
+/// is drained, so the next read waits for epoll without a system call.
+pub(crate) fn poll_read_more(
+    tcp: &mut TcpStream,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    // Room for a read: most messages fit many times in what is left of the buffer,
+    // whose earlier bytes may still be shared by messages in flight.
+    if buf.capacity() - buf.len() < MIN_READ_ROOM {
+        buf.reserve(READ_RESERVE);
+    }
+    tokio_util::io::poll_read_buf(Pin::new(tcp), cx, buf)
 }
 
 #[derive(Debug)]
@@ -274,11 +337,11 @@ impl ConnPool {
     pub async fn send(
         self: &Arc<Self>,
         req: &Outgoing,
-        host: &HeaderValue,
-        mut streamed: Option<Incoming>,
+        host: &[u8],
+        mut streamed: Option<&mut BodyReader<'_>>,
         connect_timeout: Duration,
         max_idle: Duration,
-    ) -> Result<Response<UpstreamResponseBody>, Failure> {
+    ) -> Result<UpstreamResponse, Failure> {
         loop {
             let (mut conn, reused) = match self.checkout(max_idle) {
                 Some(c) => (c, true),
@@ -301,14 +364,14 @@ impl ConnPool {
         &self,
         conn: &mut Conn,
         req: &Outgoing,
-        host: &HeaderValue,
-        streamed: Option<Incoming>,
+        host: &[u8],
+        streamed: Option<&mut BodyReader<'_>>,
     ) -> Result<Head, ExchangeError> {
         conn.wbuf.clear();
         conn.wbuf.extend_from_slice(&req.head);
         if req.needs_host {
             conn.wbuf.extend_from_slice(b"host: ");
-            conn.wbuf.extend_from_slice(host.as_bytes());
+            conn.wbuf.extend_from_slice(host);
             conn.wbuf.extend_from_slice(b"\r\n");
         }
         conn.wbuf.extend_from_slice(b"\r\n");
@@ -334,32 +397,39 @@ impl ConnPool {
                 // Parsed from a frozen view of what was read, so that header values are
                 // slices of it (shared, not copied).
                 let read = conn.rbuf.split().freeze();
-                let mut headers = HeaderMap::new();
-                let mut bad_field = false;
-                // Fields naming this connection (hop-by-hop) are not kept: the proxy
-                // would only remove them again.
-                let mut named: Vec<HeaderName> = Vec::new();
+                let base = read.as_ptr() as usize;
+                let mut fields: SmallVec<[FieldSpan; 12]> = SmallVec::new();
+                // Fields naming this connection (hop-by-hop) are not kept: they
+                // describe this connection only.
+                let mut named: SmallVec<[&[u8]; 2]> = SmallVec::new();
                 let parsed = http1::parse_response(&read, req.head_request, |name, value| {
-                    let Ok(n) = HeaderName::from_bytes(name.as_bytes()) else {
-                        bad_field = true;
-                        return;
-                    };
-                    if let Some(i) = hop_by_hop_index(&n) {
+                    if let Some(i) = hop_by_hop(name.as_bytes()) {
                         if i == 0 {
                             named.extend(connection_options(value));
                         }
                         return;
                     }
-                    match HeaderValue::from_maybe_shared(read.slice_ref(value)) {
-                        Ok(v) => {
-                            headers.append(n, v);
-                        }
-                        Err(_) => bad_field = true,
-                    }
+                    let start = name.as_ptr() as usize - base;
+                    let colon = start + name.len();
+                    let end = if value.is_empty() {
+                        colon + 1
+                    } else {
+                        value.as_ptr() as usize - base + value.len()
+                    };
+                    // Within MAX_RESPONSE_HEAD (64 KiB) of the start: fits in u32.
+                    fields.push(FieldSpan {
+                        start: start as u32,
+                        colon: colon as u32,
+                        end: end as u32,
+                    });
                 });
-                for n in named {
-                    headers.remove(n);
+                if !named.is_empty() {
+                    fields.retain(|f| {
+                        let n = &read[f.start as usize..f.colon as usize];
+                        !named.iter().any(|m| m.eq_ignore_ascii_case(n))
+                    });
                 }
+                drop(named);
                 match parsed {
                     Ok(Some(h)) if h.status == 101 => {
                         tracing::debug!(target_addr = %self.addr, "101 Switching Protocols to a request without Upgrade");
@@ -369,11 +439,7 @@ impl ConnPool {
                         conn.rbuf = unfreeze(read.slice(h.len..));
                         continue;
                     }
-                    Ok(Some(_)) if bad_field => {
-                        tracing::debug!(target_addr = %self.addr, "invalid header field in the response");
-                        return Err(ExchangeError::Failed(Failure::Garbage));
-                    }
-                    Ok(Some(h)) => return Ok(Head { h, headers, read }),
+                    Ok(Some(h)) => return Ok(Head { h, fields, read }),
                     Ok(None) if read.len() >= MAX_RESPONSE_HEAD => {
                         tracing::debug!(target_addr = %self.addr, "response head over {MAX_RESPONSE_HEAD} bytes");
                         return Err(ExchangeError::Failed(Failure::Garbage));
@@ -404,19 +470,15 @@ impl ConnPool {
     async fn stream_body(
         &self,
         conn: &mut Conn,
-        mut body: Incoming,
+        body: &mut BodyReader<'_>,
         chunked: bool,
     ) -> Result<(), ExchangeError> {
-        use http_body_util::BodyExt;
         let failed = |what: &str, e: &dyn std::fmt::Display| {
             tracing::debug!(target_addr = %self.addr, "{what}: {e}");
             ExchangeError::Failed(Failure::Reset)
         };
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| failed("the client's request body broke", &e))?;
-            let Ok(data) = frame.into_data() else {
-                continue; // trailers are not forwarded
-            };
+        while let Some(data) = body.next_data().await {
+            let data = data.map_err(|e| failed("the client's request body broke", &e))?;
             if data.is_empty() {
                 continue;
             }
@@ -448,14 +510,9 @@ impl ConnPool {
         self: &Arc<Self>,
         mut conn: Box<Conn>,
         head: Head,
-    ) -> Result<Response<UpstreamResponseBody>, Failure> {
-        let Head { h, headers, read } = head;
-        let status = StatusCode::from_u16(h.status).map_err(|_| {
-            tracing::debug!(target_addr = %self.addr, status = h.status, "bad status code");
-            Failure::Garbage
-        })?;
+    ) -> Result<UpstreamResponse, Failure> {
+        let Head { h, fields, read } = head;
         let after = read.slice(h.len..);
-        drop(read);
         let state = match h.framing {
             Framing::Length(n) if after.len() as u64 >= n => {
                 let n = n as usize;
@@ -484,21 +541,27 @@ impl ConnPool {
         } else {
             Some((self.clone(), conn))
         };
-        let mut r = Response::new(UpstreamResponseBody {
-            state,
-            conn,
-            keep_alive: h.keep_alive,
-        });
-        *r.status_mut() = status;
-        *r.headers_mut() = headers;
-        Ok(r)
+        Ok(UpstreamResponse {
+            head: ResponseHead {
+                status: h.status,
+                framing: h.framing,
+                read: read.slice(..h.len),
+                reason: h.reason,
+                fields,
+            },
+            body: UpstreamResponseBody {
+                state,
+                conn,
+                keep_alive: h.keep_alive,
+            },
+        })
     }
 }
 
 /// A final response head: its framing, its fields, and everything read with it.
 struct Head {
     h: http1::ResponseHead,
-    headers: HeaderMap,
+    fields: SmallVec<[FieldSpan; 12]>,
     /// The bytes read so far, head first (what follows it is body).
     read: Bytes,
 }
@@ -536,6 +599,15 @@ pub struct UpstreamResponseBody {
 }
 
 impl UpstreamResponseBody {
+    /// The whole body, when it is already in memory (its connection already back in
+    /// the pool); `None` when it still has to be read from the target.
+    pub fn ready_now(&mut self) -> Option<Bytes> {
+        match &mut self.state {
+            BodyState::Ready(b) => Some(b.take().unwrap_or_default()),
+            _ => None,
+        }
+    }
+
     /// The body ended cleanly: give the connection back.
     fn finish(&mut self) {
         self.state = BodyState::Ready(None);
@@ -661,11 +733,13 @@ mod tests {
         .into_bytes()
     }
 
-    fn get(method: Method) -> Outgoing {
+    /// A bodiless request for `/` with `method`.
+    fn get(method: &str) -> Outgoing {
         Outgoing::new(
-            &method,
-            &Uri::from_static("/"),
-            &HeaderMap::new(),
+            format!("{method} / HTTP/1.1\r\n").into_bytes(),
+            false,
+            method == "HEAD",
+            false,
             OutgoingBody::Buffered(Bytes::new()),
             true,
         )
@@ -676,35 +750,30 @@ mod tests {
     const HELLO: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-a: 1\r\n\r\nhello";
 
     /// A GET of `/` on `pool`, up to the response head.
-    async fn send_get(pool: &Arc<ConnPool>) -> Result<Response<UpstreamResponseBody>, Failure> {
-        fetch_head(pool, &get(Method::GET)).await
+    async fn send_get(pool: &Arc<ConnPool>) -> Result<UpstreamResponse, Failure> {
+        fetch_head(pool, &get("GET")).await
     }
 
-    async fn fetch_head(
-        pool: &Arc<ConnPool>,
-        req: &Outgoing,
-    ) -> Result<Response<UpstreamResponseBody>, Failure> {
-        let host = HeaderValue::from_static("t");
-        pool.send(req, &host, None, SECOND, MINUTE).await
+    async fn fetch_head(pool: &Arc<ConnPool>, req: &Outgoing) -> Result<UpstreamResponse, Failure> {
+        pool.send(req, b"t", None, SECOND, MINUTE).await
     }
 
     /// Status and whole body of `req` sent on `pool`.
     async fn fetch(pool: &Arc<ConnPool>, req: &Outgoing) -> Result<(u16, Vec<u8>), Failure> {
         let resp = fetch_head(pool, req).await?;
-        let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let status = resp.head.status;
+        let body = resp.body.collect().await.unwrap().to_bytes();
         Ok((status, body.to_vec()))
     }
 
     #[test]
-    fn the_request_is_serialised_once_with_its_length_and_without_the_clients() {
-        let mut h = HeaderMap::new();
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
-        h.insert("x-b", HeaderValue::from_static("2"));
+    fn the_request_is_serialised_once_with_its_length() {
+        let line = || b"POST /p?q=1 HTTP/1.1\r\nx-b: 2\r\n".to_vec();
         let o = Outgoing::new(
-            &Method::POST,
-            &Uri::from_static("/p?q=1"),
-            &h,
+            line(),
+            false,
+            false,
+            true,
             OutgoingBody::Buffered(Bytes::from_static(b"abc")),
             false,
         );
@@ -714,15 +783,37 @@ mod tests {
         );
         assert!(o.needs_host && !o.idempotent && !o.chunked);
         let o = Outgoing::new(
-            &Method::POST,
-            &Uri::from_static("/"),
-            &HeaderMap::new(),
+            line(),
+            true,
+            false,
+            true,
+            OutgoingBody::Buffered(Bytes::new()),
+            false,
+        );
+        assert!(
+            String::from_utf8_lossy(&o.head).ends_with("content-length: 0\r\n"),
+            "an empty POST says so"
+        );
+        let o = Outgoing::new(
+            line(),
+            true,
+            false,
+            true,
             OutgoingBody::Streamed(None),
             false,
         );
-        assert!(o.chunked);
+        assert!(o.chunked && !o.needs_host);
         assert!(String::from_utf8_lossy(&o.head).ends_with("transfer-encoding: chunked\r\n"));
-        let o = get(Method::GET);
+        let o = Outgoing::new(
+            line(),
+            true,
+            false,
+            true,
+            OutgoingBody::Streamed(Some(7)),
+            false,
+        );
+        assert!(String::from_utf8_lossy(&o.head).ends_with("content-length: 7\r\n"));
+        let o = get("GET");
         assert_eq!(
             String::from_utf8_lossy(&o.head),
             "GET / HTTP/1.1\r\n",
@@ -731,18 +822,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_head_goes_on_without_hop_by_hop_fields_and_with_its_reason() {
+        let answer = b"HTTP/1.1 201 Made It\r\nConnection: keep-alive, X-Hop\r\nx-hop: 1\r\nKeep-Alive: timeout=5\r\nx-a:  spaced  \r\nx-empty:\r\ncontent-length: 2\r\n\r\nok";
+        let (addr, _) = serve(answer.to_vec(), usize::MAX).await;
+        let resp = send_get(&ConnPool::new(&addr)).await.unwrap();
+        let mut out = Vec::new();
+        resp.head.write_to(&mut out);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "HTTP/1.1 201 Made It\r\nx-a:  spaced\r\nx-empty:\r\ncontent-length: 2\r\n"
+        );
+        assert_eq!(resp.head.get("X-A"), Some(&b"spaced"[..]));
+        assert_eq!(resp.head.framing, Framing::Length(2));
+    }
+
+    #[tokio::test]
     async fn a_connection_is_reused_and_a_whole_small_body_is_handed_over_at_once() {
         let (addr, accepted) = serve(HELLO.to_vec(), usize::MAX).await;
         let pool = ConnPool::new(&addr);
         for _ in 0..20 {
             let resp = send_get(&pool).await.unwrap();
-            assert_eq!(resp.headers()["x-a"], "1");
+            assert_eq!(resp.head.get("x-a"), Some(&b"1"[..]));
             assert_eq!(
                 pool.idle_count(),
                 1,
                 "back in the pool before the body is read"
             );
-            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            let body = resp.body.collect().await.unwrap().to_bytes();
             assert_eq!(&body[..], b"hello");
         }
         assert_eq!(
@@ -762,7 +868,7 @@ mod tests {
         let (addr, accepted) = serve(chunked.into_bytes(), usize::MAX).await;
         let pool = ConnPool::new(&addr);
         for _ in 0..3 {
-            let (status, body) = fetch(&pool, &get(Method::GET)).await.unwrap();
+            let (status, body) = fetch(&pool, &get("GET")).await.unwrap();
             assert_eq!(status, 200);
             assert_eq!(body.len(), big.len() + 3);
             assert!(body.ends_with(b"xabc"));
@@ -773,7 +879,7 @@ mod tests {
         let (addr, accepted) = serve(with_length(&big), usize::MAX).await;
         let pool = ConnPool::new(&addr);
         for _ in 0..3 {
-            let (_, body) = fetch(&pool, &get(Method::GET)).await.unwrap();
+            let (_, body) = fetch(&pool, &get("GET")).await.unwrap();
             assert_eq!(body.len(), big.len());
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
@@ -784,7 +890,7 @@ mod tests {
         let (addr, accepted) = serve(b"HTTP/1.1 200 OK\r\n\r\nuntil close".to_vec(), 1).await;
         let pool = ConnPool::new(&addr);
         for _ in 0..2 {
-            let (_, body) = fetch(&pool, &get(Method::GET)).await.unwrap();
+            let (_, body) = fetch(&pool, &get("GET")).await.unwrap();
             assert_eq!(body, b"until close");
             assert_eq!(pool.idle_count(), 0);
         }
@@ -797,7 +903,7 @@ mod tests {
         let (addr, _) = serve(answer.to_vec(), usize::MAX).await;
         let pool = ConnPool::new(&addr);
         assert_eq!(
-            fetch(&pool, &get(Method::GET)).await.unwrap(),
+            fetch(&pool, &get("GET")).await.unwrap(),
             (200, b"hello".to_vec())
         );
         let (addr, accepted) = serve(
@@ -807,10 +913,7 @@ mod tests {
         .await;
         let pool = ConnPool::new(&addr);
         for _ in 0..2 {
-            assert_eq!(
-                fetch(&pool, &get(Method::HEAD)).await.unwrap(),
-                (200, vec![])
-            );
+            assert_eq!(fetch(&pool, &get("HEAD")).await.unwrap(), (200, vec![]));
         }
         assert_eq!(
             accepted.load(Ordering::SeqCst),
@@ -825,7 +928,7 @@ mod tests {
         let (addr, accepted) = serve(HELLO.to_vec(), 1).await;
         let pool = ConnPool::new(&addr);
         for _ in 0..5 {
-            assert_eq!(fetch(&pool, &get(Method::GET)).await.unwrap().1, b"hello");
+            assert_eq!(fetch(&pool, &get("GET")).await.unwrap().1, b"hello");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 5);
     }
@@ -842,7 +945,7 @@ mod tests {
             0,
             "a body not read to the end is not pooled"
         );
-        let (_, body) = fetch(&pool, &get(Method::GET)).await.unwrap();
+        let (_, body) = fetch(&pool, &get("GET")).await.unwrap();
         assert_eq!(body.len(), big.len());
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
         pool.evict_idle(MINUTE);
@@ -855,7 +958,7 @@ mod tests {
     async fn garbage_truncation_and_refusal_are_classified() {
         let (addr, _) = serve(b"SSH-2.0-OpenSSH\r\n\r\n".to_vec(), usize::MAX).await;
         assert_eq!(
-            fetch(&ConnPool::new(&addr), &get(Method::GET)).await,
+            fetch(&ConnPool::new(&addr), &get("GET")).await,
             Err(Failure::Garbage)
         );
         let (addr, _) = serve(
@@ -864,18 +967,18 @@ mod tests {
         )
         .await;
         assert_eq!(
-            fetch(&ConnPool::new(&addr), &get(Method::GET)).await,
+            fetch(&ConnPool::new(&addr), &get("GET")).await,
             Err(Failure::Garbage)
         );
         let (addr, _) = serve(b"HTTP/1.1 200 OK\r\ncontent-le".to_vec(), 1).await;
         assert_eq!(
-            fetch(&ConnPool::new(&addr), &get(Method::GET)).await,
+            fetch(&ConnPool::new(&addr), &get("GET")).await,
             Err(Failure::Reset)
         );
         // Nothing at all in answer on a new connection: reset, not retried.
         let (addr, accepted) = serve(Vec::new(), 1).await;
         assert_eq!(
-            fetch(&ConnPool::new(&addr), &get(Method::GET)).await,
+            fetch(&ConnPool::new(&addr), &get("GET")).await,
             Err(Failure::Reset)
         );
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
@@ -884,7 +987,7 @@ mod tests {
             l.local_addr().unwrap().port()
         };
         let pool = ConnPool::new(&format!("127.0.0.1:{port}"));
-        assert_eq!(fetch(&pool, &get(Method::GET)).await, Err(Failure::Connect));
+        assert_eq!(fetch(&pool, &get("GET")).await, Err(Failure::Connect));
     }
 
     #[tokio::test]
@@ -893,11 +996,12 @@ mod tests {
         let (addr, _) = serve(smuggle.to_vec(), usize::MAX).await;
         let pool = ConnPool::new(&addr);
         let resp = send_get(&pool).await.unwrap();
-        assert!(
-            !resp.headers().contains_key(header::CONTENT_LENGTH),
+        assert_eq!(
+            resp.head.get("content-length"),
+            None,
             "a client must not trust the target's Content-Length here"
         );
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let body = resp.body.collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"0123456789");
         assert_eq!(
             pool.idle_count(),
@@ -915,7 +1019,7 @@ mod tests {
         .await;
         let pool = ConnPool::new(&addr);
         let resp = send_get(&pool).await.unwrap();
-        assert!(resp.into_body().collect().await.is_err());
+        assert!(resp.body.collect().await.is_err());
         assert_eq!(pool.idle_count(), 0);
     }
 }

@@ -1,0 +1,715 @@
+//! The client side: a lean HTTP/1.1 server. Each client connection is one task that
+//! reads a request head, turns it into the bytes every attempt sends, hands it to the
+//! proxy, and writes the answer back; then the next request on the same connection.
+//!
+//! Why not hyper's server: a proxy forwards header fields, it does not look at them.
+//! hyper builds an `http::HeaderMap` of every request (a hashed, allocated entry per
+//! field) that the proxy then serialised again for the target, and encoded a second
+//! `HeaderMap` for every response: a third of vigil's instructions per request
+//! (`python3 bench/lb/instructions.py`). Here the head is parsed once by `httparse`
+//! (framing rules in [`vigil_core::http1`]), end-to-end field lines are copied as they
+//! came, hop-by-hop ones are left out, and the forwarding fields are appended; the
+//! target's answer goes back the same way ([`ResponseHead::write_to`]).
+//!
+//! What a client gets from this side itself: 400 for a malformed request (or an
+//! ambiguous body length: `Transfer-Encoding` not ending in chunked, or sent with
+//! `Content-Length`), 431 for a head over `limits.max_header_bytes` or over 100 fields,
+//! 408 when a started head or a buffered body does not arrive within
+//! `timeouts.client_header` (an idle keep-alive connection is closed silently after the
+//! same time), 405 for `CONNECT`, 404 when no route matches. After any of these, and
+//! after a request whose body was not read to its end, the connection is closed.
+//!
+//! Not done here: HTTP/2, upgrades (`Upgrade` is hop-by-hop and removed), forwarding
+//! request trailers, and a write timeout towards a client that stops reading (the
+//! kernel's send buffer holds it; the task waits).
+
+use crate::proxy::{Answer, Proxy, VIA, connection_options, hop_by_hop, is_idempotent};
+use crate::upstream::{Outgoing, OutgoingBody, ResponseHead, UpstreamResponse, poll_read_more};
+use bytes::{Buf, Bytes, BytesMut};
+use http_body_util::BodyExt;
+use smallvec::SmallVec;
+use std::future::Future;
+use std::io::{self, Write as _};
+use std::mem::MaybeUninit;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
+use vigil_core::http1::{
+    self, ChunkedDecoder, Decoded, Framing, MAX_HEADERS, RequestBody, RequestError,
+};
+
+/// Settings of the client side fixed at start.
+#[derive(Clone, Copy, Debug)]
+pub struct FrontSettings {
+    /// Time a client has to send a request head once it started one; also how long an
+    /// idle keep-alive connection is kept.
+    pub header_timeout: Duration,
+    /// Largest request head.
+    pub max_header_bytes: usize,
+}
+
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// A client connection's socket and buffers.
+struct ClientConn {
+    tcp: TcpStream,
+    /// Bytes read and not yet used (the next request may already be here: pipelining).
+    rbuf: BytesMut,
+    /// The answer being written.
+    wbuf: Vec<u8>,
+}
+
+/// A request head turned into what the proxy needs; owns nothing of the read buffer.
+struct Prepared {
+    /// Bytes of the head in the read buffer.
+    head_len: usize,
+    /// Request line and forwarded fields (no framing fields, no final empty line).
+    out_head: Vec<u8>,
+    has_host: bool,
+    head_request: bool,
+    /// POST, PUT, PATCH: a body is part of the method, so an empty one is declared.
+    declares_body: bool,
+    idempotent: bool,
+    body: RequestBody,
+    keep_alive: bool,
+    http10: bool,
+    expect_continue: bool,
+    /// The matching route's pool, or none (404).
+    pool: Option<Arc<crate::balancer::PoolRt>>,
+}
+
+/// What the head read ended with.
+enum HeadRead {
+    Ready(Prepared),
+    /// The client closed, went idle too long, or the balancer is draining.
+    Closed,
+    /// Refused: status and message; the connection closes after the answer.
+    Refused(u16, String),
+}
+
+/// Serves one client connection until it closes, fails, or `shutdown` is cancelled
+/// between two requests.
+pub async fn serve_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    proxy: Arc<Proxy>,
+    settings: FrontSettings,
+    shutdown: CancellationToken,
+) {
+    let client_ip = peer.ip().to_string();
+    let mut c = ClientConn {
+        tcp,
+        rbuf: BytesMut::with_capacity(8 * 1024),
+        wbuf: Vec::with_capacity(1024),
+    };
+    // One timer for the connection's life, re-armed for each head.
+    let mut timer = Box::pin(tokio::time::sleep(settings.header_timeout));
+    loop {
+        let req = match c
+            .read_head(&settings, &proxy, &client_ip, timer.as_mut(), &shutdown)
+            .await
+        {
+            HeadRead::Ready(req) => req,
+            HeadRead::Closed => return,
+            HeadRead::Refused(code, msg) => {
+                proxy.count_local("none", code);
+                tracing::debug!(%peer, code, "request refused: {msg}");
+                let _ = c.write_local(code, &msg, false, false).await;
+                return;
+            }
+        };
+        c.rbuf.advance(req.head_len);
+        match c.exchange(req, &proxy, &shutdown).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                tracing::debug!(%peer, "client connection ended: {e}");
+                return;
+            }
+        }
+    }
+}
+
+impl ClientConn {
+    /// Reads until a complete request head is in the buffer and prepares it.
+    async fn read_head(
+        &mut self,
+        settings: &FrontSettings,
+        proxy: &Proxy,
+        client_ip: &str,
+        mut timer: Pin<&mut Sleep>,
+        shutdown: &CancellationToken,
+    ) -> HeadRead {
+        let mut armed = false;
+        loop {
+            if !self.rbuf.is_empty() {
+                let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+                match http1::parse_request(&self.rbuf, &mut fields) {
+                    Ok(Some((head, fields))) if head.len > settings.max_header_bytes => {
+                        let _ = fields;
+                        return too_large(settings);
+                    }
+                    Ok(Some((head, fields))) => {
+                        return match prepare(&head, fields, &self.rbuf, proxy, client_ip) {
+                            Ok(p) => HeadRead::Ready(p),
+                            Err((code, msg)) => HeadRead::Refused(code, msg),
+                        };
+                    }
+                    Ok(None) if self.rbuf.len() >= settings.max_header_bytes => {
+                        return too_large(settings);
+                    }
+                    Ok(None) => {}
+                    Err(RequestError::TooManyHeaders) => {
+                        return HeadRead::Refused(
+                            431,
+                            format!("more than {MAX_HEADERS} header fields"),
+                        );
+                    }
+                    Err(e) => return HeadRead::Refused(400, e.to_string()),
+                }
+            } else if shutdown.is_cancelled() {
+                return HeadRead::Closed;
+            }
+            // More bytes: now, or within the header timeout (the timer is armed only
+            // when the socket has nothing, which is also when the client is idle).
+            let idle = self.rbuf.is_empty();
+            let cancelled = shutdown.cancelled();
+            tokio::pin!(cancelled);
+            let read = std::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = poll_read_more(&mut self.tcp, &mut self.rbuf, cx) {
+                    return Poll::Ready(Some(r));
+                }
+                if !armed {
+                    timer
+                        .as_mut()
+                        .reset(Instant::now() + settings.header_timeout);
+                    armed = true;
+                }
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                if idle && cancelled.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Some(Ok(0)));
+                }
+                Poll::Pending
+            })
+            .await;
+            match read {
+                Some(Ok(0)) | Some(Err(_)) => return HeadRead::Closed,
+                Some(Ok(_)) => {}
+                // A started head that did not arrive in time: slowloris, or a client
+                // gone quiet mid-request. An idle connection just closes.
+                None if self.rbuf.is_empty() => return HeadRead::Closed,
+                None => {
+                    return HeadRead::Refused(
+                        408,
+                        "the request head did not arrive in time".into(),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Reads or streams the body, forwards, and writes the answer. `Ok(true)`: the
+    /// connection can take another request.
+    async fn exchange(
+        &mut self,
+        req: Prepared,
+        proxy: &Proxy,
+        shutdown: &CancellationToken,
+    ) -> io::Result<bool> {
+        let table = proxy.table.load_full();
+        let has_body = req.body != RequestBody::None;
+        let Some(pool) = req.pool else {
+            proxy.count_local("none", 404);
+            // An unread body would be taken for the next request: close instead.
+            let keep = req.keep_alive && !has_body && !shutdown.is_cancelled();
+            self.write_local(
+                404,
+                "no route for this host and path",
+                keep,
+                req.head_request,
+            )
+            .await?;
+            return Ok(keep);
+        };
+        let whole = match req.body {
+            RequestBody::None => Some(Bytes::new()),
+            RequestBody::Length(n) if n <= table.max_retry_body_bytes as u64 => {
+                match self
+                    .read_body(n as usize, req.expect_continue, table.client_body_timeout)
+                    .await
+                {
+                    Ok(b) => Some(b),
+                    Err((code, msg)) => {
+                        proxy.count_local(&pool.name, code);
+                        self.write_local(code, msg, false, req.head_request).await?;
+                        return Ok(false);
+                    }
+                }
+            }
+            _ => None,
+        };
+        let (answer, body_done) = match whole {
+            Some(body) => {
+                let out = Outgoing::new(
+                    req.out_head,
+                    req.has_host,
+                    req.head_request,
+                    req.declares_body,
+                    OutgoingBody::Buffered(body),
+                    req.idempotent,
+                );
+                (
+                    proxy
+                        .forward(&table, &pool, out, req.idempotent, None)
+                        .await,
+                    true,
+                )
+            }
+            None => {
+                let length = match req.body {
+                    RequestBody::Length(n) => Some(n),
+                    _ => None,
+                };
+                let out = Outgoing::new(
+                    req.out_head,
+                    req.has_host,
+                    req.head_request,
+                    req.declares_body,
+                    OutgoingBody::Streamed(length),
+                    req.idempotent,
+                );
+                let mut reader = BodyReader {
+                    tcp: &mut self.tcp,
+                    rbuf: &mut self.rbuf,
+                    state: match length {
+                        Some(n) => Remaining::Length(n),
+                        None => Remaining::Chunked(ChunkedDecoder::new()),
+                    },
+                    continue_due: req.expect_continue,
+                    idle_timeout: table.client_body_timeout,
+                };
+                let answer = proxy
+                    .forward(&table, &pool, out, req.idempotent, Some(&mut reader))
+                    .await;
+                let done = reader.is_done();
+                (answer, done)
+            }
+        };
+        let keep = req.keep_alive && body_done && !shutdown.is_cancelled();
+        match answer {
+            Answer::Local(code, msg) => {
+                self.write_local(code, &msg, keep, req.head_request).await?;
+                Ok(keep)
+            }
+            Answer::Target(resp) => self.write_response(resp, keep, req.http10).await,
+        }
+    }
+
+    /// Reads a body of `n` bytes whole, within `timeout`.
+    async fn read_body(
+        &mut self,
+        n: usize,
+        expect_continue: bool,
+        timeout: Duration,
+    ) -> Result<Bytes, (u16, &'static str)> {
+        if self.rbuf.len() < n {
+            if expect_continue && self.rbuf.is_empty() {
+                self.tcp
+                    .write_all(CONTINUE)
+                    .await
+                    .map_err(|_| (400, "incomplete request body"))?;
+            }
+            let deadline = Instant::now() + timeout;
+            while self.rbuf.len() < n {
+                let more =
+                    std::future::poll_fn(|cx| poll_read_more(&mut self.tcp, &mut self.rbuf, cx));
+                match tokio::time::timeout_at(deadline, more).await {
+                    Ok(Ok(0)) | Ok(Err(_)) => return Err((400, "incomplete request body")),
+                    Ok(Ok(_)) => {}
+                    Err(_) => return Err((408, "request body too slow")),
+                }
+            }
+        }
+        Ok(self.rbuf.split_to(n).freeze())
+    }
+
+    /// Writes one of vigil's own answers.
+    async fn write_local(
+        &mut self,
+        code: u16,
+        msg: &str,
+        keep: bool,
+        head_request: bool,
+    ) -> io::Result<()> {
+        self.wbuf.clear();
+        let reason = http::StatusCode::from_u16(code)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("");
+        let _ = write!(
+            self.wbuf,
+            "HTTP/1.1 {code} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n\
+             via: {VIA}\r\ncontent-length: {}\r\n",
+            msg.len() + 1
+        );
+        if code == 503 {
+            self.wbuf.extend_from_slice(b"retry-after: 1\r\n");
+        }
+        if !keep {
+            self.wbuf.extend_from_slice(b"connection: close\r\n");
+        }
+        self.wbuf.extend_from_slice(b"\r\n");
+        if !head_request {
+            self.wbuf.extend_from_slice(msg.as_bytes());
+            self.wbuf.push(b'\n');
+        }
+        self.tcp.write_all(&self.wbuf).await
+    }
+
+    /// Writes a target's answer; `Ok(true)` when the connection can go on.
+    async fn write_response(
+        &mut self,
+        resp: UpstreamResponse,
+        mut keep: bool,
+        http10: bool,
+    ) -> io::Result<bool> {
+        let UpstreamResponse { head, mut body } = resp;
+        // A body without a length: chunked to an HTTP/1.1 client, until close to 1.0.
+        let rechunk = matches!(head.framing, Framing::Chunked | Framing::UntilClose);
+        if rechunk && http10 {
+            keep = false;
+        }
+        self.write_head(&head, keep, rechunk && !http10, http10);
+        let rechunk = rechunk && !http10;
+        if let Some(whole) = body.ready_now() {
+            // The usual small answer: head and body in one write.
+            put_data(&mut self.wbuf, &whole, rechunk);
+            if rechunk {
+                self.wbuf.extend_from_slice(b"0\r\n\r\n");
+            }
+            self.tcp.write_all(&self.wbuf).await?;
+            return Ok(keep);
+        }
+        drop(head);
+        self.tcp.write_all(&self.wbuf).await?;
+        loop {
+            match body.frame().await {
+                None => break,
+                Some(Ok(frame)) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    self.wbuf.clear();
+                    put_data(&mut self.wbuf, &data, rechunk);
+                    self.tcp.write_all(&self.wbuf).await?;
+                }
+                Some(Err(e)) => {
+                    // Cut short: the client must see a truncated answer, not a whole one
+                    // (no last chunk, and the connection closes).
+                    tracing::debug!("target response body broke: {e}");
+                    return Ok(false);
+                }
+            }
+        }
+        if rechunk {
+            self.tcp.write_all(b"0\r\n\r\n").await?;
+        }
+        Ok(keep)
+    }
+
+    fn write_head(&mut self, head: &ResponseHead, keep: bool, chunked: bool, http10: bool) {
+        self.wbuf.clear();
+        head.write_to(&mut self.wbuf);
+        // A second `Via` line says the same as one combined value (RFC 9110 5.3).
+        self.wbuf.extend_from_slice(b"via: ");
+        self.wbuf.extend_from_slice(VIA.as_bytes());
+        self.wbuf.extend_from_slice(b"\r\n");
+        if chunked {
+            self.wbuf
+                .extend_from_slice(b"transfer-encoding: chunked\r\n");
+        }
+        if !keep {
+            self.wbuf.extend_from_slice(b"connection: close\r\n");
+        } else if http10 {
+            self.wbuf.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+        self.wbuf.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Appends body bytes, as a chunk when `chunked`.
+fn put_data(out: &mut Vec<u8>, data: &[u8], chunked: bool) {
+    if data.is_empty() {
+        return;
+    }
+    if chunked {
+        let _ = write!(out, "{:x}\r\n", data.len());
+    }
+    out.extend_from_slice(data);
+    if chunked {
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+fn too_large(settings: &FrontSettings) -> HeadRead {
+    HeadRead::Refused(
+        431,
+        format!(
+            "request head over {} bytes (limits.max_header_bytes)",
+            settings.max_header_bytes
+        ),
+    )
+}
+
+/// Splits a request target into the authority it names (absolute form) and its origin
+/// form (`/path?query`, possibly without the leading `/`, or `*`).
+fn split_target(target: &str) -> Option<(Option<&str>, &str)> {
+    if target.starts_with('/') || target == "*" {
+        return Some((None, target));
+    }
+    let scheme_end = target.find("://")?;
+    let scheme = &target[..scheme_end];
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return None;
+    }
+    let rest = &target[scheme_end + 3..];
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, pq) = rest.split_at(end);
+    (!authority.is_empty()).then_some((Some(authority), pq))
+}
+
+/// Turns a parsed head into the request the targets get, and finds its route.
+fn prepare(
+    head: &http1::RequestHead<'_>,
+    fields: &[httparse::Header<'_>],
+    buf: &[u8],
+    proxy: &Proxy,
+    client_ip: &str,
+) -> Result<Prepared, (u16, String)> {
+    if head.method == "CONNECT" {
+        return Err((405, "CONNECT is not supported".into()));
+    }
+    let Some((authority, pq)) = split_target(head.target) else {
+        return Err((400, format!("bad request target {:?}", head.target)));
+    };
+    let path = pq.split('?').next().unwrap_or_default();
+    let path = if path.is_empty() { "/" } else { path };
+    let host_field = head
+        .host
+        .clone()
+        .and_then(|r| std::str::from_utf8(&buf[r]).ok());
+    // The absolute form's authority is the request's host (RFC 9112 3.2.2).
+    let route_host = authority.or(host_field);
+    let pool = proxy.table.load().route(route_host, path).cloned();
+
+    // Forwarded: the request line in origin form, then every end-to-end field as it
+    // came, then the forwarding fields.
+    let mut out = Vec::with_capacity(head.len + 96);
+    out.extend_from_slice(head.method.as_bytes());
+    out.push(b' ');
+    if !pq.starts_with('/') && pq != "*" {
+        out.push(b'/');
+    }
+    out.extend_from_slice(pq.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+
+    let mut named: SmallVec<[&[u8]; 2]> = SmallVec::new();
+    if let Some(c) = fields
+        .iter()
+        .find(|f| f.name.eq_ignore_ascii_case("connection"))
+    {
+        named.extend(connection_options(c.value));
+        for more in fields
+            .iter()
+            .filter(|f| f.name.eq_ignore_ascii_case("connection"))
+            .skip(1)
+        {
+            named.extend(connection_options(more.value));
+        }
+    }
+    let mut forwarded_for: SmallVec<[&[u8]; 2]> = SmallVec::new();
+    for f in fields {
+        let name = f.name.as_bytes();
+        if hop_by_hop(name).is_some() || named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            continue;
+        }
+        match name.len() {
+            // Framing is written from the body as sent; 100-continue is answered here.
+            14 if name.eq_ignore_ascii_case(b"content-length") => continue,
+            6 if name.eq_ignore_ascii_case(b"expect") => continue,
+            17 if name.eq_ignore_ascii_case(b"x-forwarded-proto") => continue,
+            15 if name.eq_ignore_ascii_case(b"x-forwarded-for") => {
+                forwarded_for.push(f.value);
+                continue;
+            }
+            _ => {}
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(f.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    let mut has_host = head.host.is_some();
+    if !has_host && let Some(a) = authority {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(a.as_bytes());
+        out.extend_from_slice(b"\r\n");
+        has_host = true;
+    }
+    out.extend_from_slice(b"x-forwarded-for: ");
+    for v in forwarded_for.iter().filter(|v| !v.is_empty()) {
+        out.extend_from_slice(v);
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(client_ip.as_bytes());
+    out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\nvia: ");
+    out.extend_from_slice(VIA.as_bytes());
+    out.extend_from_slice(b"\r\n");
+
+    Ok(Prepared {
+        head_len: head.len,
+        out_head: out,
+        has_host,
+        head_request: head.method == "HEAD",
+        declares_body: matches!(head.method, "POST" | "PUT" | "PATCH"),
+        idempotent: is_idempotent(head.method),
+        body: head.body,
+        keep_alive: head.keep_alive,
+        http10: head.http10,
+        expect_continue: head.expect_continue,
+        pool,
+    })
+}
+
+/// What is left of a streamed request body.
+#[derive(Debug)]
+enum Remaining {
+    Length(u64),
+    Chunked(ChunkedDecoder),
+    Done,
+}
+
+/// A client's request body, read as the target connection sends it on (too large to
+/// buffer, or of unknown length). Borrowed from the client connection for one request.
+pub struct BodyReader<'c> {
+    tcp: &'c mut TcpStream,
+    rbuf: &'c mut BytesMut,
+    state: Remaining,
+    /// `100 Continue` is owed to the client before reading.
+    continue_due: bool,
+    /// Longest wait for more of the body.
+    idle_timeout: Duration,
+}
+
+impl BodyReader<'_> {
+    /// The next piece of the body (decoded from chunks), or `None` at its end.
+    pub async fn next_data(&mut self) -> Option<io::Result<Bytes>> {
+        loop {
+            match &mut self.state {
+                Remaining::Done => return None,
+                Remaining::Length(0) => {
+                    self.state = Remaining::Done;
+                    return None;
+                }
+                Remaining::Length(left) if !self.rbuf.is_empty() => {
+                    let n = self
+                        .rbuf
+                        .len()
+                        .min(usize::try_from(*left).unwrap_or(usize::MAX));
+                    *left -= n as u64;
+                    return Some(Ok(self.rbuf.split_to(n).freeze()));
+                }
+                Remaining::Chunked(dec) if !self.rbuf.is_empty() => match dec.decode(self.rbuf) {
+                    Ok((_, Decoded::Data(r))) => {
+                        self.rbuf.advance(r.start);
+                        return Some(Ok(self.rbuf.split_to(r.len()).freeze()));
+                    }
+                    Ok((n, Decoded::NeedMore)) => self.rbuf.advance(n),
+                    Ok((n, Decoded::End)) => {
+                        self.rbuf.advance(n);
+                        self.state = Remaining::Done;
+                        return None;
+                    }
+                    Err(e) => {
+                        return Some(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+                    }
+                },
+                _ => {}
+            }
+            if self.continue_due {
+                self.continue_due = false;
+                if let Err(e) = self.tcp.write_all(CONTINUE).await {
+                    return Some(Err(e));
+                }
+            }
+            let more = std::future::poll_fn(|cx| poll_read_more(self.tcp, self.rbuf, cx));
+            match tokio::time::timeout(self.idle_timeout, more).await {
+                Ok(Ok(0)) => {
+                    return Some(Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the client closed the connection in the request body",
+                    )));
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Some(Err(e)),
+                Err(_) => {
+                    return Some(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client's request body stalled",
+                    )));
+                }
+            }
+        }
+    }
+
+    /// True once the body was read to its end (the next request can follow).
+    pub fn is_done(&self) -> bool {
+        matches!(self.state, Remaining::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_targets_in_origin_absolute_and_asterisk_form() {
+        assert_eq!(split_target("/a?b"), Some((None, "/a?b")));
+        assert_eq!(split_target("*"), Some((None, "*")));
+        assert_eq!(
+            split_target("http://example.com:8080/p?q"),
+            Some((Some("example.com:8080"), "/p?q"))
+        );
+        assert_eq!(split_target("HTTPS://h"), Some((Some("h"), "")));
+        assert_eq!(split_target("http://h?x=1"), Some((Some("h"), "?x=1")));
+        assert_eq!(split_target("example.com:443"), None, "authority form");
+        assert_eq!(split_target("ftp://h/"), None);
+        assert_eq!(split_target("http:///p"), None, "no authority");
+    }
+
+    #[test]
+    fn chunked_output_frames_each_piece() {
+        let mut out = Vec::new();
+        put_data(&mut out, b"hello", true);
+        put_data(&mut out, b"", true);
+        put_data(&mut out, &[b'x'; 26], true);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("5\r\nhello\r\n1a\r\n{}\r\n", "x".repeat(26))
+        );
+        let mut out = Vec::new();
+        put_data(&mut out, b"raw", false);
+        assert_eq!(out, b"raw");
+    }
+}
