@@ -156,7 +156,7 @@ impl ClientConn {
                         return too_large(settings);
                     }
                     Ok(Some((head, fields))) => {
-                        return match prepare(&head, fields, &self.rbuf, proxy, client_ip) {
+                        return match prepare(&head, fields, proxy, client_ip) {
                             Ok(p) => HeadRead::Ready(p),
                             Err((code, msg)) => HeadRead::Refused(code, msg),
                         };
@@ -489,14 +489,31 @@ fn split_target(target: &str) -> Option<(Option<&str>, &str)> {
     (!authority.is_empty()).then_some((Some(authority), pq))
 }
 
-/// Turns a parsed head into the request the targets get, and finds its route.
-fn prepare(
-    head: &http1::RequestHead<'_>,
-    fields: &[httparse::Header<'_>],
-    buf: &[u8],
-    proxy: &Proxy,
+/// A request head rewritten for the targets.
+#[derive(Debug)]
+pub struct Forwarded<'b> {
+    /// Request line in origin form and the forwarded fields (no `Content-Length`,
+    /// `Transfer-Encoding` or final empty line: [`Outgoing::new`] writes those).
+    pub out_head: Vec<u8>,
+    /// A `Host` field is among them.
+    pub has_host: bool,
+    /// The host the request is for: the absolute form's authority, else `Host`.
+    pub host: Option<&'b str>,
+    /// The path, for routing (no query).
+    pub path: &'b str,
+}
+
+/// Rewrites a parsed request head (`fields` as parsed, `client_ip` the peer's address)
+/// into the head its targets get: the request line in origin form, every end-to-end
+/// field line as it came, hop-by-hop fields and those `Connection` names left out,
+/// `Content-Length` and `Expect` left out (the body is framed again as sent and 100
+/// Continue is answered here), `X-Forwarded-For` extended, `X-Forwarded-Proto` and
+/// `Via` set. Errors are the status and message the client gets.
+pub fn forwarded_head<'b>(
+    head: &http1::RequestHead<'b>,
+    fields: &[httparse::Header<'b>],
     client_ip: &str,
-) -> Result<Prepared, (u16, String)> {
+) -> Result<Forwarded<'b>, (u16, String)> {
     if head.method == "CONNECT" {
         return Err((405, "CONNECT is not supported".into()));
     }
@@ -505,16 +522,11 @@ fn prepare(
     };
     let path = pq.split('?').next().unwrap_or_default();
     let path = if path.is_empty() { "/" } else { path };
-    let host_field = head
-        .host
-        .clone()
-        .and_then(|r| std::str::from_utf8(&buf[r]).ok());
-    // The absolute form's authority is the request's host (RFC 9112 3.2.2).
-    let route_host = authority.or(host_field);
-    let pool = proxy.table.load().route(route_host, path).cloned();
+    let host_field = fields
+        .iter()
+        .find(|f| f.name.eq_ignore_ascii_case("host"))
+        .and_then(|f| std::str::from_utf8(f.value).ok());
 
-    // Forwarded: the request line in origin form, then every end-to-end field as it
-    // came, then the forwarding fields.
     let mut out = Vec::with_capacity(head.len + 96);
     out.extend_from_slice(head.method.as_bytes());
     out.push(b' ');
@@ -525,18 +537,11 @@ fn prepare(
     out.extend_from_slice(b" HTTP/1.1\r\n");
 
     let mut named: SmallVec<[&[u8]; 2]> = SmallVec::new();
-    if let Some(c) = fields
+    for c in fields
         .iter()
-        .find(|f| f.name.eq_ignore_ascii_case("connection"))
+        .filter(|f| f.name.eq_ignore_ascii_case("connection"))
     {
         named.extend(connection_options(c.value));
-        for more in fields
-            .iter()
-            .filter(|f| f.name.eq_ignore_ascii_case("connection"))
-            .skip(1)
-        {
-            named.extend(connection_options(more.value));
-        }
     }
     let mut forwarded_for: SmallVec<[&[u8]; 2]> = SmallVec::new();
     for f in fields {
@@ -545,7 +550,6 @@ fn prepare(
             continue;
         }
         match name.len() {
-            // Framing is written from the body as sent; 100-continue is answered here.
             14 if name.eq_ignore_ascii_case(b"content-length") => continue,
             6 if name.eq_ignore_ascii_case(b"expect") => continue,
             17 if name.eq_ignore_ascii_case(b"x-forwarded-proto") => continue,
@@ -576,11 +580,28 @@ fn prepare(
     out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\nvia: ");
     out.extend_from_slice(VIA.as_bytes());
     out.extend_from_slice(b"\r\n");
-
-    Ok(Prepared {
-        head_len: head.len,
+    Ok(Forwarded {
         out_head: out,
         has_host,
+        // The absolute form's authority is the request's host (RFC 9112 3.2.2).
+        host: authority.or(host_field),
+        path,
+    })
+}
+
+/// Turns a parsed head into the request the targets get, and finds its route.
+fn prepare(
+    head: &http1::RequestHead<'_>,
+    fields: &[httparse::Header<'_>],
+    proxy: &Proxy,
+    client_ip: &str,
+) -> Result<Prepared, (u16, String)> {
+    let fwd = forwarded_head(head, fields, client_ip)?;
+    let pool = proxy.table.load().route(fwd.host, fwd.path).cloned();
+    Ok(Prepared {
+        head_len: head.len,
+        out_head: fwd.out_head,
+        has_host: fwd.has_host,
         head_request: head.method == "HEAD",
         declares_body: matches!(head.method, "POST" | "PUT" | "PATCH"),
         idempotent: is_idempotent(head.method),
@@ -696,6 +717,72 @@ mod tests {
         assert_eq!(split_target("example.com:443"), None, "authority form");
         assert_eq!(split_target("ftp://h/"), None);
         assert_eq!(split_target("http:///p"), None, "no authority");
+    }
+
+    /// `forwarded_head` of `raw` from client 10.9.8.7: the head as text, and the host
+    /// and path it routes by.
+    fn forward(raw: &str) -> Result<(String, Option<String>, String), (u16, String)> {
+        let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let (head, fields) = http1::parse_request(raw.as_bytes(), &mut fields)
+            .expect("valid")
+            .expect("complete");
+        let f = forwarded_head(&head, fields, "10.9.8.7")?;
+        assert_eq!(
+            f.has_host,
+            String::from_utf8_lossy(&f.out_head)
+                .to_ascii_lowercase()
+                .contains("\r\nhost: ")
+        );
+        Ok((
+            String::from_utf8(f.out_head).unwrap(),
+            f.host.map(str::to_string),
+            f.path.to_string(),
+        ))
+    }
+
+    #[test]
+    fn forwarded_heads_keep_end_to_end_fields_as_sent_and_nothing_else() {
+        let (out, host, path) = forward(
+            "POST /a/b?q=1 HTTP/1.1\r\nHost: App.Example\r\nConnection: close, X-Secret\r\n\
+             X-Secret: 1\r\nTE: trailers\r\nProxy-Authorization: Basic eDp5\r\n\
+             X-Forwarded-For: 10.0.0.1\r\nX-Forwarded-Proto: https\r\nExpect: 100-continue\r\n\
+             Content-Length: 3\r\nVia: 1.0 edge\r\nX-Custom:  kept as is\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "POST /a/b?q=1 HTTP/1.1\r\nHost: App.Example\r\nVia: 1.0 edge\r\nX-Custom: kept as is\r\n\
+             x-forwarded-for: 10.0.0.1, 10.9.8.7\r\nx-forwarded-proto: http\r\nvia: 1.1 vigil\r\n"
+        );
+        assert_eq!(
+            (host.as_deref(), path.as_str()),
+            (Some("App.Example"), "/a/b")
+        );
+    }
+
+    #[test]
+    fn absolute_form_becomes_origin_form_and_names_the_host() {
+        let (out, host, path) = forward("GET http://h:1/p?q HTTP/1.1\r\n\r\n").unwrap();
+        assert!(
+            out.starts_with("GET /p?q HTTP/1.1\r\nhost: h:1\r\n"),
+            "{out}"
+        );
+        assert_eq!((host.as_deref(), path.as_str()), (Some("h:1"), "/p"));
+        let (out, host, _) = forward("GET http://a/?x HTTP/1.1\r\nHost: b\r\n\r\n").unwrap();
+        assert!(out.starts_with("GET /?x HTTP/1.1\r\nHost: b\r\n"), "{out}");
+        assert_eq!(
+            host.as_deref(),
+            Some("a"),
+            "the authority wins over Host (RFC 9112 3.2.2)"
+        );
+        let (out, _, path) = forward("GET http://a?x HTTP/1.1\r\n\r\n").unwrap();
+        assert!(out.starts_with("GET /?x HTTP/1.1\r\n"), "{out}");
+        assert_eq!(path, "/");
+        assert_eq!(
+            forward("CONNECT a:443 HTTP/1.1\r\n\r\n").unwrap_err().0,
+            405
+        );
+        assert_eq!(forward("GET a:443 HTTP/1.1\r\n\r\n").unwrap_err().0, 400);
     }
 
     #[test]

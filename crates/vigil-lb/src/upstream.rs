@@ -45,6 +45,8 @@ const INLINE_BODY: usize = 16 * 1024;
 /// Read buffer space allocated when a read finds less than [`MIN_READ_ROOM`] left.
 const READ_RESERVE: usize = 16 * 1024;
 const MIN_READ_ROOM: usize = 2 * 1024;
+/// Idle connections kept per target; more close when their exchange ends.
+const MAX_IDLE_PER_TARGET: usize = 512;
 /// A read buffer grown past this (a large head) is not kept in the pool.
 const KEEP_BUFFER: usize = 64 * 1024;
 
@@ -299,10 +301,14 @@ impl ConnPool {
         if conn.rbuf.capacity() > KEEP_BUFFER {
             conn.rbuf = BytesMut::new();
         }
-        self.idle.lock().expect("idle lock").push(Idle {
-            conn,
-            since: Instant::now(),
-        });
+        let mut idle = self.idle.lock().expect("idle lock");
+        // Past the cap (a burst's worth), the connection closes rather than idles.
+        if idle.len() < MAX_IDLE_PER_TARGET {
+            idle.push(Idle {
+                conn,
+                since: Instant::now(),
+            });
+        }
     }
 
     async fn connect(&self, timeout: Duration) -> Result<Box<Conn>, Failure> {
@@ -387,8 +393,11 @@ impl ConnPool {
         if !inline {
             conn.tcp.write_all(&req.body).await.map_err(broken)?;
         }
+        // A target may answer before the whole body is sent (a 413, say) and close: its
+        // answer is still read, and the connection is not reused.
+        let mut cut_short = false;
         if let Some(body) = streamed {
-            self.stream_body(conn, body, req.chunked).await?;
+            cut_short = self.stream_body(conn, body, req.chunked).await?;
         }
         let mut answered = false;
         loop {
@@ -439,7 +448,10 @@ impl ConnPool {
                         conn.rbuf = unfreeze(read.slice(h.len..));
                         continue;
                     }
-                    Ok(Some(h)) => return Ok(Head { h, fields, read }),
+                    Ok(Some(mut h)) => {
+                        h.keep_alive &= !cut_short;
+                        return Ok(Head { h, fields, read });
+                    }
                     Ok(None) if read.len() >= MAX_RESPONSE_HEAD => {
                         tracing::debug!(target_addr = %self.addr, "response head over {MAX_RESPONSE_HEAD} bytes");
                         return Err(ExchangeError::Failed(Failure::Garbage));
@@ -467,18 +479,22 @@ impl ConnPool {
     }
 
     /// Copies a streamed client body to the target, chunked when its length is unknown.
+    /// `Ok(true)`: the target stopped taking it (it may have answered already).
     async fn stream_body(
         &self,
         conn: &mut Conn,
         body: &mut BodyReader<'_>,
         chunked: bool,
-    ) -> Result<(), ExchangeError> {
+    ) -> Result<bool, ExchangeError> {
         let failed = |what: &str, e: &dyn std::fmt::Display| {
             tracing::debug!(target_addr = %self.addr, "{what}: {e}");
-            ExchangeError::Failed(Failure::Reset)
+            true
         };
         while let Some(data) = body.next_data().await {
-            let data = data.map_err(|e| failed("the client's request body broke", &e))?;
+            let data = data.map_err(|e| {
+                tracing::debug!(target_addr = %self.addr, "the client's request body broke: {e}");
+                ExchangeError::Failed(Failure::Reset)
+            })?;
             if data.is_empty() {
                 continue;
             }
@@ -490,18 +506,14 @@ impl ConnPool {
             if chunked {
                 conn.wbuf.extend_from_slice(b"\r\n");
             }
-            conn.tcp
-                .write_all(&conn.wbuf)
-                .await
-                .map_err(|e| failed("sending the request body failed", &e))?;
+            if let Err(e) = conn.tcp.write_all(&conn.wbuf).await {
+                return Ok(failed("sending the request body failed", &e));
+            }
         }
-        if chunked {
-            conn.tcp
-                .write_all(b"0\r\n\r\n")
-                .await
-                .map_err(|e| failed("sending the request body failed", &e))?;
+        if chunked && let Err(e) = conn.tcp.write_all(b"0\r\n\r\n").await {
+            return Ok(failed("sending the request body failed", &e));
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Turns a parsed head into the response; a body already read whole gives the

@@ -1,0 +1,70 @@
+//! Fuzzes `vigil_core::http1::parse_request` (the load balancer's client side feeds it
+//! whatever clients send) and the lb's rewrite of a parsed head into the head its
+//! targets get (`vigil_lb::front::forwarded_head`).
+//!
+//! Invariants: never panics; a complete head lies within the input, and no shorter
+//! prefix of it parses as complete (what a client sends in pieces is read the same);
+//! the `Host` range is the Host field's value; a chunked body never comes with a
+//! `Content-Length` field or in HTTP/1.0. The forwarded head parses again as a complete
+//! request with the same method, no body framing of its own (the lb writes that from the
+//! body it read), no hop-by-hop field, and one `X-Forwarded-For` ending with the
+//! client's address: nothing a client writes can smuggle a second request past it.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use std::mem::MaybeUninit;
+use vigil_core::http1::{self, MAX_HEADERS, RequestBody};
+
+fuzz_target!(|data: &[u8]| {
+    let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let Ok(Some((head, parsed))) = http1::parse_request(data, &mut fields) else {
+        return;
+    };
+    assert!(head.len <= data.len());
+    let mut shorter = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let cut = head.len / 2;
+    assert!(
+        !matches!(http1::parse_request(&data[..cut], &mut shorter), Ok(Some(_))),
+        "a prefix of a head parsed as complete"
+    );
+    if let Some(r) = head.host.clone() {
+        let host = parsed.iter().find(|f| f.name.eq_ignore_ascii_case("host")).unwrap();
+        assert_eq!(&data[r], host.value);
+    }
+    if head.body == RequestBody::Chunked {
+        assert!(!head.http10);
+        assert!(!parsed.iter().any(|f| f.name.eq_ignore_ascii_case("content-length")));
+    }
+
+    let Ok(fwd) = vigil_lb::front::forwarded_head(&head, parsed, "192.0.2.1") else {
+        return;
+    };
+    let mut again = fwd.out_head.clone();
+    again.extend_from_slice(b"\r\n");
+    let mut f2 = [const { MaybeUninit::uninit() }; MAX_HEADERS + 8];
+    let (h2, fields2) = match http1::parse_request(&again, &mut f2) {
+        Ok(Some(r)) => r,
+        other => panic!("the forwarded head does not parse: {other:?}"),
+    };
+    assert_eq!(h2.len, again.len());
+    assert_eq!(h2.method, head.method);
+    assert_eq!(h2.body, RequestBody::None, "framing fields were forwarded");
+    for f in fields2 {
+        let n = f.name.to_ascii_lowercase();
+        assert!(
+            !matches!(
+                n.as_str(),
+                "connection" | "te" | "trailer" | "transfer-encoding" | "upgrade"
+                    | "proxy-authorization" | "proxy-authenticate" | "keep-alive"
+                    | "proxy-connection" | "content-length" | "expect"
+            ),
+            "hop-by-hop or framing field {n} forwarded"
+        );
+    }
+    let xff: Vec<_> = fields2
+        .iter()
+        .filter(|f| f.name.eq_ignore_ascii_case("x-forwarded-for"))
+        .collect();
+    assert_eq!(xff.len(), 1);
+    assert!(xff[0].value.ends_with(b"192.0.2.1"));
+});
