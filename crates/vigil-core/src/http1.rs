@@ -223,6 +223,12 @@ pub enum RequestError {
     /// `Content-Length` or in HTTP/1.0: the body's end cannot be trusted (smuggling).
     #[error("Transfer-Encoding other than chunked, or with Content-Length, or in HTTP/1.0")]
     BadTransferEncoding,
+    /// A transfer coding besides chunked (`gzip, chunked`): not implemented (a 501).
+    #[error("transfer codings other than chunked are not supported")]
+    UnsupportedTransferCoding,
+    /// An HTTP/1.1 request without `Host` (RFC 9112 3.2).
+    #[error("HTTP/1.1 request without a Host field")]
+    MissingHost,
     /// Two `Host` fields.
     #[error("more than one Host field")]
     DuplicateHost,
@@ -251,6 +257,7 @@ pub fn parse_request<'b, 'h>(
     let (mut saw_close, mut saw_keep_alive, mut expect_continue) = (false, false, false);
     let mut length: Option<u64> = None;
     let mut chunked: Option<bool> = None;
+    let mut other_coding = false;
     let mut host = None;
     for h in req.headers.iter() {
         let name = h.name;
@@ -269,6 +276,9 @@ pub fn parse_request<'b, 'h>(
             // Any field whose final coding is not chunked spoils it for good.
             chunked =
                 Some(chunked != Some(false) && last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            // Anything but one `chunked` (gzip, or chunked twice) is not forwarded
+            // faithfully by a proxy that frames the body again: refused.
+            other_coding |= h.value.contains(&b',') || h.value.trim_ascii().len() != 7;
         } else if name.eq_ignore_ascii_case("connection") {
             for token in h.value.split(|&b| b == b',') {
                 let token = token.trim_ascii();
@@ -284,6 +294,12 @@ pub fn parse_request<'b, 'h>(
         } else if name.eq_ignore_ascii_case("expect") {
             expect_continue |= h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
         }
+    }
+    if chunked == Some(true) && length.is_none() && !http10 && other_coding {
+        return Err(RequestError::UnsupportedTransferCoding);
+    }
+    if !http10 && host.is_none() {
+        return Err(RequestError::MissingHost);
     }
     let body = match (chunked, length) {
         (Some(true), None) if !http10 => RequestBody::Chunked,
@@ -439,29 +455,41 @@ mod tests {
         use RequestBody::*;
         assert_eq!(request_body("GET / HTTP/1.1\r\nhost: a\r\n\r\n"), Ok(None));
         assert_eq!(
-            request_body("POST / HTTP/1.1\r\ncontent-length: 5\r\n\r\n"),
+            request_body("POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\n\r\n"),
             Ok(Length(5))
         );
         assert_eq!(
-            request_body("POST / HTTP/1.1\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\n"),
+            request_body(
+                "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\n"
+            ),
             Ok(Length(5)),
             "the same length twice is one length"
         );
         assert_eq!(
-            request_body("POST / HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n"),
+            request_body("POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: Chunked \r\n\r\n"),
             Ok(Chunked)
         );
+        for other in [
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked, chunked\r\n\r\n",
+        ] {
+            assert_eq!(
+                request_body(other),
+                Err(RequestError::UnsupportedTransferCoding),
+                "{other:?}"
+            );
+        }
         for bad in [
-            "POST / HTTP/1.1\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
-            "POST / HTTP/1.1\r\ncontent-length: +5\r\n\r\n",
-            "POST / HTTP/1.1\r\ncontent-length: 5 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: +5\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5 5\r\n\r\n",
         ] {
             assert_eq!(request_body(bad), Err(RequestError::BadLength), "{bad:?}");
         }
         for bad in [
-            "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n",
-            "POST / HTTP/1.1\r\ntransfer-encoding: chunked, gzip\r\n\r\n",
-            "POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked, gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n",
             "POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n",
         ] {
             assert_eq!(
@@ -480,10 +508,10 @@ mod tests {
         assert_eq!(h.len, raw.len() - 3);
         assert!(h.keep_alive && h.expect_continue);
         assert_eq!(&raw[h.host.clone().unwrap()], "example.com");
-        let h = request("GET / HTTP/1.1\r\nconnection: foo, Close\r\n\r\n")
+        let h = request("GET / HTTP/1.1\r\nhost: a\r\nconnection: foo, Close\r\n\r\n")
             .unwrap()
             .unwrap();
-        assert!(!h.keep_alive && h.host.is_none());
+        assert!(!h.keep_alive);
         let h = request("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
         assert!(!h.keep_alive, "HTTP/1.0 closes unless asked");
         let h = request("GET / HTTP/1.0\r\nconnection: keep-alive\r\nexpect: 100-continue\r\n\r\n")
@@ -498,13 +526,18 @@ mod tests {
             request("GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n"),
             Err(RequestError::DuplicateHost)
         );
+        assert_eq!(
+            request("GET / HTTP/1.1\r\n\r\n"),
+            Err(RequestError::MissingHost),
+            "RFC 9112 3.2: a 1.1 request names its host"
+        );
         assert!(matches!(
             request("GET /\r\n\r\n"),
             Err(RequestError::Syntax(_))
         ));
         let many: String = (0..=MAX_HEADERS).map(|i| format!("x-{i}: 1\r\n")).collect();
         assert_eq!(
-            request(&format!("GET / HTTP/1.1\r\n{many}\r\n")),
+            request(&format!("GET / HTTP/1.1\r\nhost: a\r\n{many}\r\n")),
             Err(RequestError::TooManyHeaders)
         );
     }

@@ -816,6 +816,43 @@ impl<K> RoutingSet<K> {
         }
     }
 
+    /// Least request (HAProxy's `leastconn`, nginx's `least_conn`, weighted as Envoy's
+    /// `least_request`): every candidate (not `skip`ped, effective weight > 0) is looked
+    /// at and the one with the lowest `(load + 1) / effective weight` wins; ties go to the
+    /// first at or after a position drawn from `random`, so equal targets share evenly.
+    /// A scan of the whole pool: exact for the few-target pools of a single balancer,
+    /// where power of two choices can still send a request to the second-busiest
+    /// target. `None` when no candidate is left.
+    pub fn pick_least(
+        &self,
+        now: Time,
+        random: u64,
+        load: impl Fn(&K) -> u64,
+        skip: impl Fn(&K) -> bool,
+    ) -> Option<&K> {
+        let n = self.routes.len();
+        if n == 0 {
+            return None;
+        }
+        let start = (random % n as u64) as usize;
+        let mut best: Option<(f64, usize)> = None;
+        for i in (start..n).chain(0..start) {
+            let r = &self.routes[i];
+            if skip(&r.key) {
+                continue;
+            }
+            let w = r.effective_weight(now);
+            if w <= 0.0 {
+                continue;
+            }
+            let score = (load(&r.key) as f64 + 1.0) / w;
+            if best.is_none_or(|(b, _)| score < b) {
+                best = Some((score, i));
+            }
+        }
+        best.map(|(_, i)| &self.routes[i].key)
+    }
+
     /// Round-robin: the `counter`-th pick (the caller increments it per request) over the
     /// candidates not `skip`ped, each getting a share proportional to its effective
     /// weight (equal weights: plain rotation). `None` when no candidate is left.

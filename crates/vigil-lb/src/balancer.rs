@@ -453,6 +453,12 @@ impl PoolRt {
                     .set
                     .pick_round_robin(now, self.rr.fetch_add(1, Ordering::Relaxed), skip)
             }
+            Balance::LeastRequest => routing.set.pick_least(
+                now,
+                rand::random(),
+                |i| routing.targets[*i].outstanding.load(Ordering::Relaxed),
+                skip,
+            ),
         };
         picked.map(|i| routing.targets[*i].clone())
     }

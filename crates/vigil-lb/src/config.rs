@@ -185,6 +185,9 @@ pub enum Balance {
     P2c,
     /// Round-robin (weighted).
     RoundRobin,
+    /// Least outstanding requests over every target (weighted), like HAProxy's
+    /// `leastconn`.
+    LeastRequest,
 }
 
 /// One target.
@@ -215,7 +218,7 @@ impl Default for TargetConfig {
 pub struct PoolSection {
     /// The targets.
     pub targets: Vec<TargetConfig>,
-    /// `p2c` or `round-robin`. Defaults to `p2c`.
+    /// `p2c`, `round-robin` or `least-request`. Defaults to `p2c`.
     pub balance: Balance,
     /// Fail open (route to all) when the healthy fraction falls below this. Defaults
     /// to 0.5.
@@ -785,6 +788,7 @@ impl fmt::Display for Balance {
         f.write_str(match self {
             Balance::P2c => "p2c",
             Balance::RoundRobin => "round-robin",
+            Balance::LeastRequest => "least-request",
         })
     }
 }

@@ -120,14 +120,16 @@ pub async fn serve_connection(
             HeadRead::Refused(code, msg) => {
                 proxy.count_local("none", code);
                 tracing::debug!(%peer, code, "request refused: {msg}");
-                let _ = c.write_local(code, &msg, false, false).await;
+                if c.write_local(code, &msg, false, false).await.is_ok() {
+                    c.linger().await;
+                }
                 return;
             }
         };
         c.rbuf.advance(req.head_len);
         match c.exchange(req, &proxy, &shutdown).await {
             Ok(true) => {}
-            Ok(false) => return,
+            Ok(false) => return c.linger().await,
             Err(e) => {
                 tracing::debug!(%peer, "client connection ended: {e}");
                 return;
@@ -136,7 +138,32 @@ pub async fn serve_connection(
     }
 }
 
+/// How long, and for how many bytes, a closing connection keeps reading what the client
+/// still sends (see [`ClientConn::linger`]).
+const LINGER_TIME: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 256 * 1024;
+
 impl ClientConn {
+    /// Closes after an answer the client may still be sending to (a refused request, a
+    /// body left unread): the write side first, then what arrives is read and dropped
+    /// for a moment. Closing with unread bytes makes the kernel send a reset, which can
+    /// destroy the answer before the client reads it.
+    async fn linger(mut self) {
+        if self.tcp.shutdown().await.is_err() {
+            return;
+        }
+        let deadline = Instant::now() + LINGER_TIME;
+        let mut drained = 0;
+        while drained < LINGER_BYTES {
+            self.rbuf.clear();
+            let more = std::future::poll_fn(|cx| poll_read_more(&mut self.tcp, &mut self.rbuf, cx));
+            match tokio::time::timeout_at(deadline, more).await {
+                Ok(Ok(n)) if n > 0 => drained += n,
+                _ => return,
+            }
+        }
+    }
+
     /// Reads until a complete request head is in the buffer and prepares it.
     async fn read_head(
         &mut self,
@@ -170,6 +197,9 @@ impl ClientConn {
                             431,
                             format!("more than {MAX_HEADERS} header fields"),
                         );
+                    }
+                    Err(e @ RequestError::UnsupportedTransferCoding) => {
+                        return HeadRead::Refused(501, e.to_string());
                     }
                     Err(e) => return HeadRead::Refused(400, e.to_string()),
                 }
@@ -541,7 +571,8 @@ pub fn forwarded_head<'b>(
         .iter()
         .filter(|f| f.name.eq_ignore_ascii_case("connection"))
     {
-        named.extend(connection_options(c.value));
+        // `Connection: host` cannot take the request's host away.
+        named.extend(connection_options(c.value).filter(|n| !n.eq_ignore_ascii_case(b"host")));
     }
     let mut forwarded_for: SmallVec<[&[u8]; 2]> = SmallVec::new();
     for f in fields {
@@ -550,6 +581,9 @@ pub fn forwarded_head<'b>(
             continue;
         }
         match name.len() {
+            // The absolute form's authority is the host (RFC 9112 3.2.2): a client's
+            // Host field naming another is replaced, not forwarded.
+            4 if authority.is_some() && name.eq_ignore_ascii_case(b"host") => continue,
             14 if name.eq_ignore_ascii_case(b"content-length") => continue,
             6 if name.eq_ignore_ascii_case(b"expect") => continue,
             17 if name.eq_ignore_ascii_case(b"x-forwarded-proto") => continue,
@@ -565,7 +599,7 @@ pub fn forwarded_head<'b>(
         out.extend_from_slice(b"\r\n");
     }
     let mut has_host = head.host.is_some();
-    if !has_host && let Some(a) = authority {
+    if let Some(a) = authority {
         out.extend_from_slice(b"host: ");
         out.extend_from_slice(a.as_bytes());
         out.extend_from_slice(b"\r\n");
@@ -762,27 +796,39 @@ mod tests {
 
     #[test]
     fn absolute_form_becomes_origin_form_and_names_the_host() {
-        let (out, host, path) = forward("GET http://h:1/p?q HTTP/1.1\r\n\r\n").unwrap();
-        assert!(
-            out.starts_with("GET /p?q HTTP/1.1\r\nhost: h:1\r\n"),
-            "{out}"
+        let (out, host, path) =
+            forward("GET http://h:1/p?q HTTP/1.1\r\nHost: h:1\r\n\r\n").unwrap();
+        assert_eq!(
+            out,
+            "GET /p?q HTTP/1.1\r\nhost: h:1\r\nx-forwarded-for: 10.9.8.7\r\n\
+             x-forwarded-proto: http\r\nvia: 1.1 vigil\r\n"
         );
         assert_eq!((host.as_deref(), path.as_str()), (Some("h:1"), "/p"));
         let (out, host, _) = forward("GET http://a/?x HTTP/1.1\r\nHost: b\r\n\r\n").unwrap();
-        assert!(out.starts_with("GET /?x HTTP/1.1\r\nHost: b\r\n"), "{out}");
+        assert!(out.starts_with("GET /?x HTTP/1.1\r\nhost: a\r\n"), "{out}");
+        assert!(
+            !out.contains("Host: b"),
+            "a conflicting Host is replaced: {out}"
+        );
         assert_eq!(
             host.as_deref(),
             Some("a"),
-            "the authority wins over Host (RFC 9112 3.2.2)"
+            "the authority wins (RFC 9112 3.2.2)"
         );
-        let (out, _, path) = forward("GET http://a?x HTTP/1.1\r\n\r\n").unwrap();
+        let (out, _, path) = forward("GET http://a?x HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
         assert!(out.starts_with("GET /?x HTTP/1.1\r\n"), "{out}");
         assert_eq!(path, "/");
-        assert_eq!(
-            forward("CONNECT a:443 HTTP/1.1\r\n\r\n").unwrap_err().0,
-            405
+        let (out, _, _) =
+            forward("GET / HTTP/1.1\r\nHost: h\r\nConnection: host, x-a\r\nx-a: 1\r\n\r\n")
+                .unwrap();
+        assert!(
+            out.contains("Host: h\r\n"),
+            "Connection cannot name Host away: {out}"
         );
-        assert_eq!(forward("GET a:443 HTTP/1.1\r\n\r\n").unwrap_err().0, 400);
+        assert!(!out.contains("x-a"), "{out}");
+        let refused = |raw: &str| forward(raw).unwrap_err().0;
+        assert_eq!(refused("CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n"), 405);
+        assert_eq!(refused("GET a:443 HTTP/1.1\r\nHost: a\r\n\r\n"), 400);
     }
 
     #[test]

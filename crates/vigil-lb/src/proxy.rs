@@ -97,20 +97,26 @@ pub enum Failure {
     /// No response header within the response-header timeout: 504, no retry (the client
     /// has waited long enough).
     Timeout,
+    /// The client's streamed body broke (it stalled, closed, or sent a malformed chunk):
+    /// this status (408 or 400) to the client, and nothing held against the target.
+    Client(u16),
 }
 
 impl Failure {
-    pub(crate) fn outcome(self) -> RequestOutcome {
+    /// What outlier detection hears of this failure: nothing when it is the client's.
+    pub(crate) fn outcome(self) -> Option<RequestOutcome> {
         match self {
-            Failure::Connect => RequestOutcome::ConnectFailure,
-            Failure::Reset | Failure::Garbage => RequestOutcome::Reset,
-            Failure::Timeout => RequestOutcome::Timeout,
+            Failure::Connect => Some(RequestOutcome::ConnectFailure),
+            Failure::Reset | Failure::Garbage => Some(RequestOutcome::Reset),
+            Failure::Timeout => Some(RequestOutcome::Timeout),
+            Failure::Client(_) => None,
         }
     }
 
     fn status(self) -> u16 {
         match self {
             Failure::Timeout => 504,
+            Failure::Client(code) => code,
             _ => 502,
         }
     }
@@ -121,6 +127,7 @@ impl Failure {
             Failure::Reset => "reset",
             Failure::Garbage => "garbage",
             Failure::Timeout => "timeout",
+            Failure::Client(_) => "client",
         }
     }
 }
@@ -264,6 +271,14 @@ impl Proxy {
             let left = target.left_service.clone().notified_owned();
             let (t, out, body) = (target.clone(), out.clone(), streamed.take());
             let (connect_timeout, idle_timeout) = (table.connect_timeout, table.idle_timeout);
+            let head_timeout = table.response_header_timeout;
+            // An upload can take longer than the response-header timeout: the attempt
+            // times its answer from the end of the body itself.
+            let deadline = if body.is_some() {
+                tokio::time::Instant::now() + Duration::from_secs(365 * 86_400)
+            } else {
+                tokio::time::Instant::now() + table.response_header_timeout
+            };
             let fut: AttemptFuture<'a> = Box::pin(async move {
                 t.conns
                     .send(
@@ -272,6 +287,7 @@ impl Proxy {
                         body,
                         connect_timeout,
                         idle_timeout,
+                        head_timeout,
                     )
                     .await
             });
@@ -285,7 +301,7 @@ impl Proxy {
                 fut,
                 left: in_service.then(|| Box::pin(left)),
                 started: Instant::now(),
-                deadline: tokio::time::Instant::now() + table.response_header_timeout,
+                deadline,
             });
             true
         };
@@ -357,13 +373,15 @@ impl Proxy {
                 }
                 Event::Done(i, Err(f)) => {
                     let a = attempts.swap_remove(i);
-                    pool.observe_request(&a.target, f.outcome());
+                    if let Some(outcome) = f.outcome() {
+                        pool.observe_request(&a.target, outcome);
+                    }
                     last_failure = Some((f, a.target.addr.clone()));
                     let retryable = buffered
                         && match f {
                             Failure::Connect => true,
                             Failure::Reset => idempotent,
-                            Failure::Garbage | Failure::Timeout => false,
+                            Failure::Garbage | Failure::Timeout | Failure::Client(_) => false,
                         };
                     if retryable
                         && retries < section.retries.max_retries
@@ -391,7 +409,7 @@ impl Proxy {
                         retries += 1;
                         let before = attempts.len();
                         if start_attempt(&mut tried, &mut attempts) {
-                            tracing::debug!(pool = %pool.name, target = %attempts[i].target.addr, "target left service: request moved");
+                            tracing::debug!(pool = %pool.name, target = %attempts[i].target.addr, moved_to = %attempts[before].target.addr, "target left service: request moved");
                             let _abandoned = attempts.swap_remove(i);
                             debug_assert_eq!(attempts.len(), before);
                         }
@@ -458,6 +476,7 @@ fn describe(f: Failure) -> &'static str {
         Failure::Reset => "connection reset before the response",
         Failure::Garbage => "invalid HTTP response",
         Failure::Timeout => "no response header within the response-header timeout",
+        Failure::Client(_) => "the request body did not arrive whole from the client",
     }
 }
 

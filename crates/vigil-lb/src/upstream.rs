@@ -339,7 +339,8 @@ impl ConnPool {
 
     /// Sends `req` (with `host` as its `Host` when it has none, and `streamed` as its
     /// body when the body is streamed) on an idle connection or a new one, and waits for
-    /// the response head.
+    /// the response head. A streamed body's attempt gets its response head within
+    /// `head_timeout` of the body's end (the caller times the others from their start).
     pub async fn send(
         self: &Arc<Self>,
         req: &Outgoing,
@@ -347,6 +348,7 @@ impl ConnPool {
         mut streamed: Option<&mut BodyReader<'_>>,
         connect_timeout: Duration,
         max_idle: Duration,
+        head_timeout: Duration,
     ) -> Result<UpstreamResponse, Failure> {
         loop {
             let (mut conn, reused) = match self.checkout(max_idle) {
@@ -354,7 +356,10 @@ impl ConnPool {
                 None => (self.connect(connect_timeout).await?, false),
             };
             let replayable = streamed.is_none();
-            match self.exchange(&mut conn, req, host, streamed.take()).await {
+            match self
+                .exchange(&mut conn, req, host, streamed.take(), head_timeout)
+                .await
+            {
                 Ok(head) => return self.respond(conn, head),
                 Err(ExchangeError::NoAnswer) if reused && replayable && req.idempotent => {
                     tracing::debug!(target_addr = %self.addr, "pooled connection closed by the target: sending again on a new one");
@@ -372,6 +377,7 @@ impl ConnPool {
         req: &Outgoing,
         host: &[u8],
         streamed: Option<&mut BodyReader<'_>>,
+        head_timeout: Duration,
     ) -> Result<Head, ExchangeError> {
         conn.wbuf.clear();
         conn.wbuf.extend_from_slice(&req.head);
@@ -396,9 +402,29 @@ impl ConnPool {
         // A target may answer before the whole body is sent (a 413, say) and close: its
         // answer is still read, and the connection is not reused.
         let mut cut_short = false;
+        let streamed_body = streamed.is_some();
         if let Some(body) = streamed {
             cut_short = self.stream_body(conn, body, req.chunked).await?;
         }
+        if streamed_body {
+            // The response-header timeout runs from the end of the upload.
+            match tokio::time::timeout(head_timeout, self.read_head(conn, req, cut_short)).await {
+                Ok(r) => r,
+                Err(_) => Err(ExchangeError::Failed(Failure::Timeout)),
+            }
+        } else {
+            self.read_head(conn, req, cut_short).await
+        }
+    }
+
+    /// Reads up to a final response head (1xx skipped). `cut_short`: the request body
+    /// did not all go out (the connection is not reused).
+    async fn read_head(
+        &self,
+        conn: &mut Conn,
+        req: &Outgoing,
+        cut_short: bool,
+    ) -> Result<Head, ExchangeError> {
         let mut answered = false;
         loop {
             if !conn.rbuf.is_empty() {
@@ -411,10 +437,20 @@ impl ConnPool {
                 // Fields naming this connection (hop-by-hop) are not kept: they
                 // describe this connection only.
                 let mut named: SmallVec<[&[u8]; 2]> = SmallVec::new();
+                let mut odd_coding = false;
                 let parsed = http1::parse_response(&read, req.head_request, |name, value| {
                     if let Some(i) = hop_by_hop(name.as_bytes()) {
-                        if i == 0 {
-                            named.extend(connection_options(value));
+                        match i {
+                            // Framing fields stay the framing's: `Connection` cannot
+                            // name them away.
+                            0 => named.extend(connection_options(value).filter(|n| {
+                                !n.eq_ignore_ascii_case(b"content-length")
+                                    && !n.eq_ignore_ascii_case(b"transfer-encoding")
+                            })),
+                            // A coding besides chunked (gzip) would be lost when the
+                            // body is framed again for the client.
+                            3 => odd_coding |= !value.trim_ascii().eq_ignore_ascii_case(b"chunked"),
+                            _ => {}
                         }
                         return;
                     }
@@ -447,6 +483,10 @@ impl ConnPool {
                     Ok(Some(h)) if h.status < 200 => {
                         conn.rbuf = unfreeze(read.slice(h.len..));
                         continue;
+                    }
+                    Ok(Some(h)) if odd_coding && h.status >= 200 => {
+                        tracing::debug!(target_addr = %self.addr, "a transfer coding other than chunked in the response");
+                        return Err(ExchangeError::Failed(Failure::Garbage));
                     }
                     Ok(Some(mut h)) => {
                         h.keep_alive &= !cut_short;
@@ -493,7 +533,13 @@ impl ConnPool {
         while let Some(data) = body.next_data().await {
             let data = data.map_err(|e| {
                 tracing::debug!(target_addr = %self.addr, "the client's request body broke: {e}");
-                ExchangeError::Failed(Failure::Reset)
+                // The client's fault, not the target's: 408 when it stalled, else 400.
+                let code = if e.kind() == io::ErrorKind::TimedOut {
+                    408
+                } else {
+                    400
+                };
+                ExchangeError::Failed(Failure::Client(code))
             })?;
             if data.is_empty() {
                 continue;
@@ -767,7 +813,7 @@ mod tests {
     }
 
     async fn fetch_head(pool: &Arc<ConnPool>, req: &Outgoing) -> Result<UpstreamResponse, Failure> {
-        pool.send(req, b"t", None, SECOND, MINUTE).await
+        pool.send(req, b"t", None, SECOND, MINUTE, MINUTE).await
     }
 
     /// Status and whole body of `req` sent on `pool`.

@@ -240,6 +240,76 @@ fn reload_keeps_state_of_known_targets() {
 }
 
 #[test]
+fn least_request_scans_every_target_weighted_and_shares_ties() {
+    let mut p = Pool::new(
+        "api",
+        PoolConfig {
+            new_targets: NewTargets::Healthy,
+            ..Default::default()
+        },
+    );
+    for k in ["a", "b", "c", "d"] {
+        p.add_target(k, TargetSpec::default(), Time::ZERO);
+    }
+    let routes = p.routing_set(Time::ZERO);
+    // P2C could pick c (the second busiest) when it samples b and c; this never does.
+    let load = |k: &&str| match *k {
+        "a" => 3,
+        "b" => 9,
+        "c" => 5,
+        _ => 1,
+    };
+    for r in [0, 1, 2, 3, u64::MAX] {
+        assert_eq!(
+            routes.pick_least(Time::ZERO, r, load, |_| false),
+            Some(&"d")
+        );
+    }
+    assert_eq!(
+        routes.pick_least(Time::ZERO, 0, load, |k| *k == "d"),
+        Some(&"a"),
+        "skipped targets are never picked"
+    );
+    assert_eq!(routes.pick_least(Time::ZERO, 0, load, |_| true), None);
+    // Equal loads: the random start spreads picks over every target.
+    let picked: std::collections::BTreeSet<&str> = (0..4)
+        .filter_map(|r| routes.pick_least(Time::ZERO, r, |_| 0, |_| false).copied())
+        .collect();
+    assert_eq!(picked.len(), 4, "{picked:?}");
+
+    // Weighted: twice the weight takes twice the load before it loses.
+    let mut p = Pool::new(
+        "w",
+        PoolConfig {
+            new_targets: NewTargets::Healthy,
+            ..Default::default()
+        },
+    );
+    p.add_target(
+        "heavy",
+        TargetSpec {
+            weight: 2,
+            ..Default::default()
+        },
+        Time::ZERO,
+    );
+    p.add_target("light", TargetSpec::default(), Time::ZERO);
+    let routes = p.routing_set(Time::ZERO);
+    let load = |heavy: u64, light: u64| move |k: &&str| if *k == "heavy" { heavy } else { light };
+    // Score (load + 1) / weight.
+    assert_eq!(
+        routes.pick_least(Time::ZERO, 1, load(3, 0), |_| false),
+        Some(&"light"),
+        "4/2 vs 1/1"
+    );
+    assert_eq!(
+        routes.pick_least(Time::ZERO, 1, load(2, 1), |_| false),
+        Some(&"heavy"),
+        "3/2 vs 2/1"
+    );
+}
+
+#[test]
 fn p2c_prefers_the_less_loaded_of_two() {
     let mut p = Pool::new(
         "api",
