@@ -216,6 +216,37 @@ impl Conn {
     async fn read(&mut self) -> io::Result<usize> {
         std::future::poll_fn(|cx| self.poll_read(cx)).await
     }
+
+    /// Writes `buf` unless the target answers (or closes) first: a target refusing an
+    /// upload (413) often stops reading it, and would hold the write forever.
+    /// `Ok(false)`: it answered; what it sent is in the read buffer.
+    async fn write_unless_answered(&mut self, mut buf: &[u8]) -> io::Result<bool> {
+        while !buf.is_empty() {
+            match self.tcp.try_write(buf) {
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let readable = tokio::select! {
+                        biased;
+                        r = self.tcp.readable() => { r?; true }
+                        w = self.tcp.writable() => { w?; false }
+                    };
+                    if readable {
+                        // Readiness can be stale: only bytes (or the end) say it answered.
+                        if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_ROOM {
+                            self.rbuf.reserve(READ_RESERVE);
+                        }
+                        match self.tcp.try_read_buf(&mut self.rbuf) {
+                            Ok(_) => return Ok(false),
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
 }
 
 /// Reads what the socket has into `buf` (0: closed). A short read tells tokio the socket
@@ -552,12 +583,24 @@ impl ConnPool {
             if chunked {
                 conn.wbuf.extend_from_slice(b"\r\n");
             }
-            if let Err(e) = conn.tcp.write_all(&conn.wbuf).await {
-                return Ok(failed("sending the request body failed", &e));
+            let wbuf = std::mem::take(&mut conn.wbuf);
+            let sent = conn.write_unless_answered(&wbuf).await;
+            conn.wbuf = wbuf;
+            match sent {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!(target_addr = %self.addr, "the target answered before the whole request body");
+                    return Ok(true);
+                }
+                Err(e) => return Ok(failed("sending the request body failed", &e)),
             }
         }
-        if chunked && let Err(e) = conn.tcp.write_all(b"0\r\n\r\n").await {
-            return Ok(failed("sending the request body failed", &e));
+        if chunked {
+            match conn.write_unless_answered(b"0\r\n\r\n").await {
+                Ok(true) => {}
+                Ok(false) => return Ok(true),
+                Err(e) => return Ok(failed("sending the request body failed", &e)),
+            }
         }
         Ok(false)
     }
