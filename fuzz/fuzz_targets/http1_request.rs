@@ -40,6 +40,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut again = fwd.out_head.clone();
+    if !fwd.has_host {
+        // What the upstream client adds for a client without Host (HTTP/1.0).
+        assert!(head.http10, "an HTTP/1.1 request without Host was accepted");
+        again.extend_from_slice(b"host: target\r\n");
+    }
     again.extend_from_slice(b"\r\n");
     let mut f2 = [const { MaybeUninit::uninit() }; MAX_HEADERS + 8];
     let (h2, fields2) = match http1::parse_request(&again, &mut f2) {

@@ -174,8 +174,16 @@ impl ClientConn {
         shutdown: &CancellationToken,
     ) -> HeadRead {
         let mut armed = false;
+        // After an incomplete parse: how far the buffer was looked at. A head arriving a
+        // byte at a time is parsed again only once an empty line may have arrived, not
+        // per read (which would cost the square of its length).
+        let mut partial: Option<usize> = None;
         loop {
-            if !self.rbuf.is_empty() {
+            let worth_parsing = match partial {
+                None => !self.rbuf.is_empty(),
+                Some(seen) => may_end_head(&self.rbuf, seen),
+            };
+            if worth_parsing {
                 let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
                 match http1::parse_request(&self.rbuf, &mut fields) {
                     Ok(Some((head, fields))) if head.len > settings.max_header_bytes => {
@@ -191,7 +199,7 @@ impl ClientConn {
                     Ok(None) if self.rbuf.len() >= settings.max_header_bytes => {
                         return too_large(settings);
                     }
-                    Ok(None) => {}
+                    Ok(None) => partial = Some(self.rbuf.len()),
                     Err(RequestError::TooManyHeaders) => {
                         return HeadRead::Refused(
                             431,
@@ -203,6 +211,11 @@ impl ClientConn {
                     }
                     Err(e) => return HeadRead::Refused(400, e.to_string()),
                 }
+            } else if partial.is_some() {
+                if self.rbuf.len() >= settings.max_header_bytes {
+                    return too_large(settings);
+                }
+                partial = Some(self.rbuf.len());
             } else if shutdown.is_cancelled() {
                 return HeadRead::Closed;
             }
@@ -478,6 +491,16 @@ impl ClientConn {
     }
 }
 
+/// Whether bytes read since `seen` may complete a head: a line feed followed by an
+/// empty line (`\n\n` or `\n\r\n`) at or after `seen` (looking back two bytes, which
+/// an earlier read may have ended with).
+fn may_end_head(buf: &[u8], seen: usize) -> bool {
+    let from = seen.saturating_sub(2).min(buf.len());
+    buf[from..].iter().enumerate().any(|(i, &b)| {
+        b == b'\n' && matches!(&buf[from + i + 1..], [b'\n', ..] | [b'\r', b'\n', ..])
+    })
+}
+
 /// Appends body bytes, as a chunk when `chunked`.
 fn put_data(out: &mut Vec<u8>, data: &[u8], chunked: bool) {
     if data.is_empty() {
@@ -550,6 +573,9 @@ pub fn forwarded_head<'b>(
     let Some((authority, pq)) = split_target(head.target) else {
         return Err((400, format!("bad request target {:?}", head.target)));
     };
+    if pq == "*" && head.method != "OPTIONS" {
+        return Err((400, "the asterisk form is for OPTIONS only".into()));
+    }
     let path = pq.split('?').next().unwrap_or_default();
     let path = if path.is_empty() { "/" } else { path };
     let host_field = fields
@@ -829,6 +855,22 @@ mod tests {
         let refused = |raw: &str| forward(raw).unwrap_err().0;
         assert_eq!(refused("CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n"), 405);
         assert_eq!(refused("GET a:443 HTTP/1.1\r\nHost: a\r\n\r\n"), 400);
+    }
+
+    #[test]
+    fn a_head_end_is_looked_for_only_in_what_arrived_since() {
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        // Fed a byte at a time, the end is found exactly when the last byte arrives.
+        let ends: Vec<usize> = (1..=head.len())
+            .filter(|&n| may_end_head(&head[..n], n - 1))
+            .collect();
+        assert_eq!(ends, vec![head.len()]);
+        assert!(
+            may_end_head(b"GET / HTTP/1.0\n\n", 14),
+            "bare line feeds too"
+        );
+        assert!(!may_end_head(b"GET / HTTP/1.1\r\nHost: a\r\n", 0));
+        assert!(may_end_head(head, 0) && !may_end_head(head, head.len() + 5));
     }
 
     #[test]
