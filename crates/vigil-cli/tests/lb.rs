@@ -4,9 +4,8 @@
 
 use serde_json::Value;
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,23 +13,26 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vigil_core::Status;
 use vigil_testkit::{Backend, Mode};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind an ephemeral port")
-        .local_addr()
-        .expect("local addr")
-        .port()
+mod lb_support;
+use lb_support::LbProcess;
+
+/// A running `vigil lb` process ([`LbProcess`]) and an HTTP client for it.
+struct Lb {
+    process: LbProcess,
+    http: reqwest::Client,
 }
 
-/// A running `vigil lb` process with its config file and log.
-struct Lb {
-    child: Child,
-    _dir: tempfile::TempDir,
-    config: PathBuf,
-    log: PathBuf,
-    port: u16,
-    admin: u16,
-    http: reqwest::Client,
+impl std::ops::Deref for Lb {
+    type Target = LbProcess;
+    fn deref(&self) -> &LbProcess {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for Lb {
+    fn deref_mut(&mut self) -> &mut LbProcess {
+        &mut self.process
+    }
 }
 
 /// Fast health checks so that tests take seconds: interval 200ms, timeout 300ms,
@@ -54,48 +56,13 @@ impl Lb {
     /// Writes `body` (everything but the listen addresses) and starts the balancer;
     /// returns once its admin listener answers.
     async fn start(body: &str) -> Lb {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (port, admin) = (free_port(), free_port());
-        let config = dir.path().join("lb.toml");
-        let log = dir.path().join("lb.log");
-        let text = format!(
-            "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nworkers = 2\n{body}"
-        );
-        std::fs::write(&config, text).expect("write config");
-        let child = Command::new(env!("CARGO_BIN_EXE_vigil"))
-            .args(["lb", "-c"])
-            .arg(&config)
-            .env("RUST_LOG", "info,vigil_lb=debug,hyper=warn")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn vigil lb");
-        let lb = Lb {
-            child,
-            _dir: dir,
-            config,
-            log,
-            port,
-            admin,
+        Lb {
+            process: LbProcess::start(body).await,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(15))
                 .pool_max_idle_per_host(64)
                 .build()
                 .expect("client"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(r) = lb.http.get(lb.admin_url("/livez")).send().await
-                && r.status() == 200
-            {
-                return lb;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "vigil lb did not start; log:\n{}",
-                lb.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -105,10 +72,6 @@ impl Lb {
 
     fn admin_url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.admin)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     async fn admin_targets(&self) -> Value {
@@ -173,15 +136,6 @@ impl Lb {
         .await;
     }
 
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([&format!("-{sig}"), &self.child.id().to_string()])
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -{sig} failed");
-    }
-
     async fn metrics(&self) -> String {
         self.http
             .get(self.admin_url("/metrics"))
@@ -191,13 +145,6 @@ impl Lb {
             .text()
             .await
             .expect("metrics text")
-    }
-}
-
-impl Drop for Lb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

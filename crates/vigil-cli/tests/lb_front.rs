@@ -3,9 +3,7 @@
 //! record exactly which requests reached them. Health checks are off so that the only
 //! requests a backend sees are the ones the tests send. Every read is bounded in time.
 
-use std::net::{SocketAddr, TcpListener as StdListener};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -14,13 +12,8 @@ use tokio::net::TcpStream;
 /// Longest wait for any answer.
 const WAIT: Duration = Duration::from_secs(5);
 
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .expect("bind an ephemeral port")
-        .local_addr()
-        .expect("local addr")
-        .port()
-}
+mod lb_support;
+use lb_support::LbProcess as Lb;
 
 fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -408,14 +401,6 @@ async fn head_only_backend(answer: &'static [u8], hold: Duration) -> Backend {
 // ---------------------------------------------------------------------------------
 // The balancer.
 
-/// A running `vigil lb` process.
-struct Lb {
-    child: Child,
-    _dir: tempfile::TempDir,
-    log: PathBuf,
-    port: u16,
-}
-
 /// A configuration with one pool `api` of `targets`, health checks off. `top`: top-level
 /// sections (`[timeouts]`, `[limits]`); `pool`: more keys of `[pools.api]`.
 fn config(top: &str, pool: &str, targets: &[SocketAddr]) -> String {
@@ -429,79 +414,9 @@ fn config(top: &str, pool: &str, targets: &[SocketAddr]) -> String {
     )
 }
 
-impl Lb {
-    /// Starts the balancer with `body` (everything but the listen addresses); returns
-    /// once it proxies.
-    async fn start(body: &str) -> Lb {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (port, admin) = (free_port(), free_port());
-        let path = dir.path().join("lb.toml");
-        let log = dir.path().join("lb.log");
-        std::fs::write(
-            &path,
-            format!(
-                "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nworkers = 2\n{body}"
-            ),
-        )
-        .expect("write config");
-        let child = Command::new(env!("CARGO_BIN_EXE_vigil"))
-            .args(["lb", "-c"])
-            .arg(&path)
-            .env("RUST_LOG", "info,vigil_lb=debug,hyper=warn")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn vigil lb");
-        let lb = Lb {
-            child,
-            _dir: dir,
-            log,
-            port,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(mut c) = TcpStream::connect(("127.0.0.1", admin)).await {
-                let _ = c
-                    .write_all(b"GET /livez HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-                    .await;
-                let mut out = Vec::new();
-                let _ = tokio::time::timeout(WAIT, c.read_to_end(&mut out)).await;
-                if out.starts_with(b"HTTP/1.1 200") {
-                    return lb;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "vigil lb did not start; log:\n{}",
-                lb.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    async fn client(&self) -> Client {
-        Client::connect(self.port).await
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([&format!("-{sig}"), &self.child.id().to_string()])
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -{sig} failed");
-    }
-}
-
-impl Drop for Lb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A raw client of the balancer's proxy port.
+async fn client_of(lb: &Lb) -> Client {
+    Client::connect(lb.port).await
 }
 
 /// A balancer in front of one [`echo`] backend.
@@ -517,7 +432,7 @@ async fn echo_setup(top: &str) -> (Lb, Backend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_in_one_write_are_answered_in_order() {
     let (lb, b) = echo_setup("").await;
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     c.send(
         b"GET /one HTTP/1.1\r\nHost: a\r\n\r\n\
           POST /two HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello\
@@ -553,7 +468,7 @@ async fn pipelined_requests_in_one_write_are_answered_in_order() {
     .into_bytes();
     req.extend_from_slice(&big);
     req.extend_from_slice(b"GET /after-big HTTP/1.1\r\nHost: a\r\n\r\n");
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     c.send(&req).await;
     let r = c.response().await;
     assert_eq!(lossy(&r.body), echoed("PUT /big HTTP/1.1", &big));
@@ -581,7 +496,7 @@ async fn expect_continue(c: &mut Client, what: &str) {
 async fn expect_100_continue_is_answered_before_the_body_is_sent() {
     let (lb, b) = echo_setup("").await;
     for (path, size) in [("/small", 5usize), ("/streamed", 100_000)] {
-        let mut c = lb.client().await;
+        let mut c = client_of(&lb).await;
         c.send(
             format!(
                 "POST {path} HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: {size}\r\n\r\n"
@@ -616,14 +531,14 @@ async fn expect_100_continue_is_answered_before_the_body_is_sent() {
 async fn http10_closes_unless_kept_alive_and_close_is_honoured() {
     let (lb, b) = echo_setup("").await;
 
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     let r = c.roundtrip(b"GET /ten HTTP/1.0\r\n\r\n").await;
     assert_eq!(r.status, 200);
     assert_eq!(lossy(&r.body), echoed("GET /ten HTTP/1.1", b""));
     assert!(r.field("connection").contains(&"close"), "{}", r.head);
     c.expect_closed("HTTP/1.0 without keep-alive").await;
 
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     for path in ["/ka1", "/ka2"] {
         let r = c
             .roundtrip(format!("GET {path} HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").as_bytes())
@@ -643,7 +558,7 @@ async fn http10_closes_unless_kept_alive_and_close_is_honoured() {
     c.expect_closed("HTTP/1.0 after keep-alive").await;
 
     // HTTP/1.1 with Connection: close, and a request pipelined after it is not served.
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     let r = c
         .roundtrip(
             b"GET /bye HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n\
@@ -700,7 +615,7 @@ async fn bodies_without_a_length_are_rechunked_for_http11_and_raw_until_close_fo
     let lb = Lb::start(&config("", "", &[b.addr])).await;
     let want = pattern(50_000);
 
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     for path in ["/chunked", "/until-close", "/chunked", "/until-close"] {
         let r = c
             .roundtrip(format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
@@ -730,7 +645,7 @@ async fn bodies_without_a_length_are_rechunked_for_http11_and_raw_until_close_fo
         ("/until-close", ""),
         ("/chunked", "Connection: keep-alive\r\n"),
     ] {
-        let mut c = lb.client().await;
+        let mut c = client_of(&lb).await;
         let r = c
             .roundtrip(format!("GET {path} HTTP/1.0\r\n{ka}\r\n").as_bytes())
             .await;
@@ -809,7 +724,7 @@ async fn ambiguous_request_framing_gets_400_and_nothing_reaches_the_backend() {
             "0\r\n\r\n",
         ),
     ] {
-        let mut c = lb.client().await;
+        let mut c = client_of(&lb).await;
         c.send(format!("{head}{body}{smuggled}").as_bytes()).await;
         let r = c.response().await;
         assert_eq!(r.status, 400, "{what}: {r:?}");
@@ -827,8 +742,7 @@ async fn ambiguous_request_framing_gets_400_and_nothing_reaches_the_backend() {
         "the backend saw requests it must not"
     );
     // The balancer still serves.
-    let r = lb
-        .client()
+    let r = client_of(&lb)
         .await
         .roundtrip(b"GET /fine HTTP/1.1\r\nHost: a\r\n\r\n")
         .await;
@@ -846,7 +760,7 @@ async fn a_chunked_request_body_reaches_the_backend_intact_and_the_next_request_
     want.extend_from_slice(b"abcdefghijklmnopqrstuvwxyz");
     want.extend_from_slice(&big);
 
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     c.send(b"POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
         .await;
     let mut pieces: Vec<Vec<u8>> = vec![
@@ -964,7 +878,7 @@ fn head_answers(s: &Seen) -> Reply {
 async fn head_204_and_304_answers_have_no_body_and_keep_the_connection() {
     let b = backend(head_answers).await;
     let lb = Lb::start(&config("", "", &[b.addr])).await;
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
 
     c.send(b"HEAD /h HTTP/1.1\r\nHost: a\r\n\r\n").await;
     let r = c.head_response().await;
@@ -1018,7 +932,7 @@ async fn head_204_and_304_answers_have_no_body_and_keep_the_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_reaches_the_backend_in_origin_form() {
     let (lb, b) = echo_setup("").await;
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     let r = c
         .roundtrip(b"GET http://whatever/p?x=1 HTTP/1.1\r\nHost: whatever\r\n\r\n")
         .await;
@@ -1034,8 +948,7 @@ async fn absolute_form_reaches_the_backend_in_origin_form() {
         assert_eq!(s.field("host"), ["whatever"], "{}", s.head);
     }
     // RFC 9112 3.2: an HTTP/1.1 request without Host is a 400, absolute form or not.
-    let r = lb
-        .client()
+    let r = client_of(&lb)
         .await
         .roundtrip(b"GET http://whatever/p HTTP/1.1\r\n\r\n")
         .await;
@@ -1049,8 +962,7 @@ async fn absolute_form_reaches_the_backend_in_origin_form() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_replaces_a_conflicting_host() {
     let (lb, b) = echo_setup("").await;
-    let r = lb
-        .client()
+    let r = client_of(&lb)
         .await
         .roundtrip(b"GET http://a.example/p HTTP/1.1\r\nHost: b.example\r\n\r\n")
         .await;
@@ -1081,7 +993,7 @@ async fn a_truncated_target_answer_reaches_the_client_truncated() {
     let b = backend(truncating_answers).await;
     let lb = Lb::start(&config("", "", &[b.addr])).await;
     for version in ["1.1", "1.0"] {
-        let mut c = lb.client().await;
+        let mut c = client_of(&lb).await;
         c.send(format!("GET /short-length HTTP/{version}\r\nHost: a\r\n\r\n").as_bytes())
             .await;
         let head = tokio::time::timeout(WAIT, take_head(&mut c.tcp, &mut c.buf))
@@ -1099,7 +1011,7 @@ async fn a_truncated_target_answer_reaches_the_client_truncated() {
         );
     }
 
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     c.send(b"GET /short-chunked HTTP/1.1\r\nHost: a\r\n\r\n")
         .await;
     let head = tokio::time::timeout(WAIT, take_head(&mut c.tcp, &mut c.buf))
@@ -1131,12 +1043,12 @@ fn slow_answers(s: &Seen) -> Reply {
 async fn sigterm_closes_idle_keep_alive_connections_and_finishes_in_flight_ones() {
     let b = backend(slow_answers).await;
     let mut lb = Lb::start(&config("", "", &[b.addr])).await;
-    let mut idle = lb.client().await;
+    let mut idle = client_of(&lb).await;
     let r = idle
         .roundtrip(b"GET /warm HTTP/1.1\r\nHost: a\r\n\r\n")
         .await;
     assert_eq!(r.status, 200);
-    let mut busy = lb.client().await;
+    let mut busy = client_of(&lb).await;
     busy.send(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n").await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let sent = Instant::now();
@@ -1173,14 +1085,14 @@ async fn sigterm_closes_idle_keep_alive_connections_and_finishes_in_flight_ones(
 async fn too_many_fields_get_431_and_a_stalled_buffered_body_408() {
     let (lb, b) = echo_setup("[timeouts]\nclient_header = \"1s\"\n").await;
     let many: String = (0..101).map(|i| format!("x-f{i}: 1\r\n")).collect();
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     let r = c
         .roundtrip(format!("GET /many HTTP/1.1\r\nHost: a\r\n{many}\r\n").as_bytes())
         .await;
     assert_eq!(r.status, 431, "{r:?}");
     c.expect_closed("after 431").await;
 
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     let started = Instant::now();
     let r = c
         .roundtrip(b"POST /stall HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nhalf!")
@@ -1194,7 +1106,7 @@ async fn too_many_fields_get_431_and_a_stalled_buffered_body_408() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_chunked_request_body_gets_400() {
     let (lb, _b) = echo_setup("").await;
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     let r = c
         .roundtrip(
             b"POST /bad HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\
@@ -1211,7 +1123,7 @@ async fn failed_client_uploads_do_not_eject_the_target() {
     let b = backend(echo).await;
     let lb = Lb::start(&config("", "panic_threshold = 0.0\n", &[b.addr])).await;
     for _ in 0..3 {
-        let mut c = lb.client().await;
+        let mut c = client_of(&lb).await;
         c.send(
             b"POST /bad HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\
               5\r\nhello\r\nzz\r\n",
@@ -1220,7 +1132,7 @@ async fn failed_client_uploads_do_not_eject_the_target() {
         let _ = c.rest().await;
     }
     for _ in 0..3 {
-        let mut c = lb.client().await;
+        let mut c = client_of(&lb).await;
         c.send(b"POST /abort HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n")
             .await;
         c.send(&pattern(70_000)).await;
@@ -1228,8 +1140,7 @@ async fn failed_client_uploads_do_not_eject_the_target() {
         drop(c);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let r = lb
-        .client()
+    let r = client_of(&lb)
         .await
         .roundtrip(b"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n")
         .await;
@@ -1242,7 +1153,7 @@ async fn failed_client_uploads_do_not_eject_the_target() {
 async fn a_slow_streamed_upload_is_not_cut_by_the_response_header_timeout() {
     let (lb, b) = echo_setup("[timeouts]\nresponse_header = \"1s\"\n").await;
     let body = pattern(128 * 1024);
-    let mut c = lb.client().await;
+    let mut c = client_of(&lb).await;
     c.send(
         format!(
             "POST /slow-upload HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n",
@@ -1269,8 +1180,7 @@ async fn a_slow_streamed_upload_is_not_cut_by_the_response_header_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_naming_host_does_not_strip_host() {
     let (lb, b) = echo_setup("").await;
-    let r = lb
-        .client()
+    let r = client_of(&lb)
         .await
         .roundtrip(b"GET /h HTTP/1.1\r\nHost: app.example\r\nConnection: host\r\n\r\n")
         .await;
@@ -1285,8 +1195,7 @@ async fn connection_naming_host_does_not_strip_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transfer_coding_other_than_chunked_is_not_silently_dropped() {
     let (lb, b) = echo_setup("").await;
-    let r = lb
-        .client()
+    let r = client_of(&lb)
         .await
         .roundtrip(
             b"POST /gz HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n\
@@ -1306,4 +1215,44 @@ async fn a_transfer_coding_other_than_chunked_is_not_silently_dropped() {
     } else {
         assert_eq!(r.status, 501, "{r:?}");
     }
+}
+
+/// A client that stops reading a large answer (slow read) is disconnected after
+/// `timeouts.client_write`; without it the relay (and its target connection) would wait
+/// for the client forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_disconnected_after_client_write() {
+    const BIG: usize = 64 * 1024 * 1024;
+    let b = backend(|_| {
+        let mut r = format!("HTTP/1.1 200 OK\r\ncontent-length: {BIG}\r\n\r\n").into_bytes();
+        r.resize(r.len() + BIG, b'z');
+        Reply::keep(r)
+    })
+    .await;
+    let lb = Lb::start(&config("[timeouts]\nclient_write = \"1s\"", "", &[b.addr])).await;
+    let mut c = TcpStream::connect(("127.0.0.1", lb.port)).await.unwrap();
+    c.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    // Not reading: the socket buffers fill, the proxy's writes stall.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 20];
+    let read_all = async {
+        loop {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), read_all)
+        .await
+        .expect("the proxy closed the connection");
+    assert!(got < BIG, "the whole answer arrived: {got} bytes");
+    assert!(
+        lb.log().contains("client_write"),
+        "the log says why: {}",
+        lb.log()
+    );
 }

@@ -74,6 +74,21 @@ pub enum FramingError {
     TrailersTooLarge,
 }
 
+/// A `Content-Length` value: 1*DIGIT and nothing else (`+5` or `5 5` would be read
+/// differently downstream).
+fn content_length(value: &[u8]) -> Option<u64> {
+    let v = value.trim_ascii();
+    (!v.is_empty() && v.iter().all(u8::is_ascii_digit))
+        .then(|| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+        .flatten()
+}
+
+/// Whether a `Transfer-Encoding` value's final coding is chunked.
+fn chunked_last(value: &[u8]) -> bool {
+    let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
+    last.trim_ascii().eq_ignore_ascii_case(b"chunked")
+}
+
 /// Parses a response head at the start of `buf` (`Ok(None)`: incomplete, read more).
 /// `head_request`: the request was HEAD (no body whatever the head says). `on_field` is
 /// called with each header field of a final (not 1xx) response, in order, borrowing
@@ -111,19 +126,13 @@ pub fn parse_response<'b>(
     let mut chunked: Option<bool> = None;
     for h in resp.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
-            // 1*DIGIT, nothing else: `+5` or `5 5` would be read differently downstream.
-            let v = h.value.trim_ascii();
-            let n = (!v.is_empty() && v.iter().all(u8::is_ascii_digit))
-                .then(|| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
-                .flatten()
-                .ok_or(FramingError::BadLength)?;
+            let n = content_length(h.value).ok_or(FramingError::BadLength)?;
             if length.is_some_and(|c| c != n) {
                 return Err(FramingError::ConflictingLength);
             }
             length = Some(n);
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            let last = h.value.rsplit(|&b| b == b',').next().unwrap_or_default();
-            chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            chunked = Some(chunked_last(h.value));
         } else if h.name.eq_ignore_ascii_case("connection") {
             for token in h.value.split(|&b| b == b',') {
                 let token = token.trim_ascii();
@@ -262,20 +271,14 @@ pub fn parse_request<'b, 'h>(
     for h in req.headers.iter() {
         let name = h.name;
         if name.eq_ignore_ascii_case("content-length") {
-            let v = h.value.trim_ascii();
-            let n = (!v.is_empty() && v.iter().all(u8::is_ascii_digit))
-                .then(|| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
-                .flatten()
-                .ok_or(RequestError::BadLength)?;
+            let n = content_length(h.value).ok_or(RequestError::BadLength)?;
             if length.is_some_and(|c| c != n) {
                 return Err(RequestError::BadLength);
             }
             length = Some(n);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            let last = h.value.rsplit(|&b| b == b',').next().unwrap_or_default();
             // Any field whose final coding is not chunked spoils it for good.
-            chunked =
-                Some(chunked != Some(false) && last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            chunked = Some(chunked != Some(false) && chunked_last(h.value));
             // Anything but one `chunked` (gzip, or chunked twice) is not forwarded
             // faithfully by a proxy that frames the body again: refused.
             other_coding |= h.value.contains(&b',') || h.value.trim_ascii().len() != 7;

@@ -45,6 +45,10 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// `timeout http-request` advice). A slowloris client gets 408 after it. It also bounds
 /// how long an idle keep-alive client connection is kept.
 pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time a client has to take each part of its answer: 60 s (nginx's
+/// `send_timeout`). A client that stops reading (slow read) is disconnected after it, so
+/// it cannot hold a target connection whose body is being relayed.
+pub const DEFAULT_CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default limit on a request header: 16 KiB (HAProxy's `tune.bufsize`); larger gets 431.
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Default largest request body buffered so that the request can be retried or hedged:
@@ -131,6 +135,10 @@ pub struct TimeoutsConfig {
     /// idle time of a keep-alive client connection. Defaults to 10s.
     #[serde(with = "humantime_serde")]
     pub client_header: Duration,
+    /// Longest wait for a client to take more of its answer (it stopped reading);
+    /// then the connection closes. Defaults to 60s.
+    #[serde(with = "humantime_serde")]
+    pub client_write: Duration,
 }
 
 impl Default for TimeoutsConfig {
@@ -140,6 +148,7 @@ impl Default for TimeoutsConfig {
             response_header: DEFAULT_RESPONSE_HEADER_TIMEOUT,
             idle: DEFAULT_IDLE_TIMEOUT,
             client_header: DEFAULT_CLIENT_HEADER_TIMEOUT,
+            client_write: DEFAULT_CLIENT_WRITE_TIMEOUT,
         }
     }
 }
@@ -440,6 +449,9 @@ impl LbConfig {
         }
         if self.timeouts.client_header.is_zero() {
             return Err(invalid("timeouts.client_header", "must be more than 0s"));
+        }
+        if self.timeouts.client_write.is_zero() {
+            return Err(invalid("timeouts.client_write", "must be more than 0s"));
         }
         if self.limits.max_header_bytes < 8192 {
             return Err(invalid(

@@ -19,9 +19,10 @@
 //! same time), 405 for `CONNECT`, 404 when no route matches. After any of these, and
 //! after a request whose body was not read to its end, the connection is closed.
 //!
+//! A client that stops reading its answer is disconnected after `timeouts.client_write`.
+//!
 //! Not done here: HTTP/2, upgrades (`Upgrade` is hop-by-hop and removed), forwarding
-//! request trailers, and a write timeout towards a client that stops reading (the
-//! kernel's send buffer holds it; the task waits).
+//! request trailers.
 
 use crate::proxy::{Answer, Proxy, VIA, connection_options, hop_by_hop, is_idempotent};
 use crate::upstream::{Outgoing, OutgoingBody, ResponseHead, UpstreamResponse, poll_read_more};
@@ -52,6 +53,8 @@ pub struct FrontSettings {
     pub header_timeout: Duration,
     /// Largest request head.
     pub max_header_bytes: usize,
+    /// Longest wait for a client to take more of its answer.
+    pub write_timeout: Duration,
 }
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
@@ -63,6 +66,8 @@ struct ClientConn {
     rbuf: BytesMut,
     /// The answer being written.
     wbuf: Vec<u8>,
+    /// Longest wait for the client to take more of it.
+    write_timeout: Duration,
 }
 
 /// A request head turned into what the proxy needs; owns nothing of the read buffer.
@@ -107,6 +112,7 @@ pub async fn serve_connection(
         tcp,
         rbuf: BytesMut::with_capacity(8 * 1024),
         wbuf: Vec::with_capacity(1024),
+        write_timeout: settings.write_timeout,
     };
     // One timer for the connection's life, re-armed for each head.
     let mut timer = Box::pin(tokio::time::sleep(settings.header_timeout));
@@ -299,52 +305,41 @@ impl ClientConn {
             }
             _ => None,
         };
-        let (answer, body_done) = match whole {
-            Some(body) => {
-                let out = Outgoing::new(
-                    req.out_head,
-                    req.has_host,
-                    req.head_request,
-                    req.declares_body,
-                    OutgoingBody::Buffered(body),
-                    req.idempotent,
-                );
-                (
-                    proxy
-                        .forward(&table, &pool, out, req.idempotent, None)
-                        .await,
-                    true,
-                )
-            }
-            None => {
-                let length = match req.body {
-                    RequestBody::Length(n) => Some(n),
-                    _ => None,
-                };
-                let out = Outgoing::new(
-                    req.out_head,
-                    req.has_host,
-                    req.head_request,
-                    req.declares_body,
-                    OutgoingBody::Streamed(length),
-                    req.idempotent,
-                );
-                let mut reader = BodyReader {
-                    tcp: &mut self.tcp,
-                    rbuf: &mut self.rbuf,
-                    state: match length {
-                        Some(n) => Remaining::Length(n),
-                        None => Remaining::Chunked(ChunkedDecoder::new()),
-                    },
-                    continue_due: req.expect_continue,
-                    idle_timeout: table.client_body_timeout,
-                };
-                let answer = proxy
-                    .forward(&table, &pool, out, req.idempotent, Some(&mut reader))
-                    .await;
-                let done = reader.is_done();
-                (answer, done)
-            }
+        let length = match req.body {
+            RequestBody::Length(n) => Some(n),
+            _ => None,
+        };
+        let out = Outgoing::new(
+            req.out_head,
+            req.has_host,
+            req.head_request,
+            req.declares_body,
+            match whole {
+                Some(body) => OutgoingBody::Buffered(body),
+                None => OutgoingBody::Streamed(length),
+            },
+            req.idempotent,
+        );
+        let (answer, body_done) = if out.is_streamed() {
+            let mut reader = BodyReader {
+                tcp: &mut self.tcp,
+                rbuf: &mut self.rbuf,
+                state: match length {
+                    Some(n) => Remaining::Length(n),
+                    None => Remaining::Chunked(ChunkedDecoder::new()),
+                },
+                continue_due: req.expect_continue,
+                idle_timeout: table.client_body_timeout,
+            };
+            let answer = proxy
+                .forward(&table, &pool, out, req.idempotent, Some(&mut reader))
+                .await;
+            (answer, reader.is_done())
+        } else {
+            let answer = proxy
+                .forward(&table, &pool, out, req.idempotent, None)
+                .await;
+            (answer, true)
         };
         let keep = req.keep_alive && body_done && !shutdown.is_cancelled();
         match answer {
@@ -414,7 +409,7 @@ impl ClientConn {
             self.wbuf.extend_from_slice(msg.as_bytes());
             self.wbuf.push(b'\n');
         }
-        self.tcp.write_all(&self.wbuf).await
+        self.send_wbuf().await
     }
 
     /// Writes a target's answer; `Ok(true)` when the connection can go on.
@@ -438,11 +433,11 @@ impl ClientConn {
             if rechunk {
                 self.wbuf.extend_from_slice(b"0\r\n\r\n");
             }
-            self.tcp.write_all(&self.wbuf).await?;
+            self.send_wbuf().await?;
             return Ok(keep);
         }
         drop(head);
-        self.tcp.write_all(&self.wbuf).await?;
+        self.send_wbuf().await?;
         loop {
             match body.frame().await {
                 None => break,
@@ -455,7 +450,7 @@ impl ClientConn {
                     }
                     self.wbuf.clear();
                     put_data(&mut self.wbuf, &data, rechunk);
-                    self.tcp.write_all(&self.wbuf).await?;
+                    self.send_wbuf().await?;
                 }
                 Some(Err(e)) => {
                     // Cut short: the client must see a truncated answer, not a whole one
@@ -466,9 +461,34 @@ impl ClientConn {
             }
         }
         if rechunk {
-            self.tcp.write_all(b"0\r\n\r\n").await?;
+            self.send(b"0\r\n\r\n").await?;
         }
         Ok(keep)
+    }
+
+    /// Writes `buf` to the client: at once when its socket takes it (the usual case, no
+    /// timer), else within the write timeout.
+    async fn send(&mut self, mut buf: &[u8]) -> io::Result<()> {
+        match self.tcp.try_write(buf) {
+            Ok(n) if n == buf.len() => return Ok(()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        match tokio::time::timeout(self.write_timeout, self.tcp.write_all(buf)).await {
+            Ok(r) => r,
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took none of its answer within timeouts.client_write",
+            )),
+        }
+    }
+
+    async fn send_wbuf(&mut self) -> io::Result<()> {
+        let wbuf = std::mem::take(&mut self.wbuf);
+        let sent = self.send(&wbuf).await;
+        self.wbuf = wbuf;
+        sent
     }
 
     fn write_head(&mut self, head: &ResponseHead, keep: bool, chunked: bool, http10: bool) {

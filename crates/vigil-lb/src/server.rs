@@ -161,9 +161,14 @@ impl Lb {
                     if cur.listen != new.listen
                         || cur.admin_listen != new.admin_listen
                         || cur.workers != new.workers
+                        || cur.timeouts.client_header != new.timeouts.client_header
+                        || cur.timeouts.client_write != new.timeouts.client_write
+                        || cur.limits.max_header_bytes != new.limits.max_header_bytes
                     {
                         tracing::warn!(
-                            "listen, admin_listen and workers take effect only after a restart"
+                            "listen, admin_listen, workers, timeouts.client_header, \
+                             timeouts.client_write and limits.max_header_bytes take effect \
+                             only after a restart"
                         );
                     }
                 }
@@ -225,6 +230,7 @@ pub async fn serve(config: LbConfig, path: PathBuf) -> u8 {
     let settings = FrontSettings {
         header_timeout: config.timeouts.client_header,
         max_header_bytes: config.limits.max_header_bytes,
+        write_timeout: config.timeouts.client_write,
     };
     tracing::info!(
         listen = %config.listen,

@@ -65,6 +65,8 @@ pub struct Outgoing {
     body: Bytes,
     /// The body is streamed from the client with chunked coding (no length known).
     chunked: bool,
+    /// The body is streamed from the client.
+    streamed: bool,
 }
 
 /// The request body as the client sends it.
@@ -90,6 +92,7 @@ impl Outgoing {
         body: OutgoingBody,
         idempotent: bool,
     ) -> Outgoing {
+        let streamed = matches!(body, OutgoingBody::Streamed(_));
         let (body, chunked) = match body {
             OutgoingBody::Buffered(b) => {
                 if !b.is_empty() || declares_body {
@@ -113,7 +116,15 @@ impl Outgoing {
             idempotent,
             body,
             chunked,
+            streamed,
         }
+    }
+}
+
+impl Outgoing {
+    /// Whether the body is streamed from the client (not buffered).
+    pub fn is_streamed(&self) -> bool {
+        self.streamed
     }
 }
 
