@@ -961,14 +961,22 @@ async fn absolute_form_reaches_the_backend_in_origin_form() {
 /// a different Host reaching the target is a host confusion).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_replaces_a_conflicting_host() {
+    let host = host_the_target_sees(b"GET http://a.example/p HTTP/1.1\r\nHost: b.example\r\n\r\n");
+    assert_eq!(host.await, ["a.example"]);
+}
+
+/// Sends `request` through a balancer to an [`echo`] backend; the `Host` values the
+/// backend received.
+async fn host_the_target_sees(request: &[u8]) -> Vec<String> {
     let (lb, b) = echo_setup("").await;
-    let r = client_of(&lb)
-        .await
-        .roundtrip(b"GET http://a.example/p HTTP/1.1\r\nHost: b.example\r\n\r\n")
-        .await;
+    let r = client_of(&lb).await.roundtrip(request).await;
     assert_eq!(r.status, 200, "{r:?}");
     let seen = b.seen();
-    assert_eq!(seen[0].field("host"), ["a.example"], "{}", seen[0].head);
+    seen[0]
+        .field("host")
+        .into_iter()
+        .map(str::to_string)
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------
@@ -1179,14 +1187,9 @@ async fn a_slow_streamed_upload_is_not_cut_by_the_response_header_timeout() {
 /// request without one is invalid; the balancer routed by it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_naming_host_does_not_strip_host() {
-    let (lb, b) = echo_setup("").await;
-    let r = client_of(&lb)
-        .await
-        .roundtrip(b"GET /h HTTP/1.1\r\nHost: app.example\r\nConnection: host\r\n\r\n")
-        .await;
-    assert_eq!(r.status, 200, "{r:?}");
-    let seen = b.seen();
-    assert_eq!(seen[0].field("host"), ["app.example"], "{}", seen[0].head);
+    let host =
+        host_the_target_sees(b"GET /h HTTP/1.1\r\nHost: app.example\r\nConnection: host\r\n\r\n");
+    assert_eq!(host.await, ["app.example"]);
 }
 
 /// `Transfer-Encoding: gzip, chunked`: the balancer removes only the chunked coding, so
