@@ -1259,3 +1259,40 @@ async fn a_client_that_stops_reading_is_disconnected_after_client_write() {
         lb.log()
     );
 }
+
+/// A target that says `100 Continue` unasked in the middle of an upload, then reads the
+/// rest: the interim answer is skipped and the whole body goes on (it is not taken for
+/// an early final answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interim_100_mid_upload_does_not_stop_the_body() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let Some(head) = take_head(&mut c, &mut buf).await else {
+                    return;
+                };
+                let n = content_length(&head.to_ascii_lowercase()).unwrap_or(0);
+                let _ = c.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await;
+                // Not reading for a moment: the balancer's writes block meanwhile.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let Some(body) = take_exact(&mut c, &mut buf, n).await else {
+                    return;
+                };
+                let _ = c
+                    .write_all(&ok(&echoed("POST /upload HTTP/1.1", &body)))
+                    .await;
+            });
+        }
+    });
+    let lb = Lb::start(&config("", "", &[addr])).await;
+    let size = 16 * 1024 * 1024;
+    let r = post_reading_answer(&lb, size).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        lossy(&r.body),
+        echoed("POST /upload HTTP/1.1", &pattern(size))
+    );
+}

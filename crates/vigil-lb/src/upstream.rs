@@ -247,6 +247,8 @@ impl Conn {
                             self.rbuf.reserve(READ_RESERVE);
                         }
                         match self.tcp.try_read_buf(&mut self.rbuf) {
+                            Ok(0) => return Ok(false),
+                            Ok(_) if self.skip_interim() => {}
                             Ok(_) => return Ok(false),
                             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                             Err(e) => return Err(e),
@@ -257,6 +259,25 @@ impl Conn {
             }
         }
         Ok(true)
+    }
+}
+
+impl Conn {
+    /// Drops complete interim (1xx, not 101) heads at the start of the read buffer: a
+    /// `100 Continue` mid-upload asks for the rest of the body, it is not an answer.
+    /// True when nothing else was read (keep sending).
+    fn skip_interim(&mut self) -> bool {
+        loop {
+            match http1::parse_response(&self.rbuf, false, |_, _| {}) {
+                Ok(Some(h)) if (100..200).contains(&h.status) && h.status != 101 => {
+                    self.rbuf.advance(h.len);
+                    if self.rbuf.is_empty() {
+                        return true;
+                    }
+                }
+                _ => return false,
+            }
+        }
     }
 }
 
