@@ -419,11 +419,20 @@ async fn client_of(lb: &Lb) -> Client {
     Client::connect(lb.port).await
 }
 
-/// A balancer in front of one [`echo`] backend.
-async fn echo_setup(top: &str) -> (Lb, Backend) {
-    let b = backend(echo).await;
+/// A balancer (top-level sections `top`) in front of one backend answering with
+/// `handler`.
+async fn setup(
+    top: &str,
+    handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static,
+) -> (Lb, Backend) {
+    let b = backend(handler).await;
     let lb = Lb::start(&config(top, "", &[b.addr])).await;
     (lb, b)
+}
+
+/// A balancer in front of one [`echo`] backend.
+async fn echo_setup(top: &str) -> (Lb, Backend) {
+    setup(top, echo).await
 }
 
 // ---------------------------------------------------------------------------------
@@ -611,8 +620,7 @@ fn length_less_answers(s: &Seen) -> Reply {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_without_a_length_are_rechunked_for_http11_and_raw_until_close_for_http10() {
-    let b = backend(length_less_answers).await;
-    let lb = Lb::start(&config("", "", &[b.addr])).await;
+    let (lb, _b) = setup("", length_less_answers).await;
     let want = pattern(50_000);
 
     let mut c = client_of(&lb).await;
@@ -876,8 +884,7 @@ fn head_answers(s: &Seen) -> Reply {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn head_204_and_304_answers_have_no_body_and_keep_the_connection() {
-    let b = backend(head_answers).await;
-    let lb = Lb::start(&config("", "", &[b.addr])).await;
+    let (lb, b) = setup("", head_answers).await;
     let mut c = client_of(&lb).await;
 
     c.send(b"HEAD /h HTTP/1.1\r\nHost: a\r\n\r\n").await;
@@ -998,8 +1005,7 @@ fn truncating_answers(s: &Seen) -> Reply {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_truncated_target_answer_reaches_the_client_truncated() {
-    let b = backend(truncating_answers).await;
-    let lb = Lb::start(&config("", "", &[b.addr])).await;
+    let (lb, _b) = setup("", truncating_answers).await;
     for version in ["1.1", "1.0"] {
         let mut c = client_of(&lb).await;
         c.send(format!("GET /short-length HTTP/{version}\r\nHost: a\r\n\r\n").as_bytes())
