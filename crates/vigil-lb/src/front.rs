@@ -192,8 +192,7 @@ impl ClientConn {
             if worth_parsing {
                 let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
                 match http1::parse_request(&self.rbuf, &mut fields) {
-                    Ok(Some((head, fields))) if head.len > settings.max_header_bytes => {
-                        let _ = fields;
+                    Ok(Some((head, _))) if head.len > settings.max_header_bytes => {
                         return too_large(settings);
                     }
                     Ok(Some((head, fields))) => {
