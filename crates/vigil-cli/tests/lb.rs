@@ -14,7 +14,7 @@ use vigil_core::Status;
 use vigil_testkit::{Backend, Mode};
 
 mod lb_support;
-use lb_support::LbProcess;
+use lb_support::{LbProcess, serve_each};
 
 /// A running `vigil lb` process ([`LbProcess`]) and an HTTP client for it.
 struct Lb {
@@ -760,56 +760,53 @@ fn check_config_accepts_the_example_and_rejects_with_file_line_key() {
 /// A backend that answers 200 to everything (health checks included), records every
 /// request head it receives, and sends hop-by-hop headers of its own.
 async fn capturing_backend() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = listener.accept().await {
-            let log = log.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    let end = loop {
-                        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break p + 4;
-                        }
-                        match c.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                    buf.drain(..end);
-                    // Read a Content-Length body and record its length and last byte.
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length: "))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < len {
-                        match c.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
+    let addr = serve_each(move |mut c| {
+        let log = log.clone();
+        async move {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            loop {
+                let end = loop {
+                    if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break p + 4;
                     }
-                    let body: Vec<u8> = buf.drain(..len).collect();
-                    log.lock().unwrap().push(format!(
-                        "{head}body-bytes: {} sum: {}",
-                        body.len(),
-                        body.iter().map(|b| u64::from(*b)).sum::<u64>()
-                    ));
-                    let resp = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\
-                                connection: keep-alive, x-internal\r\nkeep-alive: timeout=5\r\n\
-                                x-internal: secret\r\nx-app: kept\r\n\r\nok";
-                    if c.write_all(resp.as_bytes()).await.is_err() {
-                        return;
+                    match c.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                buf.drain(..end);
+                // Read a Content-Length body and record its length and last byte.
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while buf.len() < len {
+                    match c.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
                     }
                 }
-            });
+                let body: Vec<u8> = buf.drain(..len).collect();
+                log.lock().unwrap().push(format!(
+                    "{head}body-bytes: {} sum: {}",
+                    body.len(),
+                    body.iter().map(|b| u64::from(*b)).sum::<u64>()
+                ));
+                let resp = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\
+                                connection: keep-alive, x-internal\r\nkeep-alive: timeout=5\r\n\
+                                x-internal: secret\r\nx-app: kept\r\n\r\nok";
+                if c.write_all(resp.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
         }
-    });
+    })
+    .await;
     (addr, seen)
 }
 

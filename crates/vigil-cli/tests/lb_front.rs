@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 const WAIT: Duration = Duration::from_secs(5);
 
 mod lb_support;
-use lb_support::LbProcess as Lb;
+use lb_support::{LbProcess as Lb, serve_each};
 
 fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -343,67 +343,61 @@ impl Backend {
 /// A keep-alive HTTP/1.1 backend: reads each request whole (Content-Length or chunked),
 /// records it, and answers what `handler` says.
 async fn backend(handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Backend {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let (log, handler) = (seen.clone(), Arc::new(handler));
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = listener.accept().await {
-            let (log, handler) = (log.clone(), handler.clone());
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    let Some(raw) = take_head(&mut c, &mut buf).await else {
-                        return;
-                    };
-                    let line = raw.split("\r\n").next().unwrap_or_default().to_string();
-                    let head = raw.to_ascii_lowercase();
-                    let body = if is_chunked(&head) {
-                        take_chunked(&mut c, &mut buf).await
-                    } else {
-                        take_exact(&mut c, &mut buf, content_length(&head).unwrap_or(0)).await
-                    };
-                    let Some(body) = body else { return };
-                    let s = Seen { line, head, body };
-                    log.lock().unwrap().push(s.clone());
-                    let reply = handler(&s);
-                    tokio::time::sleep(reply.delay).await;
-                    if c.write_all(&reply.bytes).await.is_err() || reply.close {
-                        return;
-                    }
+    let addr = serve_each(move |mut c| {
+        let (log, handler) = (log.clone(), handler.clone());
+        async move {
+            let mut buf = Vec::new();
+            loop {
+                let Some(raw) = take_head(&mut c, &mut buf).await else {
+                    return;
+                };
+                let line = raw.split("\r\n").next().unwrap_or_default().to_string();
+                let head = raw.to_ascii_lowercase();
+                let body = if is_chunked(&head) {
+                    take_chunked(&mut c, &mut buf).await
+                } else {
+                    take_exact(&mut c, &mut buf, content_length(&head).unwrap_or(0)).await
+                };
+                let Some(body) = body else { return };
+                let s = Seen { line, head, body };
+                log.lock().unwrap().push(s.clone());
+                let reply = handler(&s);
+                tokio::time::sleep(reply.delay).await;
+                if c.write_all(&reply.bytes).await.is_err() || reply.close {
+                    return;
                 }
-            });
+            }
         }
-    });
+    })
+    .await;
     Backend { addr, seen }
 }
 
 /// A backend that reads only the request head, answers `answer`, holds the connection
 /// for `hold` without reading any more, and closes it.
 async fn head_only_backend(answer: &'static [u8], hold: Duration) -> Backend {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = listener.accept().await {
-            let log = log.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let Some(raw) = take_head(&mut c, &mut buf).await else {
-                    return;
-                };
-                log.lock().unwrap().push(Seen {
-                    line: raw.split("\r\n").next().unwrap_or_default().to_string(),
-                    head: raw.to_ascii_lowercase(),
-                    body: Vec::new(),
-                });
-                let _ = c.write_all(answer).await;
-                tokio::time::sleep(hold).await;
-                // Dropped with the body unread: the kernel resets the connection.
+    let addr = serve_each(move |mut c| {
+        let log = log.clone();
+        async move {
+            let mut buf = Vec::new();
+            let Some(raw) = take_head(&mut c, &mut buf).await else {
+                return;
+            };
+            log.lock().unwrap().push(Seen {
+                line: raw.split("\r\n").next().unwrap_or_default().to_string(),
+                head: raw.to_ascii_lowercase(),
+                body: Vec::new(),
             });
+            let _ = c.write_all(answer).await;
+            tokio::time::sleep(hold).await;
+            // Dropped with the body unread: the kernel resets the connection.
         }
-    });
+    })
+    .await;
     Backend { addr, seen }
 }
 
@@ -1272,28 +1266,23 @@ async fn a_client_that_stops_reading_is_disconnected_after_client_write() {
 /// an early final answer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interim_100_mid_upload_does_not_stop_the_body() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let Some(head) = take_head(&mut c, &mut buf).await else {
-                    return;
-                };
-                let n = content_length(&head.to_ascii_lowercase()).unwrap_or(0);
-                let _ = c.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await;
-                // Not reading for a moment: the balancer's writes block meanwhile.
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                let Some(body) = take_exact(&mut c, &mut buf, n).await else {
-                    return;
-                };
-                let _ = c
-                    .write_all(&ok(&echoed("POST /upload HTTP/1.1", &body)))
-                    .await;
-            });
-        }
-    });
+    let addr = serve_each(|mut c| async move {
+        let mut buf = Vec::new();
+        let Some(head) = take_head(&mut c, &mut buf).await else {
+            return;
+        };
+        let n = content_length(&head.to_ascii_lowercase()).unwrap_or(0);
+        let _ = c.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await;
+        // Not reading for a moment: the balancer's writes block meanwhile.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Some(body) = take_exact(&mut c, &mut buf, n).await else {
+            return;
+        };
+        let _ = c
+            .write_all(&ok(&echoed("POST /upload HTTP/1.1", &body)))
+            .await;
+    })
+    .await;
     let lb = Lb::start(&config("", "", &[addr])).await;
     let size = 16 * 1024 * 1024;
     let r = post_reading_answer(&lb, size).await;

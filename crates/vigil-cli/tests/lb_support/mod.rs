@@ -17,6 +17,25 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A loopback listener (a target for the balancer) whose every connection is handed to
+/// `serve` in a task of its own; its address.
+pub async fn serve_each<F, Fut>(serve: F) -> std::net::SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("bound address");
+    tokio::spawn(async move {
+        while let Ok((c, _)) = listener.accept().await {
+            tokio::spawn(serve(c));
+        }
+    });
+    addr
+}
+
 /// A running `vigil lb` process with its config file and log; killed when dropped.
 pub struct LbProcess {
     pub child: Child,
