@@ -330,14 +330,10 @@ impl ClientConn {
                 continue_due: req.expect_continue,
                 idle_timeout: table.client_body_timeout,
             };
-            let answer = proxy
-                .forward(&table, &pool, out, req.idempotent, Some(&mut reader))
-                .await;
+            let answer = proxy.forward(&table, &pool, out, Some(&mut reader)).await;
             (answer, reader.is_done())
         } else {
-            let answer = proxy
-                .forward(&table, &pool, out, req.idempotent, None)
-                .await;
+            let answer = proxy.forward(&table, &pool, out, None).await;
             (answer, true)
         };
         let keep = req.keep_alive && body_done && !shutdown.is_cancelled();
@@ -616,8 +612,7 @@ pub fn forwarded_head<'b>(
         .iter()
         .filter(|f| f.name.eq_ignore_ascii_case("connection"))
     {
-        // `Connection: host` cannot take the request's host away.
-        named.extend(connection_options(c.value).filter(|n| !n.eq_ignore_ascii_case(b"host")));
+        named.extend(connection_options(c.value));
     }
     let mut forwarded_for: SmallVec<[&[u8]; 2]> = SmallVec::new();
     for f in fields {

@@ -140,17 +140,22 @@ pub fn is_idempotent(method: &str) -> bool {
     )
 }
 
-/// The header names a `Connection` field value lists, other than the usual
-/// `keep-alive` and `close` (those fields describe the connection too).
+/// The header names a `Connection` field value lists, to be removed with it: not the
+/// usual `keep-alive` and `close` tokens, and never `Host`, `Content-Length` or
+/// `Transfer-Encoding` (a client or target naming those would take away the host the
+/// request was routed by, or the framing the message is read by).
 pub(crate) fn connection_options(value: &[u8]) -> impl Iterator<Item = &[u8]> + '_ {
+    const KEPT: [&[u8]; 5] = [
+        b"keep-alive",
+        b"close",
+        b"host",
+        b"content-length",
+        b"transfer-encoding",
+    ];
     value
         .split(|&b| b == b',')
         .map(<[u8]>::trim_ascii)
-        .filter(|n| {
-            !n.is_empty()
-                && !n.eq_ignore_ascii_case(b"keep-alive")
-                && !n.eq_ignore_ascii_case(b"close")
-        })
+        .filter(|n| !n.is_empty() && !KEPT.iter().any(|k| k.eq_ignore_ascii_case(n)))
 }
 
 /// Fields that describe one connection (RFC 9110 7.6.1 and the usual non-standard
@@ -236,7 +241,6 @@ impl Proxy {
         table: &ProxyTable,
         pool: &Arc<PoolRt>,
         out: Outgoing,
-        idempotent: bool,
         mut streamed: Option<&'a mut BodyReader<'b>>,
     ) -> Answer {
         let start = Instant::now();
@@ -249,6 +253,7 @@ impl Proxy {
         let mut retries = 0u32;
         let mut last_failure: Option<(Failure, String)>;
         let buffered = streamed.is_none();
+        let idempotent = out.is_idempotent();
         // Serialised once; every attempt (retry, hedge) sends the same bytes.
         let out = Arc::new(out);
         let hedge_delay = (section.hedge.enabled && idempotent && buffered).then(|| {
@@ -522,9 +527,11 @@ mod tests {
     }
 
     #[test]
-    fn connection_options_leave_out_keep_alive_and_close() {
-        let named: Vec<&[u8]> =
-            connection_options(b" Keep-Alive, x-secret ,close,,Upgrade").collect();
+    fn connection_options_leave_out_keep_alive_close_host_and_framing() {
+        let named: Vec<&[u8]> = connection_options(
+            b" Keep-Alive, x-secret ,close,,Upgrade, Host, content-length,Transfer-Encoding",
+        )
+        .collect();
         assert_eq!(named, vec![&b"x-secret"[..], b"Upgrade"]);
     }
 

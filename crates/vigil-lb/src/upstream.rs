@@ -122,6 +122,11 @@ impl Outgoing {
 }
 
 impl Outgoing {
+    /// Whether the request may be sent twice (an idempotent method).
+    pub fn is_idempotent(&self) -> bool {
+        self.idempotent
+    }
+
     /// Whether the body is streamed from the client (not buffered).
     pub fn is_streamed(&self) -> bool {
         self.streamed
@@ -504,12 +509,7 @@ impl ConnPool {
                 let parsed = http1::parse_response(&read, req.head_request, |name, value| {
                     if let Some(i) = hop_by_hop(name.as_bytes()) {
                         match i {
-                            // Framing fields stay the framing's: `Connection` cannot
-                            // name them away.
-                            0 => named.extend(connection_options(value).filter(|n| {
-                                !n.eq_ignore_ascii_case(b"content-length")
-                                    && !n.eq_ignore_ascii_case(b"transfer-encoding")
-                            })),
+                            0 => named.extend(connection_options(value)),
                             // A coding besides chunked (gzip) would be lost when the
                             // body is framed again for the client.
                             3 => odd_coding |= !value.trim_ascii().eq_ignore_ascii_case(b"chunked"),
