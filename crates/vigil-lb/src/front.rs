@@ -24,7 +24,7 @@
 //! Not done here: HTTP/2, upgrades (`Upgrade` is hop-by-hop and removed), forwarding
 //! request trailers.
 
-use crate::proxy::{Answer, Proxy, VIA, connection_options, hop_by_hop, is_idempotent};
+use crate::proxy::{Answer, Proxy, ProxyTable, VIA, connection_options, hop_by_hop, is_idempotent};
 use crate::upstream::{Outgoing, OutgoingBody, ResponseHead, UpstreamResponse, poll_read_more};
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
@@ -87,6 +87,8 @@ struct Prepared {
     expect_continue: bool,
     /// The matching route's pool, or none (404).
     pool: Option<Arc<crate::balancer::PoolRt>>,
+    /// The configuration it was routed by.
+    table: Arc<ProxyTable>,
 }
 
 /// What the head read ended with.
@@ -272,7 +274,7 @@ impl ClientConn {
         proxy: &Proxy,
         shutdown: &CancellationToken,
     ) -> io::Result<bool> {
-        let table = proxy.table.load_full();
+        let table = req.table;
         let has_body = req.body != RequestBody::None;
         let Some(pool) = req.pool else {
             proxy.count_local("none", 404);
@@ -593,10 +595,7 @@ pub fn forwarded_head<'b>(
     }
     let path = pq.split('?').next().unwrap_or_default();
     let path = if path.is_empty() { "/" } else { path };
-    let host_field = fields
-        .iter()
-        .find(|f| f.name.eq_ignore_ascii_case("host"))
-        .and_then(|f| std::str::from_utf8(f.value).ok());
+    let host_field = head.host.and_then(|h| std::str::from_utf8(h).ok());
 
     let mut out = Vec::with_capacity(head.len + 96);
     out.extend_from_slice(head.method.as_bytes());
@@ -671,7 +670,9 @@ fn prepare(
     client_ip: &str,
 ) -> Result<Prepared, (u16, String)> {
     let fwd = forwarded_head(head, fields, client_ip)?;
-    let pool = proxy.table.load().route(fwd.host, fwd.path).cloned();
+    // One configuration for the whole request, from routing to the last attempt.
+    let table = proxy.table.load_full();
+    let pool = table.route(fwd.host, fwd.path).cloned();
     Ok(Prepared {
         head_len: head.len,
         out_head: fwd.out_head,
@@ -684,6 +685,7 @@ fn prepare(
         http10: head.http10,
         expect_continue: head.expect_continue,
         pool,
+        table,
     })
 }
 
