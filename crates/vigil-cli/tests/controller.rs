@@ -321,23 +321,9 @@ async fn a_target_flapping_every_probe_is_damped_not_replaced() {
     let cfg = base_config("[guard.damping]\nhalf_life = \"10m\"\n") + &targets_toml(&bs);
     let c = Controller::start(dir.path(), &cfg);
     c.wait_all(10, "healthy").await;
-    let flapper = std::thread::scope(|s| {
-        let h = s.spawn(|| {
-            // Toggle faster than N=3 probes: never three failures in a row, often a
-            // new failure episode.
-            for k in 0..40 {
-                if k % 2 == 0 {
-                    bs[5].set_check("disk:free", Status::Fail);
-                } else {
-                    bs[5].clear_checks();
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            bs[5].set_check("disk:free", Status::Fail);
-        });
-        h.join()
-    });
-    flapper.expect("flapper thread");
+    // Fail, pass, fail, ... on every probe, whatever the timing: never three failures in
+    // a row, a new failure episode every other probe.
+    bs[5].flap_check("disk:free", Status::Fail);
     let t = c
         .wait_for("t5 flapping", || async {
             let t = c.get("/api/targets/t5").await["target"].clone();
@@ -345,6 +331,7 @@ async fn a_target_flapping_every_probe_is_damped_not_replaced() {
         })
         .await;
     assert!(t["penalty"].as_u64().unwrap() >= 2000, "{t}");
+    bs[5].set_check("disk:free", Status::Fail);
     // It now fails steadily: still damped, reported as flapping, not replaced.
     c.wait_for("a flapping decision", || async {
         c.decisions()

@@ -53,6 +53,9 @@ struct State {
     /// Mode of the health endpoints themselves (`Ok` means: answer the health).
     health_mode: Mode,
     checks: BTreeMap<String, Status>,
+    /// A check whose status flips on every `/readyz` or `/health` answer, starting
+    /// with the given status (a target that flaps every probe, whatever the timing).
+    flapping: Option<(String, Status)>,
 }
 
 /// A real HTTP backend on 127.0.0.1 with a port of its own.
@@ -78,6 +81,7 @@ impl Backend {
             mode: Mode::Ok,
             health_mode: Mode::Ok,
             checks: BTreeMap::new(),
+            flapping: None,
         }));
         let requests = Arc::new(AtomicU64::new(0));
         let health_requests = Arc::new(AtomicU64::new(0));
@@ -126,16 +130,29 @@ impl Backend {
     /// Sets the status of a named check in `/readyz` and `/health` (e.g. `"disk:free"`,
     /// `"postgres:connect"`). The overall status is their aggregate (all critical).
     pub fn set_check(&self, name: &str, status: Status) {
-        self.state
-            .lock()
-            .expect("state lock")
-            .checks
-            .insert(name.to_string(), status);
+        let mut st = self.state.lock().expect("state lock");
+        if st.flapping.as_ref().is_some_and(|(n, _)| n == name) {
+            st.flapping = None;
+        }
+        st.checks.insert(name.to_string(), status);
     }
 
-    /// Sets every check back to pass and forgets them.
+    /// Sets every check back to pass and forgets them (a flapping one too).
     pub fn clear_checks(&self) {
-        self.state.lock().expect("state lock").checks.clear();
+        let mut st = self.state.lock().expect("state lock");
+        st.checks.clear();
+        st.flapping = None;
+    }
+
+    /// Makes the named check alternate between `first` and pass on every health
+    /// answer, `first` on the next one: a target that flaps every probe, tied to the
+    /// probes rather than to a clock (so a busy machine cannot turn it into a steady
+    /// failure). [`Backend::set_check`] on the same name or [`Backend::clear_checks`]
+    /// ends it.
+    pub fn flap_check(&self, name: &str, first: Status) {
+        let mut st = self.state.lock().expect("state lock");
+        st.checks.remove(name);
+        st.flapping = Some((name.to_string(), first));
     }
 
     /// Application requests answered or received so far.
@@ -212,11 +229,22 @@ async fn serve(
 }
 
 fn health_answer(state: &Mutex<State>, path: &str) -> (u16, String) {
-    let st = state.lock().expect("state lock");
+    let mut st = state.lock().expect("state lock");
+    let flap = st.flapping.as_mut().map(|(name, next)| {
+        let now = *next;
+        *next = if now == Status::Pass {
+            Status::Fail
+        } else {
+            Status::Pass
+        };
+        (name.clone(), now)
+    });
     let mut report = HealthReport::from_results(
         st.checks
             .iter()
-            .map(|(n, s)| (n.clone(), CheckResult::new(*s), Criticality::Critical)),
+            .map(|(n, s)| (n.clone(), *s))
+            .chain(flap)
+            .map(|(n, s)| (n, CheckResult::new(s), Criticality::Critical)),
     );
     report.description = Some(format!("{} {}", st.name, path));
     (report.status.http_code(), report.to_json())
@@ -344,5 +372,21 @@ mod tests {
             std::net::TcpStream::connect(addr).is_err(),
             "a killed backend must refuse connections"
         );
+    }
+
+    #[test]
+    fn a_flapping_check_alternates_on_every_health_answer_until_set() {
+        let b = Backend::start("b1");
+        b.flap_check("disk:free", Status::Fail);
+        let codes: Vec<bool> = (0..5)
+            .map(|_| get(b.addr(), "/health").starts_with("HTTP/1.1 503"))
+            .collect();
+        assert_eq!(codes, [true, false, true, false, true]);
+        b.set_check("disk:free", Status::Fail);
+        for _ in 0..3 {
+            assert!(get(b.addr(), "/readyz").starts_with("HTTP/1.1 503"));
+        }
+        b.clear_checks();
+        assert!(get(b.addr(), "/readyz").starts_with("HTTP/1.1 200"));
     }
 }
