@@ -17,7 +17,8 @@ import time
 BACKEND_PORTS = [19101, 19102, 19103, 19104]
 PORTS = {"vigil": 18180, "haproxy": 18182, "nginx": 18183}
 VIGIL_ADMIN = 18181
-# Equivalent settings for all three: 1 worker, keep-alive to backends, 1 s connect
+# Equivalent settings for all three: WORKERS worker threads/processes (1 unless
+# --workers), keep-alive to backends, 1 s connect
 # timeout, 10 s response timeout (vigil's default), least outstanding requests
 # (P2C / leastconn / least_conn), 2 retries; active checks every 1 s, 1 s timeout,
 # fall 3, rise 2 (nginx open source has passive checks only: max_fails=1).
@@ -26,6 +27,15 @@ CONNECTIONS = 64
 # --pin: the proxy alone on core 0, wrk and the backends on core 1 (else: wherever the
 # scheduler puts them). Set in main().
 PIN = False
+# Worker threads (vigil, HAProxy) or processes (nginx) of each proxy. Set in main().
+WORKERS = 1
+# The balancing family all three use in a run: "least" (least outstanding requests:
+# vigil's default power of two choices, HAProxy leastconn, nginx least_conn) or "rr"
+# (round-robin for all three). Set per run in main().
+BALANCE = "least"
+HAPROXY_BALANCE = {"least": "leastconn", "rr": "roundrobin"}
+NGINX_BALANCE = {"least": "least_conn;", "rr": "# round-robin (the default)"}
+VIGIL_BALANCE = {"least": "", "rr": 'balance = "round-robin"\n'}
 
 
 def on(core, cmd):
@@ -122,12 +132,12 @@ def vigil_config(port=PORTS["vigil"], admin=VIGIL_ADMIN):
     return f"""
 listen = "127.0.0.1:{port}"
 admin_listen = "127.0.0.1:{admin}"
-workers = 1
+workers = {WORKERS}
 [timeouts]
 connect = "1s"
 response_header = "{RESPONSE_TIMEOUT_S}s"
 [pools.app]
-targets = [{targets}]
+{VIGIL_BALANCE[BALANCE]}targets = [{targets}]
 [pools.app.health_check]
 interval = "1s"
 timeout = "1s"
@@ -158,7 +168,7 @@ def start_haproxy(tmp):
     with open(conf, "w") as f:
         f.write(f"""
 global
-  nbthread 1
+  nbthread {WORKERS}
   maxconn 8000
 defaults
   mode http
@@ -173,7 +183,7 @@ frontend fe
   bind 127.0.0.1:{PORTS['haproxy']}
   default_backend be
 backend be
-  balance leastconn
+  balance {HAPROXY_BALANCE[BALANCE]}
   http-reuse always
   option httpchk GET /readyz
   default-server check inter 1s fall 3 rise 2
@@ -193,7 +203,7 @@ def start_nginx(tmp):
                         for p in BACKEND_PORTS)
     with open(conf, "w") as f:
         f.write(f"""
-daemon off; worker_processes 1;
+daemon off; worker_processes {WORKERS};
 pid {d}/nginx.pid; error_log {d}/error.log warn;
 events {{ worker_connections 8192; }}
 http {{
@@ -201,7 +211,7 @@ http {{
   client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};
   uwsgi_temp_path {d}; scgi_temp_path {d};
   upstream be {{
-    least_conn;
+    {NGINX_BALANCE[BALANCE]}
 {servers}
     keepalive 128;
   }}
@@ -273,10 +283,27 @@ def tree_cpu_seconds(pid):
     return total / tick
 
 
-def wrk(port, duration, event=None, at=None, pid=None):
+def sleeps(pids):
+    """Times these processes went to sleep (voluntary context switches), summed."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                total += sum(int(line.split()[1]) for line in f
+                             if line.startswith("voluntary_ctxt_switches"))
+        except OSError:
+            pass
+    return total
+
+
+def wrk(port, duration, event=None, at=None, pid=None, backends=()):
+    """One bounded wrk run. With `pid`: the proxy's CPU per request; with `backends`
+    (their pids): how often per request a backend went to sleep (and so had to be woken
+    for the next one)."""
     cmd = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{duration}s", "--latency", "--timeout", "30s",
            f"http://127.0.0.1:{port}/"]
     cpu0 = tree_cpu_seconds(pid) if pid else 0.0
+    sleeps0 = sleeps(backends)
     p = subprocess.Popen(on(1, cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if event:
         time.sleep(at)
@@ -285,6 +312,8 @@ def wrk(port, duration, event=None, at=None, pid=None):
     r = parse_wrk(out)
     if pid and r["requests"]:
         r["cpu_us"] = (tree_cpu_seconds(pid) - cpu0) / r["requests"] * 1e6
+    if backends and r["requests"]:
+        r["wakeups"] = (sleeps(backends) - sleeps0) / r["requests"]
     return r, out
 
 
@@ -296,11 +325,22 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="vigil,haproxy,nginx", help="proxies to run")
     ap.add_argument("--no-failures", action="store_true", help="normal runs only")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="worker threads/processes of each proxy (default 1)")
+    ap.add_argument("--balance", default="least,rr",
+                    help="balancing families for the normal runs, comma-separated: least "
+                         "(vigil P2C, HAProxy leastconn, nginx least_conn), rr (round-robin "
+                         "for all); the failure runs use the first")
     ap.add_argument("--pin", action="store_true",
                     help="proxy alone on core 0; wrk and the backends on core 1")
     args = ap.parse_args()
-    global PIN
+    global PIN, WORKERS, BALANCE
     PIN = args.pin
+    WORKERS = args.workers
+    families = args.balance.split(",")
+    for b in families:
+        if b not in HAPROXY_BALANCE:
+            sys.exit(f"--balance: unknown family {b!r} (expected least or rr)")
     tmp = tempfile.mkdtemp(prefix="vigil-lb-bench-")
     backends = Backends(tmp)
     starters = {
@@ -310,23 +350,27 @@ def main():
     }
     starters = {k: v for k, v in starters.items() if k in args.only.split(",")}
     fail_at = max(2, args.fail_duration // 5)
-    results = {name: {"normal_runs": []} for name in starters}
+    normal = {(b, name): [] for b in families for name in starters}
+    failures = {name: {} for name in starters}
     proc = None
     try:
         backends.start_all()
         # Normal runs interleaved over rounds (the machine is shared: interleaving spreads
-        # background noise over all three); the median round is reported.
+        # background noise over all of them); the median round is reported.
         for _ in range(args.rounds):
-            for name, start in starters.items():
-                proc = start()
-                if proc.poll() is not None:
-                    sys.exit(f"{name} did not start; see {tmp}")
-                wrk(PORTS[name], 2)  # warm-up: connections to backends, caches
-                r, raw = wrk(PORTS[name], args.duration, pid=proc.pid)
-                print(f"--- {name} normal\n{raw}", file=sys.stderr)
-                results[name]["normal_runs"].append(r)
-                stop(proc)
-                proc = None
+            for BALANCE in families:
+                for name, start in starters.items():
+                    proc = start()
+                    if proc.poll() is not None:
+                        sys.exit(f"{name} did not start; see {tmp}")
+                    wrk(PORTS[name], 2)  # warm-up: connections to backends, caches
+                    r, raw = wrk(PORTS[name], args.duration, pid=proc.pid,
+                                 backends=[p.pid for p in backends.procs])
+                    print(f"--- {name} normal ({BALANCE})\n{raw}", file=sys.stderr)
+                    normal[(BALANCE, name)].append(r)
+                    stop(proc)
+                    proc = None
+        BALANCE = families[0]
         for name, start in starters.items():
             for scenario in [] if args.no_failures else ["kill", "freeze"]:
                 proc = start()
@@ -336,8 +380,8 @@ def main():
                 wrk(PORTS[name], 2)
                 base, _ = wrk(PORTS[name], args.duration)
                 ev = (lambda: backends.kill(0)) if scenario == "kill" else (lambda: backends.freeze(0))
-                results[name][scenario], raw = wrk(PORTS[name], args.fail_duration, ev, fail_at)
-                results[name][scenario]["base_rps"] = base["rps"]
+                failures[name][scenario], raw = wrk(PORTS[name], args.fail_duration, ev, fail_at)
+                failures[name][scenario]["base_rps"] = base["rps"]
                 print(f"--- {name} {scenario}\n{raw}", file=sys.stderr)
                 stop(proc)
                 proc = None
@@ -348,32 +392,48 @@ def main():
 
     placement = ("proxy pinned to core 0, wrk and backends to core 1" if PIN
                  else "unpinned")
-    print(f"\n## Normal run: wrk -t1 -c{CONNECTIONS} -d{args.duration}s, 4 backends, 1 worker each, "
-          f"{placement}, median of {args.rounds} interleaved rounds\n")
-    def median(res, key):
-        vals = sorted(r.get(key, float("nan")) for r in res["normal_runs"])
+
+    def median(runs, key):
+        vals = sorted(r.get(key, float("nan")) for r in runs)
         return vals[len(vals) // 2]
 
-    print("| proxy | requests/s | p50 ms | p99 ms | CPU us/request | vigil/peer rps | vigil/peer p99 | all rounds rps | all rounds p99 ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    v = results.get("vigil", next(iter(results.values())))
-    for name, res in results.items():
-        all_rps = "/".join(f"{r['rps']:.0f}" for r in res["normal_runs"])
-        all_p99 = "/".join(f"{r['p99']:.1f}" for r in res["normal_runs"])
-        print(f"| {name} | {median(res, 'rps'):.0f} | {median(res, 'p50'):.2f} | "
-              f"{median(res, 'p99'):.2f} | {median(res, 'cpu_us'):.1f} | "
-              f"{median(v, 'rps') / median(res, 'rps'):.2f} | "
-              f"{median(v, 'p99') / median(res, 'p99'):.2f} | {all_rps} | {all_p99} |")
+    names = {"least": "least outstanding requests (vigil P2C, the default; HAProxy "
+                      "leastconn; nginx least_conn)",
+             "rr": "round-robin (all three)"}
+    for b in families:
+        print(f"\n## Normal run, {names[b]}: wrk -t1 -c{CONNECTIONS} -d{args.duration}s, "
+              f"4 backends, {WORKERS} worker(s) each, {placement}, median of {args.rounds} "
+              "interleaved rounds\n")
+        print("| proxy | requests/s | p50 ms | p99 ms | CPU us/request | backend wake-ups/request "
+              "| vigil/peer rps | vigil/peer p99 | all rounds rps | all rounds p99 ms |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        v = normal.get((b, "vigil"), next(iter(normal.values())))
+        for name in starters:
+            runs = normal[(b, name)]
+            all_rps = "/".join(f"{r['rps']:.0f}" for r in runs)
+            all_p99 = "/".join(f"{r['p99']:.1f}" for r in runs)
+            print(f"| {name} | {median(runs, 'rps'):.0f} | {median(runs, 'p50'):.2f} | "
+                  f"{median(runs, 'p99'):.2f} | {median(runs, 'cpu_us'):.1f} | "
+                  f"{median(runs, 'wakeups'):.2f} | "
+                  f"{median(v, 'rps') / median(runs, 'rps'):.2f} | "
+                  f"{median(v, 'p99') / median(runs, 'p99'):.2f} | {all_rps} | {all_p99} |")
     print("\nEach column is the median over the rounds (a round's p99 is a single stall away "
           "from another's on a shared machine). CPU us/request: user+system CPU of the proxy "
-          "(and its workers) per request; less sensitive than requests/s to other load.")
-    print(f"\n## Failure runs: {args.fail_duration}s, backend 0 killed (SIGKILL) or frozen "
-          f"(SIGSTOP) at t={fail_at}s; response timeout {RESPONSE_TIMEOUT_S}s for all\n")
+          "(and its workers) per request; less sensitive than requests/s to other load. "
+          "Backend wake-ups/request: how often a backend went to sleep per request, i.e. had "
+          "to be woken (and share a core) for the next one; on one machine that is CPU the "
+          "proxy and wrk do not get.")
+    if args.no_failures:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    print(f"\n## Failure runs ({names[families[0]]}): {args.fail_duration}s, backend 0 killed "
+          f"(SIGKILL) or frozen (SIGSTOP) at t={fail_at}s; response timeout {RESPONSE_TIMEOUT_S}s "
+          "for all\n")
     print("throughput kept: requests/s of the failure run over a normal run of the same proxy "
           "started just before it.\n")
     print("| proxy | scenario | requests/s | throughput kept | client errors | slowest ms |")
     print("|---|---|---|---|---|---|")
-    for name, res in results.items():
+    for name, res in failures.items():
         for scenario in [x for x in ["kill", "freeze"] if x in res]:
             r = res[scenario]
             kept = r["rps"] / r["base_rps"] if r["base_rps"] else float("nan")

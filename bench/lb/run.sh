@@ -4,12 +4,18 @@
 #   bench/lb/run.sh                 # default: 10 s normal runs, 20 s failure runs
 #   DURATION=5 FAIL_DURATION=12 ROUNDS=1 bench/lb/run.sh
 #   PIN=1 bench/lb/run.sh          # proxy alone on core 0, wrk and backends on core 1
+#   WORKERS=2 bench/lb/run.sh      # 2 worker threads/processes per proxy (the peers'
+#                                  # defaults on this 2-core machine: one per core)
+#   BALANCE=least bench/lb/run.sh  # normal runs for one balancing family only (default
+#                                  # least,rr: least outstanding requests for all three,
+#                                  # then round-robin for all three)
 #
 # Installs nginx, haproxy and wrk from Debian if missing, builds vigil (release), starts
 # 4 tiny loopback backends (single-process nginx answering "ok"), then for each proxy
-# (vigil lb, HAProxy, nginx; 1 worker thread/process each, keep-alive to backends,
+# (vigil lb, HAProxy, nginx; WORKERS (default 1) worker threads/processes each, keep-alive to backends,
 # equivalent timeouts and active checks where the proxy has them):
-#   1. a normal wrk run: requests/s, p50, p99;
+#   1. a normal wrk run per balancing family: requests/s, p50, p99, CPU and backend
+#      wake-ups per request;
 #   2. 1 of 4 backends SIGKILLed mid-run: client errors, slowest request, throughput kept;
 #   3. 1 of 4 backends SIGSTOPped mid-run (frozen: accepts, never answers): same.
 # Prints a table with vigil's ratios to each peer. Every run is bounded in time.
@@ -36,4 +42,4 @@ if [[ -z "$VIGIL" ]]; then
   VIGIL=$PWD/target/release/vigil
 fi
 exec python3 bench/lb/bench.py --vigil "$VIGIL" --rounds "${ROUNDS:-3}" \
-  --duration "${DURATION:-10}" --fail-duration "${FAIL_DURATION:-20}" ${PIN:+--pin}
+  --duration "${DURATION:-10}" --fail-duration "${FAIL_DURATION:-20}" --workers "${WORKERS:-1}" --balance "${BALANCE:-least,rr}" ${PIN:+--pin}

@@ -8,7 +8,8 @@ A VARIANT is `name` (bench.py's configuration as is), `name:KEY=VALUE` (an envir
 variable for that run, e.g. `slow:RUST_LOG=debug`), or `name@TOML` where TOML is text
 appended to the configuration's `[pools.app]` table (e.g.
 `least@balance = "least-request"`; `\\n` for new lines). With --vigil PATH for another
-binary (a variant of the code): `name=PATH` uses that binary. Prints one line per run
+binary (a variant of the code): `name=PATH` uses that binary; the three combine as
+`name=PATH:KEY=VALUE@TOML`. Prints one line per run
 and, per variant, the median requests/s, p50 and p99 over the rounds.
 """
 import argparse
@@ -26,16 +27,17 @@ from bench import Backends, PORTS, stop, vigil_config  # noqa: E402
 
 
 def parse_variant(spec, default_vigil):
+    """`name[=PATH][:KEY=VALUE][@TOML]` -> (name, binary, env, toml)."""
     name, vigil, env, toml = spec, default_vigil, {}, ""
-    if "=" in spec and ":" not in spec and "@" not in spec:
-        name, vigil = spec.split("=", 1)
-    elif ":" in spec:
-        name, kv = spec.split(":", 1)
+    if "@" in name:
+        name, toml = name.split("@", 1)
+        toml = toml.replace("\\n", "\n")
+    if ":" in name:
+        name, kv = name.split(":", 1)
         k, v = kv.split("=", 1)
         env[k] = v
-    elif "@" in spec:
-        name, toml = spec.split("@", 1)
-        toml = toml.replace("\\n", "\n")
+    if "=" in name:
+        name, vigil = name.split("=", 1)
     return name, vigil, env, toml
 
 
