@@ -67,26 +67,7 @@ pub fn run(args: Args) -> ExitCode {
                     return ExitCode::from(EXIT_BAD_CONFIG);
                 }
             };
-            // One worker: a current-thread runtime does the same work without the
-            // multi-thread scheduler's cross-thread bookkeeping.
-            let mut rt = if config.workers == 1 {
-                tokio::runtime::Builder::new_current_thread()
-            } else {
-                tokio::runtime::Builder::new_multi_thread()
-            };
-            rt.enable_all().thread_name("vigil-lb");
-            if config.workers > 1 {
-                rt.worker_threads(config.workers);
-            }
-            let rt = match rt.build() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("vigil lb: cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let code = rt.block_on(crate::server::serve(config, path));
-            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            let code = crate::server::run(config, path);
             ExitCode::from(code)
         }
     }

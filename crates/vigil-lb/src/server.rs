@@ -23,8 +23,10 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
+use socket2::{Domain, Protocol, Socket, Type};
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -197,8 +199,92 @@ impl Lb {
 }
 
 /// Runs the daemon until SIGTERM/SIGINT; returns the process exit code.
-pub async fn serve(config: LbConfig, path: PathBuf) -> u8 {
-    let listener = match TcpListener::bind(config.listen).await {
+///
+/// `workers` threads each run a current-thread runtime of their own with a listener of
+/// their own on the same address (`SO_REUSEPORT`: the kernel spreads connections), and
+/// keep their own idle target connections: share-nothing, like nginx's worker
+/// processes, with the routing tables and the policy state shared. The first worker is
+/// this thread, which also runs the control side (health checks, the tick loop, the
+/// admin listener, signals).
+pub fn run(config: LbConfig, path: PathBuf) -> u8 {
+    let workers = match config.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    crate::upstream::set_workers(workers);
+    let rt = match worker_runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vigil lb: cannot start the runtime: {e}");
+            return 1;
+        }
+    };
+    let code = rt.block_on(serve(config, path, workers));
+    rt.shutdown_timeout(Duration::from_secs(1));
+    code
+}
+
+fn worker_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("vigil-lb")
+        .build()
+}
+
+/// `workers` listeners on `addr` (one, plain, for one worker). With a port of 0 the
+/// first one's port is shared by the rest.
+fn listeners(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let mut out: Vec<std::net::TcpListener> = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        let at = out.first().map_or(Ok(addr), |l| l.local_addr())?;
+        let socket = Socket::new(Domain::for_address(at), Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        if workers > 1 {
+            socket.set_reuse_port(true)?;
+        }
+        socket.bind(&at.into())?;
+        socket.listen(1024)?;
+        out.push(socket.into());
+    }
+    Ok(out)
+}
+
+/// Accepts connections until `shutdown`, serving each in a task of this runtime.
+async fn accept_loop(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    settings: FrontSettings,
+    shutdown: CancellationToken,
+    connections: TaskTracker,
+) {
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and friends: back off a little rather than spin.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        connections.spawn(front::serve_connection(
+            tcp,
+            peer,
+            proxy.clone(),
+            settings,
+            shutdown.clone(),
+        ));
+    }
+}
+
+async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
+    let mut listeners = match listeners(config.listen, workers) {
         Ok(l) => l,
         Err(e) => {
             tracing::error!("cannot listen on {} (key `listen`): {e}", config.listen);
@@ -236,44 +322,80 @@ pub async fn serve(config: LbConfig, path: PathBuf) -> u8 {
         listen = %config.listen,
         admin = %config.admin_listen,
         pools = config.pools.len(),
+        workers,
         "vigil lb started"
     );
+    let listen = config.listen;
     let lb = Lb::start(config);
     tokio::spawn(lb.clone().tick_loop());
     let admin_task = tokio::spawn(serve_admin(admin_listener, lb.clone()));
 
-    // Cancelled on SIGTERM: connections finish the request in hand and close.
+    // Cancelled on SIGTERM: listeners close, connections finish the request in hand
+    // and close.
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
+    let mut threads = Vec::new();
+    let first = listeners.remove(0);
+    for (k, std_listener) in (1..).zip(listeners) {
+        let (proxy, shutdown, connections) =
+            (lb.proxy.clone(), shutdown.clone(), connections.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("vigil-lb-{k}"))
+            .spawn(move || {
+                crate::upstream::set_worker(k);
+                let rt = match worker_runtime() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!("worker {k}: cannot start its runtime: {e}");
+                        return;
+                    }
+                };
+                rt.block_on(async {
+                    match std_listener
+                        .set_nonblocking(true)
+                        .and_then(|()| TcpListener::from_std(std_listener))
+                    {
+                        Ok(l) => {
+                            accept_loop(l, proxy, settings, shutdown, connections.clone()).await
+                        }
+                        Err(e) => tracing::error!("worker {k}: cannot use its listener: {e}"),
+                    }
+                    // This runtime runs its connections' tasks: it stays until they
+                    // are done (the tracker is closed by then) or the drain time is up.
+                    let _ = tokio::time::timeout(drain_timeout, connections.wait()).await;
+                });
+                rt.shutdown_timeout(Duration::from_millis(100));
+            });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => tracing::error!("cannot start worker {k}: {e}"),
+        }
+    }
+    let accepting = match first
+        .set_nonblocking(true)
+        .and_then(|()| TcpListener::from_std(first))
+    {
+        Ok(l) => tokio::spawn(accept_loop(
+            l,
+            lb.proxy.clone(),
+            settings,
+            shutdown.clone(),
+            connections.clone(),
+        )),
+        Err(e) => {
+            tracing::error!("cannot use the listener on {listen}: {e}");
+            return 1;
+        }
+    };
     loop {
         tokio::select! {
-            biased;
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); break; }
             _ = int.recv() => { tracing::info!("SIGINT: draining"); break; }
             _ = hup.recv() => { tracing::info!("SIGHUP: reloading {}", path.display()); lb.reload(&path); }
-            accepted = listener.accept() => {
-                let (tcp, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // EMFILE and friends: back off a little rather than spin.
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = tcp.set_nodelay(true);
-                connections.spawn(front::serve_connection(
-                    tcp,
-                    peer,
-                    lb.proxy.clone(),
-                    settings,
-                    shutdown.clone(),
-                ));
-            }
         }
     }
-    drop(listener);
     shutdown.cancel();
+    let _ = accepting.await;
     connections.close();
     match tokio::time::timeout(drain_timeout, connections.wait()).await {
         Ok(()) => tracing::info!("drained; exiting"),
@@ -281,6 +403,9 @@ pub async fn serve(config: LbConfig, path: PathBuf) -> u8 {
             "drain timeout ({}) ran out with requests still in flight; exiting",
             humantime::format_duration(drain_timeout)
         ),
+    }
+    for t in threads {
+        let _ = t.join();
     }
     admin_task.abort();
     0
@@ -306,5 +431,45 @@ async fn serve_admin(listener: TcpListener, lb: Arc<Lb>) {
                 .serve_connection(TokioIo::new(tcp), svc)
                 .await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_share_one_port_even_when_it_is_chosen_by_the_system() {
+        let ls = listeners("127.0.0.1:0".parse().unwrap(), 3).unwrap();
+        assert_eq!(ls.len(), 3);
+        let port = ls[0].local_addr().unwrap().port();
+        assert_ne!(port, 0);
+        for l in &ls {
+            assert_eq!(l.local_addr().unwrap().port(), port);
+        }
+        // Every connection lands on one of them (the kernel spreads them).
+        let clients: Vec<_> = (0..12)
+            .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+            .collect();
+        let mut accepted = 0;
+        for l in &ls {
+            l.set_nonblocking(true).unwrap();
+            while l.accept().is_ok() {
+                accepted += 1;
+            }
+        }
+        assert_eq!(accepted, clients.len());
+    }
+
+    #[test]
+    fn one_worker_gets_one_plain_listener_and_a_taken_port_is_an_error() {
+        let ls = listeners("127.0.0.1:0".parse().unwrap(), 1).unwrap();
+        assert_eq!(ls.len(), 1);
+        let taken = ls[0].local_addr().unwrap();
+        assert!(listeners(taken, 1).is_err(), "{taken} is in use");
+        assert!(
+            listeners(taken, 2).is_err(),
+            "reuseport needs every socket to ask"
+        );
     }
 }

@@ -27,10 +27,12 @@ use crate::proxy::{Failure, connection_options, hop_by_hop};
 use bytes::{Buf, Bytes, BytesMut};
 use hyper::body::{Body, Frame, SizeHint};
 use smallvec::SmallVec;
+use std::cell::Cell;
 use std::io::{self, Write as _};
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::{Duration, Instant};
@@ -45,8 +47,29 @@ const INLINE_BODY: usize = 16 * 1024;
 /// Read buffer space allocated when a read finds less than [`MIN_READ_ROOM`] left.
 const READ_RESERVE: usize = 16 * 1024;
 const MIN_READ_ROOM: usize = 2 * 1024;
-/// Idle connections kept per target; more close when their exchange ends.
+/// Idle connections kept per target and worker; more close when their exchange ends.
 const MAX_IDLE_PER_TARGET: usize = 512;
+
+/// Workers the pools are sharded for (set once, before the first pool is built).
+static WORKERS: AtomicUsize = AtomicUsize::new(1);
+
+thread_local! {
+    /// This thread's worker number: which shard of every pool it uses.
+    static WORKER: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Sets how many workers (threads with a runtime of their own) the connection pools
+/// serve: each worker keeps its own idle connections, so a connection is only ever used
+/// by the runtime whose reactor it is registered with (no cross-thread wake-ups).
+/// Called once at start, before any pool exists.
+pub fn set_workers(n: usize) {
+    WORKERS.store(n.max(1), Ordering::Relaxed);
+}
+
+/// Marks the calling thread as worker `k` (0-based) for the connection pools.
+pub fn set_worker(k: usize) {
+    WORKER.with(|w| w.set(k));
+}
 /// A read buffer grown past this (a large head) is not kept in the pool.
 const KEEP_BUFFER: usize = 64 * 1024;
 
@@ -314,7 +337,8 @@ pub struct ConnPool {
     addr: String,
     /// The address when `addr` is an IP address (no resolution per connect).
     sock: Option<SocketAddr>,
-    idle: Mutex<Vec<Idle>>,
+    /// Idle connections, one list per worker.
+    idle: Box<[Mutex<Vec<Idle>>]>,
 }
 
 /// How an exchange failed.
@@ -332,27 +356,39 @@ impl ConnPool {
         Arc::new(ConnPool {
             addr: addr.to_string(),
             sock: addr.parse().ok(),
-            idle: Mutex::new(Vec::new()),
+            idle: (0..WORKERS.load(Ordering::Relaxed))
+                .map(|_| Mutex::new(Vec::new()))
+                .collect(),
         })
     }
 
     /// Idle connections now.
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().expect("idle lock").len()
+        self.idle
+            .iter()
+            .map(|s| s.lock().expect("idle lock").len())
+            .sum()
+    }
+
+    /// This worker's idle connections.
+    fn shard(&self) -> &Mutex<Vec<Idle>> {
+        &self.idle[WORKER.with(Cell::get) % self.idle.len()]
     }
 
     /// Closes idle connections unused for `max_idle` or more, or closed by the target.
     pub fn evict_idle(&self, max_idle: Duration) {
         let now = Instant::now();
-        self.idle
-            .lock()
-            .expect("idle lock")
-            .retain(|i| now.duration_since(i.since) < max_idle && i.conn.is_usable());
+        for shard in &self.idle {
+            shard
+                .lock()
+                .expect("idle lock")
+                .retain(|i| now.duration_since(i.since) < max_idle && i.conn.is_usable());
+        }
     }
 
     /// The most recently used idle connection that is usable.
     fn checkout(&self, max_idle: Duration) -> Option<Box<Conn>> {
-        let mut idle = self.idle.lock().expect("idle lock");
+        let mut idle = self.shard().lock().expect("idle lock");
         while let Some(i) = idle.pop() {
             if i.since.elapsed() < max_idle && i.conn.is_usable() {
                 return Some(i.conn);
@@ -369,7 +405,7 @@ impl ConnPool {
         if conn.rbuf.capacity() > KEEP_BUFFER {
             conn.rbuf = BytesMut::new();
         }
-        let mut idle = self.idle.lock().expect("idle lock");
+        let mut idle = self.shard().lock().expect("idle lock");
         // Past the cap (a burst's worth), the connection closes rather than idles.
         if idle.len() < MAX_IDLE_PER_TARGET {
             idle.push(Idle {
