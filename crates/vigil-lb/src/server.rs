@@ -234,6 +234,14 @@ fn worker_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// `workers` listeners on `addr` (one, plain, for one worker). With a port of 0 the
 /// first one's port is shared by the rest.
 fn listeners(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    if workers > 1 && addr.port() != 0 {
+        // Sockets that all ask for SO_REUSEPORT share a port, so another process doing
+        // the same (a second vigil lb on this address) would silently split the
+        // traffic: a plain bind first, to fail as a single listener would.
+        let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        probe.set_reuse_address(true)?;
+        probe.bind(&addr.into())?;
+    }
     let mut out: Vec<std::net::TcpListener> = Vec::with_capacity(workers);
     for _ in 0..workers {
         let at = out.first().map_or(Ok(addr), |l| l.local_addr())?;
@@ -244,9 +252,23 @@ fn listeners(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::
         }
         socket.bind(&at.into())?;
         socket.listen(1024)?;
+        socket.set_nonblocking(true)?;
         out.push(socket.into());
     }
     Ok(out)
+}
+
+/// A worker thread's runtime with its listener registered in it: everything that can
+/// fail, done before any worker starts.
+fn worker_parts(
+    std_listener: std::net::TcpListener,
+) -> std::io::Result<(tokio::runtime::Runtime, TcpListener)> {
+    let rt = worker_runtime()?;
+    let listener = {
+        let _in_rt = rt.enter();
+        TcpListener::from_std(std_listener)?
+    };
+    Ok((rt, listener))
 }
 
 /// Accepts connections until `shutdown`, serving each in a task of this runtime.
@@ -334,59 +356,58 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
     // and close.
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
-    let mut threads = Vec::new();
-    let first = listeners.remove(0);
-    for (k, std_listener) in (1..).zip(listeners) {
-        let (proxy, shutdown, connections) =
-            (lb.proxy.clone(), shutdown.clone(), connections.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("vigil-lb-{k}"))
-            .spawn(move || {
-                crate::upstream::set_worker(k);
-                let rt = match worker_runtime() {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        tracing::error!("worker {k}: cannot start its runtime: {e}");
-                        return;
-                    }
-                };
-                rt.block_on(async {
-                    match std_listener
-                        .set_nonblocking(true)
-                        .and_then(|()| TcpListener::from_std(std_listener))
-                    {
-                        Ok(l) => {
-                            accept_loop(l, proxy, settings, shutdown, connections.clone()).await
-                        }
-                        Err(e) => tracing::error!("worker {k}: cannot use its listener: {e}"),
-                    }
-                    // This runtime runs its connections' tasks: it stays until they
-                    // are done (the tracker is closed by then) or the drain time is up.
-                    let _ = tokio::time::timeout(drain_timeout, connections.wait()).await;
-                });
-                rt.shutdown_timeout(Duration::from_millis(100));
-            });
-        match spawned {
-            Ok(t) => threads.push(t),
-            Err(e) => tracing::error!("cannot start worker {k}: {e}"),
-        }
-    }
-    let accepting = match first
-        .set_nonblocking(true)
-        .and_then(|()| TcpListener::from_std(first))
-    {
-        Ok(l) => tokio::spawn(accept_loop(
-            l,
-            lb.proxy.clone(),
-            settings,
-            shutdown.clone(),
-            connections.clone(),
-        )),
+    let first = match TcpListener::from_std(listeners.remove(0)) {
+        Ok(l) => l,
         Err(e) => {
             tracing::error!("cannot use the listener on {listen}: {e}");
             return 1;
         }
     };
+    let mut parts = Vec::with_capacity(listeners.len());
+    for l in listeners {
+        match worker_parts(l) {
+            Ok(p) => parts.push(p),
+            Err(e) => {
+                tracing::error!("cannot start a worker ({workers} asked for, key `workers`): {e}");
+                return 1;
+            }
+        }
+    }
+    let mut threads = Vec::new();
+    for (k, (rt, listener)) in (1..).zip(parts) {
+        let (proxy, stop, tracker) = (lb.proxy.clone(), shutdown.clone(), connections.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("vigil-lb-{k}"))
+            .spawn(move || {
+                crate::upstream::set_worker(k);
+                rt.block_on(async {
+                    accept_loop(listener, proxy, settings, stop, tracker.clone()).await;
+                    // This runtime runs its connections' tasks: it stays until they
+                    // are done (the tracker is closed by then) or the drain time is up.
+                    let _ = tokio::time::timeout(drain_timeout, tracker.wait()).await;
+                });
+                rt.shutdown_timeout(Duration::from_millis(100));
+            });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                tracing::error!("cannot start worker {k} (key `workers`): {e}");
+                shutdown.cancel();
+                connections.close();
+                for t in threads {
+                    let _ = t.join();
+                }
+                return 1;
+            }
+        }
+    }
+    let accepting = tokio::spawn(accept_loop(
+        first,
+        lb.proxy.clone(),
+        settings,
+        shutdown.clone(),
+        connections.clone(),
+    ));
     loop {
         tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); break; }
@@ -471,5 +492,13 @@ mod tests {
             listeners(taken, 2).is_err(),
             "reuseport needs every socket to ask"
         );
+    }
+
+    #[test]
+    fn a_second_group_of_workers_cannot_share_a_port_already_served() {
+        let group = listeners("127.0.0.1:0".parse().unwrap(), 2).unwrap();
+        let taken = group[0].local_addr().unwrap();
+        let err = listeners(taken, 2).expect_err("a second vigil lb on the same address");
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
     }
 }

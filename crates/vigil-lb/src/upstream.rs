@@ -47,8 +47,10 @@ const INLINE_BODY: usize = 16 * 1024;
 /// Read buffer space allocated when a read finds less than [`MIN_READ_ROOM`] left.
 const READ_RESERVE: usize = 16 * 1024;
 const MIN_READ_ROOM: usize = 2 * 1024;
-/// Idle connections kept per target and worker; more close when their exchange ends.
+/// Idle connections kept per target (shared out among the workers, at least
+/// [`MIN_IDLE_PER_WORKER`] each); more close when their exchange ends.
 const MAX_IDLE_PER_TARGET: usize = 512;
+const MIN_IDLE_PER_WORKER: usize = 8;
 
 /// Workers the pools are sharded for (set once, before the first pool is built).
 static WORKERS: AtomicUsize = AtomicUsize::new(1);
@@ -238,7 +240,13 @@ impl Conn {
     /// said "readable" (then a 1-byte read tells closed, garbage, or stale readiness).
     fn is_usable(&self) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
-        match self.tcp.poll_read_ready(&mut cx) {
+        // Outside tokio's cooperative budget: with it spent (many idle connections
+        // looked at in one poll), readiness would read `Pending` and a closed
+        // connection pass for usable.
+        let ready = std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(|cx| self
+            .tcp
+            .poll_read_ready(cx))));
+        match ready.poll(&mut cx) {
             Poll::Pending => true,
             Poll::Ready(Err(_)) => false,
             Poll::Ready(Ok(())) => {
@@ -339,6 +347,8 @@ pub struct ConnPool {
     sock: Option<SocketAddr>,
     /// Idle connections, one list per worker.
     idle: Box<[Mutex<Vec<Idle>>]>,
+    /// Idle connections kept per worker.
+    idle_cap: usize,
 }
 
 /// How an exchange failed.
@@ -353,12 +363,12 @@ enum ExchangeError {
 impl ConnPool {
     /// An empty pool for `addr` (`host:port`).
     pub fn new(addr: &str) -> Arc<Self> {
+        let workers = WORKERS.load(Ordering::Relaxed).max(1);
         Arc::new(ConnPool {
             addr: addr.to_string(),
             sock: addr.parse().ok(),
-            idle: (0..WORKERS.load(Ordering::Relaxed))
-                .map(|_| Mutex::new(Vec::new()))
-                .collect(),
+            idle: (0..workers).map(|_| Mutex::new(Vec::new())).collect(),
+            idle_cap: (MAX_IDLE_PER_TARGET / workers).max(MIN_IDLE_PER_WORKER),
         })
     }
 
@@ -407,7 +417,7 @@ impl ConnPool {
         }
         let mut idle = self.shard().lock().expect("idle lock");
         // Past the cap (a burst's worth), the connection closes rather than idles.
-        if idle.len() < MAX_IDLE_PER_TARGET {
+        if idle.len() < self.idle_cap {
             idle.push(Idle {
                 conn,
                 since: Instant::now(),
