@@ -203,9 +203,10 @@ impl Lb {
 /// `workers` threads each run a current-thread runtime of their own with a listener of
 /// their own on the same address (`SO_REUSEPORT`: the kernel spreads connections), and
 /// keep their own idle target connections: share-nothing, like nginx's worker
-/// processes, with the routing tables and the policy state shared. The first worker is
-/// this thread, which also runs the control side (health checks, the tick loop, the
-/// admin listener, signals).
+/// processes, with the routing tables and the policy state shared. This thread runs the
+/// control side on a runtime of its own, as Envoy's main thread does: health checks,
+/// the tick loop, the admin listener, signals. Traffic that saturates the workers
+/// cannot delay a health check into a false failure.
 pub fn run(config: LbConfig, path: PathBuf) -> u8 {
     let workers = match config.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -306,7 +307,7 @@ async fn accept_loop(
 }
 
 async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
-    let mut listeners = match listeners(config.listen, workers) {
+    let listeners = match listeners(config.listen, workers) {
         Ok(l) => l,
         Err(e) => {
             tracing::error!("cannot listen on {} (key `listen`): {e}", config.listen);
@@ -347,7 +348,6 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
         workers,
         "vigil lb started"
     );
-    let listen = config.listen;
     let lb = Lb::start(config);
     tokio::spawn(lb.clone().tick_loop());
     let admin_task = tokio::spawn(serve_admin(admin_listener, lb.clone()));
@@ -356,13 +356,6 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
     // and close.
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
-    let first = match TcpListener::from_std(listeners.remove(0)) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!("cannot use the listener on {listen}: {e}");
-            return 1;
-        }
-    };
     let mut parts = Vec::with_capacity(listeners.len());
     for l in listeners {
         match worker_parts(l) {
@@ -374,7 +367,7 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
         }
     }
     let mut threads = Vec::new();
-    for (k, (rt, listener)) in (1..).zip(parts) {
+    for (k, (rt, listener)) in parts.into_iter().enumerate() {
         let (proxy, stop, tracker) = (lb.proxy.clone(), shutdown.clone(), connections.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("vigil-lb-{k}"))
@@ -401,13 +394,6 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
             }
         }
     }
-    let accepting = tokio::spawn(accept_loop(
-        first,
-        lb.proxy.clone(),
-        settings,
-        shutdown.clone(),
-        connections.clone(),
-    ));
     loop {
         tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); break; }
@@ -416,7 +402,6 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
         }
     }
     shutdown.cancel();
-    let _ = accepting.await;
     connections.close();
     match tokio::time::timeout(drain_timeout, connections.wait()).await {
         Ok(()) => tracing::info!("drained; exiting"),
