@@ -945,6 +945,30 @@ mod tests {
         Ok((status, body.to_vec()))
     }
 
+    #[tokio::test]
+    async fn every_idle_connection_closed_by_the_target_is_evicted_in_one_pass() {
+        // More than tokio's cooperative budget (128 readiness polls per task poll):
+        // readiness must not read "pending" for the rest, or closed ones would stay.
+        const N: usize = 200;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let closer = std::thread::spawn(move || {
+            let conns: Vec<_> = (0..N).map(|_| listener.accept().unwrap().0).collect();
+            drop(conns); // the target closes every one of them
+        });
+        let pool = ConnPool::new(&addr);
+        for _ in 0..N {
+            let conn = pool.connect(SECOND).await.unwrap();
+            pool.checkin(conn);
+        }
+        closer.join().unwrap();
+        assert_eq!(pool.idle_count(), N);
+        // Let the reactor see every FIN, then one pass from this one task poll.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        pool.evict_idle(MINUTE);
+        assert_eq!(pool.idle_count(), 0, "closed connections left in the pool");
+    }
+
     #[test]
     fn the_request_is_serialised_once_with_its_length() {
         let line = || b"POST /p?q=1 HTTP/1.1\r\nx-b: 2\r\n".to_vec();
