@@ -14,7 +14,7 @@ use vigil_core::Status;
 use vigil_testkit::{Backend, Mode};
 
 mod lb_support;
-use lb_support::{LbProcess, serve_each};
+use lb_support::{LbProcess, serve_each, take_exact, take_head};
 
 /// A running `vigil lb` process ([`LbProcess`]) and an HTTP client for it.
 struct Lb {
@@ -766,32 +766,20 @@ async fn capturing_backend() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
         let log = log.clone();
         async move {
             let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
             loop {
-                let end = loop {
-                    if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break p + 4;
-                    }
-                    match c.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
+                let Some(head) = take_head(&mut c, &mut buf).await else {
+                    return;
                 };
-                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                buf.drain(..end);
-                // Read a Content-Length body and record its length and last byte.
+                let head = head.to_ascii_lowercase();
+                // Read a Content-Length body and record its length and byte sum.
                 let len: usize = head
                     .lines()
                     .find_map(|l| l.strip_prefix("content-length: "))
                     .and_then(|v| v.trim().parse().ok())
                     .unwrap_or(0);
-                while buf.len() < len {
-                    match c.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let body: Vec<u8> = buf.drain(..len).collect();
+                let Some(body) = take_exact(&mut c, &mut buf, len).await else {
+                    return;
+                };
                 log.lock().unwrap().push(format!(
                     "{head}body-bytes: {} sum: {}",
                     body.len(),

@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 const WAIT: Duration = Duration::from_secs(5);
 
 mod lb_support;
-use lb_support::{LbProcess as Lb, serve_each};
+use lb_support::{LbProcess as Lb, fill, serve_each, take_exact, take_head};
 
 fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -27,31 +27,6 @@ fn pattern(n: usize) -> Vec<u8> {
 // ---------------------------------------------------------------------------------
 // Reading HTTP/1.1 off a socket (both sides).
 
-/// Reads more into `buf`; false at the end of the stream (or an error).
-async fn fill<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> bool {
-    let mut chunk = [0u8; 16 * 1024];
-    match r.read(&mut chunk).await {
-        Ok(0) | Err(_) => false,
-        Ok(n) => {
-            buf.extend_from_slice(&chunk[..n]);
-            true
-        }
-    }
-}
-
-/// A whole head (through its empty line), taken out of `buf`.
-async fn take_head<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Option<String> {
-    loop {
-        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head: Vec<u8> = buf.drain(..p + 4).collect();
-            return Some(lossy(&head));
-        }
-        if !fill(r, buf).await {
-            return None;
-        }
-    }
-}
-
 async fn take_line<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
     loop {
         if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
@@ -63,19 +38,6 @@ async fn take_line<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Option
             return None;
         }
     }
-}
-
-async fn take_exact<R: AsyncRead + Unpin>(
-    r: &mut R,
-    buf: &mut Vec<u8>,
-    n: usize,
-) -> Option<Vec<u8>> {
-    while buf.len() < n {
-        if !fill(r, buf).await {
-            return None;
-        }
-    }
-    Some(buf.drain(..n).collect())
 }
 
 /// A chunked body, decoded (`None`: cut short or malformed).

@@ -6,7 +6,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 /// A free loopback port (bound, then released).
 pub fn free_port() -> u16 {
@@ -119,4 +119,45 @@ impl Drop for LbProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+// Reading HTTP/1.1 off a socket (the scripted targets and the raw clients).
+
+/// Reads more into `buf`; false at the end of the stream (or an error).
+pub async fn fill<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 16 * 1024];
+    match r.read(&mut chunk).await {
+        Ok(0) | Err(_) => false,
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            true
+        }
+    }
+}
+
+/// A whole head (through its empty line), taken out of `buf`.
+pub async fn take_head<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Option<String> {
+    loop {
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head: Vec<u8> = buf.drain(..p + 4).collect();
+            return Some(String::from_utf8_lossy(&head).into_owned());
+        }
+        if !fill(r, buf).await {
+            return None;
+        }
+    }
+}
+
+/// Exactly `n` bytes, taken out of `buf` (`None`: the stream ended first).
+pub async fn take_exact<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    n: usize,
+) -> Option<Vec<u8>> {
+    while buf.len() < n {
+        if !fill(r, buf).await {
+            return None;
+        }
+    }
+    Some(buf.drain(..n).collect())
 }
