@@ -33,6 +33,25 @@ fn healthy_pool(config: PoolConfig) -> Pool<&'static str> {
     p
 }
 
+/// The routing set of a pool whose targets (name, weight) are in service at once.
+fn routes_of(targets: &[(&'static str, u32)]) -> RoutingSet<&'static str> {
+    let mut p = Pool::new(
+        "api",
+        PoolConfig {
+            new_targets: NewTargets::Healthy,
+            ..Default::default()
+        },
+    );
+    for &(t, weight) in targets {
+        let spec = TargetSpec {
+            weight,
+            ..Default::default()
+        };
+        p.add_target(t, spec, Time::ZERO);
+    }
+    p.routing_set(Time::ZERO)
+}
+
 fn fail(p: &mut Pool<&'static str>, t: &'static str, from: u64) -> Vec<PoolEvent<&'static str>> {
     (0..3)
         .flat_map(|i| p.observe_probe(&t, secs(from + i), false, "HTTP 503 fail"))
@@ -241,17 +260,7 @@ fn reload_keeps_state_of_known_targets() {
 
 #[test]
 fn least_request_scans_every_target_weighted_and_shares_ties() {
-    let mut p = Pool::new(
-        "api",
-        PoolConfig {
-            new_targets: NewTargets::Healthy,
-            ..Default::default()
-        },
-    );
-    for k in ["a", "b", "c", "d"] {
-        p.add_target(k, TargetSpec::default(), Time::ZERO);
-    }
-    let routes = p.routing_set(Time::ZERO);
+    let routes = routes_of(&[("a", 1), ("b", 1), ("c", 1), ("d", 1)]);
     // P2C could pick c (the second busiest) when it samples b and c; this never does.
     let load = |k: &&str| match *k {
         "a" => 3,
@@ -278,23 +287,7 @@ fn least_request_scans_every_target_weighted_and_shares_ties() {
     assert_eq!(picked.len(), 4, "{picked:?}");
 
     // Weighted: twice the weight takes twice the load before it loses.
-    let mut p = Pool::new(
-        "w",
-        PoolConfig {
-            new_targets: NewTargets::Healthy,
-            ..Default::default()
-        },
-    );
-    p.add_target(
-        "heavy",
-        TargetSpec {
-            weight: 2,
-            ..Default::default()
-        },
-        Time::ZERO,
-    );
-    p.add_target("light", TargetSpec::default(), Time::ZERO);
-    let routes = p.routing_set(Time::ZERO);
+    let routes = routes_of(&[("heavy", 2), ("light", 1)]);
     let load = |heavy: u64, light: u64| move |k: &&str| if *k == "heavy" { heavy } else { light };
     // Score (load + 1) / weight.
     assert_eq!(
@@ -311,16 +304,7 @@ fn least_request_scans_every_target_weighted_and_shares_ties() {
 
 #[test]
 fn p2c_prefers_the_less_loaded_of_two() {
-    let mut p = Pool::new(
-        "api",
-        PoolConfig {
-            new_targets: NewTargets::Healthy,
-            ..Default::default()
-        },
-    );
-    p.add_target("a", TargetSpec::default(), Time::ZERO);
-    p.add_target("b", TargetSpec::default(), Time::ZERO);
-    let routes = p.routing_set(Time::ZERO);
+    let routes = routes_of(&[("a", 1), ("b", 1)]);
     let load = |k: &&str| if *k == "a" { 10 } else { 0 };
     for r in [[0, 0], [u64::MAX, 0], [1 << 63, 12345]] {
         assert_eq!(
