@@ -213,7 +213,7 @@ pub fn run(config: LbConfig, path: PathBuf) -> u8 {
         n => n,
     };
     crate::upstream::set_workers(workers);
-    let rt = match worker_runtime() {
+    let rt = match current_thread_runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("vigil lb: cannot start the runtime: {e}");
@@ -225,7 +225,8 @@ pub fn run(config: LbConfig, path: PathBuf) -> u8 {
     code
 }
 
-fn worker_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+/// The runtime of the control thread and of each worker.
+fn current_thread_runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("vigil-lb")
@@ -264,7 +265,7 @@ fn listeners(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::
 fn worker_parts(
     std_listener: std::net::TcpListener,
 ) -> std::io::Result<(tokio::runtime::Runtime, TcpListener)> {
-    let rt = worker_runtime()?;
+    let rt = current_thread_runtime()?;
     let listener = {
         let _in_rt = rt.enter();
         TcpListener::from_std(std_listener)?
@@ -459,7 +460,7 @@ mod tests {
             .collect();
         let mut accepted = 0;
         for l in &ls {
-            l.set_nonblocking(true).unwrap();
+            // Non-blocking already (tokio takes them over as they are).
             while l.accept().is_ok() {
                 accepted += 1;
             }

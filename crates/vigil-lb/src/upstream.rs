@@ -363,7 +363,7 @@ enum ExchangeError {
 impl ConnPool {
     /// An empty pool for `addr` (`host:port`).
     pub fn new(addr: &str) -> Arc<Self> {
-        let workers = WORKERS.load(Ordering::Relaxed).max(1);
+        let workers = WORKERS.load(Ordering::Relaxed);
         Arc::new(ConnPool {
             addr: addr.to_string(),
             sock: addr.parse().ok(),
