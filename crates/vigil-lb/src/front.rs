@@ -136,7 +136,7 @@ pub async fn serve_connection(
         };
         c.rbuf.advance(req.head_len);
         match c.exchange(req, &proxy, &shutdown).await {
-            Ok(true) => {}
+            Ok(true) => crate::server::share_cpu(),
             Ok(false) => return c.linger().await,
             Err(e) => {
                 tracing::debug!(%peer, "client connection ended: {e}");

@@ -24,12 +24,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use socket2::{Domain, Protocol, Socket, Type};
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -297,6 +298,7 @@ async fn accept_loop(
             }
         };
         let _ = tcp.set_nodelay(true);
+        share_cpu();
         connections.spawn(front::serve_connection(
             tcp,
             peer,
@@ -441,9 +443,74 @@ async fn serve_admin(listener: TcpListener, lb: Arc<Lb>) {
     }
 }
 
+/// How long a busy worker runs before it offers its CPU to other runnable processes.
+const SHARE_CPU_EVERY: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// When this worker thread last offered its CPU.
+    static SHARED_CPU_AT: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Called between two requests of a client connection and after each accepted one: a
+/// worker busy for [`SHARE_CPU_EVERY`] since it last did so yields its CPU
+/// (`sched_yield`).
+///
+/// Under load a worker never sleeps: there is always another ready connection. The
+/// kernel then lets it run on until its next tick (every 4 ms with `HZ=250`) while a
+/// process woken on the same CPU but not yet due (a target on a shared machine, with
+/// requests queued) waits: the 1-4 ms tail measured in `docs/lb.md`. With nothing
+/// else runnable the call returns at once; at most one system call per interval.
+pub(crate) fn share_cpu() {
+    share_cpu_with(std::thread::yield_now);
+}
+
+fn share_cpu_with(yield_now: impl FnOnce()) {
+    let now = Instant::now();
+    SHARED_CPU_AT.with(|at| match at.get() {
+        Some(t) if now.duration_since(t) < SHARE_CPU_EVERY => {}
+        Some(_) => {
+            yield_now();
+            at.set(Some(Instant::now()));
+        }
+        None => at.set(Some(now)),
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_worker_yields_once_per_interval_and_not_between() {
+        // A thread of its own: the interval is counted per worker thread.
+        std::thread::spawn(|| {
+            let yields = Cell::new(0u32);
+            let count = || yields.set(yields.get() + 1);
+            let start = Instant::now();
+            share_cpu_with(count);
+            share_cpu_with(count);
+            assert_eq!(
+                yields.get(),
+                0,
+                "a fresh worker has nothing to give back yet"
+            );
+            // Busy for a little over four intervals, asking between "requests".
+            while start.elapsed() < SHARE_CPU_EVERY * 4 + SHARE_CPU_EVERY / 2 {
+                share_cpu_with(count);
+            }
+            // Once more past the end (the loop may not have run on a stalled machine).
+            share_cpu_with(count);
+            let elapsed = start.elapsed();
+            let most = (elapsed.as_micros() / SHARE_CPU_EVERY.as_micros()) as u32;
+            assert!(
+                (1..=most).contains(&yields.get()),
+                "{} yields in {elapsed:?} (one per {SHARE_CPU_EVERY:?} at most)",
+                yields.get()
+            );
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn workers_share_one_port_even_when_it_is_chosen_by_the_system() {
