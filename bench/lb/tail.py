@@ -4,7 +4,7 @@ own histogram, through a Lua `done` hook) beside what the kernel's scheduler did
 processes involved during the run (not a timed test; every run is bounded).
 
     python3 bench/lb/tail.py --vigil target/release/vigil [--rounds 2] [--connections 64]
-                             [--only vigil,haproxy,nginx] [--duration 8]
+                             [--only vigil,haproxy,nginx] [--duration 8] [--workers 1]
 
 Per proxy and round: requests/s, p50 .. p99.9, then for the proxy, the 4 backends and
 wrk: CPU time per request, run-queue wait per request (runnable but not running, from
@@ -112,7 +112,10 @@ def main():
     ap.add_argument("--duration", type=int, default=8)
     ap.add_argument("--connections", type=int, default=bench.CONNECTIONS)
     ap.add_argument("--only", default="vigil,haproxy,nginx")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="worker threads/processes of each proxy (as run.sh's WORKERS)")
     args = ap.parse_args()
+    bench.WORKERS = args.workers
     names = args.only.split(",")
     starters = {"vigil": lambda tmp: bench.start_vigil(tmp, args.vigil),
                 "haproxy": bench.start_haproxy, "nginx": bench.start_nginx}
@@ -144,7 +147,8 @@ def main():
                           f"[cpu us/wait us/preemptions per request: {sched}]", flush=True)
         finally:
             backends.stop_all()
-    print(f"\nmedians over {args.rounds} rounds, wrk -c{args.connections}, ms:")
+    print(f"\nmedians over {args.rounds} rounds, wrk -c{args.connections}, "
+          f"{args.workers} worker(s) each, ms:")
     print("| proxy | requests/s | " + " | ".join(f"p{p}" for p in PERCENTILES)
           + " | run-queue wait us/request (proxy, backends, wrk) | vigil/peer p99 |")
     print("|---" * (len(PERCENTILES) + 4) + "|")
