@@ -488,7 +488,6 @@ mod tests {
             let count = || yields.set(yields.get() + 1);
             let start = Instant::now();
             share_cpu_with(count);
-            share_cpu_with(count);
             assert_eq!(
                 yields.get(),
                 0,
