@@ -265,21 +265,35 @@ def parse_wrk(out):
     return r
 
 
-def tree_cpu_seconds(pid):
-    """User + system CPU time of a process and its children (nginx's worker)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+def process_tree(pid):
+    """`pid` and its children (nginx's and HAProxy's workers)."""
+    tree = [pid]
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
+                # After the command name: state, then ppid.
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if ppid == pid:
+            tree.append(int(entry))
+    return tree
+
+
+def tree_cpu_seconds(pid):
+    """User + system CPU time of a process and its children (nginx's worker)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        # fields[1] is ppid; utime and stime are fields 14 and 15 of stat (1-based).
-        if int(entry) == pid or int(fields[1]) == pid:
-            total += int(fields[11]) + int(fields[12])
+        # utime and stime are fields 14 and 15 of stat (1-based).
+        total += int(fields[11]) + int(fields[12])
     return total / tick
 
 
@@ -296,15 +310,21 @@ def sleeps(pids):
     return total
 
 
+def wrk_cmd(port, duration, *options):
+    """The one wrk command line of these benchmarks (1 thread, CONNECTIONS connections),
+    pinned to core 1 under --pin."""
+    return on(1, ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{duration}s", "--timeout", "30s",
+                  *options, f"http://127.0.0.1:{port}/"])
+
+
 def wrk(port, duration, event=None, at=None, pid=None, backends=()):
     """One bounded wrk run. With `pid`: the proxy's CPU per request; with `backends`
     (their pids): how often per request a backend went to sleep (and so had to be woken
     for the next one)."""
-    cmd = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{duration}s", "--latency", "--timeout", "30s",
-           f"http://127.0.0.1:{port}/"]
+    cmd = wrk_cmd(port, duration, "--latency")
     cpu0 = tree_cpu_seconds(pid) if pid else 0.0
     sleeps0 = sleeps(backends)
-    p = subprocess.Popen(on(1, cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if event:
         time.sleep(at)
         event()

@@ -69,23 +69,9 @@ def per_request(before, after, requests):
     return sums[0] / requests / 1e3, sums[1] / requests / 1e3, sums[2] / requests
 
 
-def children(pid):
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        kids.append(int(entry))
-            except OSError:
-                pass
-    return kids
-
-
-def run_one(name, port, proxy_pids, backend_pids, connections, duration, lua):
-    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "-s", lua,
-           f"http://127.0.0.1:{port}/"]
-    w = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def run_one(name, port, proxy_pids, backend_pids, duration, lua):
+    w = subprocess.Popen(bench.wrk_cmd(port, duration, "-s", lua), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
     groups = {"proxy": proxy_pids, "backends": backend_pids, "wrk": [w.pid]}
     # The scheduler's counters are read over a window inside the run (wrk's worker
     # thread exists only once it has started, and is gone when it ends).
@@ -115,7 +101,7 @@ def main():
     ap.add_argument("--workers", type=int, default=1,
                     help="worker threads/processes of each proxy (as run.sh's WORKERS)")
     args = ap.parse_args()
-    bench.WORKERS = args.workers
+    bench.WORKERS, bench.CONNECTIONS = args.workers, args.connections
     names = args.only.split(",")
     starters = {"vigil": lambda tmp: bench.start_vigil(tmp, args.vigil),
                 "haproxy": bench.start_haproxy, "nginx": bench.start_nginx}
@@ -132,9 +118,8 @@ def main():
                 for name in names:
                     proc = starters[name](tmp)
                     try:
-                        pids = [proc.pid] + children(proc.pid)
-                        r = run_one(name, PORTS[name], pids, backend_pids, args.connections,
-                                    args.duration, lua)
+                        r = run_one(name, PORTS[name], bench.process_tree(proc.pid),
+                                    backend_pids, args.duration, lua)
                     finally:
                         stop(proc, signal.SIGINT)
                     if r is None:
