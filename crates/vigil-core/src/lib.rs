@@ -11,6 +11,8 @@
 //! - [`thresholds`]: rise/fall thresholds turning probe results into a health verdict.
 //! - [`outlier`]: passive outlier detection (consecutive errors, ejection with backoff).
 //! - [`pool`]: a target pool's routing set: fail-open below the panic threshold, slow start.
+//! - [`anomaly`]: fleet-relative anomaly detection (is a member failing far more than its
+//!   peers?), for queue workers and balancer targets.
 //! - [`guard`]: the controller's safety guard (fraction cap, action budget, flap damping,
 //!   cause attribution).
 //! - [`http1`]: HTTP/1.1 response framing (where a head ends, how its body is delimited,
@@ -18,6 +20,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod anomaly;
 pub mod guard;
 pub mod http1;
 pub mod outlier;

@@ -56,6 +56,20 @@ impl Sub<Duration> for Time {
     }
 }
 
+/// A `Time` serialises as integer nanoseconds since the driver's epoch: an exact round
+/// trip, the same form the guard's persisted state has always used.
+impl serde::Serialize for Time {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(self.0.as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Time {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <u64 as serde::Deserialize>::deserialize(d).map(|n| Time(Duration::from_nanos(n)))
+    }
+}
+
 impl fmt::Display for Time {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "t+{:.3}s", self.0.as_secs_f64())
