@@ -13,6 +13,8 @@
 //! - [`pool`]: a target pool's routing set: fail-open below the panic threshold, slow start.
 //! - [`anomaly`]: fleet-relative anomaly detection (is a member failing far more than its
 //!   peers?), for queue workers and balancer targets.
+//! - [`gate`]: the queue worker's gate (pull only while ready, kill switch, poison vs
+//!   sickness).
 //! - [`guard`]: the controller's safety guard (fraction cap, action budget, flap damping,
 //!   cause attribution).
 //! - [`http1`]: HTTP/1.1 response framing (where a head ends, how its body is delimited,
@@ -21,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod anomaly;
+pub mod gate;
 pub mod guard;
 pub mod http1;
 pub mod outlier;
