@@ -22,3 +22,19 @@ if command -v pg_isready >/dev/null 2>&1 && ! pg_isready -h 127.0.0.1 -p 5432 -q
   echo "PostgreSQL is not answering; starting it"
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start || true
 fi
+
+# The queue-worker tests run against the machine's RabbitMQ and NATS JetStream.
+answers() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+if ! answers 5672 && command -v rabbitmq-server >/dev/null 2>&1; then
+  echo "RabbitMQ is not answering on 5672; starting it"
+  rabbitmq-server -detached || true
+fi
+if ! answers 4222 && [ -x /usr/sbin/nats-server ]; then
+  echo "NATS is not answering on 4222; starting it with JetStream"
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || true
+fi
+for port in 5672 4222; do
+  for _ in $(seq 60); do answers $port && break; sleep 1; done
+  answers $port || echo "WARNING: nothing answers on 127.0.0.1:$port: the queue-worker tests (RabbitMQ 5672, NATS 4222) will fail"
+done

@@ -38,6 +38,8 @@
 //! - [`reserved`]: the endpoints on a dedicated thread and port ([`ReservedServer`]).
 //! - [`shed`]: the concurrency-limit layer for the application's port ([`ShedLayer`]).
 //! - [`metrics`]: Prometheus metrics read from the snapshot ([`metrics::HealthCollector`]).
+//! - [`worker`]: queue-worker health: the gate that stops a sick worker pulling, with
+//!   RabbitMQ (feature `rabbitmq`) and NATS JetStream (feature `nats`) adapters.
 //! - [`checks`]: built-in checks. [`options`]: [`CheckOptions`], [`HealthConfig`].
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -58,6 +60,7 @@ pub mod shed;
 pub mod shutdown;
 pub mod snapshot;
 mod watchdog;
+pub mod worker;
 
 pub use check::{Check, DynCheck, FnCheck, Observation};
 pub use health::{BuildError, CheckKind, CheckerFault, Health, HealthBuilder};

@@ -1,6 +1,8 @@
 //! Test doubles shared by the protocol tests (gRPC, agent-check, HAProxy interop).
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod queue;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
@@ -13,6 +15,13 @@ pub struct Knob(Arc<AtomicU8>);
 impl Knob {
     pub fn set(&self, s: Status) {
         self.0.store(s as u8, Ordering::SeqCst);
+    }
+    pub fn get(&self) -> Status {
+        match self.0.load(Ordering::SeqCst) {
+            0 => Status::Pass,
+            1 => Status::Warn,
+            _ => Status::Fail,
+        }
     }
     pub fn check(
         &self,
