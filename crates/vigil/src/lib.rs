@@ -38,6 +38,7 @@
 //! - [`reserved`]: the endpoints on a dedicated thread and port ([`ReservedServer`]).
 //! - [`shed`]: the concurrency-limit layer for the application's port ([`ShedLayer`]).
 //! - [`metrics`]: Prometheus metrics read from the snapshot ([`metrics::HealthCollector`]).
+//! - [`heartbeat`]: signed heartbeats to `vigil controller`, for processes no prober reaches.
 //! - [`worker`]: queue-worker health: the gate that stops a sick worker pulling, with
 //!   RabbitMQ (feature `rabbitmq`) and NATS JetStream (feature `nats`) adapters.
 //! - [`checks`]: built-in checks. [`options`]: [`CheckOptions`], [`HealthConfig`].
@@ -53,6 +54,7 @@ pub mod endpoints;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod health;
+pub mod heartbeat;
 pub mod metrics;
 pub mod options;
 pub mod reserved;
