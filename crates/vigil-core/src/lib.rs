@@ -17,6 +17,7 @@
 //!   sickness).
 //! - [`guard`]: the controller's safety guard (fraction cap, action budget, flap damping,
 //!   cause attribution).
+//! - [`rollout`]: health-gated rollouts in waves, with report-back and latched rollback.
 //! - [`http1`]: HTTP/1.1 response framing (where a head ends, how its body is delimited,
 //!   chunked decoding), for the clients that own the sockets.
 #![forbid(unsafe_code)]
@@ -29,6 +30,7 @@ pub mod http1;
 pub mod outlier;
 pub mod pool;
 pub mod report;
+pub mod rollout;
 pub mod status;
 pub mod thresholds;
 pub mod time;

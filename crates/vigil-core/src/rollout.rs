@@ -1,0 +1,1192 @@
+//! The rollout policy: deploy a revision in health-gated waves, roll back when it is bad.
+//!
+//! [`Rollout`] is a sans-IO state machine that `vigil deploy` and the simulator drive. It
+//! never touches a host: [`Rollout::poll`] returns [`Command`]s (drain this host, install
+//! this revision with this idempotency key, undrain, alert) and the driver feeds back what
+//! happened ([`Rollout::drained`], [`Rollout::installed`], [`Rollout::report`],
+//! [`Rollout::sample`]). Its whole state is serialisable, so a driver that persists it
+//! after every step resumes after a crash without skipping or repeating a host (each
+//! install carries an idempotency key per host and revision).
+//!
+//! # The rules
+//!
+//! 1. **The floor.** At least `min_healthy` hosts (a count, or a percentage of the fleet
+//!    rounded up; default 75%) stay in service at every moment. A wave takes at most
+//!    `fleet - floor - (hosts already unhealthy or held by the guard)` hosts, capped by
+//!    `max_wave`; when that is zero the rollout *holds* and says why, it never dips below
+//!    the floor. By default a wave stays within one zone (`zones = "one-at-a-time"`).
+//! 2. **Report-back.** A host is drained, installed, and must then *report back*: its
+//!    health answer shows the new revision and passes. The `progress_deadline` (default
+//!    10 minutes, from the drain) **acts**: a host that has not reported back by then fails
+//!    its wave, and the rollout rolls back (Kubernetes' `progressDeadlineSeconds` only sets
+//!    a condition: kubernetes #23211).
+//! 3. **Bake and verdict.** Once every host of a wave reported back, the wave bakes for
+//!    `bake` (default 5 minutes). During the bake a new host that turns unhealthy, or new
+//!    hosts whose error rate exceeds `max_error_rate`, fail the wave at once. After the bake
+//!    the verdict compares the new hosts' samples (e.g. error rate per interval) with the
+//!    old-revision hosts' samples of the same window by a one-sided Mann-Whitney U test
+//!    (Kayenta's choice: no assumption on the distribution): **Fail** when the new hosts
+//!    are worse with p < `alpha` *and* by at least `min_effect` (difference of medians);
+//!    **Pass** when there are `min_samples` per side (default 50, Kayenta's minimum) and
+//!    it is not a fail; **Inconclusive** otherwise, which *holds* the rollout and says so
+//!    (never a pass, never a fail: Argo #3015/#3850; Flagger counts no data as failure,
+//!    flagger #1035). A held rollout is re-judged as samples arrive, and a human can
+//!    [`approve`](Rollout::approve) or [`abort`](Rollout::abort) it. When no old host is
+//!    left (the last wave), the verdict rests on the fixed limits and the sample count
+//!    alone, and says so; the last host failing still fails the rollout (aws-cdk #6575).
+//! 4. **Rollback is latched.** A failed wave marks the revision *bad*: it is never
+//!    deployed again until a human [`clears`](Rollout::clear_bad) it, and a new rollout of it
+//!    is refused. The rollback reinstalls the previous revision on every host that got the
+//!    bad one, through the same waves and the same floor; nothing redeploys by itself
+//!    afterwards, so deploy <-> rollback cycles (keel #1485) cannot happen. A rollback
+//!    that itself fails stops and raises an alert: a human decides.
+//! 5. **Everything explained.** Every decision is appended to [`Rollout::decisions`] with
+//!    its values, thresholds, sample sizes and test statistic.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use vigil_core::Time;
+//! use vigil_core::rollout::{Command, HostSpec, Rollout, RolloutConfig, Phase};
+//!
+//! let hosts: Vec<HostSpec> = (0..4).map(|i| HostSpec::new(format!("web-{i}"), "a", "v1")).collect();
+//! let config = RolloutConfig { bake: Duration::ZERO, min_samples: 0, ..RolloutConfig::default() };
+//! let mut r = Rollout::start(config, hosts, "v2", Time::ZERO).unwrap();
+//! let mut now = Time::ZERO;
+//! while !r.is_finished() {
+//!     now = now + Duration::from_secs(1);
+//!     for c in r.poll(now) {
+//!         match c {
+//!             Command::Drain { host } => r.drained(now, &host),
+//!             Command::Install { host, revision, .. } => {
+//!                 r.installed(now, &host, Ok(()));
+//!                 r.report(now, &host, &revision, true);
+//!             }
+//!             _ => {}
+//!         }
+//!     }
+//! }
+//! assert_eq!(r.phase(), &Phase::Completed);
+//! ```
+
+use crate::time::Time;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+/// Default floor: 75% of the fleet stays in service (waves of a quarter at most).
+pub const DEFAULT_MIN_HEALTHY: Floor = Floor::Percent(75);
+/// Default progress deadline per host, from drain to report-back: 10 minutes.
+pub const DEFAULT_PROGRESS_DEADLINE: Duration = Duration::from_secs(600);
+/// Default bake time per wave: 5 minutes.
+pub const DEFAULT_BAKE: Duration = Duration::from_secs(300);
+/// Default fixed limit on the new hosts' mean error rate during the bake: 5%.
+pub const DEFAULT_MAX_ERROR_RATE: f64 = 0.05;
+/// Default minimum samples per side for a verdict: 50 (Kayenta's minimum per metric).
+pub const DEFAULT_MIN_SAMPLES: usize = 50;
+/// Default minimum effect (difference of medians) for a failing comparison: 0.01.
+pub const DEFAULT_MIN_EFFECT: f64 = 0.01;
+/// Default significance of the comparison: 0.05 (one-sided).
+pub const DEFAULT_ALPHA: f64 = 0.05;
+
+/// The minimum number of hosts in service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Floor {
+    /// This many hosts.
+    Count(usize),
+    /// This percentage of the fleet, rounded up.
+    Percent(u8),
+}
+
+impl Floor {
+    /// The floor for a fleet of `n` hosts.
+    pub fn of(self, n: usize) -> usize {
+        match self {
+            Floor::Count(c) => c.min(n),
+            Floor::Percent(p) => (n * usize::from(p)).div_ceil(100),
+        }
+    }
+}
+
+impl Serialize for Floor {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Floor::Count(c) => s.serialize_u64(*c as u64),
+            Floor::Percent(p) => s.serialize_str(&format!("{p}%")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Floor {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Count(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Count(c) => Ok(Floor::Count(c as usize)),
+            Raw::Text(t) => t
+                .strip_suffix('%')
+                .and_then(|p| p.trim().parse::<u8>().ok())
+                .filter(|p| *p <= 100)
+                .map(Floor::Percent)
+                .ok_or_else(|| {
+                    serde::de::Error::custom(format!(
+                        "expected a host count (8) or a percentage (\"75%\"), got {t:?}"
+                    ))
+                }),
+        }
+    }
+}
+
+/// How waves treat zones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Zones {
+    /// A wave never spans two zones (a bad revision takes out at most part of one zone).
+    #[default]
+    OneAtATime,
+    /// Waves ignore zones.
+    Any,
+}
+
+/// The rollout's settings. Every field has a default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RolloutConfig {
+    /// Hosts that stay in service: a count or a percentage (`"75%"`). Defaults to 75%.
+    pub min_healthy: Floor,
+    /// Largest wave, whatever the floor allows (0 = no cap). Defaults to 0.
+    pub max_wave: usize,
+    /// Waves within one zone, or across zones. Defaults to one zone at a time.
+    pub zones: Zones,
+    /// Per host, from drain to report-back. Defaults to 10 minutes.
+    #[serde(with = "humantime_serde")]
+    pub progress_deadline: Duration,
+    /// Bake time per wave. Defaults to 5 minutes.
+    #[serde(with = "humantime_serde")]
+    pub bake: Duration,
+    /// Fixed limit on the new hosts' mean sample (error rate) during the bake. Defaults to
+    /// 0.05.
+    pub max_error_rate: f64,
+    /// Samples needed per side for a verdict. Defaults to 50.
+    pub min_samples: usize,
+    /// Smallest difference of medians (new - old) that fails a wave. Defaults to 0.01.
+    pub min_effect: f64,
+    /// Significance of the one-sided comparison. Defaults to 0.05.
+    pub alpha: f64,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        RolloutConfig {
+            min_healthy: DEFAULT_MIN_HEALTHY,
+            max_wave: 0,
+            zones: Zones::OneAtATime,
+            progress_deadline: DEFAULT_PROGRESS_DEADLINE,
+            bake: DEFAULT_BAKE,
+            max_error_rate: DEFAULT_MAX_ERROR_RATE,
+            min_samples: DEFAULT_MIN_SAMPLES,
+            min_effect: DEFAULT_MIN_EFFECT,
+            alpha: DEFAULT_ALPHA,
+        }
+    }
+}
+
+impl RolloutConfig {
+    /// Checks the values; the error starts with the bad key.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Floor::Percent(p) = self.min_healthy
+            && p > 100
+        {
+            return Err(format!("min_healthy must be at most 100%, got {p}%"));
+        }
+        if self.progress_deadline.is_zero() {
+            return Err("progress_deadline must be longer than 0s".into());
+        }
+        if !(self.max_error_rate.is_finite() && (0.0..=1.0).contains(&self.max_error_rate)) {
+            return Err(format!(
+                "max_error_rate must be in [0, 1], got {}",
+                self.max_error_rate
+            ));
+        }
+        if !(self.alpha.is_finite() && self.alpha > 0.0 && self.alpha < 1.0) {
+            return Err(format!("alpha must be in (0, 1), got {}", self.alpha));
+        }
+        if !(self.min_effect.is_finite() && self.min_effect >= 0.0) {
+            return Err(format!(
+                "min_effect must be at least 0, got {}",
+                self.min_effect
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A host as the rollout starts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostSpec {
+    /// Its id.
+    pub id: String,
+    /// Its zone.
+    pub zone: String,
+    /// The revision it runs.
+    pub revision: String,
+    /// Whether it is healthy now.
+    pub healthy: bool,
+    /// Whether the controller's guard holds it (silenced, in maintenance, reported).
+    pub held: bool,
+}
+
+impl HostSpec {
+    /// A healthy, unheld host.
+    pub fn new(
+        id: impl Into<String>,
+        zone: impl Into<String>,
+        revision: impl Into<String>,
+    ) -> Self {
+        HostSpec {
+            id: id.into(),
+            zone: zone.into(),
+            revision: revision.into(),
+            healthy: true,
+            held: false,
+        }
+    }
+}
+
+/// What the driver must do.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Command {
+    /// Take the host out of service gracefully (lame duck); answer with
+    /// [`Rollout::drained`].
+    Drain {
+        /// The host.
+        host: String,
+    },
+    /// Install `revision`; answer with [`Rollout::installed`]. Repeating a command with
+    /// the same key must not install twice.
+    Install {
+        /// The host.
+        host: String,
+        /// The revision.
+        revision: String,
+        /// Idempotency key: rollout id, host and revision.
+        key: String,
+    },
+    /// Put the host back in service.
+    Undrain {
+        /// The host.
+        host: String,
+    },
+    /// Something a human must look at.
+    Alert {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Where one host is in the rollout.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum HostStep {
+    /// Not touched yet.
+    Pending,
+    /// Drain asked.
+    Draining {
+        /// Since when (the progress deadline counts from here).
+        since: Time,
+    },
+    /// Install asked.
+    Installing {
+        /// Since the drain.
+        since: Time,
+    },
+    /// Installed; waiting for the host to report back.
+    AwaitingReport {
+        /// Since the drain.
+        since: Time,
+    },
+    /// Reported back with the revision, passing.
+    Done {
+        /// When.
+        at: Time,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Host {
+    zone: String,
+    /// What it runs, as last reported (or as it was at the start).
+    revision: String,
+    healthy: bool,
+    held: bool,
+    step: HostStep,
+    /// Samples (e.g. error rate per interval) with their time.
+    samples: Vec<(Time, f64)>,
+}
+
+/// Where the rollout is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "phase", rename_all = "snake_case")]
+pub enum Phase {
+    /// Deploying wave `wave` (0-based) of the target revision.
+    Deploying {
+        /// Wave index.
+        wave: usize,
+    },
+    /// Every host of the wave reported back; baking since `since`.
+    Baking {
+        /// Wave index.
+        wave: usize,
+        /// Bake start.
+        since: Time,
+    },
+    /// Waiting: the floor leaves no room, or the verdict is inconclusive.
+    Held {
+        /// Wave index.
+        wave: usize,
+        /// Why.
+        reason: String,
+    },
+    /// Every host runs the revision.
+    Completed,
+    /// Reinstalling the previous revision.
+    RollingBack {
+        /// Why the rollout failed.
+        reason: String,
+    },
+    /// Every host that got the bad revision runs the previous one again.
+    RolledBack {
+        /// Why the rollout failed.
+        reason: String,
+    },
+    /// The rollback itself failed: stopped, a human decides.
+    RollbackFailed {
+        /// Why.
+        reason: String,
+    },
+    /// Stopped by a human.
+    Aborted {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A wave's verdict.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    /// Proceed.
+    Pass,
+    /// Roll back.
+    Fail,
+    /// Not enough data: hold.
+    Inconclusive,
+}
+
+/// The comparison behind a verdict.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    /// Samples of the new hosts in the window.
+    pub new_samples: usize,
+    /// Samples of the old-revision hosts in the window.
+    pub old_samples: usize,
+    /// Median of the new hosts' samples.
+    pub new_median: f64,
+    /// Median of the old hosts' samples (0 without any).
+    pub old_median: f64,
+    /// Mann-Whitney U of the new hosts (None without old samples).
+    pub u: Option<f64>,
+    /// One-sided p-value that the new hosts are worse (None without old samples).
+    pub p_value: Option<f64>,
+}
+
+/// One explained decision.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RolloutDecision {
+    /// When.
+    pub at: Time,
+    /// What, in words with the values.
+    pub what: String,
+}
+
+/// The rollout's whole state (serialisable).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Rollout {
+    config: RolloutConfig,
+    id: String,
+    revision: String,
+    /// What each host ran before (the rollback target), by host.
+    previous: BTreeMap<String, String>,
+    hosts: BTreeMap<String, Host>,
+    phase: Phase,
+    /// Hosts of the current wave.
+    wave_hosts: Vec<String>,
+    /// Waves started so far.
+    waves: usize,
+    /// Revisions marked bad (latched).
+    bad: BTreeSet<String>,
+    decisions: Vec<RolloutDecision>,
+    /// Commands produced but not yet taken by `poll`.
+    #[serde(default)]
+    outbox: Vec<Command>,
+}
+
+/// Why a rollout cannot start.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    /// The revision was marked bad by an earlier rollback.
+    #[error("revision {0} is marked bad by an earlier rollback; clear it first (a human decision)")]
+    Bad(String),
+    /// No host to deploy to.
+    #[error("no hosts to deploy to")]
+    NoHosts,
+    /// The config is invalid.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl Rollout {
+    /// Starts a rollout of `revision` to `hosts` (hosts already on it are left alone).
+    pub fn start(
+        config: RolloutConfig,
+        hosts: Vec<HostSpec>,
+        revision: &str,
+        now: Time,
+    ) -> Result<Rollout, StartError> {
+        Self::start_with_bad(config, hosts, revision, now, BTreeSet::new())
+    }
+
+    /// Like [`Rollout::start`], carrying the bad revisions a previous rollout latched.
+    pub fn start_with_bad(
+        config: RolloutConfig,
+        hosts: Vec<HostSpec>,
+        revision: &str,
+        now: Time,
+        bad: BTreeSet<String>,
+    ) -> Result<Rollout, StartError> {
+        config.validate().map_err(StartError::Config)?;
+        if bad.contains(revision) {
+            return Err(StartError::Bad(revision.to_string()));
+        }
+        if hosts.is_empty() {
+            return Err(StartError::NoHosts);
+        }
+        let previous = hosts
+            .iter()
+            .map(|h| (h.id.clone(), h.revision.clone()))
+            .collect();
+        let hosts: BTreeMap<String, Host> = hosts
+            .into_iter()
+            .map(|h| {
+                let step = if h.revision == revision {
+                    HostStep::Done { at: now }
+                } else {
+                    HostStep::Pending
+                };
+                (
+                    h.id,
+                    Host {
+                        zone: h.zone,
+                        revision: h.revision,
+                        healthy: h.healthy,
+                        held: h.held,
+                        step,
+                        samples: Vec::new(),
+                    },
+                )
+            })
+            .collect();
+        let mut r = Rollout {
+            id: format!("{revision}@{}", now.as_elapsed().as_millis()),
+            config,
+            revision: revision.to_string(),
+            previous,
+            hosts,
+            phase: Phase::Deploying { wave: 0 },
+            wave_hosts: Vec::new(),
+            waves: 0,
+            bad,
+            decisions: Vec::new(),
+            outbox: Vec::new(),
+        };
+        let n = r.hosts.len();
+        let floor = r.config.min_healthy.of(n);
+        r.decide(
+            now,
+            format!(
+                "rollout of {revision} to {n} hosts; floor {floor} in service ({:?}), zones {:?}",
+                r.config.min_healthy, r.config.zones
+            ),
+        );
+        r.start_wave(now);
+        Ok(r)
+    }
+
+    /// The revision being deployed.
+    pub fn revision(&self) -> &str {
+        &self.revision
+    }
+
+    /// Where it is.
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// Every decision so far, oldest first.
+    pub fn decisions(&self) -> &[RolloutDecision] {
+        &self.decisions
+    }
+
+    /// Revisions marked bad.
+    pub fn bad_revisions(&self) -> &BTreeSet<String> {
+        &self.bad
+    }
+
+    /// A host's step.
+    pub fn host_step(&self, host: &str) -> Option<&HostStep> {
+        self.hosts.get(host).map(|h| &h.step)
+    }
+
+    /// Hosts of the current wave.
+    pub fn wave_hosts(&self) -> &[String] {
+        &self.wave_hosts
+    }
+
+    /// True when nothing more will happen without a human.
+    pub fn is_finished(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Completed
+                | Phase::RolledBack { .. }
+                | Phase::RollbackFailed { .. }
+                | Phase::Aborted { .. }
+        )
+    }
+
+    /// Hosts out of service now: draining, installing, awaiting report, unhealthy or held.
+    pub fn out_of_service(&self) -> usize {
+        self.hosts.values().filter(|h| out(h)).count()
+    }
+
+    /// The floor for this fleet.
+    pub fn floor(&self) -> usize {
+        self.config.min_healthy.of(self.hosts.len())
+    }
+
+    /// Clears a bad mark (a human decision); a new rollout of it may then start.
+    pub fn clear_bad(&mut self, now: Time, revision: &str) {
+        if self.bad.remove(revision) {
+            self.decide(
+                now,
+                format!("revision {revision} cleared by a human: it may be deployed again"),
+            );
+        }
+    }
+
+    /// A human approves a held (inconclusive) wave: it passes.
+    pub fn approve(&mut self, now: Time) {
+        if let Phase::Held { wave, .. } = self.phase
+            && self
+                .wave_hosts
+                .iter()
+                .all(|h| matches!(self.hosts[h].step, HostStep::Done { .. }))
+        {
+            self.decide(now, format!("wave {} approved by a human", wave + 1));
+            self.next_wave(now);
+        }
+    }
+
+    /// A human aborts: nothing more is started (hosts mid-install finish their step).
+    pub fn abort(&mut self, now: Time, reason: &str) {
+        if !self.is_finished() {
+            self.decide(now, format!("aborted by a human: {reason}"));
+            self.phase = Phase::Aborted {
+                reason: reason.to_string(),
+            };
+        }
+    }
+
+    /// The host finished draining.
+    pub fn drained(&mut self, now: Time, host: &str) {
+        let Some(revision) = self.want(host) else {
+            return;
+        };
+        if let Some(h) = self.hosts.get_mut(host)
+            && let HostStep::Draining { since } = h.step
+        {
+            h.step = HostStep::Installing { since };
+            let key = format!("{}:{host}:{revision}", self.id);
+            self.outbox.push(Command::Install {
+                host: host.to_string(),
+                revision,
+                key,
+            });
+        }
+        self.advance(now);
+    }
+
+    /// The install finished (`Err` with the installer's message).
+    pub fn installed(&mut self, now: Time, host: &str, result: Result<(), String>) {
+        match result {
+            Ok(()) => {
+                if let Some(h) = self.hosts.get_mut(host)
+                    && let HostStep::Installing { since } = h.step
+                {
+                    h.step = HostStep::AwaitingReport { since };
+                }
+                self.advance(now);
+            }
+            Err(why) => {
+                if matches!(self.phase, Phase::RollingBack { .. }) {
+                    self.rollback_failed(
+                        now,
+                        format!("reinstalling the previous revision on {host} failed: {why}"),
+                    );
+                } else {
+                    self.fail(
+                        now,
+                        format!("install of {} on {host} failed: {why}", self.revision),
+                    );
+                }
+            }
+        }
+    }
+
+    /// A host's health answer: the revision it reports and whether it passes.
+    pub fn report(&mut self, now: Time, host: &str, revision: &str, healthy: bool) {
+        let Some(want) = self.want(host) else { return };
+        let Some(h) = self.hosts.get_mut(host) else {
+            return;
+        };
+        h.revision = revision.to_string();
+        h.healthy = healthy;
+        if let HostStep::AwaitingReport { .. } = h.step
+            && revision == want
+            && healthy
+        {
+            h.step = HostStep::Done { at: now };
+            self.outbox.push(Command::Undrain {
+                host: host.to_string(),
+            });
+            self.decide(
+                now,
+                format!("{host} reported back: revision {revision}, passing"),
+            );
+        }
+        self.advance(now);
+    }
+
+    /// The guard holds or releases a host.
+    pub fn held(&mut self, now: Time, host: &str, held: bool) {
+        if let Some(h) = self.hosts.get_mut(host) {
+            h.held = held;
+        }
+        self.advance(now);
+    }
+
+    /// A sample (e.g. the host's error rate over the last interval, 0..1).
+    pub fn sample(&mut self, now: Time, host: &str, value: f64) {
+        if let Some(h) = self.hosts.get_mut(host)
+            && value.is_finite()
+        {
+            h.samples.push((now, value));
+        }
+    }
+
+    /// Advances time and returns what the driver must do now.
+    pub fn poll(&mut self, now: Time) -> Vec<Command> {
+        self.advance(now);
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// The revision `host` is being moved to (its previous one during a rollback).
+    fn want(&self, host: &str) -> Option<String> {
+        match self.phase {
+            Phase::RollingBack { .. } => self.previous.get(host).cloned(),
+            _ => self.hosts.contains_key(host).then(|| self.revision.clone()),
+        }
+    }
+
+    fn decide(&mut self, now: Time, what: String) {
+        self.decisions.push(RolloutDecision { at: now, what });
+    }
+
+    /// Starts the next wave of hosts still to deploy (or completes).
+    fn start_wave(&mut self, now: Time) {
+        let pending: Vec<String> = self
+            .hosts
+            .iter()
+            .filter(|(_, h)| h.step == HostStep::Pending)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let wave = self.waves;
+        if pending.is_empty() {
+            self.phase = Phase::Completed;
+            self.wave_hosts.clear();
+            self.decide(now, format!("completed: every host runs {}", self.revision));
+            return;
+        }
+        let n = self.hosts.len();
+        let floor = self.floor();
+        let out_now = self.out_of_service();
+        let mut room = n.saturating_sub(floor).saturating_sub(out_now);
+        if self.config.max_wave > 0 {
+            room = room.min(self.config.max_wave);
+        }
+        // Hosts already out of service (unhealthy, held) cost no room to deploy: they are
+        // out already. Prefer them.
+        let mut chosen: Vec<String> = Vec::new();
+        let zone = match self.config.zones {
+            Zones::OneAtATime => pending.first().map(|id| self.hosts[id].zone.clone()),
+            Zones::Any => None,
+        };
+        for id in &pending {
+            let h = &self.hosts[id];
+            if zone.as_ref().is_some_and(|z| *z != h.zone) {
+                continue;
+            }
+            if out(h) {
+                // Held hosts are the guard's: never touch them.
+                if !h.held {
+                    chosen.push(id.clone());
+                }
+            } else if room > 0 {
+                room -= 1;
+                chosen.push(id.clone());
+            }
+        }
+        if chosen.is_empty() {
+            let reason = format!(
+                "floor: {floor} of {n} hosts must stay in service and {out_now} are out (unhealthy, held or in a wave): no host can be taken now"
+            );
+            if self.phase
+                != (Phase::Held {
+                    wave,
+                    reason: reason.clone(),
+                })
+            {
+                self.decide(now, format!("wave {} held: {reason}", wave + 1));
+            }
+            self.wave_hosts.clear();
+            self.phase = Phase::Held { wave, reason };
+            return;
+        }
+        self.waves += 1;
+        self.decide(
+            now,
+            format!(
+                "wave {} of {}: {} ({} hosts; {} of {n} in service before it, floor {floor})",
+                wave + 1,
+                self.revision,
+                chosen.join(", "),
+                chosen.len(),
+                n - out_now
+            ),
+        );
+        for id in &chosen {
+            if let Some(h) = self.hosts.get_mut(id) {
+                h.step = HostStep::Draining { since: now };
+            }
+            self.outbox.push(Command::Drain { host: id.clone() });
+        }
+        self.wave_hosts = chosen;
+        self.phase = Phase::Deploying { wave };
+    }
+
+    fn next_wave(&mut self, now: Time) {
+        self.start_wave(now);
+    }
+
+    /// Applies deadlines, bake ends and verdicts.
+    fn advance(&mut self, now: Time) {
+        match self.phase.clone() {
+            Phase::Deploying { wave } => {
+                if let Some(late) = self.late_host(now) {
+                    return self.fail(now, late);
+                }
+                if let Some(sick) = self.sick_new_host() {
+                    return self.fail(now, sick);
+                }
+                if self.wave_done() {
+                    self.decide(
+                        now,
+                        format!(
+                            "wave {} reported back; baking for {}",
+                            wave + 1,
+                            humantime::format_duration(self.config.bake)
+                        ),
+                    );
+                    self.phase = Phase::Baking { wave, since: now };
+                    self.advance(now);
+                }
+            }
+            Phase::Baking { wave, since } => {
+                if let Some(sick) = self.sick_new_host() {
+                    return self.fail(now, sick);
+                }
+                let (limit_broken, mean, count) = self.over_limit(since);
+                if limit_broken {
+                    return self.fail(
+                        now,
+                        format!(
+                            "wave {}: new hosts' mean error rate {:.2}% over {count} samples exceeds the limit {:.2}%",
+                            wave + 1,
+                            mean * 100.0,
+                            self.config.max_error_rate * 100.0
+                        ),
+                    );
+                }
+                if now.since(since) >= self.config.bake {
+                    self.judge(now, wave, since);
+                }
+            }
+            Phase::Held { wave, .. } => {
+                if let Some(sick) = self.sick_new_host() {
+                    return self.fail(now, sick);
+                }
+                if self.wave_hosts.is_empty() || !self.wave_done() {
+                    // Held for room: try again.
+                    self.start_wave(now);
+                } else {
+                    let since = self
+                        .wave_hosts
+                        .iter()
+                        .filter_map(|h| match self.hosts[h].step {
+                            HostStep::Done { at } => Some(at),
+                            _ => None,
+                        })
+                        .max()
+                        .unwrap_or(now);
+                    self.judge(now, wave, since);
+                }
+            }
+            Phase::RollingBack { reason } => {
+                if let Some(late) = self.late_host(now) {
+                    return self.rollback_failed(now, late);
+                }
+                if self.rollback_done() {
+                    self.decide(
+                        now,
+                        format!(
+                            "rolled back: every host that got {} runs its previous revision",
+                            self.revision
+                        ),
+                    );
+                    self.phase = Phase::RolledBack { reason };
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Judges a baked wave.
+    fn judge(&mut self, now: Time, wave: usize, since: Time) {
+        let (verdict, why) = self.verdict(since);
+        match verdict {
+            Verdict::Pass => {
+                self.decide(now, format!("wave {} passes: {why}", wave + 1));
+                self.next_wave(now);
+            }
+            Verdict::Fail => self.fail(now, format!("wave {} fails: {why}", wave + 1)),
+            Verdict::Inconclusive => {
+                let reason = format!(
+                    "inconclusive: {why}; waiting for more data (or a human: approve / abort)"
+                );
+                if !matches!(&self.phase, Phase::Held { reason: r, .. } if *r == reason) {
+                    if !matches!(self.phase, Phase::Held { .. }) {
+                        self.outbox.push(Command::Alert {
+                            reason: format!(
+                                "rollout of {} held at wave {}: {reason}",
+                                self.revision,
+                                wave + 1
+                            ),
+                        });
+                    }
+                    self.decide(now, format!("wave {} held: {reason}", wave + 1));
+                }
+                self.phase = Phase::Held { wave, reason };
+            }
+        }
+    }
+
+    /// The verdict of the current wave over samples since `since`.
+    pub fn verdict(&self, since: Time) -> (Verdict, String) {
+        let c = self.compare(since);
+        let cfg = &self.config;
+        if c.new_samples < cfg.min_samples {
+            return (
+                Verdict::Inconclusive,
+                format!(
+                    "{} samples from the new hosts, {} needed",
+                    c.new_samples, cfg.min_samples
+                ),
+            );
+        }
+        let Some(p) = c.p_value else {
+            return (
+                Verdict::Pass,
+                format!(
+                    "no old-revision host left to compare with: judged on the fixed limit only (median {:.4} over {} samples, limit {:.4})",
+                    c.new_median, c.new_samples, cfg.max_error_rate
+                ),
+            );
+        };
+        if c.old_samples < cfg.min_samples {
+            return (
+                Verdict::Inconclusive,
+                format!(
+                    "{} samples from the old hosts, {} needed",
+                    c.old_samples, cfg.min_samples
+                ),
+            );
+        }
+        let effect = c.new_median - c.old_median;
+        let stats = format!(
+            "new median {:.4} ({} samples) vs old {:.4} ({} samples), Mann-Whitney U {:.1}, one-sided p {:.3e} (alpha {}), effect {:.4} (min {})",
+            c.new_median,
+            c.new_samples,
+            c.old_median,
+            c.old_samples,
+            c.u.unwrap_or(0.0),
+            p,
+            cfg.alpha,
+            effect,
+            cfg.min_effect
+        );
+        if p < cfg.alpha && effect >= cfg.min_effect {
+            (Verdict::Fail, stats)
+        } else {
+            (Verdict::Pass, stats)
+        }
+    }
+
+    /// New hosts' samples against old-revision hosts' over the same window.
+    pub fn compare(&self, since: Time) -> Comparison {
+        let mut new = Vec::new();
+        let mut old = Vec::new();
+        for (id, h) in &self.hosts {
+            let window = h
+                .samples
+                .iter()
+                .filter(|(t, _)| *t >= since)
+                .map(|(_, v)| *v);
+            if self.wave_hosts.contains(id) {
+                new.extend(window);
+            } else if h.revision != self.revision && h.step == HostStep::Pending {
+                old.extend(window);
+            }
+        }
+        let (u, p_value) = if old.is_empty() || new.is_empty() {
+            (None, None)
+        } else {
+            let (u, p) = mann_whitney_greater(&new, &old);
+            (Some(u), Some(p))
+        };
+        Comparison {
+            new_samples: new.len(),
+            old_samples: old.len(),
+            new_median: median(&mut new),
+            old_median: median(&mut old),
+            u,
+            p_value,
+        }
+    }
+
+    fn late_host(&self, now: Time) -> Option<String> {
+        self.wave_hosts.iter().find_map(|id| match self.hosts[id].step {
+            HostStep::Draining { since } | HostStep::Installing { since } | HostStep::AwaitingReport { since }
+                if now.since(since) >= self.config.progress_deadline =>
+            {
+                Some(format!(
+                    "{id} did not report back with {} within the progress deadline {} (it reports {:?}, {})",
+                    self.target_label(),
+                    humantime::format_duration(self.config.progress_deadline),
+                    self.hosts[id].revision,
+                    if self.hosts[id].healthy { "passing" } else { "failing" }
+                ))
+            }
+            _ => None,
+        })
+    }
+
+    fn target_label(&self) -> String {
+        match self.phase {
+            Phase::RollingBack { .. } => "its previous revision".to_string(),
+            _ => format!("revision {}", self.revision),
+        }
+    }
+
+    fn sick_new_host(&self) -> Option<String> {
+        self.wave_hosts.iter().find_map(|id| {
+            let h = &self.hosts[id];
+            (matches!(h.step, HostStep::Done { .. }) && !h.healthy)
+                .then(|| format!("{id} runs {} and turned unhealthy", self.revision))
+        })
+    }
+
+    fn wave_done(&self) -> bool {
+        self.wave_hosts
+            .iter()
+            .all(|h| matches!(self.hosts[h].step, HostStep::Done { .. }))
+    }
+
+    fn over_limit(&self, since: Time) -> (bool, f64, usize) {
+        let values: Vec<f64> = self
+            .wave_hosts
+            .iter()
+            .flat_map(|id| {
+                self.hosts[id]
+                    .samples
+                    .iter()
+                    .filter(|(t, _)| *t >= since)
+                    .map(|(_, v)| *v)
+            })
+            .collect();
+        if values.is_empty() {
+            return (false, 0.0, 0);
+        }
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        (mean > self.config.max_error_rate, mean, values.len())
+    }
+
+    /// Fails the rollout: latches the revision as bad and starts the rollback.
+    fn fail(&mut self, now: Time, reason: String) {
+        if matches!(self.phase, Phase::RollingBack { .. }) || self.is_finished() {
+            return;
+        }
+        self.bad.insert(self.revision.clone());
+        self.decide(
+            now,
+            format!(
+                "{reason}; revision {} marked bad; rolling back",
+                self.revision
+            ),
+        );
+        self.phase = Phase::RollingBack {
+            reason: reason.clone(),
+        };
+        // Every host that was touched (or runs the bad revision) goes back to what it ran.
+        let touched: Vec<String> = self
+            .hosts
+            .iter()
+            .filter(|(id, h)| h.step != HostStep::Pending && self.previous[*id] != self.revision)
+            .map(|(id, _)| id.clone())
+            .collect();
+        self.wave_hosts = touched.clone();
+        for id in touched {
+            let previous = self.previous[&id].clone();
+            let key = format!("{}:{id}:rollback:{previous}", self.id);
+            if let Some(h) = self.hosts.get_mut(&id) {
+                h.step = HostStep::AwaitingReport { since: now };
+            }
+            // Rollback goes straight to install: the host is out of service already (it
+            // failed, or is draining); the floor was reserved for it by its wave.
+            self.outbox.push(Command::Install {
+                host: id.clone(),
+                revision: previous,
+                key,
+            });
+        }
+        self.advance(now);
+    }
+
+    fn rollback_done(&self) -> bool {
+        self.wave_done()
+    }
+
+    fn rollback_failed(&mut self, now: Time, why: String) {
+        let reason = format!("rollback failed: {why}; stopped, a human decides");
+        self.decide(now, reason.clone());
+        self.outbox.push(Command::Alert {
+            reason: reason.clone(),
+        });
+        self.phase = Phase::RollbackFailed { reason };
+    }
+}
+
+/// A host is out of service when it is in a wave's hands, unhealthy or held.
+fn out(h: &Host) -> bool {
+    !h.healthy
+        || h.held
+        || matches!(
+            h.step,
+            HostStep::Draining { .. }
+                | HostStep::Installing { .. }
+                | HostStep::AwaitingReport { .. }
+        )
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// One-sided Mann-Whitney U test that `a` tends to be greater than `b`: returns U of `a`
+/// and the p-value, by the normal approximation with tie correction and continuity
+/// correction (adequate at the 50-sample minimum the verdict requires).
+pub fn mann_whitney_greater(a: &[f64], b: &[f64]) -> (f64, f64) {
+    let (n1, n2) = (a.len() as f64, b.len() as f64);
+    let mut all: Vec<(f64, bool)> = a
+        .iter()
+        .map(|v| (*v, true))
+        .chain(b.iter().map(|v| (*v, false)))
+        .collect();
+    all.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let n = all.len();
+    let mut rank_sum_a = 0.0;
+    let mut ties = 0.0;
+    let mut i = 0;
+    while i < n {
+        let mut j = i;
+        while j + 1 < n && all[j + 1].0 == all[i].0 {
+            j += 1;
+        }
+        let t = (j - i + 1) as f64;
+        let avg = (i + j) as f64 / 2.0 + 1.0;
+        rank_sum_a += avg * all[i..=j].iter().filter(|x| x.1).count() as f64;
+        ties += t * t * t - t;
+        i = j + 1;
+    }
+    let u = rank_sum_a - n1 * (n1 + 1.0) / 2.0;
+    let mean = n1 * n2 / 2.0;
+    let nf = n as f64;
+    let var = n1 * n2 / 12.0 * ((nf + 1.0) - ties / (nf * (nf - 1.0)).max(1.0));
+    if var <= 0.0 {
+        return (u, 1.0);
+    }
+    let z = (u - mean - 0.5) / var.sqrt();
+    (u, 0.5 * libm::erfc(z / std::f64::consts::SQRT_2))
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Phase::Deploying { wave } => write!(f, "deploying wave {}", wave + 1),
+            Phase::Baking { wave, .. } => write!(f, "baking wave {}", wave + 1),
+            Phase::Held { wave, reason } => write!(f, "held at wave {}: {reason}", wave + 1),
+            Phase::Completed => write!(f, "completed"),
+            Phase::RollingBack { reason } => write!(f, "rolling back: {reason}"),
+            Phase::RolledBack { reason } => write!(f, "rolled back: {reason}"),
+            Phase::RollbackFailed { reason } => write!(f, "rollback failed: {reason}"),
+            Phase::Aborted { reason } => write!(f, "aborted: {reason}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
