@@ -430,6 +430,8 @@ pub struct Sim<'a> {
     detect_times: Vec<Duration>,
     first_fault_at: Option<Time>,
     fail_open_since: Option<Time>,
+    /// The pool was ramping the unhealthy servers' shares down at the last tick.
+    leaving_fail_open: bool,
     // metrics
     s: Summary,
     in_service_sum: f64,
@@ -590,6 +592,7 @@ impl<'a> Sim<'a> {
             detect_times: Vec::new(),
             first_fault_at: None,
             fail_open_since: None,
+            leaving_fail_open: false,
             s: Summary::new(cfg, seed, naive),
             in_service_sum: 0.0,
             ticks: 0,
@@ -1355,13 +1358,21 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let dt = self.cfg.tick;
         self.tick_no += 1;
-        if self.ejected_count > 0
+        // Readmissions, and the end of the dwell before leaving fail-open.
+        if (self.ejected_count > 0 || self.fail_open_since.is_some())
             && let Some(d) = self.pool.next_deadline()
             && d <= Self::pt(now)
         {
             let ev = self.pool.tick(Self::pt(now));
             self.pool_events(ev);
         }
+        // Leaving fail-open: the unhealthy servers' shares ramp down; a route whose ramp
+        // ended must leave the set (it counts as in service while it is there).
+        let leaving = self.pool.leaving_fail_open(Self::pt(now)).is_some();
+        if leaving || self.leaving_fail_open {
+            self.routes_dirty = true;
+        }
+        self.leaving_fail_open = leaving;
         self.refresh_routes();
         self.tick_fail_prob = self.fleet_fail_prob(now);
         let base =
