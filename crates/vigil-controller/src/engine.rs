@@ -712,6 +712,9 @@ impl Engine {
         for ev in self.guard.drain_events() {
             let message = ev.to_string();
             match ev {
+                vigil_core::guard::GuardEvent::FreezeAlert { .. } => {
+                    tracing::error!(event = %message, "guard");
+                }
                 vigil_core::guard::GuardEvent::Frozen { .. }
                 | vigil_core::guard::GuardEvent::Flapping { .. }
                 | vigil_core::guard::GuardEvent::ManualFreeze { .. } => {

@@ -53,7 +53,7 @@ use crate::summary::Summary;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::time::Duration;
-use vigil_core::guard::{Observation, Outcome as GuardOutcome, SafetyGuard};
+use vigil_core::guard::{GuardEvent, Observation, Outcome as GuardOutcome, SafetyGuard};
 use vigil_core::outlier::{OutlierEvent, RequestOutcome};
 use vigil_core::pool::{Pool, PoolEvent, RoutingSet, TargetSpec};
 use vigil_core::{Criticality, Health, Status, Thresholds, Time};
@@ -1586,12 +1586,7 @@ impl<'a> Sim<'a> {
                     failing_checks: self.check_names(failing),
                 };
                 let decision = self.ctl.guard.observe(now, &obs);
-                for e in self.ctl.guard.drain_events() {
-                    if e.to_string().contains("froze") || e.to_string().contains("freeze") {
-                        self.s.freezes += 1;
-                    }
-                    self.note(format!("guard: {e}"));
-                }
+                self.guard_events();
                 if let Some(d) = decision {
                     match d.outcome {
                         GuardOutcome::Act => {
@@ -1615,9 +1610,19 @@ impl<'a> Sim<'a> {
         self.schedule(now + self.cfg.controller.interval, Ev::CtlRound);
         if self.ctl.up && self.cfg.controller.mode == ControllerMode::Guarded {
             self.ctl.guard.tick(Self::pt(now));
-            for e in self.ctl.guard.drain_events() {
-                self.note(format!("guard: {e}"));
+            self.guard_events();
+        }
+    }
+
+    /// Counts and notes the guard's events.
+    fn guard_events(&mut self) {
+        for e in self.ctl.guard.drain_events() {
+            match e {
+                GuardEvent::Frozen { .. } => self.s.freezes += 1,
+                GuardEvent::FreezeAlert { .. } => self.s.freeze_alerts += 1,
+                _ => {}
             }
+            self.note(format!("guard: {e}"));
         }
     }
 
