@@ -10,6 +10,8 @@
 //! - [`RoutingSet`]: an immutable snapshot of who may get traffic and with what weight,
 //!   with the two selection policies: [`RoutingSet::pick_p2c`] (power of two choices on
 //!   outstanding requests, based on tower's p2c) and [`RoutingSet::pick_round_robin`].
+//! - [`ShedPenalty`]: shed answers (503, 429) count as load for balancing, never as a
+//!   host failure (see the outlier module's rule 5).
 //! - [`RetryBudget`]: may this request be retried (or hedged) without amplifying an
 //!   outage (based on Finagle's `RetryBudget` / linkerd's retry budget).
 //!
@@ -1080,6 +1082,45 @@ fn sample(weights: &[f64], total: f64, u: f64) -> Option<usize> {
     }
     // Rounding can leave x just past the last weight: that is the last candidate.
     last
+}
+
+// === impl ShedPenalty ===
+
+/// Default half-life of the load a shed answer adds: 1 s. A target shedding `r` answers
+/// a second carries about `1.44 x r` extra outstanding requests (`r x half-life / ln 2`)
+/// as balancing sees it, and forgets them within seconds once it stops shedding.
+pub const DEFAULT_SHED_PENALTY_HALF_LIFE: Duration = Duration::from_secs(1);
+
+/// The extra load a target carries for the answers it shed recently (503, 429:
+/// [`RequestOutcome::is_shed`]): errors count as load (the SRE book, "Handling
+/// Overload"). A shed answer costs the target almost no time, so its outstanding count
+/// drops and least-loaded balancing (P2C, least request) would send it *more* traffic:
+/// a sinkhole. Adding this penalty to the outstanding count keeps an overloaded target's
+/// share down until it stops shedding. Each shed answer adds 1, decaying exponentially
+/// with `half_life`. Plain data (two words), so a driver may keep it in atomics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ShedPenalty {
+    /// The penalty as of `at`.
+    pub value: f64,
+    /// When `value` was last updated.
+    pub at: Time,
+}
+
+impl ShedPenalty {
+    /// The penalty at `now`.
+    pub fn load(&self, now: Time, half_life: Duration) -> f64 {
+        if self.value <= 0.0 || half_life.is_zero() {
+            return 0.0;
+        }
+        let halvings = now.since(self.at).as_secs_f64() / half_life.as_secs_f64();
+        self.value * (-halvings).exp2()
+    }
+
+    /// Records one shed answer at `now`.
+    pub fn add(&mut self, now: Time, half_life: Duration) {
+        self.value = self.load(now, half_life) + 1.0;
+        self.at = now;
+    }
 }
 
 // === impl RetryBudget ===

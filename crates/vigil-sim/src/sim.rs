@@ -1057,6 +1057,11 @@ impl<'a> Sim<'a> {
     /// returns how many outcomes happened before it was ejected (all, if it was not).
     fn feed_outcomes(&mut self, i: u32, ok: u64, failed: u64, failure: RequestOutcome) -> u64 {
         let total = ok + failed;
+        if failure.is_shed() && ok == 0 {
+            // Shed answers neither count towards ejection nor reset a streak: nothing to
+            // feed (vigil_core::outlier, rule 5).
+            return total;
+        }
         if failed == 0 {
             if ok > 0 {
                 return self.feed_runs(i, &[(false, ok)], failure);
@@ -1270,7 +1275,14 @@ impl<'a> Sim<'a> {
         // Shed requests first (rejected on arrival), then the served mix.
         let mut consumed = 0;
         if dropped > 0 {
-            consumed = self.feed_outcomes(i, 0, dropped, RequestOutcome::Response(503));
+            // A server that sheds answers 503 (load, never an ejection); one stopped in
+            // a GC pause answers nothing: its overflow times out at the balancer.
+            let overflow = if paused > 0.0 {
+                RequestOutcome::Timeout
+            } else {
+                RequestOutcome::Response(503)
+            };
+            consumed = self.feed_outcomes(i, 0, dropped, overflow);
             if consumed < dropped {
                 let spill = (served + dropped - consumed).min(n);
                 return (0, consumed, spill);

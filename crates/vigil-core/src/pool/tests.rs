@@ -507,6 +507,43 @@ fn round_robin_rotates_and_respects_weights() {
 }
 
 #[test]
+fn shed_answers_raise_the_load_balancing_sees_and_it_decays() {
+    let hl = DEFAULT_SHED_PENALTY_HALF_LIFE;
+    let mut p = ShedPenalty::default();
+    assert_eq!(p.load(secs(0), hl), 0.0);
+    for _ in 0..10 {
+        p.add(secs(1), hl);
+    }
+    assert!((p.load(secs(1), hl) - 10.0).abs() < 1e-9);
+    assert!(
+        (p.load(secs(2), hl) - 5.0).abs() < 1e-9,
+        "halves every half-life"
+    );
+    // P2C on outstanding + penalty: a target failing fast (0 outstanding, shedding) loses
+    // to a busy one that answers (3 outstanding).
+    let routes = routes_of(&[("shedding", 1), ("busy", 1)]);
+    let now = secs(1);
+    let load = |k: &&str| {
+        if *k == "shedding" {
+            p.load(now, hl).round() as u64
+        } else {
+            3
+        }
+    };
+    for r in [[0, 0], [u64::MAX, 0], [1 << 63, 12345]] {
+        assert_eq!(routes.pick_p2c(now, r, load, |_| false), Some(&"busy"));
+        assert_eq!(routes.pick_least(now, r[0], load, |_| false), Some(&"busy"));
+    }
+    // Shedding is not a failure: a pool never ejects a target for it.
+    let mut pool = healthy_pool(no_jitter());
+    for _ in 0..50 {
+        let ev = pool.observe_request(&"a", secs(3), RequestOutcome::Response(503), 0.0);
+        assert!(ev.is_empty(), "{ev:?}");
+    }
+    assert!(pool.is_in_service(&"a"));
+}
+
+#[test]
 fn retry_budget_allows_the_ratio_plus_the_floor() {
     let mut b = RetryBudget::new(RetryBudgetConfig {
         ratio: 0.2,
