@@ -13,6 +13,8 @@
 //! - [`pool`]: a target pool's routing set: fail-open below the panic threshold, slow start.
 //! - [`guard`]: the controller's safety guard (fraction cap, action budget, flap damping,
 //!   cause attribution).
+//! - [`judge`]: the one judge of an HTTP health answer (status code + optional
+//!   health+json body -> verdict), with its rule table.
 //! - [`http1`]: HTTP/1.1 response framing (where a head ends, how its body is delimited,
 //!   chunked decoding), for the clients that own the sockets.
 #![forbid(unsafe_code)]
@@ -20,6 +22,7 @@
 
 pub mod guard;
 pub mod http1;
+pub mod judge;
 pub mod outlier;
 pub mod pool;
 pub mod report;
@@ -27,6 +30,7 @@ pub mod status;
 pub mod thresholds;
 pub mod time;
 
+pub use judge::{Judgement, judge};
 pub use report::{CheckResult, HEALTH_JSON, HealthReport, ParseError};
 pub use status::{Criticality, Status};
 pub use thresholds::{Health, Thresholds, ThresholdsConfig, Transition};
