@@ -111,6 +111,21 @@ async fn five_of_ten_failing_freezes_with_the_reason_and_unfreezes_on_recovery()
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(c.actions().await.is_empty(), "acted while frozen");
+    // How long the freeze has lasted is a metric (to alert on).
+    let metrics = reqwest::get(c.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let frozen_for: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("vigil_controller_guard_frozen_seconds "))
+        .unwrap_or_else(|| panic!("no frozen_seconds gauge:\n{metrics}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(frozen_for > 0.0, "frozen for {frozen_for} s");
     let d = c.decisions().await;
     assert!(d.iter().all(|d| d["outcome"] == "hold_back"));
     assert!(

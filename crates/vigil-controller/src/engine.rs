@@ -843,6 +843,12 @@ impl Engine {
             st.unhealthy,
             self.runtime.len(),
         );
+        self.metrics.frozen_for(
+            st.freezes
+                .iter()
+                .map(|f| now.since(f.since).as_secs_f64())
+                .fold(0.0, f64::max),
+        );
         let replies = std::mem::take(&mut self.replies);
         if self.batch.is_empty() {
             for (tx, r) in replies {
