@@ -119,6 +119,21 @@ pub struct Mark {
     pub label: String,
 }
 
+/// A policy decision on the timeline, for charts: why the lines move.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// When, seconds.
+    pub t: f64,
+    /// What kind: `fail-open`, `fail-open-end`, `freeze`, `unfreeze`, `alert`, `ejection`.
+    pub kind: &'static str,
+    /// The policy's own words (its event's `Display`).
+    pub label: String,
+}
+
+/// Ejections marked on the charts at most (the rest are counted in the summary): a
+/// gray failure ejects thousands of times a day, which would bury the other marks.
+const MAX_EJECTION_MARKS: usize = 200;
+
 /// Everything a run produced.
 #[derive(Clone, Debug)]
 pub struct Outcome {
@@ -128,6 +143,8 @@ pub struct Outcome {
     pub series: Vec<Sample>,
     /// Faults.
     pub marks: Vec<Mark>,
+    /// Policy decisions (fail-open, freezes, ejections).
+    pub decisions: Vec<Decision>,
     /// Notable events (state changes with reasons), in order.
     pub log: Vec<(Duration, String)>,
 }
@@ -439,6 +456,8 @@ pub struct Sim<'a> {
     series: Vec<Sample>,
     bucket: Duration,
     marks: Vec<Mark>,
+    decisions: Vec<Decision>,
+    ejection_marks: usize,
     log: Vec<(Duration, String)>,
     log_dropped: u64,
 }
@@ -599,6 +618,8 @@ impl<'a> Sim<'a> {
             series: Vec::new(),
             bucket,
             marks: Vec::new(),
+            decisions: Vec::new(),
+            ejection_marks: 0,
             log: Vec::new(),
             log_dropped: 0,
         };
@@ -1017,6 +1038,21 @@ impl<'a> Sim<'a> {
                 }
             }
             let line = e.to_string();
+            let kind = match &e {
+                PoolEvent::FailOpen { entered: true, .. } => Some("fail-open"),
+                PoolEvent::FailOpen { entered: false, .. } => Some("fail-open-end"),
+                PoolEvent::Outlier {
+                    event: OutlierEvent::Ejected { .. },
+                    ..
+                } if self.ejection_marks < MAX_EJECTION_MARKS => {
+                    self.ejection_marks += 1;
+                    Some("ejection")
+                }
+                _ => None,
+            };
+            if let Some(kind) = kind {
+                self.decide_mark(kind, &line);
+            }
             self.note(format!("lb: {line}"));
         }
     }
@@ -1629,13 +1665,33 @@ impl<'a> Sim<'a> {
     /// Counts and notes the guard's events.
     fn guard_events(&mut self) {
         for e in self.ctl.guard.drain_events() {
-            match e {
-                GuardEvent::Frozen { .. } => self.s.freezes += 1,
-                GuardEvent::FreezeAlert { .. } => self.s.freeze_alerts += 1,
-                _ => {}
+            let kind = match e {
+                GuardEvent::Frozen { .. } => {
+                    self.s.freezes += 1;
+                    Some("freeze")
+                }
+                GuardEvent::FreezeAlert { .. } => {
+                    self.s.freeze_alerts += 1;
+                    Some("alert")
+                }
+                GuardEvent::Unfrozen { .. } => Some("unfreeze"),
+                _ => None,
+            };
+            let line = e.to_string();
+            if let Some(kind) = kind {
+                self.decide_mark(kind, &line);
             }
-            self.note(format!("guard: {e}"));
+            self.note(format!("guard: {line}"));
         }
+    }
+
+    /// Marks a policy decision on the charts.
+    fn decide_mark(&mut self, kind: &'static str, label: &str) {
+        self.decisions.push(Decision {
+            t: self.now.as_elapsed().as_secs_f64(),
+            kind,
+            label: label.to_string(),
+        });
     }
 
     fn replace(&mut self, i: usize) {
@@ -2062,6 +2118,7 @@ impl<'a> Sim<'a> {
             summary: self.s,
             series: self.series,
             marks: self.marks,
+            decisions: self.decisions,
             log: self.log,
         }
     }
