@@ -5,13 +5,13 @@
 //! 3 unreachable or invalid response (the reason goes to stderr). Note that clap's own
 //! usage errors also exit 2; a probe should be configured once and tested.
 //!
-//! How an answer is judged:
-//! - a health+json body: its `status`, made worse by the HTTP code if they disagree
-//!   (a 503 saying "pass" counts as fail; a 200 saying "fail" is fail);
-//! - a `text/plain` body on 200 or 503 (a status-only endpoint such as `/livez`): the
-//!   HTTP code alone;
-//! - anything else (not HTTP, not health+json, another status code, a body over 64 KiB,
-//!   no answer within `--timeout`): invalid or unreachable, exit 3.
+//! How an answer is judged: by vigil-core's one judge ([`vigil_core::judge`], shared with
+//! the balancer, the controller and the library's `HttpGet`; its doc has the rule table).
+//! In short: 2xx takes the health+json body's status (a plain or empty body passes);
+//! any 4xx-5xx with a health+json body, and any 5xx, is a fail (a 503 saying "pass" too,
+//! with a note); anything else (a page that is not a health answer, a 404 without a
+//! report, a redirect, not HTTP, a body over 64 KiB, no answer within `--timeout`) is
+//! invalid or unreachable, exit 3.
 
 use clap::Args;
 use serde_json::json;
@@ -216,38 +216,24 @@ async fn probe(url: &str, timeout: Duration) -> Result<Outcome, Invalid> {
 
 type Verdict = (Status, Option<HealthReport>, Option<String>);
 
-/// Judges an answer (see the module docs).
+/// Judges an answer with vigil-core's one judge ([`vigil_core::judge`], whose doc holds
+/// the rule table); an *invalid* answer is an error (exit 3).
 fn judge(code: u16, content_type: &str, body: &[u8]) -> Result<Verdict, String> {
-    let by_code = match code {
-        200..=299 => Some(Status::Pass),
-        503 => Some(Status::Fail),
-        _ => None,
-    };
-    match HealthReport::parse(body) {
-        Ok(report) => {
-            let Some(code_status) = by_code else {
-                return Err(format!(
-                    "unexpected HTTP status {code} (a health endpoint answers 200 or 503)"
-                ));
-            };
-            let mut status = report.status;
-            let mut note = None;
-            if code_status == Status::Fail && status != Status::Fail {
-                note = Some(format!(
-                    "HTTP {code} but the body says {status}: counting fail"
-                ));
-                status = Status::Fail;
-            } else if code_status != Status::Fail && status == Status::Fail {
-                note = Some(format!("HTTP {code} but the body says fail: counting fail"));
-            }
-            Ok((status, Some(report), note))
-        }
-        Err(parse) => match by_code {
-            Some(s) if content_type.starts_with("text/plain") => Ok((s, None, None)),
-            Some(_) => Err(format!("HTTP {code}, body is not health+json: {parse}")),
-            None => Err(format!("unexpected HTTP status {code}: {parse}")),
-        },
+    let j = vigil_core::judge(
+        code,
+        (!content_type.is_empty()).then_some(content_type),
+        body,
+    );
+    if j.invalid {
+        return Err(j.detail);
     }
+    // Say so when the code and the body disagree (a 503 whose body says pass).
+    let note = j
+        .report
+        .as_ref()
+        .filter(|r| r.status != j.status)
+        .map(|_| j.detail.clone());
+    Ok((j.status, j.report, note))
 }
 
 /// Says why a request failed, in the words an operator looks for.
@@ -348,7 +334,11 @@ mod tests {
         assert_eq!(s, Status::Fail, "a 503 is never a pass");
         assert!(note.is_some());
         assert_eq!(judge(200, HEALTH, fail).unwrap().0, Status::Fail);
-        assert!(judge(404, HEALTH, pass).is_err());
+        // The draft allows any 4xx-5xx for fail: a 500 with a failing report is a fail
+        // (exit 2), not an invalid answer (the Kubernetes API server answers 500).
+        assert_eq!(judge(500, HEALTH, fail).unwrap().0, Status::Fail);
+        assert_eq!(judge(404, HEALTH, fail).unwrap().0, Status::Fail);
+        assert!(judge(301, HEALTH, pass).is_err());
     }
 
     const HEALTH: &str = "application/health+json";
@@ -360,9 +350,10 @@ mod tests {
             judge(503, "text/plain; charset=utf-8", b"no").unwrap().0,
             Status::Fail
         );
+        assert_eq!(judge(500, "text/plain", b"oops").unwrap().0, Status::Fail);
         let err = judge(200, "text/html", b"<html>").unwrap_err();
         assert!(err.contains("not health+json"), "{err}");
-        assert!(judge(500, "text/plain", b"oops").is_err());
+        assert!(judge(404, "text/plain", b"not found").is_err());
     }
 
     #[test]

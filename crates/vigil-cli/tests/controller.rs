@@ -96,9 +96,11 @@ async fn five_of_ten_failing_freezes_with_the_reason_and_unfreezes_on_recovery()
         })
         .await;
     let reason = g["reasons"][0].as_str().unwrap().to_string();
+    // The reason names what fails, and a local check is no shared dependency.
     assert!(
         reason.starts_with("fleet-wide failure: 5/10 unhealthy")
-            && reason.contains("likely a shared dependency or the checker itself"),
+            && reason.contains("5 of 5 fail disk:free (local)")
+            && !reason.contains("shared dependency or"),
         "{reason}"
     );
     // Long enough for every failing target to pass N and T several times over.
@@ -109,6 +111,21 @@ async fn five_of_ten_failing_freezes_with_the_reason_and_unfreezes_on_recovery()
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(c.actions().await.is_empty(), "acted while frozen");
+    // How long the freeze has lasted is a metric (to alert on).
+    let metrics = reqwest::get(c.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let frozen_for: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("vigil_controller_guard_frozen_seconds "))
+        .unwrap_or_else(|| panic!("no frozen_seconds gauge:\n{metrics}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(frozen_for > 0.0, "frozen for {frozen_for} s");
     let d = c.decisions().await;
     assert!(d.iter().all(|d| d["outcome"] == "hold_back"));
     assert!(

@@ -313,7 +313,7 @@ async fn every_health_check_failing_fails_open_and_recovery_ends_it() {
     let backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
     let refs: Vec<&Backend> = backends.iter().collect();
     let lb = Lb::start(&format!(
-        "[pools.api]\n{}\nslow_start_window = \"0s\"\n[pools.api.health_check]\n{FAST_CHECKS}health_json = true\n",
+        "[pools.api]\n{}\nslow_start_window = \"0s\"\npanic_exit_dwell = \"500ms\"\n[pools.api.health_check]\n{FAST_CHECKS}health_json = true\n",
         targets_toml(&refs)
     ))
     .await;

@@ -307,6 +307,30 @@ fn report_is_self_contained_and_shows_both_runs() {
 }
 
 #[test]
+fn report_marks_the_policy_decisions_on_the_charts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.html");
+    let file = scenario("shared-dependency-outage");
+    let o = run(&[
+        "run",
+        file.to_str().unwrap(),
+        "--report",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let html = std::fs::read_to_string(&out).unwrap();
+    // Fail-open entered, with the fraction; the freeze, with its reason.
+    assert!(
+        html.contains("<title>fail-open at ") && html.contains("healthy &lt; 50% panic threshold"),
+        "fail-open is marked with its fraction"
+    );
+    assert!(
+        html.contains("<title>freeze at ") && html.contains("likely the shared dependency"),
+        "the freeze is marked with its reason"
+    );
+}
+
+#[test]
 fn help_teaches() {
     let o = run(&["--help"]);
     assert!(o.status.success());

@@ -712,6 +712,9 @@ impl Engine {
         for ev in self.guard.drain_events() {
             let message = ev.to_string();
             match ev {
+                vigil_core::guard::GuardEvent::FreezeAlert { .. } => {
+                    tracing::error!(event = %message, "guard");
+                }
                 vigil_core::guard::GuardEvent::Frozen { .. }
                 | vigil_core::guard::GuardEvent::Flapping { .. }
                 | vigil_core::guard::GuardEvent::ManualFreeze { .. } => {
@@ -839,6 +842,12 @@ impl Engine {
             st.budget_left,
             st.unhealthy,
             self.runtime.len(),
+        );
+        self.metrics.frozen_for(
+            st.freezes
+                .iter()
+                .map(|f| now.since(f.since).as_secs_f64())
+                .fold(0.0, f64::max),
         );
         let replies = std::mem::take(&mut self.replies);
         if self.batch.is_empty() {

@@ -51,6 +51,8 @@ pub struct Metrics {
     decisions: Family<Labels, Counter>,
     actions: Family<Labels, Counter>,
     frozen: Gauge,
+    /// How long the oldest automatic freeze in force has lasted, seconds (0: none).
+    frozen_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     budget_left: Gauge,
     unhealthy: Gauge,
     targets: Gauge,
@@ -104,6 +106,12 @@ impl Metrics {
             "Whether the whole fleet is frozen (1): automatically or by an operator",
             frozen.clone(),
         );
+        let frozen_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "guard_frozen_seconds",
+            "How long the oldest automatic freeze (fleet or zone) in force has lasted, 0 when none; alert on it (guard.frozen.alert_after)",
+            frozen_seconds.clone(),
+        );
         let budget_left = Gauge::default();
         registry.register(
             "guard_budget_left",
@@ -132,6 +140,7 @@ impl Metrics {
             decisions,
             actions,
             frozen,
+            frozen_seconds,
             budget_left,
             unhealthy,
             targets,
@@ -189,6 +198,11 @@ impl Metrics {
         self.budget_left.set(i64::from(budget_left));
         self.unhealthy.set(i64::from(unhealthy));
         self.targets.set(i64::try_from(targets).unwrap_or(i64::MAX));
+    }
+
+    /// Sets how long the oldest automatic freeze in force has lasted (0: none).
+    pub fn frozen_for(&self, seconds: f64) {
+        self.frozen_seconds.set(seconds);
     }
 
     /// Records how late a probe started.

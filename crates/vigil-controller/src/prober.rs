@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use vigil_core::HealthReport;
 use vigil_core::guard::Observation;
 use vigil_core::http1::{self, ChunkedDecoder, Decoded, Framing};
 
@@ -159,24 +158,21 @@ impl Prober {
             Ok(Err(e)) => fail(&mut record, e),
             Ok(Ok((status, body))) => {
                 record.status = Some(status);
-                if status != 200 && status != 503 {
-                    fail(&mut record, format!("HTTP {status}, not a health answer"))
-                } else {
-                    match HealthReport::parse(&body) {
-                        Err(e) => fail(&mut record, format!("garbage health response: {e}")),
-                        Ok(report) => {
-                            record.health = Some(report.status);
-                            let obs = Observation::from_report(target, zone, &report);
-                            if obs.endpoint_failed {
-                                record.detail = "status fail without a failing check".into();
-                            } else if !obs.failing_checks.is_empty() {
-                                record.detail =
-                                    format!("failing: {}", obs.failing_checks.join(", "));
-                            }
-                            obs
-                        }
-                    }
+                // vigil-core's one judge (its doc has the rule table). The prober asks
+                // for health+json (`Accept`), so the body is judged as declared so: a
+                // body that is not health+json is a garbage answer, an empty 2xx a
+                // status-only pass; any 4xx-5xx with a report is a fail.
+                let j = vigil_core::judge(status, Some(vigil_core::HEALTH_JSON), &body);
+                record.health = j.report.as_ref().map(|r| r.status);
+                let obs = j.observation(target, zone);
+                if j.invalid {
+                    record.detail = format!("garbage health response: {}", j.detail);
+                } else if obs.endpoint_failed {
+                    record.detail = format!("{}: fail without a failing check", j.detail);
+                } else if !obs.failing_checks.is_empty() {
+                    record.detail = format!("failing: {}", obs.failing_checks.join(", "));
                 }
+                obs
             }
         };
         record.ok = obs.is_ok();
@@ -524,7 +520,7 @@ mod tests {
     async fn chunked_bodies_are_decoded() {
         let (a, b) = PASS.split_at(10);
         let answer = format!(
-            "HTTP/1.1 503 Service Unavailable\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x};ext=1\r\n{b}\r\n0\r\nx-trailer: 1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x};ext=1\r\n{b}\r\n0\r\nx-trailer: 1\r\n\r\n",
             a.len(),
             b.len()
         );
@@ -533,7 +529,7 @@ mod tests {
         for _ in 0..2 {
             let r = probe(&p, &uri, 65536).await;
             assert!(r.ok, "a chunked pass answer must pass: {r:?}");
-            assert_eq!(r.status, Some(503));
+            assert_eq!(r.status, Some(200));
         }
         assert_eq!(
             conns.load(Ordering::SeqCst),
@@ -574,6 +570,31 @@ mod tests {
         let (uri, _) = serve(format!("HTTP/1.0 200 OK\r\n\r\n{big}"), 1).await;
         let r = probe(&p, &uri, 1000).await;
         assert!(r.detail.contains("larger than 1000 bytes"), "{}", r.detail);
+    }
+
+    #[tokio::test]
+    async fn answers_are_judged_by_the_one_judge() {
+        let p = Prober::new(true);
+        let answer = |code: &str, body: &str| {
+            format!(
+                "HTTP/1.1 {code}\r\ncontent-type: application/health+json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        };
+        // A 503 whose body says pass is a fail (it used to pass here).
+        let (uri, _) = serve(
+            answer("503 Service Unavailable", r#"{"status":"pass"}"#),
+            usize::MAX,
+        )
+        .await;
+        let (obs, r) = p.probe("t", "z", uri, Duration::from_secs(5), 65536).await;
+        assert!(!r.ok && obs.endpoint_failed, "{}", r.detail);
+        assert!(r.detail.contains("counting fail"), "{}", r.detail);
+        // A 500 with a failing report names its failing check (it used to be garbage).
+        let body = r#"{"status":"fail","checks":{"disk:free":[{"status":"fail"}]}}"#;
+        let (uri, _) = serve(answer("500 Internal Server Error", body), usize::MAX).await;
+        let (obs, r) = p.probe("t", "z", uri, Duration::from_secs(5), 65536).await;
+        assert_eq!(obs.failing_checks, ["disk:free"], "{}", r.detail);
     }
 
     #[tokio::test]

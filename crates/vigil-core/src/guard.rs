@@ -23,14 +23,35 @@
 //!
 //! 1. **Fraction cap.** The unhealthy fraction of the fleet, and of the target's zone,
 //!    is at most `max_unhealthy_fraction` (default 30%). Above it the fleet (or zone) is
-//!    *frozen* and nobody in it is acted on ([`Reason::FleetFrozen`], "fleet-wide
-//!    failure: 7/10 unhealthy, likely a shared dependency or the checker itself"); the
-//!    freeze lifts by itself when the fraction drops back. A single unhealthy target
-//!    never freezes anything (`freeze_min_unhealthy`, default 2), or a fleet of three
-//!    could never replace a host. "Unhealthy" here is deliberately eager: a target
-//!    counts from its *first* failed probe (or while its verdict is still unhealthy), so
-//!    when many targets fail together the freeze is in place before any of them reaches
-//!    N failures.
+//!    *frozen* and nobody in it is acted on ([`Reason::FleetFrozen`]); the freeze lifts
+//!    by itself when the fraction drops back. A single unhealthy target never freezes
+//!    anything (`freeze_min_unhealthy`, default 2), or a fleet of three could never
+//!    replace a host. "Unhealthy" means unhealthy *by the thresholds* (N consecutive
+//!    failed probes, until `healthy_threshold` pass): a single failed probe is noise (a
+//!    dependency failing 2% of checks would otherwise freeze a zone of six every time
+//!    two blips coincide) and never counts towards a freeze. Targets that fail together
+//!    reach N one probe at a time, so the first of them could be confirmed before its
+//!    peers count: an action therefore also needs the *eager* fraction (targets whose
+//!    last probe failed, or unhealthy) under the cap, else it waits
+//!    ([`Reason::PeersFailing`], no freeze announced); the next probes tell a shared
+//!    failure (the freeze follows) from coinciding blips (the action goes ahead).
+//!
+//!    The freeze's reason says what the evidence shows ([`FreezeEvidence`]): how many of
+//!    the unhealthy targets fail which check, local or dependency, or fail as a whole
+//!    ("fleet-wide failure: 11/20 unhealthy (cap 30%): 8 of 11 fail disk:free (local),
+//!    2 fail postgres:query (dependency), 1 endpoint down; most fail local checks at
+//!    once: a common cause (a deploy, a config, a load pattern), not a shared
+//!    dependency"), and names a shared dependency only when most of them fail it.
+//!
+//!    **Above the cap** the guard holds by default (`frozen.action = "hold"`). With
+//!    `frozen.action = "act-slowly"` (after the Kubernetes node lifecycle controller's
+//!    secondary eviction rate in a partially unhealthy zone) it still acts on targets
+//!    whose failure is *local* (a local check, not the endpoint nor a dependency) and
+//!    *persistent* (failing for `frozen.min_failing`, default 15 min), at the much
+//!    slower `frozen.actions` per `frozen.per` (default 1 per hour, on top of the ordinary budget), and
+//!    never in a scope where every target is unhealthy. Either way, a freeze lasting
+//!    `frozen.alert_after` (default 15 min) raises [`GuardEvent::FreezeAlert`] once, so
+//!    a human decides.
 //! 2. **Budget.** A token is left in the action budget ([`budget`]): `budget.actions`
 //!    per `budget.per` (default 2 per 10 minutes). Each token comes back `per` after it
 //!    was spent, so **no window of length `per` holds more than `actions` actions**.
@@ -154,7 +175,75 @@ pub const DEFAULT_MAX_UNHEALTHY_FRACTION: f64 = 0.3;
 /// three or fewer could never replace anything.
 pub const DEFAULT_FREEZE_MIN_UNHEALTHY: u32 = 2;
 
+/// Default `frozen.min_failing`: 15 min. Above the cap only a failure that outlasts
+/// every transient (a deploy, a restart, a dependency blip) is worth a slow action.
+pub const DEFAULT_FROZEN_MIN_FAILING: Duration = Duration::from_secs(15 * 60);
+/// Default `frozen.alert_after`: 15 min. A freeze that long is not a blip: a fleet (or
+/// zone) has been short of capacity for a quarter of an hour and the guard will not act
+/// (or only slowly): a human must look.
+pub const DEFAULT_FREEZE_ALERT_AFTER: Duration = Duration::from_secs(15 * 60);
+/// Default slow rate (`frozen.actions` per `frozen.per`): 1 action per hour, twelve
+/// times slower than the default budget (2 per 10 min), as the Kubernetes node lifecycle
+/// controller's secondary eviction rate (0.01 node/s) is ten times below its normal one
+/// (0.1 node/s).
+pub const DEFAULT_FROZEN_ACTIONS: u32 = 1;
+/// See [`DEFAULT_FROZEN_ACTIONS`].
+pub const DEFAULT_FROZEN_PER: Duration = Duration::from_secs(3600);
+
 // === Config ===
+
+/// What the guard does with candidates in a frozen fleet or zone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WhenFrozen {
+    /// Act on no one until the freeze lifts. Defaults to this.
+    #[default]
+    Hold,
+    /// Act on local, persistent failures at the slow `frozen.budget`.
+    ActSlowly,
+}
+
+/// The guard's behaviour above the fraction cap.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FrozenConfig {
+    /// `hold` or `act-slowly`. Defaults to `hold`.
+    pub action: WhenFrozen,
+    /// With `act-slowly`: a target's failure must have lasted this long. Defaults to 15m.
+    #[serde(with = "humantime_serde")]
+    pub min_failing: Duration,
+    /// With `act-slowly`: at most this many actions in a frozen scope per `per`, on top
+    /// of the ordinary budget. Defaults to 1.
+    pub actions: u32,
+    /// The slow budget's window. Defaults to 1h.
+    #[serde(with = "humantime_serde")]
+    pub per: Duration,
+    /// A freeze lasting this long raises an alert (0s: never). Defaults to 15m.
+    #[serde(with = "humantime_serde")]
+    pub alert_after: Duration,
+}
+
+impl FrozenConfig {
+    /// The slow budget (`actions` per `per`).
+    pub fn budget(&self) -> BudgetConfig {
+        BudgetConfig {
+            actions: self.actions,
+            per: self.per,
+        }
+    }
+}
+
+impl Default for FrozenConfig {
+    fn default() -> Self {
+        FrozenConfig {
+            action: WhenFrozen::Hold,
+            min_failing: DEFAULT_FROZEN_MIN_FAILING,
+            actions: DEFAULT_FROZEN_ACTIONS,
+            per: DEFAULT_FROZEN_PER,
+            alert_after: DEFAULT_FREEZE_ALERT_AFTER,
+        }
+    }
+}
 
 /// The guard's configuration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -182,6 +271,8 @@ pub struct GuardConfig {
     pub damping: DampingConfig,
     /// Cause attribution.
     pub cause: CauseConfig,
+    /// What happens above the cap: hold (default) or act slowly; when to alert.
+    pub frozen: FrozenConfig,
 }
 
 impl Default for GuardConfig {
@@ -195,6 +286,7 @@ impl Default for GuardConfig {
             budget: BudgetConfig::default(),
             damping: DampingConfig::default(),
             cause: CauseConfig::default(),
+            frozen: FrozenConfig::default(),
         }
     }
 }
@@ -217,6 +309,9 @@ impl GuardConfig {
         self.budget.validate()?;
         self.damping.validate()?;
         self.cause.validate()?;
+        if self.frozen.per.is_zero() {
+            return Err("frozen.per must be longer than 0s".into());
+        }
         Ok(())
     }
 }
@@ -351,6 +446,9 @@ pub enum Reason {
         total: u32,
         /// The cap, 0..1.
         cap: f64,
+        /// What the unhealthy targets fail (absent in records written before it existed).
+        #[serde(default)]
+        evidence: FreezeEvidence,
     },
     /// The target's zone is frozen: too many of its targets unhealthy.
     ZoneFrozen {
@@ -362,6 +460,33 @@ pub enum Reason {
         total: u32,
         /// The cap, 0..1.
         cap: f64,
+        /// What the unhealthy targets fail (absent in records written before it existed).
+        #[serde(default)]
+        evidence: FreezeEvidence,
+    },
+    /// Not frozen, but so many targets fail their last probe right now (counting the
+    /// ones not yet unhealthy by the thresholds) that a freeze may be starting: the
+    /// action waits for the next probes to tell.
+    PeersFailing {
+        /// The zone, when it is the zone's count; `None` for the fleet's.
+        zone: Option<String>,
+        /// Targets failing their last probe (or unhealthy).
+        failing: u32,
+        /// Targets counted.
+        total: u32,
+        /// The cap, 0..1.
+        cap: f64,
+    },
+    /// The fleet or the target's zone is frozen, but this failure is local and
+    /// persistent: acted on at the slow rate (`frozen.action = "act-slowly"`).
+    FrozenSlowRate {
+        /// Slow-budget tokens left after this action.
+        left: u32,
+        /// Slow-budget actions per window.
+        actions: u32,
+        /// The slow budget's window.
+        #[serde(with = "humantime_serde")]
+        per: Duration,
     },
     /// An operator froze the guard.
     ManualFreeze {
@@ -428,6 +553,8 @@ impl Reason {
             Reason::Failing { .. } => "failing",
             Reason::FleetFrozen { .. } => "fleet_frozen",
             Reason::ZoneFrozen { .. } => "zone_frozen",
+            Reason::FrozenSlowRate { .. } => "frozen_slow_rate",
+            Reason::PeersFailing { .. } => "peers_failing",
             Reason::ManualFreeze { .. } => "manual_freeze",
             Reason::Maintenance { .. } => "maintenance",
             Reason::Silenced { .. } => "silenced",
@@ -476,20 +603,49 @@ impl fmt::Display for Reason {
                 unhealthy,
                 total,
                 cap,
-            } => write!(
-                f,
-                "fleet-wide failure: {unhealthy}/{total} unhealthy (cap {}), likely a shared dependency or the checker itself",
-                pct(*cap)
-            ),
+                evidence,
+            } => {
+                write!(
+                    f,
+                    "fleet-wide failure: {unhealthy}/{total} unhealthy (cap {})",
+                    pct(*cap)
+                )?;
+                evidence.describe(f, *unhealthy, None)
+            }
             Reason::ZoneFrozen {
                 zone,
                 unhealthy,
                 total,
                 cap,
-            } => write!(
+                evidence,
+            } => {
+                write!(
+                    f,
+                    "zone-wide failure in zone {zone}: {unhealthy}/{total} unhealthy (cap {})",
+                    pct(*cap)
+                )?;
+                evidence.describe(f, *unhealthy, Some(zone))
+            }
+            Reason::PeersFailing {
+                zone,
+                failing,
+                total,
+                cap,
+            } => {
+                match zone {
+                    Some(z) => write!(f, "{failing}/{total} of zone {z}")?,
+                    None => write!(f, "{failing}/{total} of the fleet")?,
+                }
+                write!(
+                    f,
+                    " failing right now, above the cap ({}): waiting for the next probes to tell a shared failure from coincidence",
+                    pct(*cap)
+                )
+            }
+            Reason::FrozenSlowRate { left, actions, per } => write!(
                 f,
-                "zone-wide failure in zone {zone}: {unhealthy}/{total} unhealthy (cap {}), likely a zone outage or a network partition",
-                pct(*cap)
+                "frozen, but this failure is local and persistent: acting at the slow rate ({left} of {actions} per {} left)",
+                human(*per)
             ),
             Reason::ManualFreeze { reason } => write!(f, "frozen by an operator: {reason}"),
             Reason::Maintenance { reason } => write!(f, "in maintenance: {reason}"),
@@ -528,6 +684,145 @@ impl fmt::Display for Reason {
                     human(*per)
                 )
             }
+        }
+    }
+}
+
+/// One check failed by some of a freeze's unhealthy targets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckTally {
+    /// The check's name.
+    pub check: String,
+    /// Whether it is one of the host's own checks ([`CauseConfig::local_checks`]).
+    pub local: bool,
+    /// Unhealthy targets failing it.
+    pub targets: u32,
+}
+
+/// What the evidence behind a freeze points to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LikelyCause {
+    /// Most of the unhealthy targets fail the same dependency check.
+    SharedDependency,
+    /// Most of them fail as a whole (refused, timed out): the network, the checker, a
+    /// zone.
+    Unreachable,
+    /// Most of them fail local checks at once: a common cause, not independent hosts.
+    LocalAtOnce,
+    /// No single explanation (or nothing known yet). Defaults to this.
+    #[default]
+    Mixed,
+}
+
+/// What the unhealthy targets of a frozen scope fail, as of the last observation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreezeEvidence {
+    /// The checks they fail, most failed first (at most [`EVIDENCE_CHECKS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<CheckTally>,
+    /// Checks left out of `checks`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub more_checks: u32,
+    /// Unhealthy targets whose endpoint failed as a whole.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub endpoint_failed: u32,
+    /// Unhealthy targets whose last probe passed (recovering).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recovering: u32,
+    /// What it points to.
+    #[serde(default)]
+    pub likely: LikelyCause,
+}
+
+/// Most checks named in a freeze's reason.
+pub const EVIDENCE_CHECKS: usize = 3;
+
+impl FreezeEvidence {
+    /// Builds the evidence from the tallies of one scope.
+    fn from_tally(tally: &Tally, cause: &CauseConfig) -> Self {
+        let failing = tally.failing;
+        let mut checks: Vec<CheckTally> = tally
+            .checks
+            .iter()
+            .map(|(c, &n)| CheckTally {
+                check: c.clone(),
+                local: cause.is_local(c),
+                targets: n,
+            })
+            .collect();
+        // Most failed first; ties by name, so the text is deterministic.
+        checks.sort_by(|a, b| b.targets.cmp(&a.targets).then(a.check.cmp(&b.check)));
+        let majority = |n: u32| failing > 0 && 2 * n > failing;
+        let local_targets = tally.local;
+        let likely = match checks.first() {
+            Some(c) if !c.local && majority(c.targets) => LikelyCause::SharedDependency,
+            _ if majority(tally.endpoint) => LikelyCause::Unreachable,
+            _ if majority(local_targets) => LikelyCause::LocalAtOnce,
+            _ => LikelyCause::Mixed,
+        };
+        let more_checks = checks.len().saturating_sub(EVIDENCE_CHECKS) as u32;
+        checks.truncate(EVIDENCE_CHECKS);
+        FreezeEvidence {
+            checks,
+            more_checks,
+            endpoint_failed: tally.endpoint,
+            recovering: tally.recovering,
+            likely,
+        }
+    }
+
+    /// `": 8 of 11 fail disk:free (local), ...; <what it points to>"`.
+    fn describe(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        unhealthy: u32,
+        zone: Option<&str>,
+    ) -> fmt::Result {
+        let mut parts: Vec<String> = Vec::new();
+        for (i, c) in self.checks.iter().enumerate() {
+            let kind = if c.local { "local" } else { "dependency" };
+            parts.push(if i == 0 {
+                format!("{} of {unhealthy} fail {} ({kind})", c.targets, c.check)
+            } else {
+                format!("{} fail {} ({kind})", c.targets, c.check)
+            });
+        }
+        if self.more_checks > 0 {
+            parts.push(format!("{} more checks", self.more_checks));
+        }
+        if self.endpoint_failed > 0 {
+            parts.push(if parts.is_empty() {
+                format!("{} of {unhealthy} unreachable", self.endpoint_failed)
+            } else {
+                format!("{} unreachable", self.endpoint_failed)
+            });
+        }
+        if self.recovering > 0 {
+            parts.push(format!("{} recovering", self.recovering));
+        }
+        if !parts.is_empty() {
+            write!(f, ": {}", parts.join(", "))?;
+        }
+        let shared = self
+            .checks
+            .first()
+            .map(|c| c.check.as_str())
+            .unwrap_or_default();
+        match (self.likely, zone) {
+            (LikelyCause::SharedDependency, _) => {
+                write!(f, "; likely the shared dependency {shared}")
+            }
+            (LikelyCause::Unreachable, None) => {
+                f.write_str("; most are unreachable: likely the network or the checker itself")
+            }
+            (LikelyCause::Unreachable, Some(_)) => f.write_str(
+                "; most are unreachable: likely a zone outage or a network partition",
+            ),
+            (LikelyCause::LocalAtOnce, _) => f.write_str(
+                "; most fail local checks at once: a common cause (a deploy, a config, a load pattern), not a shared dependency",
+            ),
+            (LikelyCause::Mixed, _) => f.write_str("; no single cause"),
         }
     }
 }
@@ -617,6 +912,9 @@ pub struct Freeze {
     pub unhealthy: u32,
     /// Targets counted in the scope.
     pub total: u32,
+    /// Whether this freeze has raised its alert ([`GuardEvent::FreezeAlert`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub alerted: bool,
 }
 
 /// An operator's freeze.
@@ -648,6 +946,18 @@ pub enum GuardEvent {
         /// Targets counted now.
         total: u32,
     },
+    /// A freeze has lasted `frozen.alert_after`: a human should decide (raised once per
+    /// freeze).
+    FreezeAlert {
+        /// What is frozen.
+        scope: FreezeScope,
+        /// How long it has been frozen.
+        frozen_for: Duration,
+        /// Why, as of now.
+        reason: Reason,
+        /// What the guard does meanwhile.
+        action: WhenFrozen,
+    },
     /// An operator froze the guard.
     ManualFreeze {
         /// Why.
@@ -678,6 +988,24 @@ impl fmt::Display for GuardEvent {
                 unhealthy,
                 total,
             } => write!(f, "{scope} unfrozen: {unhealthy}/{total} unhealthy"),
+            GuardEvent::FreezeAlert {
+                scope,
+                frozen_for,
+                reason,
+                action,
+            } => {
+                let doing = match action {
+                    WhenFrozen::Hold => "the guard acts on no one",
+                    WhenFrozen::ActSlowly => {
+                        "the guard acts only on local, persistent failures, slowly"
+                    }
+                };
+                write!(
+                    f,
+                    "ALERT: {scope} frozen for {}: {reason}; {doing}: a human must decide",
+                    human(*frozen_for)
+                )
+            }
             GuardEvent::ManualFreeze { reason } => write!(f, "frozen by an operator: {reason}"),
             GuardEvent::ManualUnfreeze => f.write_str("operator freeze lifted"),
             GuardEvent::Flapping { target, penalty } => {
@@ -760,8 +1088,15 @@ impl TargetState {
             )
     }
 
+    /// Unhealthy by the thresholds: what the fraction cap counts (a single failed probe
+    /// is noise, see rule 1).
     fn unhealthy(&self) -> bool {
-        self.last_ok == Some(false) || self.thresholds.health() == Health::Unhealthy
+        self.thresholds.health() == Health::Unhealthy
+    }
+
+    /// Failing now: its last probe failed, or it is unhealthy.
+    fn failing(&self) -> bool {
+        self.last_ok == Some(false) || self.unhealthy()
     }
 }
 
@@ -774,6 +1109,10 @@ pub struct GuardState {
     budget: Budget,
     manual_freeze: Option<ManualFreeze>,
     frozen: Vec<Freeze>,
+    /// Tokens spent acting in a frozen scope (`frozen.action = "act-slowly"`); absent in
+    /// states written before it existed.
+    #[serde(default, skip_serializing_if = "is_default")]
+    frozen_budget: Budget,
 }
 
 /// Counts derived from the state, kept up to date incrementally (every observation
@@ -782,7 +1121,14 @@ pub struct GuardState {
 struct Index {
     total: u32,
     unhealthy: u32,
-    zones: BTreeMap<Arc<str>, (u32, u32)>,
+    /// Targets whose last probe failed, or unhealthy: the eager count that guards an
+    /// action (rule 1), never a freeze.
+    failing: u32,
+    /// Per zone: (total, unhealthy, failing).
+    zones: BTreeMap<Arc<str>, (u32, u32, u32)>,
+    /// What the unhealthy targets fail, fleet-wide and per zone (a freeze's evidence).
+    tally: Tally,
+    zone_tally: BTreeMap<Arc<str>, Tally>,
     shared: SharedIndex,
     /// Earliest `until` of any hold (a lower bound: may be stale-early, never late), so
     /// observations sweep expired holds of every target in O(1) when none is due.
@@ -798,17 +1144,30 @@ impl Index {
             return;
         }
         let sick = u32::from(t.unhealthy());
+        if t.unhealthy() {
+            self.tally.apply(cause, t, add);
+            let z = self.zone_tally.entry(t.zone.clone()).or_default();
+            z.apply(cause, t, add);
+            if z.is_empty() {
+                self.zone_tally.remove(&*t.zone);
+            }
+        }
+        let failing = u32::from(t.failing());
         let zone = self.zones.entry(t.zone.clone()).or_default();
         if add {
             self.total += 1;
             self.unhealthy += sick;
+            self.failing += failing;
             zone.0 += 1;
             zone.1 += sick;
+            zone.2 += failing;
         } else {
             self.total -= 1;
             self.unhealthy -= sick;
+            self.failing -= failing;
             zone.0 -= 1;
             zone.1 -= sick;
+            zone.2 -= failing;
             if zone.0 == 0 {
                 self.zones.remove(&*t.zone);
             }
@@ -822,6 +1181,58 @@ impl Index {
                 }
             }
         }
+    }
+}
+
+/// Counts of what the unhealthy targets of a scope fail (derived, rebuilt on restore).
+#[derive(Clone, Debug, Default)]
+struct Tally {
+    /// Unhealthy targets whose last probe failed.
+    failing: u32,
+    /// ... whose endpoint failed as a whole (or reported fail naming no check).
+    endpoint: u32,
+    /// ... failing at least one local check.
+    local: u32,
+    /// ... whose last probe passed.
+    recovering: u32,
+    /// Targets failing each check.
+    checks: BTreeMap<String, u32>,
+}
+
+impl Tally {
+    fn apply(&mut self, cause: &CauseConfig, t: &TargetState, add: bool) {
+        fn step(n: &mut u32, add: bool) {
+            if add {
+                *n += 1;
+            } else {
+                *n = n.saturating_sub(1);
+            }
+        }
+        if t.last_ok != Some(false) {
+            step(&mut self.recovering, add);
+            return;
+        }
+        step(&mut self.failing, add);
+        if t.endpoint_failed || t.failing_checks.is_empty() {
+            step(&mut self.endpoint, add);
+        }
+        if t.failing_checks.iter().any(|c| cause.is_local(c)) {
+            step(&mut self.local, add);
+        }
+        for c in &t.failing_checks {
+            if add {
+                *self.checks.entry(c.clone()).or_default() += 1;
+            } else if let Some(n) = self.checks.get_mut(c) {
+                *n -= 1;
+                if *n == 0 {
+                    self.checks.remove(c);
+                }
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.failing == 0 && self.recovering == 0
     }
 }
 
@@ -1050,6 +1461,7 @@ impl SafetyGuard {
     /// fast path; a driver that logs every call for replay may leave such ticks out.
     pub fn tick_changed(&mut self, now: Time) -> bool {
         let quiet = !self.freeze_stale
+            && !self.alert_due(now)
             && self.index.next_hold_expiry.is_none_or(|n| n > now)
             && !self
                 .state
@@ -1154,6 +1566,7 @@ impl SafetyGuard {
         if self.freeze_stale
             || !obs.is_ok()
             || self.index.next_hold_expiry.is_some_and(|n| n <= now)
+            || self.alert_due(now)
         {
             return false;
         }
@@ -1291,7 +1704,7 @@ impl SafetyGuard {
         if self.exceeds(self.index.unhealthy, self.index.total) {
             want.push((FreezeScope::Fleet, self.index.unhealthy, self.index.total));
         }
-        for (zone, &(total, unhealthy)) in &self.index.zones {
+        for (zone, &(total, unhealthy, _)) in &self.index.zones {
             if self.exceeds(unhealthy, total) {
                 want.push((FreezeScope::Zone(zone.to_string()), unhealthy, total));
             }
@@ -1302,7 +1715,13 @@ impl SafetyGuard {
                 let (total, unhealthy) = match &f.scope {
                     FreezeScope::Fleet => (self.index.total, self.index.unhealthy),
                     FreezeScope::Zone(z) => {
-                        self.index.zones.get(z.as_str()).copied().unwrap_or((0, 0))
+                        let (t, u, _) = self
+                            .index
+                            .zones
+                            .get(z.as_str())
+                            .copied()
+                            .unwrap_or_default();
+                        (t, u)
                     }
                 };
                 self.events.push(GuardEvent::Unfrozen {
@@ -1313,13 +1732,16 @@ impl SafetyGuard {
             }
         }
         let mut frozen = Vec::with_capacity(want.len());
+        let alert_after = self.config.frozen.alert_after;
         for (scope, unhealthy, total) in want {
-            let since = old.iter().find(|f| f.scope == scope).map(|f| f.since);
-            let f = Freeze {
+            let before = old.iter().find(|f| f.scope == scope);
+            let since = before.map(|f| f.since);
+            let mut f = Freeze {
                 scope,
                 since: since.unwrap_or(now),
                 unhealthy,
                 total,
+                alerted: before.is_some_and(|f| f.alerted),
             };
             if since.is_none() {
                 self.events.push(GuardEvent::Frozen {
@@ -1327,24 +1749,52 @@ impl SafetyGuard {
                     reason: self.freeze_reason(&f),
                 });
             }
+            if !f.alerted && !alert_after.is_zero() && now.since(f.since) >= alert_after {
+                f.alerted = true;
+                self.events.push(GuardEvent::FreezeAlert {
+                    scope: f.scope.clone(),
+                    frozen_for: now.since(f.since),
+                    reason: self.freeze_reason(&f),
+                    action: self.config.frozen.action,
+                });
+            }
             frozen.push(f);
         }
         self.state.frozen = frozen;
     }
 
+    /// Whether a freeze in force is due to raise its alert at `now`.
+    fn alert_due(&self, now: Time) -> bool {
+        let after = self.config.frozen.alert_after;
+        !after.is_zero()
+            && self
+                .state
+                .frozen
+                .iter()
+                .any(|f| !f.alerted && now.since(f.since) >= after)
+    }
+
     fn freeze_reason(&self, f: &Freeze) -> Reason {
         let cap = self.config.max_unhealthy_fraction;
+        let cause = &self.config.cause;
         match &f.scope {
             FreezeScope::Fleet => Reason::FleetFrozen {
                 unhealthy: f.unhealthy,
                 total: f.total,
                 cap,
+                evidence: FreezeEvidence::from_tally(&self.index.tally, cause),
             },
             FreezeScope::Zone(zone) => Reason::ZoneFrozen {
                 zone: zone.clone(),
                 unhealthy: f.unhealthy,
                 total: f.total,
                 cap,
+                evidence: self
+                    .index
+                    .zone_tally
+                    .get(zone.as_str())
+                    .map(|t| FreezeEvidence::from_tally(t, cause))
+                    .unwrap_or_default(),
             },
         }
     }
@@ -1393,15 +1843,31 @@ impl SafetyGuard {
                 reason: m.reason.clone(),
             });
         }
+        let mut freezes: Vec<Reason> = Vec::new();
+        // Every scope frozen around this target is partly healthy (see rule 1: never act
+        // where everyone is unhealthy).
+        let mut partly_healthy = true;
         for f in &self.state.frozen {
             let applies = match &f.scope {
                 FreezeScope::Fleet => true,
                 FreezeScope::Zone(z) => **z == *t.zone,
             };
             if applies {
-                hold.push(self.freeze_reason(f));
+                partly_healthy &= f.unhealthy < f.total;
+                freezes.push(self.freeze_reason(f));
             }
         }
+        // Above the cap, `act-slowly` may still act on a local, persistent failure.
+        let local_persistent = !t.endpoint_failed
+            && !t.failing_checks.is_empty()
+            && t.failing_checks.iter().all(|c| cfg.cause.is_local(c))
+            && failing_for >= cfg.frozen.min_failing;
+        let slow_rate = !freezes.is_empty()
+            && cfg.frozen.action == WhenFrozen::ActSlowly
+            && local_persistent
+            && partly_healthy;
+        let frozen_reasons = freezes.len();
+        hold.extend(freezes);
         if !causes.iter().any(Cause::counts) {
             hold.push(Reason::SharedDependency {
                 checks: causes
@@ -1429,10 +1895,53 @@ impl SafetyGuard {
             failing_for,
             causes,
         }];
+        // Targets failing together reach the thresholds one probe at a time: before any
+        // of them is acted on, the eager count (last probe failed) must be under the cap
+        // too, so a freeze that is starting is never raced (rule 1).
+        if hold.is_empty() && confirmed {
+            let (zt, _, zf) = self.index.zones.get(&*t.zone).copied().unwrap_or_default();
+            if self.exceeds(self.index.failing, self.index.total) {
+                hold.push(Reason::PeersFailing {
+                    zone: None,
+                    failing: self.index.failing,
+                    total: self.index.total,
+                    cap: cfg.max_unhealthy_fraction,
+                });
+            } else if self.exceeds(zf, zt) {
+                hold.push(Reason::PeersFailing {
+                    zone: Some(t.zone.to_string()),
+                    failing: zf,
+                    total: zt,
+                    cap: cfg.max_unhealthy_fraction,
+                });
+            }
+        }
         let budget_cfg = &cfg.budget;
+        let slow_cfg = &cfg.frozen.budget();
+        // Held only by automatic freezes, and allowed to act slowly through them.
+        let slow = slow_rate && hold.len() == frozen_reasons;
         let outcome = if !confirmed {
             // Failing while flapping: reported as flapping, never acted on.
             Outcome::HoldBack
+        } else if slow
+            && self.state.frozen_budget.left(slow_cfg, now) > 0
+            && self.state.budget.left(budget_cfg, now) > 0
+        {
+            let spent = self.state.frozen_budget.try_spend(slow_cfg, now)
+                && self.state.budget.try_spend(budget_cfg, now);
+            debug_assert!(spent, "both budgets had a token left");
+            reasons.extend(std::mem::take(&mut hold));
+            reasons.push(Reason::FrozenSlowRate {
+                left: self.state.frozen_budget.left(slow_cfg, now),
+                actions: slow_cfg.actions,
+                per: slow_cfg.per,
+            });
+            reasons.push(Reason::BudgetSpent {
+                left: self.state.budget.left(budget_cfg, now),
+                actions: budget_cfg.actions,
+                per: budget_cfg.per,
+            });
+            Outcome::Act
         } else if hold.is_empty() && self.state.budget.try_spend(budget_cfg, now) {
             reasons.push(Reason::BudgetSpent {
                 left: self.state.budget.left(budget_cfg, now),

@@ -18,6 +18,8 @@
 //! - [`guard`]: the controller's safety guard (fraction cap, action budget, flap damping,
 //!   cause attribution).
 //! - [`rollout`]: health-gated rollouts in waves, with report-back and latched rollback.
+//! - [`judge`]: the one judge of an HTTP health answer (status code + optional
+//!   health+json body -> verdict), with its rule table.
 //! - [`http1`]: HTTP/1.1 response framing (where a head ends, how its body is delimited,
 //!   chunked decoding), for the clients that own the sockets.
 #![forbid(unsafe_code)]
@@ -27,6 +29,7 @@ pub mod anomaly;
 pub mod gate;
 pub mod guard;
 pub mod http1;
+pub mod judge;
 pub mod outlier;
 pub mod pool;
 pub mod report;
@@ -35,6 +38,7 @@ pub mod status;
 pub mod thresholds;
 pub mod time;
 
+pub use judge::{Judgement, judge};
 pub use report::{CheckResult, HEALTH_JSON, HealthReport, ParseError};
 pub use status::{Criticality, Status};
 pub use thresholds::{Health, Thresholds, ThresholdsConfig, Transition};

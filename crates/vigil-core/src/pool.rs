@@ -10,6 +10,8 @@
 //! - [`RoutingSet`]: an immutable snapshot of who may get traffic and with what weight,
 //!   with the two selection policies: [`RoutingSet::pick_p2c`] (power of two choices on
 //!   outstanding requests, based on tower's p2c) and [`RoutingSet::pick_round_robin`].
+//! - [`ShedPenalty`]: shed answers (503, 429) count as load for balancing, never as a
+//!   host failure (see the outlier module's rule 5).
 //! - [`RetryBudget`]: may this request be retried (or hedged) without amplifying an
 //!   outage (based on Finagle's `RetryBudget` / linkerd's retry budget).
 //!
@@ -62,10 +64,33 @@
 //! routing set is *every* target at full weight, because a health check that takes out
 //! most of a fleet at once is more likely broken itself (or measuring a shared
 //! dependency) than right, and serving from all is better than serving from none or
-//! from a few overloaded survivors. It leaves fail-open as soon as the fraction is back
-//! at or above the threshold. Both transitions are [`PoolEvent::FailOpen`] events whose
-//! `Display` says why, e.g. `pool api: 1/4 healthy < 50% panic threshold: failing open`.
-//! A pool whose targets are all unknown is *warming*: nothing to route to, no fail-open.
+//! from a few overloaded survivors. Both transitions are [`PoolEvent::FailOpen`] events
+//! whose `Display` says why, e.g. `pool api: 1/4 healthy < 50% panic threshold: failing
+//! open`. A pool whose targets are all unknown is *warming*: nothing to route to, no
+//! fail-open.
+//!
+//! **Leaving fail-open (hysteresis).** A pool whose healthy fraction hovers around the
+//! threshold (a growing random fraction of check timeouts) would otherwise enter and
+//! leave fail-open several times a minute, and each exit would dump the whole load on the
+//! few targets still in service at once. So the exit is harder than the entry:
+//!
+//! 1. *Margin.* It leaves only when the fraction is at or above `panic_threshold +
+//!    panic_exit_margin` (default 0.1: 60% healthy for the default 50% threshold).
+//! 2. *Dwell.* The fraction must have stayed at or above that level for
+//!    `panic_exit_dwell` (default 30 s) without a break; any dip below it restarts the
+//!    wait. Checked on every observation and on [`Pool::tick`];
+//!    [`Pool::next_deadline`] says when the wait ends.
+//! 3. *Ramp down.* On leaving, the targets out of service keep their full share and lose
+//!    it linearly over `panic_exit_ramp` (default 20 s), the mirror of slow start, so
+//!    the targets in service take the load over gradually rather than all at once. The
+//!    routing set carries the ramp ([`RampDirection::Down`]); a target that comes back
+//!    during it has its ordinary weight. Falling below the threshold again during the
+//!    ramp re-enters fail-open at once.
+//!
+//! Entering stays immediate: it protects the survivors. Every exit needs one period of
+//! at least `panic_exit_dwell` above the exit level, so the number of fail-open episodes
+//! is bounded by the number of such periods (a proptest checks it), however the fraction
+//! hovers.
 //!
 //! **Slow start (Envoy's slow start mode).** A target that enters service (first
 //! verdict, recovery, or readmission after an ejection) gets an effective weight that
@@ -106,6 +131,18 @@ pub const DEFAULT_SLOW_START_WINDOW: Duration = Duration::from_secs(10);
 pub const DEFAULT_SLOW_START_MIN_WEIGHT: f64 = 0.1;
 /// Default target weight: 1 (all targets equal).
 pub const DEFAULT_WEIGHT: u32 = 1;
+/// Default exit margin: leave fail-open only at `panic_threshold + 0.1` healthy (60% for
+/// the default threshold). A target flapping on its checks moves a pool of ten by 0.1; the
+/// margin means one flapping target cannot take the pool in and out of fail-open.
+pub const DEFAULT_PANIC_EXIT_MARGIN: f64 = 0.1;
+/// Default dwell: the healthy fraction must stay at the exit level for 30 s before the
+/// pool leaves fail-open. That is three full check cycles at the default checks (2 s
+/// interval x (3 to fall + 2 to rise) = 10 s): a recovery that lasts that long is not a
+/// flapping target's lucky streak.
+pub const DEFAULT_PANIC_EXIT_DWELL: Duration = Duration::from_secs(30);
+/// Default ramp down on leaving fail-open: 20 s, twice slow start's window, because it
+/// moves a larger share (up to half the traffic) onto the targets in service.
+pub const DEFAULT_PANIC_EXIT_RAMP: Duration = Duration::from_secs(20);
 
 /// What a new target's verdict is before any active check.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,6 +162,17 @@ pub struct PoolConfig {
     /// Fail open when the healthy fraction falls below this (0 to 1; 0 never fails
     /// open). Defaults to 0.5.
     pub panic_threshold: f64,
+    /// Leave fail-open only at or above `panic_threshold` plus this (0 to 1).
+    /// Defaults to 0.1.
+    pub panic_exit_margin: f64,
+    /// The healthy fraction must stay at the exit level this long before the pool
+    /// leaves fail-open (0: at once). Defaults to 30s.
+    #[serde(with = "humantime_serde")]
+    pub panic_exit_dwell: Duration,
+    /// On leaving fail-open, the targets out of service lose their share linearly over
+    /// this time (0: at once). Defaults to 20s.
+    #[serde(with = "humantime_serde")]
+    pub panic_exit_ramp: Duration,
     /// Time over which a target entering service ramps up to its full weight (0
     /// disables slow start). Defaults to 10s.
     #[serde(with = "humantime_serde")]
@@ -144,6 +192,9 @@ impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
             panic_threshold: DEFAULT_PANIC_THRESHOLD,
+            panic_exit_margin: DEFAULT_PANIC_EXIT_MARGIN,
+            panic_exit_dwell: DEFAULT_PANIC_EXIT_DWELL,
+            panic_exit_ramp: DEFAULT_PANIC_EXIT_RAMP,
             slow_start_window: DEFAULT_SLOW_START_WINDOW,
             slow_start_min_weight: DEFAULT_SLOW_START_MIN_WEIGHT,
             new_targets: NewTargets::Unknown,
@@ -161,6 +212,12 @@ impl PoolConfig {
             return Err(format!(
                 "panic_threshold must be a fraction between 0 and 1 (0.5 = 50%), got {}",
                 self.panic_threshold
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.panic_exit_margin) {
+            return Err(format!(
+                "panic_exit_margin must be a fraction between 0 and 1 (0.1 = 10 points above panic_threshold), got {}",
+                self.panic_exit_margin
             ));
         }
         if !(0.0..=1.0).contains(&self.slow_start_min_weight) {
@@ -273,6 +330,12 @@ pub enum PoolEvent<K> {
         known: usize,
         /// The panic threshold.
         threshold: f64,
+        /// The fraction the pool had to reach to leave (threshold + exit margin).
+        exit_level: f64,
+        /// How long it had to stay there (leaving only).
+        dwell: Duration,
+        /// Over how long the targets out of service lose their share (leaving only).
+        ramp: Duration,
     },
 }
 
@@ -325,6 +388,7 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
                 healthy,
                 known,
                 threshold,
+                ..
             } => write!(
                 f,
                 "pool {pool}: {healthy}/{known} healthy < {}% panic threshold: failing open (routing to all targets)",
@@ -336,11 +400,26 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
                 healthy,
                 known,
                 threshold,
-            } => write!(
-                f,
-                "pool {pool}: {healthy}/{known} healthy >= {}% panic threshold: fail-open ended",
-                percent(*threshold)
-            ),
+                exit_level,
+                dwell,
+                ramp,
+            } => {
+                write!(
+                    f,
+                    "pool {pool}: {healthy}/{known} healthy >= {}% (panic threshold {}% + margin) for {}: fail-open ended",
+                    percent(*exit_level),
+                    percent(*threshold),
+                    humantime::format_duration(*dwell)
+                )?;
+                if !ramp.is_zero() {
+                    write!(
+                        f,
+                        ", unhealthy targets' share ramping down over {}",
+                        humantime::format_duration(*ramp)
+                    )?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -396,6 +475,10 @@ pub struct Pool<K> {
     outlier: OutlierDetector<K>,
     /// Since when the pool is in fail-open.
     fail_open: Option<Time>,
+    /// In fail-open: since when the healthy fraction is at or above the exit level.
+    recovered_since: Option<Time>,
+    /// When the pool last left fail-open (the targets out of service ramp down from it).
+    left_fail_open: Option<Time>,
 }
 
 impl<K: Ord + Clone> Pool<K> {
@@ -407,6 +490,8 @@ impl<K: Ord + Clone> Pool<K> {
             config,
             members: Vec::new(),
             fail_open: None,
+            recovered_since: None,
+            left_fail_open: None,
         }
     }
 
@@ -563,9 +648,24 @@ impl<K: Ord + Clone> Pool<K> {
         events
     }
 
-    /// When [`Pool::tick`] next has something to do (the earliest end of an ejection).
+    /// When [`Pool::tick`] next has something to do: the earliest end of an ejection, or
+    /// the end of the dwell before leaving fail-open.
     pub fn next_deadline(&self) -> Option<Time> {
-        self.outlier.next_readmission()
+        let exit = self
+            .recovered_since
+            .filter(|_| self.fail_open.is_some())
+            .map(|s| s + self.config.panic_exit_dwell);
+        match (self.outlier.next_readmission(), exit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// When the pool last left fail-open, while the targets out of service are still
+    /// ramping down (`panic_exit_ramp` after it); `None` otherwise.
+    pub fn leaving_fail_open(&self, now: Time) -> Option<Time> {
+        self.left_fail_open
+            .filter(|at| self.fail_open.is_none() && now.since(*at) < self.config.panic_exit_ramp)
     }
 
     /// Since when the pool is in fail-open, if it is.
@@ -602,18 +702,29 @@ impl<K: Ord + Clone> Pool<K> {
     }
 
     /// Who may get traffic now: in fail-open every target at full weight, otherwise the
-    /// targets in service with their slow-start ramps.
+    /// targets in service with their slow-start ramps (and, while the pool is leaving
+    /// fail-open, the others ramping down).
     pub fn routing_set(&self, now: Time) -> RoutingSet<K> {
         let fail_open = self.fail_open.is_some();
+        let leaving = self.leaving_fail_open(now);
         let routes = self
             .members
             .iter()
             .enumerate()
-            .filter(|(i, _)| fail_open || self.in_service(*i))
-            .map(|(_, m)| Route {
+            .filter(|(i, _)| fail_open || leaving.is_some() || self.in_service(*i))
+            .map(|(i, m)| Route {
                 key: m.key.clone(),
                 weight: m.spec.weight,
-                ramp: if fail_open { None } else { self.ramp(m, now) },
+                ramp: match leaving {
+                    _ if fail_open => None,
+                    Some(start) if !self.in_service(i) => Some(Ramp {
+                        start,
+                        window: self.config.panic_exit_ramp,
+                        min_weight: 0.0,
+                        direction: RampDirection::Down,
+                    }),
+                    _ => self.ramp(m, now),
+                },
             })
             .collect();
         RoutingSet { routes, fail_open }
@@ -671,44 +782,90 @@ impl<K: Ord + Clone> Pool<K> {
             start,
             window,
             min_weight: self.config.slow_start_min_weight,
+            direction: RampDirection::Up,
         })
     }
 
+    /// The fraction a pool in fail-open must reach (and keep for the dwell) to leave.
+    fn exit_level(&self) -> f64 {
+        (self.config.panic_threshold + self.config.panic_exit_margin).min(1.0)
+    }
+
+    /// Enters fail-open below the threshold; leaves it per the hysteresis rules (module
+    /// docs). Called after every change and on every tick.
     fn update_fail_open(&mut self, now: Time) -> Option<PoolEvent<K>> {
         let (healthy, known) = self.healthy_counts();
-        let panic = known > 0 && (healthy as f64) < self.config.panic_threshold * known as f64;
-        let event = |entered| PoolEvent::FailOpen {
+        let threshold = self.config.panic_threshold;
+        let exit_level = self.exit_level();
+        // A hair of tolerance: 3/5 must count as 60%, whatever the rounding of 0.5 + 0.1.
+        let below = known > 0 && (healthy as f64) < threshold * known as f64;
+        let above = (healthy as f64) >= exit_level * known as f64 - 1e-9;
+        let event = |entered, dwell, ramp| PoolEvent::FailOpen {
             pool: self.name.clone(),
             entered,
             healthy,
             known,
-            threshold: self.config.panic_threshold,
+            threshold,
+            exit_level,
+            dwell,
+            ramp,
         };
-        match (panic, self.fail_open.is_some()) {
-            (true, false) => {
+        match self.fail_open {
+            None if below => {
                 self.fail_open = Some(now);
-                Some(event(true))
+                self.recovered_since = None;
+                self.left_fail_open = None;
+                Some(event(true, Duration::ZERO, Duration::ZERO))
             }
-            (false, true) => {
+            None => None,
+            // Nothing known any more (every target removed or unknown): nothing to ramp.
+            Some(_) if known == 0 => {
                 self.fail_open = None;
-                Some(event(false))
+                self.recovered_since = None;
+                Some(event(false, Duration::ZERO, Duration::ZERO))
             }
-            _ => None,
+            Some(_) if above => {
+                let since = *self.recovered_since.get_or_insert(now);
+                let dwell = now.since(since);
+                if dwell < self.config.panic_exit_dwell {
+                    return None;
+                }
+                self.fail_open = None;
+                self.recovered_since = None;
+                self.left_fail_open = Some(now);
+                Some(event(false, dwell, self.config.panic_exit_ramp))
+            }
+            Some(_) => {
+                self.recovered_since = None;
+                None
+            }
         }
     }
 }
 
 // === impl RoutingSet ===
 
-/// A slow-start ramp: the effective weight rises linearly over `window` from `start`.
+/// Which way a [`Ramp`] goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RampDirection {
+    /// Slow start: from `min_weight x weight` up to the weight.
+    Up,
+    /// Leaving fail-open: from the weight down to nothing.
+    Down,
+}
+
+/// A ramp of a target's effective weight, linear over `window` from `start`: slow start
+/// (up) or leaving fail-open (down).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Ramp {
-    /// When the target entered service.
+    /// When the ramp began (the target entered service, or the pool left fail-open).
     pub start: Time,
     /// How long the ramp lasts.
     pub window: Duration,
-    /// Fraction of the weight at `start`.
+    /// Fraction of the weight at `start` (slow start only).
     pub min_weight: f64,
+    /// Up (slow start) or down (leaving fail-open).
+    pub direction: RampDirection,
 }
 
 /// One routable target in a [`RoutingSet`].
@@ -723,14 +880,22 @@ pub struct Route<K> {
 }
 
 impl<K> Route<K> {
-    /// Weight at `now`: `weight x max(min_weight, elapsed / window)` during the ramp.
+    /// Weight at `now`: `weight x max(min_weight, elapsed / window)` during a slow-start
+    /// ramp, `weight x (1 - elapsed / window)` during a ramp down (0 after it).
     pub fn effective_weight(&self, now: Time) -> f64 {
         let w = f64::from(self.weight);
         match self.ramp {
             Some(r) if !r.window.is_zero() => {
                 let f = now.since(r.start).as_secs_f64() / r.window.as_secs_f64();
-                w * f.clamp(r.min_weight, 1.0)
+                match r.direction {
+                    RampDirection::Up => w * f.clamp(r.min_weight, 1.0),
+                    RampDirection::Down => w * (1.0 - f).clamp(0.0, 1.0),
+                }
             }
+            Some(Ramp {
+                direction: RampDirection::Down,
+                ..
+            }) => 0.0,
             _ => w,
         }
     }
@@ -917,6 +1082,45 @@ fn sample(weights: &[f64], total: f64, u: f64) -> Option<usize> {
     }
     // Rounding can leave x just past the last weight: that is the last candidate.
     last
+}
+
+// === impl ShedPenalty ===
+
+/// Default half-life of the load a shed answer adds: 1 s. A target shedding `r` answers
+/// a second carries about `1.44 x r` extra outstanding requests (`r x half-life / ln 2`)
+/// as balancing sees it, and forgets them within seconds once it stops shedding.
+pub const DEFAULT_SHED_PENALTY_HALF_LIFE: Duration = Duration::from_secs(1);
+
+/// The extra load a target carries for the answers it shed recently (503, 429:
+/// [`RequestOutcome::is_shed`]): errors count as load (the SRE book, "Handling
+/// Overload"). A shed answer costs the target almost no time, so its outstanding count
+/// drops and least-loaded balancing (P2C, least request) would send it *more* traffic:
+/// a sinkhole. Adding this penalty to the outstanding count keeps an overloaded target's
+/// share down until it stops shedding. Each shed answer adds 1, decaying exponentially
+/// with `half_life`. Plain data (two words), so a driver may keep it in atomics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ShedPenalty {
+    /// The penalty as of `at`.
+    pub value: f64,
+    /// When `value` was last updated.
+    pub at: Time,
+}
+
+impl ShedPenalty {
+    /// The penalty at `now`.
+    pub fn load(&self, now: Time, half_life: Duration) -> f64 {
+        if self.value <= 0.0 || half_life.is_zero() {
+            return 0.0;
+        }
+        let halvings = now.since(self.at).as_secs_f64() / half_life.as_secs_f64();
+        self.value * (-halvings).exp2()
+    }
+
+    /// Records one shed answer at `now`.
+    pub fn add(&mut self, now: Time, half_life: Duration) {
+        self.value = self.load(now, half_life) + 1.0;
+        self.at = now;
+    }
 }
 
 // === impl RetryBudget ===

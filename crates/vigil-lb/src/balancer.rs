@@ -23,7 +23,10 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 use vigil_core::Time;
 use vigil_core::outlier::{OutlierEvent, RequestOutcome};
-use vigil_core::pool::{Pool, PoolEvent, RetryBudget, RoutingSet, TargetSpec};
+use vigil_core::pool::{
+    DEFAULT_SHED_PENALTY_HALF_LIFE, Pool, PoolEvent, RetryBudget, RoutingSet, ShedPenalty,
+    TargetSpec,
+};
 use vigil_core::thresholds::Health;
 
 /// The driver's clock: monotonic time since start, as policies see it, and the wall
@@ -70,6 +73,10 @@ pub struct TargetRt {
     pub conns: Arc<ConnPool>,
     /// Requests in flight to it (P2C's load).
     pub outstanding: AtomicU64,
+    /// Load added by its recent shed answers (503, 429): errors count as load.
+    shed: Mutex<ShedPenalty>,
+    /// Whether `shed` may be non-zero: the data path reads the lock only then.
+    shedding: AtomicBool,
     /// Set when an error was reported to outlier detection and no success since (so a
     /// success must be reported too, to reset the streak; otherwise it need not be).
     error_pending: AtomicBool,
@@ -92,6 +99,8 @@ impl TargetRt {
                 .unwrap_or_else(|_| http::HeaderValue::from_static("localhost")),
             conns: ConnPool::new(addr),
             outstanding: AtomicU64::new(0),
+            shed: Mutex::new(ShedPenalty::default()),
+            shedding: AtomicBool::new(false),
             error_pending: AtomicBool::new(false),
             left_service: Arc::new(Notify::new()),
             in_service: AtomicBool::new(false),
@@ -102,6 +111,29 @@ impl TargetRt {
                 target: addr.to_string(),
             },
         }
+    }
+
+    /// Its load as balancing sees it at `now`: requests in flight plus the penalty of
+    /// its recent shed answers ([`ShedPenalty`]), so a target failing fast with 503s does
+    /// not look idle and draw more traffic.
+    pub fn load(&self, now: Time) -> u64 {
+        let outstanding = self.outstanding.load(Ordering::Relaxed);
+        if !self.shedding.load(Ordering::Relaxed) {
+            return outstanding;
+        }
+        let shed = self.shed.lock().expect("shed lock");
+        let penalty = shed.load(now, DEFAULT_SHED_PENALTY_HALF_LIFE);
+        if penalty < 0.5 {
+            self.shedding.store(false, Ordering::Relaxed);
+        }
+        outstanding + penalty.round() as u64
+    }
+
+    /// Records one shed answer (503, 429) at `now`.
+    fn shed(&self, now: Time) {
+        let mut shed = self.shed.lock().expect("shed lock");
+        shed.add(now, DEFAULT_SHED_PENALTY_HALF_LIFE);
+        self.shedding.store(true, Ordering::Relaxed);
     }
 
     /// Counts one answered request with `code`.
@@ -313,8 +345,14 @@ impl PoolRt {
     }
 
     /// Records a forwarded request's outcome (passive outlier detection). Successes take
-    /// the lock only when they end an error streak.
+    /// the lock only when they end an error streak. A shed answer (503, 429) is load, not
+    /// a failure: it raises the target's load for balancing and leaves outlier detection
+    /// alone (vigil_core::outlier, rule 5).
     pub fn observe_request(&self, target: &TargetRt, outcome: RequestOutcome) {
+        if outcome.is_shed() {
+            target.shed(self.clock.now());
+            return;
+        }
         if outcome.is_error() {
             target.error_pending.store(true, Ordering::Relaxed);
         } else if !target.error_pending.swap(false, Ordering::Relaxed) {
@@ -445,7 +483,7 @@ impl PoolRt {
             Balance::P2c => routing.set.pick_p2c(
                 now,
                 [rand::random(), rand::random()],
-                |i| routing.targets[*i].outstanding.load(Ordering::Relaxed),
+                |i| routing.targets[*i].load(now),
                 skip,
             ),
             Balance::RoundRobin => {
@@ -453,12 +491,11 @@ impl PoolRt {
                     .set
                     .pick_round_robin(now, self.rr.fetch_add(1, Ordering::Relaxed), skip)
             }
-            Balance::LeastRequest => routing.set.pick_least(
-                now,
-                rand::random(),
-                |i| routing.targets[*i].outstanding.load(Ordering::Relaxed),
-                skip,
-            ),
+            Balance::LeastRequest => {
+                routing
+                    .set
+                    .pick_least(now, rand::random(), |i| routing.targets[*i].load(now), skip)
+            }
         };
         picked.map(|i| routing.targets[*i].clone())
     }

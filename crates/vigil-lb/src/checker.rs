@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use vigil_core::report::MAX_REPORT_BYTES;
-use vigil_core::{HealthReport, Status};
 
 /// The result of one check: passed or not, and what it saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +73,11 @@ pub async fn probe(
                 fail(format!("HTTP {code}, expected {expected_list}"))
             };
         }
+        let content_type = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let body = match Limited::new(resp.into_body(), MAX_REPORT_BYTES)
             .collect()
             .await
@@ -81,37 +85,17 @@ pub async fn probe(
             Ok(b) => b.to_bytes(),
             Err(e) => return fail(format!("HTTP {code}, body unreadable: {e}")),
         };
-        match HealthReport::parse(&body) {
-            // A failing service answers 503 with its report: say which checks failed.
-            Ok(report) if !status_ok => fail(format!(
-                "HTTP {code}, expected {expected_list}; health+json {}{}",
-                report.status,
-                failing_list(&report)
-            )),
-            Err(_) if !status_ok => fail(format!("HTTP {code}, expected {expected_list}")),
-            Ok(report) => {
-                let failing: Vec<&str> = report.failing_checks().collect();
-                let mut detail = format!("HTTP {code}, health+json {}", report.status);
-                if !failing.is_empty() {
-                    detail.push_str(&format!(" (failing: {})", failing.join(", ")));
-                } else if report.status == Status::Warn {
-                    let warn: Vec<&str> = report
-                        .checks
-                        .iter()
-                        .filter(|(_, rs)| rs.iter().any(|r| r.status == Status::Warn))
-                        .map(|(n, _)| n.as_str())
-                        .collect();
-                    if !warn.is_empty() {
-                        detail.push_str(&format!(" (warn: {})", warn.join(", ")));
-                    }
-                }
-                Verdict {
-                    // Degraded (warn) stays in service: it still serves something useful.
-                    ok: report.status.is_serving(),
-                    detail,
-                }
-            }
-            Err(e) => fail(format!("HTTP {code}, not health+json: {e}")),
+        // vigil-core's one judge (its doc has the rule table); the configured
+        // `expected_statuses` must also hold.
+        let j = vigil_core::judge(code, content_type.as_deref(), &body);
+        let mut detail = j.detail.clone();
+        if !status_ok {
+            detail.push_str(&format!("; expected {expected_list}"));
+        }
+        Verdict {
+            // Degraded (warn) stays in service: it still serves something useful.
+            ok: status_ok && j.is_serving(),
+            detail,
         }
     };
     match tokio::time::timeout(hc.timeout, work).await {
@@ -120,15 +104,6 @@ pub async fn probe(
             "no answer within {}",
             humantime::format_duration(hc.timeout)
         )),
-    }
-}
-
-fn failing_list(report: &HealthReport) -> String {
-    let failing: Vec<&str> = report.failing_checks().collect();
-    if failing.is_empty() {
-        String::new()
-    } else {
-        format!(" (failing: {})", failing.join(", "))
     }
 }
 

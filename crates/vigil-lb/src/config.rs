@@ -232,6 +232,16 @@ pub struct PoolSection {
     /// Fail open (route to all) when the healthy fraction falls below this. Defaults
     /// to 0.5.
     pub panic_threshold: f64,
+    /// Leave fail-open only at or above `panic_threshold` plus this. Defaults to 0.1.
+    pub panic_exit_margin: f64,
+    /// The healthy fraction must stay at the exit level this long before the pool leaves
+    /// fail-open. Defaults to 30s.
+    #[serde(with = "humantime_serde")]
+    pub panic_exit_dwell: Duration,
+    /// On leaving fail-open, the targets out of service lose their share over this time.
+    /// Defaults to 20s.
+    #[serde(with = "humantime_serde")]
+    pub panic_exit_ramp: Duration,
     /// Ramp-up time of a target entering service; 0s disables. Defaults to 10s.
     #[serde(with = "humantime_serde")]
     pub slow_start_window: Duration,
@@ -254,6 +264,9 @@ impl Default for PoolSection {
             targets: Vec::new(),
             balance: Balance::P2c,
             panic_threshold: core.panic_threshold,
+            panic_exit_margin: core.panic_exit_margin,
+            panic_exit_dwell: core.panic_exit_dwell,
+            panic_exit_ramp: core.panic_exit_ramp,
             slow_start_window: core.slow_start_window,
             slow_start_min_weight: core.slow_start_min_weight,
             health_check: HealthCheckConfig::default(),
@@ -269,6 +282,9 @@ impl PoolSection {
     pub fn core(&self) -> PoolConfig {
         PoolConfig {
             panic_threshold: self.panic_threshold,
+            panic_exit_margin: self.panic_exit_margin,
+            panic_exit_dwell: self.panic_exit_dwell,
+            panic_exit_ramp: self.panic_exit_ramp,
             slow_start_window: self.slow_start_window,
             slow_start_min_weight: self.slow_start_min_weight,
             new_targets: if self.health_check.enabled {

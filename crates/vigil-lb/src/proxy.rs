@@ -369,7 +369,8 @@ impl Proxy {
                     // detection hears of it (a frozen target is ejected after a few).
                     // (Not when the winner's answer is itself an error: a fast 503 from
                     // a broken hedge target says nothing against the slower one.)
-                    if !RequestOutcome::Response(code).is_error() {
+                    let answer = RequestOutcome::Response(code);
+                    if !answer.is_error() && !answer.is_shed() {
                         for loser in attempts.iter().filter(|l| l.started < a.started) {
                             pool.observe_request(&loser.target, RequestOutcome::Overtaken);
                         }

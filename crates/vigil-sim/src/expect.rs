@@ -100,6 +100,11 @@ pub const METRICS: &[(&str, &str)] = &[
     ("ejections", "outlier ejections"),
     ("controller_actions", "servers the controller replaced"),
     ("controller_holds", "replacements the guard refused"),
+    ("freezes", "guard freezes (fleet or zone) that started"),
+    (
+        "freeze_alerts",
+        "freezes that lasted long enough to raise the guard's alert",
+    ),
     (
         "fail_open_episodes",
         "times the load balancer entered fail-open",

@@ -4,7 +4,7 @@
 
 use crate::Checked;
 use crate::scenario::Scenario;
-use crate::sim::{Mark, Outcome, Sample};
+use crate::sim::{Decision, Mark, Outcome, Sample};
 use crate::summary::Summary;
 use std::fmt::Write as _;
 
@@ -51,6 +51,17 @@ struct Chart<'a> {
     lines: Vec<Line<'a>>,
     shading: Vec<(f64, f64, &'a str)>,
     marks: &'a [Mark],
+    decisions: &'a [Decision],
+}
+
+/// Colour of a policy decision's marker.
+fn decision_color(kind: &str) -> &'static str {
+    match kind {
+        "fail-open" | "fail-open-end" => FAIL_OPEN_COLOR,
+        "freeze" | "unfreeze" => "#8250df",
+        "alert" => NAIVE_COLOR,
+        _ => FAULT_COLOR,
+    }
 }
 
 fn fmt_time(secs: f64) -> String {
@@ -84,16 +95,29 @@ impl Chart<'_> {
             r#"<text x="{PAD_L}" y="16" class="title">{}</text>"#,
             esc(self.title)
         );
-        // Faults: a light band over their duration and a line at their start.
+        // Faults: a light band over their duration (only when they have one: a kill or a
+        // disk filling has no end to shade to) and a line at their start. Labels that
+        // would overlap the previous one go one row down.
+        let mut rows: Vec<f64> = Vec::new(); // per row: where its last label ends
         for m in self.marks {
             let x0 = self.x(m.start);
-            let x1 = self.x(m.end.unwrap_or(self.x_max).min(self.x_max));
-            let _ = write!(
-                s,
-                r#"<rect x="{x0:.1}" y="{PAD_T}" width="{:.1}" height="{:.1}" fill="{FAULT_COLOR}" opacity="0.08"/>"#,
-                (x1 - x0).max(1.0),
-                H - PAD_T - PAD_B
-            );
+            if let Some(end) = m.end {
+                let x1 = self.x(end.min(self.x_max));
+                let _ = write!(
+                    s,
+                    r#"<rect x="{x0:.1}" y="{PAD_T}" width="{:.1}" height="{:.1}" fill="{FAULT_COLOR}" opacity="0.08"/>"#,
+                    (x1 - x0).max(1.0),
+                    H - PAD_T - PAD_B
+                );
+            }
+            // 5.5 px per character at the marks' 10 px font.
+            let width = 5.5 * m.label.chars().count() as f64 + 6.0;
+            let row = rows.iter().position(|&end| end <= x0).unwrap_or(rows.len());
+            if row == rows.len() {
+                rows.push(0.0);
+            }
+            rows[row] = x0 + width;
+            let label_y = PAD_T + 10.0 + 11.0 * row as f64;
             let _ = write!(
                 s,
                 r#"<line x1="{x0:.1}" x2="{x0:.1}" y1="{PAD_T}" y2="{:.1}" stroke="{FAULT_COLOR}" stroke-dasharray="3 3"><title>{}</title></line>"#,
@@ -102,10 +126,22 @@ impl Chart<'_> {
             );
             let _ = write!(
                 s,
-                r#"<text x="{:.1}" y="{:.1}" class="mark">{}</text>"#,
+                r#"<text x="{:.1}" y="{label_y:.1}" class="mark">{}</text>"#,
                 x0 + 3.0,
-                PAD_T + 10.0,
                 esc(&m.label)
+            );
+        }
+        // Policy decisions: a tick under the plot per decision, its words on hover.
+        for d in self.decisions {
+            let x = self.x(d.t);
+            let _ = write!(
+                s,
+                r#"<path d="M{x:.1},{:.1}l-3,6h6z" fill="{}"><title>{} at {}: {}</title></path>"#,
+                H - PAD_B + 1.0,
+                decision_color(d.kind),
+                d.kind,
+                fmt_time(d.t),
+                esc(&d.label)
             );
         }
         for (a, b, color) in &self.shading {
@@ -233,6 +269,7 @@ pub fn render(scenario: &Scenario, checked: &Checked) -> String {
             .collect(),
         shading: shading.clone(),
         marks,
+        decisions: &checked.vigil.decisions,
     };
     let success = |s: &Sample| {
         if s.requests == 0 {
@@ -269,6 +306,7 @@ pub fn render(scenario: &Scenario, checked: &Checked) -> String {
             .collect(),
         shading,
         marks,
+        decisions: &checked.vigil.decisions,
     };
     let mut html = String::new();
     let _ = write!(

@@ -53,7 +53,7 @@ use crate::summary::Summary;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::time::Duration;
-use vigil_core::guard::{Observation, Outcome as GuardOutcome, SafetyGuard};
+use vigil_core::guard::{GuardEvent, Observation, Outcome as GuardOutcome, SafetyGuard};
 use vigil_core::outlier::{OutlierEvent, RequestOutcome};
 use vigil_core::pool::{Pool, PoolEvent, RoutingSet, TargetSpec};
 use vigil_core::{Criticality, Health, Status, Thresholds, Time};
@@ -119,6 +119,21 @@ pub struct Mark {
     pub label: String,
 }
 
+/// A policy decision on the timeline, for charts: why the lines move.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// When, seconds.
+    pub t: f64,
+    /// What kind: `fail-open`, `fail-open-end`, `freeze`, `unfreeze`, `alert`, `ejection`.
+    pub kind: &'static str,
+    /// The policy's own words (its event's `Display`).
+    pub label: String,
+}
+
+/// Ejections marked on the charts at most (the rest are counted in the summary): a
+/// gray failure ejects thousands of times a day, which would bury the other marks.
+const MAX_EJECTION_MARKS: usize = 200;
+
 /// Everything a run produced.
 #[derive(Clone, Debug)]
 pub struct Outcome {
@@ -128,6 +143,8 @@ pub struct Outcome {
     pub series: Vec<Sample>,
     /// Faults.
     pub marks: Vec<Mark>,
+    /// Policy decisions (fail-open, freezes, ejections).
+    pub decisions: Vec<Decision>,
     /// Notable events (state changes with reasons), in order.
     pub log: Vec<(Duration, String)>,
 }
@@ -430,6 +447,8 @@ pub struct Sim<'a> {
     detect_times: Vec<Duration>,
     first_fault_at: Option<Time>,
     fail_open_since: Option<Time>,
+    /// The pool was ramping the unhealthy servers' shares down at the last tick.
+    leaving_fail_open: bool,
     // metrics
     s: Summary,
     in_service_sum: f64,
@@ -437,6 +456,8 @@ pub struct Sim<'a> {
     series: Vec<Sample>,
     bucket: Duration,
     marks: Vec<Mark>,
+    decisions: Vec<Decision>,
+    ejection_marks: usize,
     log: Vec<(Duration, String)>,
     log_dropped: u64,
 }
@@ -590,12 +611,15 @@ impl<'a> Sim<'a> {
             detect_times: Vec::new(),
             first_fault_at: None,
             fail_open_since: None,
+            leaving_fail_open: false,
             s: Summary::new(cfg, seed, naive),
             in_service_sum: 0.0,
             ticks: 0,
             series: Vec::new(),
             bucket,
             marks: Vec::new(),
+            decisions: Vec::new(),
+            ejection_marks: 0,
             log: Vec::new(),
             log_dropped: 0,
         };
@@ -1014,6 +1038,21 @@ impl<'a> Sim<'a> {
                 }
             }
             let line = e.to_string();
+            let kind = match &e {
+                PoolEvent::FailOpen { entered: true, .. } => Some("fail-open"),
+                PoolEvent::FailOpen { entered: false, .. } => Some("fail-open-end"),
+                PoolEvent::Outlier {
+                    event: OutlierEvent::Ejected { .. },
+                    ..
+                } if self.ejection_marks < MAX_EJECTION_MARKS => {
+                    self.ejection_marks += 1;
+                    Some("ejection")
+                }
+                _ => None,
+            };
+            if let Some(kind) = kind {
+                self.decide_mark(kind, &line);
+            }
             self.note(format!("lb: {line}"));
         }
     }
@@ -1054,6 +1093,11 @@ impl<'a> Sim<'a> {
     /// returns how many outcomes happened before it was ejected (all, if it was not).
     fn feed_outcomes(&mut self, i: u32, ok: u64, failed: u64, failure: RequestOutcome) -> u64 {
         let total = ok + failed;
+        if failure.is_shed() && ok == 0 {
+            // Shed answers neither count towards ejection nor reset a streak: nothing to
+            // feed (vigil_core::outlier, rule 5).
+            return total;
+        }
         if failed == 0 {
             if ok > 0 {
                 return self.feed_runs(i, &[(false, ok)], failure);
@@ -1267,7 +1311,14 @@ impl<'a> Sim<'a> {
         // Shed requests first (rejected on arrival), then the served mix.
         let mut consumed = 0;
         if dropped > 0 {
-            consumed = self.feed_outcomes(i, 0, dropped, RequestOutcome::Response(503));
+            // A server that sheds answers 503 (load, never an ejection); one stopped in
+            // a GC pause answers nothing: its overflow times out at the balancer.
+            let overflow = if paused > 0.0 {
+                RequestOutcome::Timeout
+            } else {
+                RequestOutcome::Response(503)
+            };
+            consumed = self.feed_outcomes(i, 0, dropped, overflow);
             if consumed < dropped {
                 let spill = (served + dropped - consumed).min(n);
                 return (0, consumed, spill);
@@ -1355,13 +1406,21 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let dt = self.cfg.tick;
         self.tick_no += 1;
-        if self.ejected_count > 0
+        // Readmissions, and the end of the dwell before leaving fail-open.
+        if (self.ejected_count > 0 || self.fail_open_since.is_some())
             && let Some(d) = self.pool.next_deadline()
             && d <= Self::pt(now)
         {
             let ev = self.pool.tick(Self::pt(now));
             self.pool_events(ev);
         }
+        // Leaving fail-open: the unhealthy servers' shares ramp down; a route whose ramp
+        // ended must leave the set (it counts as in service while it is there).
+        let leaving = self.pool.leaving_fail_open(Self::pt(now)).is_some();
+        if leaving || self.leaving_fail_open {
+            self.routes_dirty = true;
+        }
+        self.leaving_fail_open = leaving;
         self.refresh_routes();
         self.tick_fail_prob = self.fleet_fail_prob(now);
         let base =
@@ -1575,12 +1634,7 @@ impl<'a> Sim<'a> {
                     failing_checks: self.check_names(failing),
                 };
                 let decision = self.ctl.guard.observe(now, &obs);
-                for e in self.ctl.guard.drain_events() {
-                    if e.to_string().contains("froze") || e.to_string().contains("freeze") {
-                        self.s.freezes += 1;
-                    }
-                    self.note(format!("guard: {e}"));
-                }
+                self.guard_events();
                 if let Some(d) = decision {
                     match d.outcome {
                         GuardOutcome::Act => {
@@ -1604,10 +1658,40 @@ impl<'a> Sim<'a> {
         self.schedule(now + self.cfg.controller.interval, Ev::CtlRound);
         if self.ctl.up && self.cfg.controller.mode == ControllerMode::Guarded {
             self.ctl.guard.tick(Self::pt(now));
-            for e in self.ctl.guard.drain_events() {
-                self.note(format!("guard: {e}"));
-            }
+            self.guard_events();
         }
+    }
+
+    /// Counts and notes the guard's events.
+    fn guard_events(&mut self) {
+        for e in self.ctl.guard.drain_events() {
+            let kind = match e {
+                GuardEvent::Frozen { .. } => {
+                    self.s.freezes += 1;
+                    Some("freeze")
+                }
+                GuardEvent::FreezeAlert { .. } => {
+                    self.s.freeze_alerts += 1;
+                    Some("alert")
+                }
+                GuardEvent::Unfrozen { .. } => Some("unfreeze"),
+                _ => None,
+            };
+            let line = e.to_string();
+            if let Some(kind) = kind {
+                self.decide_mark(kind, &line);
+            }
+            self.note(format!("guard: {line}"));
+        }
+    }
+
+    /// Marks a policy decision on the charts.
+    fn decide_mark(&mut self, kind: &'static str, label: &str) {
+        self.decisions.push(Decision {
+            t: self.now.as_elapsed().as_secs_f64(),
+            kind,
+            label: label.to_string(),
+        });
     }
 
     fn replace(&mut self, i: usize) {
@@ -2034,6 +2118,7 @@ impl<'a> Sim<'a> {
             summary: self.s,
             series: self.series,
             marks: self.marks,
+            decisions: self.decisions,
             log: self.log,
         }
     }

@@ -51,8 +51,10 @@ pub struct Summary {
     pub controller_actions: u32,
     /// Replacements the guard held back (distinct decisions).
     pub controller_holds: u32,
-    /// Guard freezes.
+    /// Guard freezes (fleet or zone) that started.
     pub freezes: u32,
+    /// Freezes that lasted long enough to raise the guard's alert.
+    pub freeze_alerts: u32,
     /// Times the load balancer entered fail-open.
     pub fail_open_episodes: u32,
     /// Time spent in fail-open.
@@ -110,6 +112,8 @@ impl Summary {
             "ejections" => f64::from(self.ejections),
             "controller_actions" => f64::from(self.controller_actions),
             "controller_holds" => f64::from(self.controller_holds),
+            "freezes" => f64::from(self.freezes),
+            "freeze_alerts" => f64::from(self.freeze_alerts),
             "fail_open_episodes" => f64::from(self.fail_open_episodes),
             "fail_open_seconds" => self.fail_open_time.as_secs_f64(),
             "message_failure_rate" => {
@@ -178,6 +182,10 @@ impl Summary {
             (
                 "controller actions / held",
                 format!("{} / {}", self.controller_actions, self.controller_holds),
+            ),
+            (
+                "guard freezes / alerts",
+                format!("{} / {}", self.freezes, self.freeze_alerts),
             ),
             (
                 "fail-open episodes",

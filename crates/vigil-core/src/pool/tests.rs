@@ -111,9 +111,19 @@ fn unhealthy_targets_leave_the_routing_set_and_say_why() {
     assert!(routes.routes.iter().all(|r| r.key != "a"));
 }
 
+/// Without hysteresis: leave as soon as the fraction is back at the threshold.
+fn no_hysteresis() -> PoolConfig {
+    PoolConfig {
+        panic_exit_margin: 0.0,
+        panic_exit_dwell: Duration::ZERO,
+        panic_exit_ramp: Duration::ZERO,
+        ..Default::default()
+    }
+}
+
 #[test]
 fn fails_open_below_the_panic_threshold_and_recovers() {
-    let mut p = healthy_pool(PoolConfig::default());
+    let mut p = healthy_pool(no_hysteresis());
     fail(&mut p, "a", 3);
     let ev = fail(&mut p, "b", 3);
     assert!(
@@ -135,7 +145,7 @@ fn fails_open_below_the_panic_threshold_and_recovers() {
     assert!(routes.fail_open);
     assert_eq!(routes.len(), 4, "fail-open routes to every target");
 
-    // c recovers: 2/4 is no longer below 50%.
+    // c recovers: 2/4 is no longer below 50%, and this pool has no margin nor dwell.
     p.observe_probe(&"c", secs(7), true, "HTTP 200");
     let ev = p.observe_probe(&"c", secs(8), true, "HTTP 200");
     let end = ev
@@ -144,11 +154,142 @@ fn fails_open_below_the_panic_threshold_and_recovers() {
         .expect("fail-open must end when enough recover");
     assert_eq!(
         end.to_string(),
-        "pool api: 2/4 healthy >= 50% panic threshold: fail-open ended"
+        "pool api: 2/4 healthy >= 50% (panic threshold 50% + margin) for 0s: fail-open ended"
     );
     let routes = p.routing_set(secs(8));
     assert!(!routes.fail_open);
     assert_eq!(routes.len(), 2);
+}
+
+/// Ten targets, all healthy at t=2, checks deciding at once (thresholds of 1).
+fn pool_of_ten(config: PoolConfig) -> Pool<usize> {
+    let mut p = Pool::new(
+        "api",
+        PoolConfig {
+            thresholds: ThresholdsConfig {
+                healthy_threshold: 1,
+                unhealthy_threshold: 1,
+            },
+            ..config
+        },
+    );
+    for t in 0..10 {
+        p.add_target(t, TargetSpec::default(), Time::ZERO);
+        p.observe_probe(&t, secs(2), true, "HTTP 200");
+    }
+    p
+}
+
+fn fail_open_changes(ev: &[PoolEvent<usize>]) -> Vec<bool> {
+    ev.iter()
+        .filter_map(|e| match e {
+            PoolEvent::FailOpen { entered, .. } => Some(*entered),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn leaving_fail_open_needs_the_margin_and_the_dwell() {
+    let mut p = pool_of_ten(PoolConfig::default());
+    let mut ev = Vec::new();
+    for t in 0..6 {
+        ev.extend(p.observe_probe(&t, secs(10), false, "timeout"));
+    }
+    assert_eq!(fail_open_changes(&ev), [true], "4/10 < 50%: {ev:?}");
+    // 5/10 is back at the threshold, but not at threshold + margin (60%).
+    let ev = p.observe_probe(&0, secs(20), true, "HTTP 200");
+    assert!(fail_open_changes(&ev).is_empty(), "5/10 < 60%: {ev:?}");
+    assert!(p.fail_open().is_some());
+    // 6/10 reaches the exit level at 21 s: the dwell (30 s) starts.
+    p.observe_probe(&1, secs(21), true, "HTTP 200");
+    assert_eq!(p.next_deadline(), Some(secs(51)));
+    assert!(
+        fail_open_changes(&p.tick(secs(50))).is_empty(),
+        "29 s < 30 s"
+    );
+    // A dip below the exit level restarts the wait.
+    p.observe_probe(&1, secs(40), false, "timeout");
+    p.observe_probe(&1, secs(45), true, "HTTP 200");
+    assert!(
+        fail_open_changes(&p.tick(secs(51))).is_empty(),
+        "the dip reset it"
+    );
+    assert_eq!(p.next_deadline(), Some(secs(75)));
+    let ev = p.tick(secs(75));
+    assert_eq!(fail_open_changes(&ev), [false], "{ev:?}");
+    assert_eq!(
+        ev[0].to_string(),
+        "pool api: 6/10 healthy >= 60% (panic threshold 50% + margin) for 30s: fail-open ended, unhealthy targets' share ramping down over 20s"
+    );
+    // Entering again is immediate.
+    let ev = p.observe_probe(&0, secs(80), false, "timeout");
+    assert!(fail_open_changes(&ev).is_empty(), "5/10 is not below 50%");
+    let ev = p.observe_probe(&1, secs(80), false, "timeout");
+    assert_eq!(fail_open_changes(&ev), [true], "{ev:?}");
+}
+
+#[test]
+fn leaving_fail_open_hands_the_load_over_gradually() {
+    let mut p = pool_of_ten(PoolConfig::default());
+    for t in 0..6 {
+        p.observe_probe(&t, secs(10), false, "timeout");
+    }
+    for t in 0..2 {
+        p.observe_probe(&t, secs(20), true, "HTTP 200");
+    }
+    let share_in_service = |p: &Pool<usize>, now: Time| {
+        let routes = p.routing_set(now);
+        let total: f64 = routes.routes.iter().map(|r| r.effective_weight(now)).sum();
+        let ins: f64 = routes
+            .routes
+            .iter()
+            .filter(|r| p.is_in_service(&r.key))
+            .map(|r| r.effective_weight(now))
+            .sum();
+        ins / total
+    };
+    let during = share_in_service(&p, secs(49));
+    assert!(
+        (during - 0.6).abs() < 1e-9,
+        "fail-open: 6 of 10 equal shares"
+    );
+    assert_eq!(fail_open_changes(&p.tick(secs(50))), [false]);
+    assert_eq!(p.leaving_fail_open(secs(50)), Some(secs(50)));
+    // At the exit the split is the fail-open one; then the 4 unhealthy targets' share
+    // goes down linearly over 20 s, so no step dumps their load on the others.
+    let mut last = during;
+    for s in 50..=71 {
+        let share = share_in_service(&p, secs(s));
+        assert!(
+            share - last <= 0.05,
+            "share of the targets in service jumped from {last} to {share} at {s}s"
+        );
+        assert!(share >= last - 1e-9, "and only grows");
+        last = share;
+    }
+    assert!(
+        (last - 1.0).abs() < 1e-9,
+        "after the ramp they carry it all"
+    );
+    let half = p.routing_set(secs(60));
+    let unhealthy = half.routes.iter().find(|r| r.key == 4).unwrap();
+    assert!((unhealthy.effective_weight(secs(60)) - 0.5).abs() < 1e-9);
+    assert_eq!(p.leaving_fail_open(secs(70)), None);
+    assert_eq!(
+        p.routing_set(secs(70)).len(),
+        6,
+        "only the targets in service"
+    );
+}
+
+#[test]
+fn pool_defaults_are_the_documented_ones() {
+    let c = PoolConfig::default();
+    assert_eq!(c.panic_threshold, 0.5);
+    assert_eq!(c.panic_exit_margin, 0.1);
+    assert_eq!(c.panic_exit_dwell, Duration::from_secs(30));
+    assert_eq!(c.panic_exit_ramp, Duration::from_secs(20));
 }
 
 #[test]
@@ -366,6 +507,43 @@ fn round_robin_rotates_and_respects_weights() {
 }
 
 #[test]
+fn shed_answers_raise_the_load_balancing_sees_and_it_decays() {
+    let hl = DEFAULT_SHED_PENALTY_HALF_LIFE;
+    let mut p = ShedPenalty::default();
+    assert_eq!(p.load(secs(0), hl), 0.0);
+    for _ in 0..10 {
+        p.add(secs(1), hl);
+    }
+    assert!((p.load(secs(1), hl) - 10.0).abs() < 1e-9);
+    assert!(
+        (p.load(secs(2), hl) - 5.0).abs() < 1e-9,
+        "halves every half-life"
+    );
+    // P2C on outstanding + penalty: a target failing fast (0 outstanding, shedding) loses
+    // to a busy one that answers (3 outstanding).
+    let routes = routes_of(&[("shedding", 1), ("busy", 1)]);
+    let now = secs(1);
+    let load = |k: &&str| {
+        if *k == "shedding" {
+            p.load(now, hl).round() as u64
+        } else {
+            3
+        }
+    };
+    for r in [[0, 0], [u64::MAX, 0], [1 << 63, 12345]] {
+        assert_eq!(routes.pick_p2c(now, r, load, |_| false), Some(&"busy"));
+        assert_eq!(routes.pick_least(now, r[0], load, |_| false), Some(&"busy"));
+    }
+    // Shedding is not a failure: a pool never ejects a target for it.
+    let mut pool = healthy_pool(no_jitter());
+    for _ in 0..50 {
+        let ev = pool.observe_request(&"a", secs(3), RequestOutcome::Response(503), 0.0);
+        assert!(ev.is_empty(), "{ev:?}");
+    }
+    assert!(pool.is_in_service(&"a"));
+}
+
+#[test]
 fn retry_budget_allows_the_ratio_plus_the_floor() {
     let mut b = RetryBudget::new(RetryBudgetConfig {
         ratio: 0.2,
@@ -472,12 +650,13 @@ proptest! {
                 Op::Remove(t) => { p.remove_target(&t, now); }
             }
             let (healthy, known) = p.healthy_counts();
-            let panic = known > 0 && (healthy as f64) < threshold * known as f64;
-            prop_assert_eq!(p.fail_open().is_some(), panic, "healthy {}/{}", healthy, known);
+            let below = known > 0 && (healthy as f64) < threshold * known as f64;
+            let panic = p.fail_open().is_some();
+            prop_assert!(panic || !below, "below the threshold ({}/{}) and not in fail-open", healthy, known);
             let routes = p.routing_set(now);
             prop_assert_eq!(routes.fail_open, panic);
-            if panic {
-                prop_assert_eq!(routes.len(), p.len(), "fail-open routes to all");
+            if panic || p.leaving_fail_open(now).is_some() {
+                prop_assert_eq!(routes.len(), p.len(), "fail-open (and leaving it) routes to all");
             } else {
                 prop_assert_eq!(routes.len(), healthy);
                 for route in &routes.routes {
@@ -486,7 +665,10 @@ proptest! {
             }
             for route in &routes.routes {
                 let w = route.effective_weight(now);
-                prop_assert!(w > 0.0 && w <= f64::from(route.weight), "weight {w}");
+                prop_assert!(w >= 0.0 && w <= f64::from(route.weight), "weight {w}");
+                if p.is_in_service(&route.key) || panic {
+                    prop_assert!(w > 0.0, "in service or in fail-open: weight {w}");
+                }
             }
             let ejected = p.targets(now).filter(|v| v.ejection.is_some()).count();
             prop_assert!(ejected <= config.outlier.max_ejected(p.len()).max(ejected.min(1)));
@@ -498,6 +680,75 @@ proptest! {
         }
     }
 
+    /// Hysteresis: every exit from fail-open needs a period of at least the dwell (30 s)
+    /// at or above the exit level (60%), and every entry after the first needs an exit,
+    /// so transitions <= 2 x such periods + 1, however the healthy fraction hovers
+    /// around the threshold. Exits happen only at or above the exit level.
+    #[test]
+    fn fail_open_transitions_are_bounded_by_recoveries_that_persist(
+        ops in proptest::collection::vec((0usize..10, any::<bool>(), 0u64..20_000, any::<bool>()), 1..400),
+    ) {
+        const DWELL: Duration = Duration::from_secs(30);
+        const LEVEL: f64 = 0.6;
+        let mut p = pool_of_ten(PoolConfig::default());
+        let mut now = secs(2);
+        // (time, fraction) after every step.
+        let mut timeline: Vec<(Time, f64)> = vec![(now, 1.0)];
+        let mut transitions = 0usize;
+        let mut exits = 0usize;
+        for (t, ok, dt, tick) in ops {
+            now = now + Duration::from_millis(dt);
+            let ev = if tick { p.tick(now) } else { p.observe_probe(&t, now, ok, "x") };
+            let (healthy, known) = p.healthy_counts();
+            let f = healthy as f64 / known as f64;
+            for entered in fail_open_changes(&ev) {
+                transitions += 1;
+                if !entered {
+                    exits += 1;
+                    prop_assert!(f >= LEVEL - 1e-9, "left fail-open at {}/{}", healthy, known);
+                }
+            }
+            timeline.push((now, f));
+        }
+        // Periods at or above the exit level that lasted at least the dwell.
+        let mut persisted = 0usize;
+        let mut start: Option<Time> = None;
+        for &(at, f) in &timeline {
+            match (f >= LEVEL - 1e-9, start) {
+                (true, None) => start = Some(at),
+                (false, Some(s)) => {
+                    if at.since(s) >= DWELL { persisted += 1; }
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(s) = start && now.since(s) >= DWELL {
+            persisted += 1;
+        }
+        prop_assert!(exits <= persisted, "{} exits, {} persisted recoveries", exits, persisted);
+        prop_assert!(transitions <= 2 * persisted + 1, "{} transitions, {} persisted recoveries", transitions, persisted);
+    }
+
+    /// A ramp down never increases, starts at the full weight, ends at zero.
+    #[test]
+    fn ramp_down_is_monotonic(
+        weight in 1u32..100, window_ms in 1u64..100_000,
+        times in proptest::collection::vec(0u64..200_000, 1..50),
+    ) {
+        let route = Route { key: (), weight, ramp: Some(Ramp { start: Time::ZERO, window: Duration::from_millis(window_ms), min_weight: 0.0, direction: RampDirection::Down }) };
+        let mut times = times;
+        times.sort();
+        let mut last = f64::from(weight);
+        prop_assert_eq!(route.effective_weight(Time::ZERO), last);
+        for t in times {
+            let w = route.effective_weight(Time::from_millis(t));
+            prop_assert!(w <= last && w >= 0.0);
+            last = w;
+        }
+        prop_assert_eq!(route.effective_weight(Time::from_millis(window_ms)), 0.0);
+    }
+
     /// Effective weight never decreases during a ramp, and reaches the full weight at
     /// the end of the window.
     #[test]
@@ -505,7 +756,7 @@ proptest! {
         weight in 1u32..100, min in 0.0f64..=1.0, window_ms in 1u64..100_000,
         times in proptest::collection::vec(0u64..200_000, 1..50),
     ) {
-        let route = Route { key: (), weight, ramp: Some(Ramp { start: Time::ZERO, window: Duration::from_millis(window_ms), min_weight: min }) };
+        let route = Route { key: (), weight, ramp: Some(Ramp { start: Time::ZERO, window: Duration::from_millis(window_ms), min_weight: min, direction: RampDirection::Up }) };
         let mut times = times;
         times.sort();
         let mut last = 0.0;

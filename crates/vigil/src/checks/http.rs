@@ -10,7 +10,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use std::time::{Duration, Instant};
 use vigil_core::report::MAX_REPORT_BYTES;
-use vigil_core::{HEALTH_JSON, HealthReport, Status};
+use vigil_core::{HEALTH_JSON, Status};
 
 /// Default timeout for the whole exchange (connect, headers, body): 2 s. Long enough for
 /// a loaded dependency's health endpoint, short enough to stay under a usual check
@@ -24,7 +24,7 @@ enum Expect {
     Success,
     /// Exactly this code passes.
     Status(StatusCode),
-    /// The body is health+json; its status is the check's (any status code).
+    /// The body is health+json, judged by vigil-core's judge.
     HealthJson,
 }
 
@@ -96,9 +96,10 @@ impl HttpGet {
         self
     }
 
-    /// Reads the body as health+json and reports its status: a dependency that says
-    /// `warn` makes this check warn, whatever the status code. A body that is not
-    /// health+json fails, naming what is wrong.
+    /// Reads the body as health+json and reports its status, judged by vigil-core's one
+    /// judge ([`vigil_core::judge`]): on 2xx the body's status (a dependency that says
+    /// `warn` makes this check warn); any 4xx-5xx fails (a 503 saying `pass` too); a
+    /// body that is not health+json fails, naming what is wrong.
     pub fn health_json(mut self) -> Self {
         self.expect = Expect::HealthJson;
         self
@@ -181,27 +182,16 @@ impl Check for HttpGet {
                 Status::Fail,
                 format!("GET {}: {code} in {ms} ms, expected {want}", self.uri),
             ),
-            Expect::HealthJson => match HealthReport::parse(&body) {
-                Ok(report) => {
-                    let failing: Vec<&str> = report.failing_checks().collect();
-                    let detail = if failing.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" (failing: {})", failing.join(", "))
-                    };
-                    (
-                        report.status,
-                        format!(
-                            "GET {}: {code} in {ms} ms, reports {}{detail}",
-                            self.uri, report.status
-                        ),
-                    )
-                }
-                Err(e) => (
-                    Status::Fail,
-                    format!("GET {}: {code}, not health+json: {e}", self.uri),
-                ),
-            },
+            // vigil-core's one judge (its doc has the rule table): the body's status on
+            // 2xx, fail on any 4xx-5xx (a 503 saying pass too), and a body that is not
+            // health+json fails.
+            Expect::HealthJson => {
+                let j = vigil_core::judge(code.as_u16(), Some(vigil_core::HEALTH_JSON), &body);
+                (
+                    j.status,
+                    format!("GET {}: {} in {ms} ms", self.uri, j.detail),
+                )
+            }
         };
         Observation::new(status)
             .with_observed(ms, "ms")
