@@ -1328,3 +1328,265 @@ async fn mangled_requests_get_an_answer_or_a_close_and_break_nothing() {
         .await;
     assert_eq!(r.status, 200, "still serving: {r:?}");
 }
+
+// ---------------------------------------------------------------------------------
+// The request-smuggling table of docs/lb.md ("Request framing and smuggling"): the rows
+// not covered by a test above, each input on a connection of its own.
+
+/// What a backend must have received for a row: nothing complete, or one request with
+/// this body and these (lower-case) fields present and absent.
+enum Reaches {
+    Nothing,
+    Body(
+        &'static str,
+        &'static [&'static str],
+        &'static [&'static str],
+    ),
+}
+
+/// The admin listener's `/metrics` text.
+async fn metrics(lb: &Lb) -> String {
+    let mut c = TcpStream::connect(("127.0.0.1", lb.admin)).await.unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(WAIT, c.read_to_end(&mut out))
+        .await
+        .expect("metrics within 5 s")
+        .expect("metrics read");
+    lossy(&out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smuggling_table_inputs_get_the_documented_answer() {
+    use Reaches::*;
+    let (lb, b) = echo_setup("").await;
+    const P: &str = "POST / HTTP/1.1\r\nHost: a\r\n";
+    const TE: &str = "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let cases: Vec<(&str, String, u16, Reaches)> = vec![
+        (
+            "underscore Content_Length (dropped)",
+            format!("{P}Content_Length: 5\r\nX_Other: 1\r\nX-Kept: 1\r\n\r\n"),
+            200,
+            Body(
+                "",
+                &["x-kept: 1", "content-length: 0"],
+                &["content_length", "x_other"],
+            ),
+        ),
+        (
+            "bare LF in a chunk extension",
+            format!("{TE}2;\nxx\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "bare LF ending a chunk size",
+            format!("{TE}2\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "bare LF after chunk data",
+            format!("{TE}2\r\nhi\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "bare LF in the trailers",
+            format!("{TE}2\r\nhi\r\n0\r\nx: y\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "empty chunk-size line",
+            format!("{TE}\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "chunk size 0x2",
+            format!("{TE}0x2\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "space after the chunk size",
+            format!("{TE}2 \r\nhi\r\n0\r\n\r\n"),
+            200,
+            Body("hi", &["transfer-encoding: chunked"], &[]),
+        ),
+        (
+            "TE chunked, identity",
+            format!("{P}Transfer-Encoding: chunked, identity\r\n\r\n2\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "TE xchunked",
+            format!("{P}Transfer-Encoding: xchunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "TE with a tab before the value",
+            format!("{P}Transfer-Encoding:\tchunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"),
+            200,
+            Body("hi", &[], &[]),
+        ),
+        (
+            "TE with a vertical tab",
+            format!("{P}Transfer-Encoding:\x0bchunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "TE folded (obs-fold)",
+            format!("{P}Transfer-Encoding:\r\n chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "TE chunked in two fields",
+            format!(
+                "{P}Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+            ),
+            501,
+            Nothing,
+        ),
+        (
+            "obs-fold in another field",
+            format!("{P}X-A: 1\r\n 2\r\nContent-Length: 2\r\n\r\nhi"),
+            400,
+            Nothing,
+        ),
+        (
+            "bare LF line ends in the head",
+            "POST / HTTP/1.1\nHost: a\nContent-Length: 2\n\nhi".to_string(),
+            200,
+            Body("hi", &["content-length: 2"], &[]),
+        ),
+        (
+            "two equal Content-Lengths",
+            format!("{P}Content-Length: 2\r\nContent-Length: 2\r\n\r\nhi"),
+            200,
+            Body("hi", &["content-length: 2"], &[]),
+        ),
+        (
+            "Content-Length list 2, 2",
+            format!("{P}Content-Length: 2, 2\r\n\r\nhi"),
+            400,
+            Nothing,
+        ),
+        (
+            "Connection naming Content-Length",
+            format!("{P}Connection: Content-Length\r\nContent-Length: 2\r\n\r\nhi"),
+            200,
+            Body("hi", &["content-length: 2"], &[]),
+        ),
+        (
+            "Connection naming Transfer-Encoding",
+            format!(
+                "{P}Connection: Transfer-Encoding\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+            ),
+            200,
+            Body("hi", &["transfer-encoding: chunked"], &[]),
+        ),
+        (
+            "Upgrade: h2c",
+            "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n\
+             HTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+                .to_string(),
+            200,
+            Body("", &[], &["upgrade", "http2-settings", "connection"]),
+        ),
+        (
+            "two Host fields",
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".to_string(),
+            400,
+            Nothing,
+        ),
+        (
+            "NUL in a field value",
+            "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\0b\r\n\r\n".to_string(),
+            400,
+            Nothing,
+        ),
+    ];
+    for (what, raw, status, reaches) in cases {
+        let before = b.seen().len();
+        let mut c = client_of(&lb).await;
+        let r = c.roundtrip(raw.as_bytes()).await;
+        assert_eq!(r.status, status, "{what}: {r:?}");
+        if status >= 400 {
+            assert!(
+                r.field("connection").contains(&"close"),
+                "{what}: {}",
+                r.head
+            );
+            c.expect_closed(what).await;
+        }
+        let seen = b.seen();
+        match reaches {
+            Nothing => assert_eq!(
+                seen.len(),
+                before,
+                "{what}: the backend got a request: {:?}",
+                seen.last()
+            ),
+            Body(body, present, absent) => {
+                assert_eq!(seen.len(), before + 1, "{what}");
+                let s = &seen[before];
+                assert_eq!(lossy(&s.body), body, "{what}");
+                for p in present {
+                    assert!(
+                        s.head.contains(&format!("\r\n{p}\r\n")),
+                        "{what}: no {p}: {}",
+                        s.head
+                    );
+                }
+                for a in absent {
+                    assert!(
+                        !s.head.contains(&format!("\r\n{a}:")),
+                        "{what}: {a} forwarded: {}",
+                        s.head
+                    );
+                }
+            }
+        }
+    }
+    let m = metrics(&lb).await;
+    assert!(
+        m.contains("vigil_lb_request_fields_dropped_total{reason=\"underscore\"} 2"),
+        "the two dropped fields are counted: {m}"
+    );
+}
+
+/// `headers.underscores`: `forward` passes such fields on as sent, `reject` answers 400
+/// (and counts it); neither changes the framing of the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn underscored_fields_can_be_forwarded_or_refused() {
+    let (lb, b) = echo_setup("[headers]\nunderscores = \"forward\"\n").await;
+    let r = client_of(&lb)
+        .await
+        .roundtrip(b"GET / HTTP/1.1\r\nHost: a\r\nX_Custom: 1\r\n\r\n")
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(b.seen()[0].field("x_custom"), ["1"]);
+    drop(lb);
+
+    let (lb, b) = echo_setup("[headers]\nunderscores = \"reject\"\n").await;
+    let mut c = client_of(&lb).await;
+    let r = c
+        .roundtrip(b"GET / HTTP/1.1\r\nHost: a\r\nX_Custom: 1\r\n\r\n")
+        .await;
+    assert_eq!(r.status, 400, "{r:?}");
+    c.expect_closed("after a refused underscore").await;
+    assert!(b.seen().is_empty());
+    assert!(
+        metrics(&lb)
+            .await
+            .contains("vigil_lb_request_fields_dropped_total{reason=\"underscore\"} 1")
+    );
+}

@@ -96,6 +96,8 @@ pub struct LbConfig {
     pub timeouts: TimeoutsConfig,
     /// Limits on client requests.
     pub limits: LimitsConfig,
+    /// What is done with client request header fields.
+    pub headers: HeadersConfig,
     /// Routing rules, tried in order; the first match wins.
     pub routes: Vec<RouteConfig>,
     /// Pools of targets, by name.
@@ -111,6 +113,7 @@ impl Default for LbConfig {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             timeouts: TimeoutsConfig::default(),
             limits: LimitsConfig::default(),
+            headers: HeadersConfig::default(),
             routes: Vec::new(),
             pools: BTreeMap::new(),
         }
@@ -171,6 +174,33 @@ impl Default for LimitsConfig {
             max_retry_body_bytes: DEFAULT_MAX_RETRY_BODY_BYTES,
         }
     }
+}
+
+/// What is done with client request header fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HeadersConfig {
+    /// Fields whose name has an underscore: `drop`, `forward` or `reject`. Defaults
+    /// to `drop`.
+    pub underscores: Underscores,
+}
+
+/// What to do with a request header field whose name has an underscore
+/// (`Content_Length`). CGI, WSGI and similar gateways map `-` and `_` to the same
+/// variable (`CONTENT_LENGTH`), so a target behind one may take such a field for the
+/// framing field vigil did not see: a request-smuggling vector. nginx drops them by
+/// default (`underscores_in_headers off`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Underscores {
+    /// Leave the field out of the forwarded request (counted in
+    /// `vigil_lb_request_fields_dropped_total{reason="underscore"}`). Defaults to this.
+    #[default]
+    Drop,
+    /// Forward it as sent.
+    Forward,
+    /// Answer 400 (counted the same way).
+    Reject,
 }
 
 /// One routing rule: requests whose host and path match go to `pool`.

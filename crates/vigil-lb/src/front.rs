@@ -24,6 +24,7 @@
 //! Not done here: HTTP/2, upgrades (`Upgrade` is hop-by-hop and removed), forwarding
 //! request trailers.
 
+use crate::config::Underscores;
 use crate::proxy::{Answer, Proxy, ProxyTable, VIA, connection_options, hop_by_hop, is_idempotent};
 use crate::upstream::{Outgoing, OutgoingBody, ResponseHead, UpstreamResponse, poll_read_more};
 use bytes::{Buf, Bytes, BytesMut};
@@ -571,18 +572,22 @@ pub struct Forwarded<'b> {
     pub host: Option<&'b str>,
     /// The path, for routing (no query).
     pub path: &'b str,
+    /// Fields left out because their name has an underscore.
+    pub underscores_dropped: u32,
 }
 
 /// Rewrites a parsed request head (`fields` as parsed, `client_ip` the peer's address)
 /// into the head its targets get: the request line in origin form, every end-to-end
 /// field line as it came, hop-by-hop fields and those `Connection` names left out,
 /// `Content-Length` and `Expect` left out (the body is framed again as sent and 100
-/// Continue is answered here), `X-Forwarded-For` extended, `X-Forwarded-Proto` and
-/// `Via` set. Errors are the status and message the client gets.
+/// Continue is answered here), fields whose name has an underscore dropped or refused
+/// per `underscores`, `X-Forwarded-For` extended, `X-Forwarded-Proto` and `Via` set.
+/// Errors are the status and message the client gets.
 pub fn forwarded_head<'b>(
     head: &http1::RequestHead<'b>,
     fields: &[httparse::Header<'b>],
     client_ip: &str,
+    underscores: Underscores,
 ) -> Result<Forwarded<'b>, (u16, String)> {
     if head.method == "CONNECT" {
         return Err((405, "CONNECT is not supported".into()));
@@ -614,9 +619,25 @@ pub fn forwarded_head<'b>(
         named.extend(connection_options(c.value));
     }
     let mut forwarded_for: SmallVec<[&[u8]; 2]> = SmallVec::new();
+    let mut underscores_dropped = 0;
     for f in fields {
         let name = f.name.as_bytes();
         if hop_by_hop(name).is_some() || named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            continue;
+        }
+        // `Content_Length` is CONTENT_LENGTH to a CGI-style gateway behind the target.
+        if underscores != Underscores::Forward && name.contains(&b'_') {
+            if underscores == Underscores::Reject {
+                return Err((
+                    400,
+                    format!(
+                        "header field {:?}: underscores in field names are refused \
+                         (headers.underscores)",
+                        f.name
+                    ),
+                ));
+            }
+            underscores_dropped += 1;
             continue;
         }
         match name.len() {
@@ -659,6 +680,7 @@ pub fn forwarded_head<'b>(
         // The absolute form's authority is the request's host (RFC 9112 3.2.2).
         host: authority.or(host_field),
         path,
+        underscores_dropped,
     })
 }
 
@@ -669,9 +691,16 @@ fn prepare(
     proxy: &Proxy,
     client_ip: &str,
 ) -> Result<Prepared, (u16, String)> {
-    let fwd = forwarded_head(head, fields, client_ip)?;
     // One configuration for the whole request, from routing to the last attempt.
     let table = proxy.table.load_full();
+    let fwd = forwarded_head(head, fields, client_ip, table.underscores).inspect_err(|e| {
+        if e.0 == 400 && table.underscores == Underscores::Reject {
+            proxy.count_dropped("underscore", 1);
+        }
+    })?;
+    if fwd.underscores_dropped > 0 {
+        proxy.count_dropped("underscore", fwd.underscores_dropped);
+    }
     let pool = table.route(fwd.host, fwd.path).cloned();
     Ok(Prepared {
         head_len: head.len,
@@ -802,7 +831,7 @@ mod tests {
         let (head, fields) = http1::parse_request(raw.as_bytes(), &mut fields)
             .expect("valid")
             .expect("complete");
-        let f = forwarded_head(&head, fields, "10.9.8.7")?;
+        let f = forwarded_head(&head, fields, "10.9.8.7", Underscores::Drop)?;
         assert_eq!(
             f.has_host,
             String::from_utf8_lossy(&f.out_head)
@@ -871,6 +900,29 @@ mod tests {
         let refused = |raw: &str| forward(raw).unwrap_err().0;
         assert_eq!(refused("CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n"), 405);
         assert_eq!(refused("GET a:443 HTTP/1.1\r\nHost: a\r\n\r\n"), 400);
+    }
+
+    #[test]
+    fn underscored_field_names_are_dropped_forwarded_or_refused_as_configured() {
+        let raw = "POST / HTTP/1.1\r\nHost: a\r\nContent_Length: 44\r\nX-A: 1\r\n\r\n";
+        let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let (head, fields) = http1::parse_request(raw.as_bytes(), &mut fields)
+            .unwrap()
+            .unwrap();
+        let f = forwarded_head(&head, fields, "10.9.8.7", Underscores::Drop).unwrap();
+        let out = String::from_utf8(f.out_head).unwrap();
+        assert!(!out.contains("Content_Length"), "{out}");
+        assert!(out.contains("X-A: 1\r\n"), "{out}");
+        assert_eq!(f.underscores_dropped, 1);
+        let f = forwarded_head(&head, fields, "10.9.8.7", Underscores::Forward).unwrap();
+        assert!(
+            String::from_utf8(f.out_head)
+                .unwrap()
+                .contains("Content_Length: 44\r\n")
+        );
+        assert_eq!(f.underscores_dropped, 0);
+        let e = forwarded_head(&head, fields, "10.9.8.7", Underscores::Reject).unwrap_err();
+        assert_eq!(e.0, 400, "{e:?}");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! | `vigil_lb_retries_total` | pool, reason | retries and hedges sent (connect, reset, ejected, hedge) |
 //! | `vigil_lb_retries_denied_total` | pool | retries the budget refused |
 //! | `vigil_lb_health_checks_total` | pool, target, result | active checks by result (pass, fail) |
+//! | `vigil_lb_request_fields_dropped_total` | reason | client request header fields not forwarded (`underscore`: a name with `_`, dropped or refused per `headers.underscores`) |
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -65,6 +66,13 @@ pub struct CheckLabels {
     pub result: String,
 }
 
+/// Labels of the dropped-field counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabels {
+    /// Why: underscore.
+    pub reason: String,
+}
+
 /// Every metric, registered in one registry.
 pub struct Metrics {
     registry: Registry,
@@ -84,6 +92,8 @@ pub struct Metrics {
     pub retries_denied: Family<PoolLabels, Counter>,
     /// Active checks.
     pub checks: Family<CheckLabels, Counter>,
+    /// Client request fields not forwarded.
+    pub fields_dropped: Family<DropLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -130,6 +140,12 @@ impl Metrics {
         );
         let checks = Family::<CheckLabels, Counter>::default();
         registry.register("health_checks", "Active health checks", checks.clone());
+        let fields_dropped = Family::<DropLabels, Counter>::default();
+        registry.register(
+            "request_fields_dropped",
+            "Client request header fields not forwarded",
+            fields_dropped.clone(),
+        );
         Metrics {
             registry: root,
             requests,
@@ -140,6 +156,7 @@ impl Metrics {
             retries,
             retries_denied,
             checks,
+            fields_dropped,
         }
     }
 

@@ -46,6 +46,8 @@ pub struct ProxyTable {
     pub connect_timeout: Duration,
     /// Idle time after which a pooled target connection is closed.
     pub idle_timeout: Duration,
+    /// What is done with request fields whose name has an underscore.
+    pub underscores: crate::config::Underscores,
 }
 
 /// A compiled routing rule.
@@ -460,6 +462,16 @@ impl Proxy {
                 .inc();
         }
         ok
+    }
+
+    /// Counts `n` client request fields not forwarded, for `reason`.
+    pub fn count_dropped(&self, reason: &str, n: u32) {
+        self.metrics
+            .fields_dropped
+            .get_or_create(&crate::metrics::DropLabels {
+                reason: reason.to_string(),
+            })
+            .inc_by(u64::from(n));
     }
 
     /// Counts an answer vigil made itself.

@@ -65,6 +65,7 @@ impl Lb {
                 client_body_timeout: config.timeouts.client_header,
                 connect_timeout: config.timeouts.connect,
                 idle_timeout: config.timeouts.idle,
+                underscores: config.headers.underscores,
             }),
             metrics: metrics.clone(),
         });
@@ -135,6 +136,7 @@ impl Lb {
             client_body_timeout: config.timeouts.client_header,
             connect_timeout: config.timeouts.connect,
             idle_timeout: config.timeouts.idle,
+            underscores: config.headers.underscores,
         }));
         // Restart the checkers on the new settings: their state lives in the pools.
         let (tx, rx) = watch::channel(());
