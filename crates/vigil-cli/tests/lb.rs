@@ -649,6 +649,70 @@ async fn heavy_frozen_backend_holds_no_request_past_the_response_timeout() {
     );
 }
 
+/// Issue 14 part 1: a frozen target (accepts, never answers, health checks included)
+/// among healthy ones, with a realistic per-try timeout shorter than the time the active
+/// checks need: the requests caught on it time out after `per_try`, count as gateway
+/// errors for outlier detection, and go again to another target. No client sees an
+/// error, and none waits much longer than one per-try timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_a_frozen_target_costs_no_client_error_with_a_per_try_timeout() {
+    frozen_target_with_timeouts("response_header = \"5s\"\nper_try = \"500ms\"").await;
+}
+
+async fn frozen_target_with_timeouts(timeouts: &str) {
+    const PER_TRY: Duration = Duration::from_millis(500);
+    let backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    // Checks every 500 ms, 3 failures to fall: about 2 s before they take the frozen
+    // target out, four times the per-try timeout.
+    let lb = Lb::start(&format!(
+        "[timeouts]\n{timeouts}\n\
+         [pools.api]\n{}\nslow_start_window = \"0s\"\n\
+         [pools.api.health_check]\ninterval = \"500ms\"\ntimeout = \"400ms\"\n\
+         healthy_threshold = 1\nunhealthy_threshold = 3\njitter = 0.0\n",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    let load = Load::start(&lb, "/work", 8, Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    backends[0].set_mode(Mode::Freeze);
+    backends[0].set_health_mode(Mode::Freeze);
+    let victim = backends[0].addr();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = lb.state_of("api", victim).await;
+        if s == "unhealthy" || s == "ejected" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "frozen target still {s}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let samples = load.finish().await;
+    let failed = failures(&samples);
+    let slowest = samples.iter().map(|s| s.latency).max().unwrap();
+    let metrics = lb.metrics().await;
+    let timeouts_retried = metrics
+        .lines()
+        .find(|l| l.starts_with("vigil_lb_retries_total{") && l.contains("reason=\"timeout\""))
+        .unwrap_or("none");
+    eprintln!(
+        "{} requests, {} failed, slowest {slowest:?}; {timeouts_retried}",
+        samples.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "no client error: {failed:?}");
+    assert!(
+        slowest <= PER_TRY + Duration::from_millis(700),
+        "the slowest request waits one per-try timeout and a retry (+ scheduling slack): {slowest:?}"
+    );
+    assert!(
+        timeouts_retried != "none",
+        "requests caught on the frozen target were retried: {metrics}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_a_frozen_backend_overtaken_by_hedges_is_ejected_before_any_check_notices() {
     let backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();

@@ -127,10 +127,17 @@ pub struct TimeoutsConfig {
     /// Connecting to a target. Defaults to 1s.
     #[serde(with = "humantime_serde")]
     pub connect: Duration,
-    /// From sending a request to a target to its complete response header; past it the
-    /// client gets 504. Defaults to 10s.
+    /// From the start of forwarding to a complete response header, all attempts
+    /// (retries, hedges) included; past it the client gets 504. A streamed request body
+    /// is not counted: the time starts when it was sent. Defaults to 10s.
     #[serde(with = "humantime_serde")]
     pub response_header: Duration,
+    /// Time one attempt has for its response header (at most `response_header`); an
+    /// attempt past it is abandoned, counted as a timeout by outlier detection, and a
+    /// retriable request (see `retries.methods`) is retried on another target while
+    /// `response_header` allows. Absent: an attempt has the whole `response_header`.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub per_try: Option<Duration>,
     /// Idle time after which a pooled backend connection is closed. Defaults to 30s.
     #[serde(with = "humantime_serde")]
     pub idle: Duration,
@@ -149,6 +156,7 @@ impl Default for TimeoutsConfig {
         TimeoutsConfig {
             connect: DEFAULT_CONNECT_TIMEOUT,
             response_header: DEFAULT_RESPONSE_HEADER_TIMEOUT,
+            per_try: None,
             idle: DEFAULT_IDLE_TIMEOUT,
             client_header: DEFAULT_CLIENT_HEADER_TIMEOUT,
             client_write: DEFAULT_CLIENT_WRITE_TIMEOUT,
@@ -372,6 +380,23 @@ pub struct RetryConfig {
     pub max_retries: u32,
     /// The budget shared by retries and hedges (see vigil_core::pool::RetryBudget).
     pub budget: RetryBudgetConfig,
+    /// Which requests may be sent again after a reset or a per-try timeout (the target
+    /// may have acted on them): `idempotent` or `all`. Defaults to `idempotent`.
+    pub methods: RetryMethods,
+}
+
+/// Which requests are sent again after the target may have seen them (a connection
+/// reset before the answer, a per-try timeout, the target leaving service). A connect
+/// failure is retried whatever the method (nothing was sent); a streamed body never is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetryMethods {
+    /// GET, HEAD, OPTIONS, TRACE, PUT, DELETE (RFC 9110 9.2.2). Defaults to this.
+    #[default]
+    Idempotent,
+    /// Every method, POST and PATCH included, when the body was buffered: for services
+    /// that tolerate a duplicate (nginx's `proxy_next_upstream non_idempotent`).
+    All,
 }
 
 impl Default for RetryConfig {
@@ -379,6 +404,7 @@ impl Default for RetryConfig {
         RetryConfig {
             max_retries: DEFAULT_MAX_RETRIES,
             budget: RetryBudgetConfig::default(),
+            methods: RetryMethods::Idempotent,
         }
     }
 }
@@ -476,6 +502,17 @@ impl LbConfig {
         }
         if self.timeouts.response_header.is_zero() {
             return Err(invalid("timeouts.response_header", "must be more than 0s"));
+        }
+        if let Some(t) = self.timeouts.per_try
+            && (t.is_zero() || t > self.timeouts.response_header)
+        {
+            return Err(invalid(
+                "timeouts.per_try",
+                format!(
+                    "must be more than 0s and at most timeouts.response_header ({})",
+                    humantime::format_duration(self.timeouts.response_header)
+                ),
+            ));
         }
         if self.timeouts.client_header.is_zero() {
             return Err(invalid("timeouts.client_header", "must be more than 0s"));

@@ -8,9 +8,10 @@
 //!    with `Retry-After`;
 //! 2. forward with a response-header timeout; meanwhile, watch for the target leaving
 //!    service and for the hedge delay;
-//! 3. on a connect failure (always safe: nothing was sent), or a reset before the
-//!    response of an idempotent request, retry on another target within the pool's
-//!    retry budget; when the target is ejected while the request waits, an idempotent
+//! 3. on a connect failure (always safe: nothing was sent), or a reset or a per-try
+//!    timeout before the response of an idempotent request (any buffered one with
+//!    `retries.methods = "all"`), retry on another target within the pool's retry
+//!    budget and, for a timeout, within the overall response-header time; when the target is ejected while the request waits, an idempotent
 //!    request moves to another target at once; past the hedge delay, an idempotent
 //!    request is also sent to a second target and the first answer wins;
 //! 4. report every outcome to outlier detection; answer 502 (connect failure, reset,
@@ -19,6 +20,7 @@
 //! Errors record where they came from and whether a retry is allowed ([`Failure`]).
 
 use crate::balancer::{PoolRt, TargetRt};
+use crate::config::RetryMethods;
 use crate::front::BodyReader;
 use crate::metrics::{Metrics, PoolLabels, RequestLabels, RetryLabels};
 use crate::upstream::{Outgoing, UpstreamResponse};
@@ -36,8 +38,10 @@ use vigil_core::outlier::RequestOutcome;
 pub struct ProxyTable {
     /// Routing rules in order.
     pub routes: Vec<RouteRule>,
-    /// Response-header timeout.
+    /// Time to a response header, every attempt included (the client's wait).
     pub response_header_timeout: Duration,
+    /// Time one attempt has for its response header (at most the above).
+    pub per_try_timeout: Duration,
     /// Largest body buffered for retries.
     pub max_retry_body_bytes: usize,
     /// Time a client has to send a buffered body.
@@ -96,8 +100,9 @@ pub enum Failure {
     /// The target answered something that is not HTTP: 502, no retry (the target is
     /// broken, and the request may have been acted on).
     Garbage,
-    /// No response header within the response-header timeout: 504, no retry (the client
-    /// has waited long enough).
+    /// No response header within the attempt's time (`timeouts.per_try`, bounded by
+    /// what is left of `timeouts.response_header`): retried like a reset while the
+    /// overall time allows, else 504.
     Timeout,
     /// The client's streamed body broke (it stalled, closed, or sent a malformed chunk):
     /// this status (408 or 400) to the client, and nothing held against the target.
@@ -256,6 +261,10 @@ impl Proxy {
         let mut last_failure: Option<(Failure, String)>;
         let buffered = streamed.is_none();
         let idempotent = out.is_idempotent();
+        // May go again to another target after this one may have seen it.
+        let resend_ok = buffered && (idempotent || section.retries.methods == RetryMethods::All);
+        // The client's wait for a response header, every attempt included.
+        let overall = tokio::time::Instant::now() + table.response_header_timeout;
         // Serialised once; every attempt (retry, hedge) sends the same bytes.
         let out = Arc::new(out);
         let hedge_delay = (section.hedge.enabled && idempotent && buffered).then(|| {
@@ -284,7 +293,7 @@ impl Proxy {
             let deadline = if body.is_some() {
                 tokio::time::Instant::now() + Duration::from_secs(365 * 86_400)
             } else {
-                tokio::time::Instant::now() + table.response_header_timeout
+                (tokio::time::Instant::now() + table.per_try_timeout).min(overall)
             };
             let fut: AttemptFuture<'a> = Box::pin(async move {
                 t.conns
@@ -387,8 +396,10 @@ impl Proxy {
                     let retryable = buffered
                         && match f {
                             Failure::Connect => true,
-                            Failure::Reset => idempotent,
-                            Failure::Garbage | Failure::Timeout | Failure::Client(_) => false,
+                            Failure::Reset => resend_ok,
+                            // A frozen target: another may answer in the time left.
+                            Failure::Timeout => resend_ok && tokio::time::Instant::now() < overall,
+                            Failure::Garbage | Failure::Client(_) => false,
                         };
                     if retryable
                         && retries < section.retries.max_retries
@@ -408,8 +419,7 @@ impl Proxy {
                     // The target was ejected or went unhealthy while this request waits
                     // on it: an idempotent request moves now rather than waiting for a
                     // target we already believe broken.
-                    if idempotent
-                        && buffered
+                    if resend_ok
                         && retries < section.retries.max_retries
                         && self.withdraw(pool, "ejected")
                     {
@@ -492,7 +502,7 @@ fn describe(f: Failure) -> &'static str {
         Failure::Connect => "connection failed",
         Failure::Reset => "connection reset before the response",
         Failure::Garbage => "invalid HTTP response",
-        Failure::Timeout => "no response header within the response-header timeout",
+        Failure::Timeout => "no response header in time (timeouts.per_try, response_header)",
         Failure::Client(_) => "the request body did not arrive whole from the client",
     }
 }

@@ -61,6 +61,10 @@ impl Lb {
             table: ArcSwap::from_pointee(ProxyTable {
                 routes: Vec::new(),
                 response_header_timeout: config.timeouts.response_header,
+                per_try_timeout: config
+                    .timeouts
+                    .per_try
+                    .unwrap_or(config.timeouts.response_header),
                 max_retry_body_bytes: config.limits.max_retry_body_bytes,
                 client_body_timeout: config.timeouts.client_header,
                 connect_timeout: config.timeouts.connect,
@@ -132,6 +136,10 @@ impl Lb {
         self.proxy.table.store(Arc::new(ProxyTable {
             routes,
             response_header_timeout: config.timeouts.response_header,
+            per_try_timeout: config
+                .timeouts
+                .per_try
+                .unwrap_or(config.timeouts.response_header),
             max_retry_body_bytes: config.limits.max_retry_body_bytes,
             client_body_timeout: config.timeouts.client_header,
             connect_timeout: config.timeouts.connect,
