@@ -1590,3 +1590,192 @@ async fn underscored_fields_can_be_forwarded_or_refused() {
             .contains("vigil_lb_request_fields_dropped_total{reason=\"underscore\"} 1")
     );
 }
+
+// ---------------------------------------------------------------------------------
+// Every exchange bounded in time (issue 14 part 2): a target that stops reading an
+// upload, a response body that stalls after its head, and the overall deadline.
+
+/// A target that reads a request head and then nothing more, answering `answer` (may be
+/// empty) and holding the connection open for a minute.
+async fn stalling_backend(answer: &'static [u8]) -> Backend {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let addr = serve_each(move |mut c| {
+        let log = log.clone();
+        async move {
+            let mut buf = Vec::new();
+            let Some(raw) = take_head(&mut c, &mut buf).await else {
+                return;
+            };
+            log.lock().unwrap().push(Seen {
+                line: raw.split("\r\n").next().unwrap_or_default().to_string(),
+                head: raw.to_ascii_lowercase(),
+                body: Vec::new(),
+            });
+            let _ = c.write_all(answer).await;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+    })
+    .await;
+    Backend { addr, seen }
+}
+
+/// The value of the counter line starting with `prefix` in `/metrics` (0 if absent).
+async fn counter(lb: &Lb, prefix: &str) -> u64 {
+    metrics(lb)
+        .await
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_to_a_target_that_stops_reading_gets_504_after_the_send_timeout() {
+    let b = stalling_backend(b"").await;
+    let lb = Lb::start(&config("[timeouts]\nsend = \"500ms\"\n", "", &[b.addr])).await;
+    let mut c = client_of(&lb).await;
+    // 256 MiB announced: far more than the socket buffers between here and the target.
+    let size: u64 = 256 << 20;
+    c.send(format!("POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").as_bytes())
+        .await;
+    let (mut rd, mut wr) = c.tcp.into_split();
+    let writer = tokio::spawn(async move {
+        let piece = vec![b'x'; 64 * 1024];
+        // Until the balancer stops reading (its answer is read below).
+        while tokio::time::timeout(Duration::from_secs(10), wr.write_all(&piece))
+            .await
+            .is_ok_and(|r| r.is_ok())
+        {}
+    });
+    let started = Instant::now();
+    let mut buf = Vec::new();
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        read_response(&mut rd, &mut buf, false),
+    )
+    .await
+    .expect("an answer, not a hang");
+    writer.abort();
+    assert_eq!(r.status, 504, "{r:?}");
+    assert!(
+        lossy(&r.body).contains("timeouts.send"),
+        "{}",
+        lossy(&r.body)
+    );
+    eprintln!("504 after {:?}", started.elapsed());
+    assert_eq!(
+        counter(&lb, "vigil_lb_timeouts_total{pool=\"api\",kind=\"send\"}").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_body_stalling_after_its_head_is_cut_after_the_body_timeout() {
+    let b = stalling_backend(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789").await;
+    let lb = Lb::start(&config(
+        "[timeouts]\nresponse_body = \"500ms\"\n",
+        "",
+        &[b.addr],
+    ))
+    .await;
+    let mut c = client_of(&lb).await;
+    c.send(b"GET /stall HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let head = c.head_only().await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let started = Instant::now();
+    let rest = c.rest().await;
+    assert_eq!(lossy(&rest), "0123456789", "the part sent, then the close");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "cut after about 500 ms: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        counter(
+            &lb,
+            "vigil_lb_timeouts_total{pool=\"api\",kind=\"response_body\"}"
+        )
+        .await,
+        1
+    );
+}
+
+/// `timeouts.request` bounds the whole exchange: a head that comes too late is a 504 at
+/// the deadline (not at `response_header`), and a body dripping in under the stall
+/// limit is cut at the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_deadline_bounds_the_header_wait_and_a_dripping_body() {
+    let b = backend(|s: &Seen| {
+        if s.line.contains("/late") {
+            Reply {
+                delay: Duration::from_secs(3),
+                ..Reply::keep(ok("late"))
+            }
+        } else {
+            Reply::keep(ok("fine"))
+        }
+    })
+    .await;
+    let drip = serve_each(|mut c| async move {
+        let mut buf = Vec::new();
+        if take_head(&mut c, &mut buf).await.is_none() {
+            return;
+        }
+        let _ = c
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
+            .await;
+        for _ in 0..1000 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if c.write_all(b"d").await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let lb = Lb::start(&format!(
+        "[timeouts]\nrequest = \"1s\"\nresponse_header = \"10s\"\n\
+         [[routes]]\npath_prefix = \"/drip\"\npool = \"drip\"\n\
+         [[routes]]\npool = \"api\"\n\
+         [pools.api]\ntargets = [{{ addr = \"{}\" }}]\n[pools.api.health_check]\nenabled = false\n\
+         [pools.drip]\ntargets = [{{ addr = \"{drip}\" }}]\n[pools.drip.health_check]\nenabled = false\n",
+        b.addr
+    ))
+    .await;
+    let mut c = client_of(&lb).await;
+    let started = Instant::now();
+    let r = c.roundtrip(b"GET /late HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let waited = started.elapsed();
+    assert_eq!(r.status, 504, "{r:?}");
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_millis(2500),
+        "504 at the 1 s deadline: {waited:?}"
+    );
+
+    let mut c = client_of(&lb).await;
+    c.send(b"GET /drip HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let head = c.head_only().await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let rest = c.rest().await;
+    assert!(
+        !rest.is_empty() && rest.len() < 20,
+        "some drops, then the cut at 1 s: {}",
+        rest.len()
+    );
+    assert_eq!(
+        counter(
+            &lb,
+            "vigil_lb_timeouts_total{pool=\"api\",kind=\"request\"}"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        counter(
+            &lb,
+            "vigil_lb_timeouts_total{pool=\"drip\",kind=\"request\"}"
+        )
+        .await,
+        1
+    );
+}

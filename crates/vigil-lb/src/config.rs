@@ -37,6 +37,19 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default response-header timeout: 10 s. The gray-failure defence: a frozen target (it
 /// accepts, never answers) holds a request at most this long, where peers wait 30-60 s.
 pub const DEFAULT_RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default longest wait for a target to take more of a request: 10 s, as the response
+/// header's. A target that takes nothing for that long (frozen, or refusing an upload
+/// without answering) gets no more of the client's time (nginx: 60 s, then 504).
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default longest wait for more of a response body once its head went to the client:
+/// 60 s (nginx's `proxy_read_timeout`, which also applies between reads); long enough
+/// for a stream with heartbeats, short enough that a stalled body is cut.
+pub const DEFAULT_RESPONSE_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default deadline of a whole exchange (upload, response header, response body): 5
+/// minutes, so that no request (a trickled upload, a body dripping under every stall
+/// limit) holds a client and a target connection for ever. Envoy's route timeout works
+/// the same way at 15 s; `"0s"` disables it for long downloads and streams.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// Default idle time of a pooled backend connection: 30 s, below the common 60-75 s
 /// keep-alive timeouts of backends (nginx 75 s), so we close first and never send a
 /// request on a connection the backend is closing.
@@ -138,6 +151,19 @@ pub struct TimeoutsConfig {
     /// `response_header` allows. Absent: an attempt has the whole `response_header`.
     #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub per_try: Option<Duration>,
+    /// Longest wait for a target to take more of a request (head or body); then 504
+    /// (retried like a per-try timeout when the request may be). Defaults to 10s.
+    #[serde(with = "humantime_serde")]
+    pub send: Duration,
+    /// Longest wait for more of a response body once its head went to the client; then
+    /// the client connection is closed (the answer is visibly cut). Defaults to 60s.
+    #[serde(with = "humantime_serde")]
+    pub response_body: Duration,
+    /// Deadline of the whole exchange from the request head: upload, response header,
+    /// response body. Past it: 504 before the response head was forwarded, the
+    /// connection closed after. `"0s"` disables it. Defaults to 5m.
+    #[serde(with = "humantime_serde")]
+    pub request: Duration,
     /// Idle time after which a pooled backend connection is closed. Defaults to 30s.
     #[serde(with = "humantime_serde")]
     pub idle: Duration,
@@ -157,6 +183,9 @@ impl Default for TimeoutsConfig {
             connect: DEFAULT_CONNECT_TIMEOUT,
             response_header: DEFAULT_RESPONSE_HEADER_TIMEOUT,
             per_try: None,
+            send: DEFAULT_SEND_TIMEOUT,
+            response_body: DEFAULT_RESPONSE_BODY_TIMEOUT,
+            request: DEFAULT_REQUEST_TIMEOUT,
             idle: DEFAULT_IDLE_TIMEOUT,
             client_header: DEFAULT_CLIENT_HEADER_TIMEOUT,
             client_write: DEFAULT_CLIENT_WRITE_TIMEOUT,
@@ -513,6 +542,12 @@ impl LbConfig {
                     humantime::format_duration(self.timeouts.response_header)
                 ),
             ));
+        }
+        if self.timeouts.send.is_zero() {
+            return Err(invalid("timeouts.send", "must be more than 0s"));
+        }
+        if self.timeouts.response_body.is_zero() {
+            return Err(invalid("timeouts.response_body", "must be more than 0s"));
         }
         if self.timeouts.client_header.is_zero() {
             return Err(invalid("timeouts.client_header", "must be more than 0s"));

@@ -92,6 +92,15 @@ struct Prepared {
     table: Arc<ProxyTable>,
 }
 
+/// Time limits on relaying a response body.
+#[derive(Clone, Copy, Debug)]
+struct BodyLimits {
+    /// Longest wait for more of it from the target.
+    stall: Duration,
+    /// The request's deadline, if any.
+    deadline: Option<Instant>,
+}
+
 /// What the head read ended with.
 enum HeadRead {
     Ready(Prepared),
@@ -276,6 +285,8 @@ impl ClientConn {
         shutdown: &CancellationToken,
     ) -> io::Result<bool> {
         let table = req.table;
+        // The whole exchange's deadline (`timeouts.request`), from the head's arrival.
+        let deadline = table.request_timeout.map(|t| Instant::now() + t);
         let has_body = req.body != RequestBody::None;
         let Some(pool) = req.pool else {
             proxy.count_local("none", 404);
@@ -294,7 +305,12 @@ impl ClientConn {
             RequestBody::None => Some(Bytes::new()),
             RequestBody::Length(n) if n <= table.max_retry_body_bytes as u64 => {
                 match self
-                    .read_body(n as usize, req.expect_continue, table.client_body_timeout)
+                    .read_body(
+                        n as usize,
+                        req.expect_continue,
+                        table.client_body_timeout,
+                        deadline,
+                    )
                     .await
                 {
                     Ok(b) => Some(b),
@@ -333,10 +349,12 @@ impl ClientConn {
                 continue_due: req.expect_continue,
                 idle_timeout: table.client_body_timeout,
             };
-            let answer = proxy.forward(&table, &pool, out, Some(&mut reader)).await;
+            let answer = proxy
+                .forward(&table, &pool, out, Some(&mut reader), deadline)
+                .await;
             (answer, reader.is_done())
         } else {
-            let answer = proxy.forward(&table, &pool, out, None).await;
+            let answer = proxy.forward(&table, &pool, out, None, deadline).await;
             (answer, true)
         };
         let keep = req.keep_alive && body_done && !shutdown.is_cancelled();
@@ -345,16 +363,31 @@ impl ClientConn {
                 self.write_local(code, &msg, keep, req.head_request).await?;
                 Ok(keep)
             }
-            Answer::Target(resp) => self.write_response(resp, keep, req.http10).await,
+            Answer::Target(resp) => {
+                let limits = BodyLimits {
+                    stall: table.response_body_timeout,
+                    deadline,
+                };
+                self.write_response(resp, keep, req.http10, limits)
+                    .await
+                    .map(|(keep, cut)| {
+                        if let Some(kind) = cut {
+                            tracing::debug!(pool = %pool.name, "response body cut: timeouts.{kind}");
+                            proxy.count_timeout(&pool.name, kind);
+                        }
+                        keep
+                    })
+            }
         }
     }
 
-    /// Reads a body of `n` bytes whole, within `timeout`.
+    /// Reads a body of `n` bytes whole, within `timeout` (and by `deadline`).
     async fn read_body(
         &mut self,
         n: usize,
         expect_continue: bool,
         timeout: Duration,
+        deadline: Option<Instant>,
     ) -> Result<Bytes, (u16, &'static str)> {
         if self.rbuf.len() < n {
             if expect_continue && self.rbuf.is_empty() {
@@ -363,7 +396,9 @@ impl ClientConn {
                     .await
                     .map_err(|_| (400, "incomplete request body"))?;
             }
-            let deadline = Instant::now() + timeout;
+            let deadline = deadline.map_or(Instant::now() + timeout, |d| {
+                d.min(Instant::now() + timeout)
+            });
             while self.rbuf.len() < n {
                 let more =
                     std::future::poll_fn(|cx| poll_read_more(&mut self.tcp, &mut self.rbuf, cx));
@@ -410,13 +445,15 @@ impl ClientConn {
         self.send_wbuf().await
     }
 
-    /// Writes a target's answer; `Ok(true)` when the connection can go on.
+    /// Writes a target's answer; `Ok((true, _))` when the connection can go on, and the
+    /// timeout (`response_body` or `request`) that cut the body, if one did.
     async fn write_response(
         &mut self,
         resp: UpstreamResponse,
         mut keep: bool,
         http10: bool,
-    ) -> io::Result<bool> {
+        limits: BodyLimits,
+    ) -> io::Result<(bool, Option<&'static str>)> {
         let UpstreamResponse { head, mut body } = resp;
         // A body without a length: chunked to an HTTP/1.1 client, until close to 1.0.
         let rechunk = matches!(head.framing, Framing::Chunked | Framing::UntilClose);
@@ -432,12 +469,22 @@ impl ClientConn {
                 self.wbuf.extend_from_slice(b"0\r\n\r\n");
             }
             self.send_wbuf().await?;
-            return Ok(keep);
+            return Ok((keep, None));
         }
         drop(head);
         self.send_wbuf().await?;
         loop {
-            match body.frame().await {
+            // More of the body within the stall limit and the request's deadline; else
+            // the client sees the answer cut (no last chunk, the connection closes).
+            let stall_at = Instant::now() + limits.stall;
+            let (until, kind) = match limits.deadline {
+                Some(d) if d < stall_at => (d, "request"),
+                _ => (stall_at, "response_body"),
+            };
+            let Ok(next) = tokio::time::timeout_at(until, body.frame()).await else {
+                return Ok((false, Some(kind)));
+            };
+            match next {
                 None => break,
                 Some(Ok(frame)) => {
                     let Ok(data) = frame.into_data() else {
@@ -449,19 +496,24 @@ impl ClientConn {
                     self.wbuf.clear();
                     put_data(&mut self.wbuf, &data, rechunk);
                     self.send_wbuf().await?;
+                    // A client taking each piece just within `client_write` is bounded
+                    // by the deadline too.
+                    if limits.deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok((false, Some("request")));
+                    }
                 }
                 Some(Err(e)) => {
                     // Cut short: the client must see a truncated answer, not a whole one
                     // (no last chunk, and the connection closes).
                     tracing::debug!("target response body broke: {e}");
-                    return Ok(false);
+                    return Ok((false, None));
                 }
             }
         }
         if rechunk {
             self.send(b"0\r\n\r\n").await?;
         }
-        Ok(keep)
+        Ok((keep, None))
     }
 
     /// Writes `buf` to the client: at once when its socket takes it (the usual case, no
