@@ -28,6 +28,11 @@ VIGIL_ADMIN = 18181
 # with `retry-on response-timeout`; nginx `proxy_read_timeout`, retried by
 # `proxy_next_upstream timeout`). Set per run in main().
 RESPONSE_TIMEOUT_S = 10
+# Connection limits of the peers (HAProxy maxconn, nginx worker_connections), and the
+# idle keep-alive time of client connections when set (bench/lb/memory.py keeps 10,000
+# idle connections open for a while).
+MAXCONN = 8000
+CLIENT_IDLE_S = None
 # vigil's overall response-header time (its default): bounds the client's wait when a
 # per-try timeout is shorter.
 VIGIL_OVERALL_S = 10
@@ -142,6 +147,7 @@ listen = "127.0.0.1:{port}"
 admin_listen = "127.0.0.1:{admin}"
 workers = {WORKERS}
 [timeouts]
+{f'client_header = "{CLIENT_IDLE_S}s"' if CLIENT_IDLE_S else ""}
 connect = "1s"
 response_header = "{max(RESPONSE_TIMEOUT_S, VIGIL_OVERALL_S)}s"
 per_try = "{RESPONSE_TIMEOUT_S}s"
@@ -178,11 +184,12 @@ def start_haproxy(tmp):
         f.write(f"""
 global
   nbthread {WORKERS}
-  maxconn 8000
+  maxconn {MAXCONN}
 defaults
   mode http
   timeout connect 1s
-  timeout client 30s
+  timeout client {CLIENT_IDLE_S or 30}s
+  timeout http-keep-alive {CLIENT_IDLE_S or 30}s
   timeout server {RESPONSE_TIMEOUT_S}s
   option http-keep-alive
   retries 2
@@ -214,9 +221,9 @@ def start_nginx(tmp):
         f.write(f"""
 daemon off; worker_processes {WORKERS};
 pid {d}/nginx.pid; error_log {d}/error.log warn;
-events {{ worker_connections 8192; }}
+events {{ worker_connections {MAXCONN}; }}
 http {{
-  access_log off;
+  access_log off; keepalive_timeout {CLIENT_IDLE_S or 75}s;
   client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};
   uwsgi_temp_path {d}; scgi_temp_path {d};
   upstream be {{
@@ -371,6 +378,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="vigil,haproxy,nginx", help="proxies to run")
     ap.add_argument("--no-failures", action="store_true", help="normal runs only")
+    ap.add_argument("--failures-only", action="store_true", help="failure runs only")
     ap.add_argument("--workers", type=int, default=1,
                     help="worker threads/processes of each proxy (default 1)")
     ap.add_argument("--balance", default="least,rr",
@@ -406,7 +414,7 @@ def main():
         backends.start_all()
         # Normal runs interleaved over rounds (the machine is shared: interleaving spreads
         # background noise over all of them); the median round is reported.
-        for _ in range(args.rounds):
+        for _ in range(0 if args.failures_only else args.rounds):
             for BALANCE in families:
                 for name, start in starters.items():
                     proc = start()
@@ -454,7 +462,7 @@ def main():
     names = {"least": "least outstanding requests (vigil P2C, the default; HAProxy "
                       "leastconn; nginx least_conn)",
              "rr": "round-robin (all three)"}
-    for b in families:
+    for b in [] if args.failures_only else families:
         print(f"\n## Normal run, {names[b]}: wrk -t1 -c{CONNECTIONS} -d{args.duration}s, "
               f"4 backends, {WORKERS} worker(s) each, {placement}, median of {args.rounds} "
               "interleaved rounds\n")

@@ -9,6 +9,7 @@
 #   BALANCE=least bench/lb/run.sh  # normal runs for one balancing family only (default
 #                                  # least,rr: least outstanding requests for all three,
 #                                  # then round-robin for all three)
+#   FAILURES_ONLY=1 bench/lb/run.sh  # the failure runs alone
 #   FAIL_TIMEOUTS=2 bench/lb/run.sh  # per-try response timeouts of the failure runs
 #                                  # (default 10,2: each failure run at 10 s, then at 2 s)
 #
@@ -47,4 +48,4 @@ if [[ -z "$VIGIL" ]]; then
 fi
 exec python3 bench/lb/bench.py --vigil "$VIGIL" --rounds "${ROUNDS:-3}" \
   --duration "${DURATION:-10}" --fail-duration "${FAIL_DURATION:-20}" --workers "${WORKERS:-1}" --balance "${BALANCE:-least,rr}" \
-  --fail-timeouts "${FAIL_TIMEOUTS:-10,2}" ${PIN:+--pin}
+  --fail-timeouts "${FAIL_TIMEOUTS:-10,2}" ${FAILURES_ONLY:+--failures-only} ${PIN:+--pin}

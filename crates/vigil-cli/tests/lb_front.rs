@@ -1779,3 +1779,29 @@ async fn the_request_deadline_bounds_the_header_wait_and_a_dripping_body() {
         1
     );
 }
+
+/// An idle keep-alive connection gives its buffers back after a second (issue 14 part
+/// 2, memory): its next request is still served, and a head that started arriving
+/// before that moment and ends after it is read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_connections_give_buffers_back_and_serve_the_next_request() {
+    let (lb, b) = echo_setup("").await;
+    let mut c = client_of(&lb).await;
+    let r = c.roundtrip(b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(lossy(&r.body), echoed("GET /first HTTP/1.1", b""));
+    // Past the release: the next request on the same connection.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = c
+        .roundtrip(b"POST /second HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello")
+        .await;
+    assert_eq!(lossy(&r.body), echoed("POST /second HTTP/1.1", b"hello"));
+    // Half a head before the release moment, the rest after it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.send(b"GET /third HTTP/1.1\r\nHo").await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    c.send(b"st: a\r\n\r\n").await;
+    let r = c.response().await;
+    assert_eq!(lossy(&r.body), echoed("GET /third HTTP/1.1", b""));
+    c.expect_quiet("after three answers").await;
+    assert_eq!(b.lines().len(), 3);
+}

@@ -122,7 +122,8 @@ pub async fn serve_connection(
     let client_ip = peer.ip().to_string();
     let mut c = ClientConn {
         tcp,
-        rbuf: BytesMut::with_capacity(8 * 1024),
+        // Enough for most heads; a larger one grows it (`poll_read_more`).
+        rbuf: BytesMut::with_capacity(IDLE_READ_RESERVE),
         wbuf: Vec::with_capacity(1024),
         write_timeout: settings.write_timeout,
     };
@@ -155,6 +156,13 @@ pub async fn serve_connection(
         }
     }
 }
+
+/// An idle keep-alive connection gives its buffers back after this long without a
+/// request (then it holds only its task and socket until `timeouts.client_header`).
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
+/// Read buffer taken again when a connection that gave its buffers back gets bytes:
+/// enough for most request heads.
+const IDLE_READ_RESERVE: usize = 4 * 1024;
 
 /// How long, and for how many bytes, a closing connection keeps reading what the client
 /// still sends (see [`ClientConn::linger`]).
@@ -192,6 +200,7 @@ impl ClientConn {
         shutdown: &CancellationToken,
     ) -> HeadRead {
         let mut armed = false;
+        let (mut releasing, mut head_due) = (false, Instant::now());
         // After an incomplete parse: how far the buffer was looked at. A head arriving a
         // byte at a time is parsed again only once an empty line may have arrived, not
         // per read (which would cost the square of its length).
@@ -242,17 +251,44 @@ impl ClientConn {
             let cancelled = shutdown.cancelled();
             tokio::pin!(cancelled);
             let read = std::future::poll_fn(|cx| {
-                if let Poll::Ready(r) = poll_read_more(&mut self.tcp, &mut self.rbuf, cx) {
+                if self.rbuf.capacity() == 0 {
+                    // Buffers given back (below): one again once there is something.
+                    match self.tcp.poll_read_ready(cx) {
+                        Poll::Ready(Ok(())) => self.rbuf.reserve(IDLE_READ_RESERVE),
+                        Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
+                        Poll::Pending => {}
+                    }
+                }
+                if self.rbuf.capacity() > 0
+                    && let Poll::Ready(r) = poll_read_more(&mut self.tcp, &mut self.rbuf, cx)
+                {
                     return Poll::Ready(Some(r));
                 }
                 if !armed {
-                    timer
-                        .as_mut()
-                        .reset(Instant::now() + settings.header_timeout);
+                    let now = Instant::now();
+                    head_due = now + settings.header_timeout;
+                    // An idle connection first waits a moment with its buffers (the
+                    // next request usually comes at once), then gives them back.
+                    releasing = idle
+                        && (self.rbuf.capacity() > 0 || self.wbuf.capacity() > 0)
+                        && settings.header_timeout > IDLE_RELEASE;
+                    timer.as_mut().reset(if releasing {
+                        now + IDLE_RELEASE
+                    } else {
+                        head_due
+                    });
                     armed = true;
                 }
-                if timer.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(None);
+                while timer.as_mut().poll(cx).is_ready() {
+                    if !releasing {
+                        return Poll::Ready(None);
+                    }
+                    // Idle for a while: an idle keep-alive connection costs the task
+                    // and the socket, not 9 KiB of buffers (nginx frees them too).
+                    releasing = false;
+                    self.rbuf = BytesMut::new();
+                    self.wbuf = Vec::new();
+                    timer.as_mut().reset(head_due);
                 }
                 if idle && cancelled.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Some(Ok(0)));
@@ -262,6 +298,11 @@ impl ClientConn {
             .await;
             match read {
                 Some(Ok(0)) | Some(Err(_)) => return HeadRead::Closed,
+                // Not idle any more: the buffers stay, the head is due as usual.
+                Some(Ok(_)) if releasing => {
+                    releasing = false;
+                    timer.as_mut().reset(head_due);
+                }
                 Some(Ok(_)) => {}
                 // A started head that did not arrive in time: slowloris, or a client
                 // gone quiet mid-request. An idle connection just closes.
