@@ -479,12 +479,13 @@ def main():
                   f"{median(runs, 'wakeups'):.2f} | "
                   f"{median(v, 'rps') / median(runs, 'rps'):.2f} | "
                   f"{median(v, 'p99') / median(runs, 'p99'):.2f} | {all_rps} | {all_p99} |")
-    print("\nEach column is the median over the rounds (a round's p99 is a single stall away "
-          "from another's on a shared machine). CPU us/request: user+system CPU of the proxy "
-          "(and its workers) per request; less sensitive than requests/s to other load. "
-          "Backend wake-ups/request: how often a backend went to sleep per request, i.e. had "
-          "to be woken (and share a core) for the next one; on one machine that is CPU the "
-          "proxy and wrk do not get.")
+    if not args.failures_only:
+        print("\nEach column is the median over the rounds (a round's p99 is a single stall away "
+              "from another's on a shared machine). CPU us/request: user+system CPU of the proxy "
+              "(and its workers) per request; less sensitive than requests/s to other load. "
+              "Backend wake-ups/request: how often a backend went to sleep per request, i.e. had "
+              "to be woken (and share a core) for the next one; on one machine that is CPU the "
+              "proxy and wrk do not get.")
     if args.no_failures:
         shutil.rmtree(tmp, ignore_errors=True)
         return
@@ -495,7 +496,8 @@ def main():
     print("throughput kept: requests/s of the failure run over a normal run of the same proxy "
           "started just before it. held at stop: requests the frozen backend had been sent "
           "and not read half a second before wrk stopped (wrk counts only requests that "
-          "finish: these are neither errors nor latency in its output).\n")
+          "finish: these are neither errors nor latency in its output); an active health "
+          "check in flight (vigil, HAProxy) counts too.\n")
     print("| proxy | timeout | scenario | requests/s | throughput kept | client errors | "
           "slowest ms | held at stop |")
     print("|---|---|---|---|---|---|---|---|")
