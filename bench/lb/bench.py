@@ -22,7 +22,20 @@ VIGIL_ADMIN = 18181
 # timeout, 10 s response timeout (vigil's default), least outstanding requests
 # (P2C / leastconn / least_conn), 2 retries; active checks every 1 s, 1 s timeout,
 # fall 3, rise 2 (nginx open source has passive checks only: max_fails=1).
+# The failure runs are made once per --fail-timeouts value (default 10 and 2 s): the
+# time one attempt waits for a response header (vigil `timeouts.per_try`, its overall
+# `response_header` staying at 10 s or more; HAProxy `timeout server`, a timeout retried
+# with `retry-on response-timeout`; nginx `proxy_read_timeout`, retried by
+# `proxy_next_upstream timeout`). Set per run in main().
 RESPONSE_TIMEOUT_S = 10
+# Connection limits of the peers (HAProxy maxconn, nginx worker_connections), and the
+# idle keep-alive time of client connections when set (bench/lb/memory.py keeps 10,000
+# idle connections open for a while).
+MAXCONN = 8000
+CLIENT_IDLE_S = None
+# vigil's overall response-header time (its default): bounds the client's wait when a
+# per-try timeout is shorter.
+VIGIL_OVERALL_S = 10
 CONNECTIONS = 64
 # --pin: the proxy alone on core 0, wrk and the backends on core 1 (else: wherever the
 # scheduler puts them). Set in main().
@@ -134,8 +147,10 @@ listen = "127.0.0.1:{port}"
 admin_listen = "127.0.0.1:{admin}"
 workers = {WORKERS}
 [timeouts]
+{f'client_header = "{CLIENT_IDLE_S}s"' if CLIENT_IDLE_S else ""}
 connect = "1s"
-response_header = "{RESPONSE_TIMEOUT_S}s"
+response_header = "{max(RESPONSE_TIMEOUT_S, VIGIL_OVERALL_S)}s"
+per_try = "{RESPONSE_TIMEOUT_S}s"
 [pools.app]
 {VIGIL_BALANCE[BALANCE]}targets = [{targets}]
 [pools.app.health_check]
@@ -169,16 +184,17 @@ def start_haproxy(tmp):
         f.write(f"""
 global
   nbthread {WORKERS}
-  maxconn 8000
+  maxconn {MAXCONN}
 defaults
   mode http
   timeout connect 1s
-  timeout client 30s
+  timeout client {CLIENT_IDLE_S or 30}s
+  timeout http-keep-alive {CLIENT_IDLE_S or 30}s
   timeout server {RESPONSE_TIMEOUT_S}s
   option http-keep-alive
   retries 2
   option redispatch 1
-  retry-on conn-failure empty-response
+  retry-on conn-failure empty-response response-timeout
 frontend fe
   bind 127.0.0.1:{PORTS['haproxy']}
   default_backend be
@@ -205,9 +221,9 @@ def start_nginx(tmp):
         f.write(f"""
 daemon off; worker_processes {WORKERS};
 pid {d}/nginx.pid; error_log {d}/error.log warn;
-events {{ worker_connections 8192; }}
+events {{ worker_connections {MAXCONN}; }}
 http {{
-  access_log off;
+  access_log off; keepalive_timeout {CLIENT_IDLE_S or 75}s;
   client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};
   uwsgi_temp_path {d}; scgi_temp_path {d};
   upstream be {{
@@ -317,19 +333,36 @@ def wrk_cmd(port, duration, *options):
                   *options, f"http://127.0.0.1:{port}/"])
 
 
-def wrk(port, duration, event=None, at=None, pid=None, backends=()):
+def held_by(port):
+    """Requests a backend has been sent and not read: its established connections with
+    bytes waiting in their receive queue (a frozen backend reads nothing). wrk only
+    counts requests that finish, so those still hung on a frozen backend when it stops
+    are counted here, the same way for all three proxies."""
+    out = subprocess.run(["ss", "-Htn", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True).stdout
+    return sum(1 for line in out.splitlines() if line.split() and int(line.split()[0]) > 0)
+
+
+def wrk(port, duration, event=None, at=None, pid=None, backends=(), held_port=None):
     """One bounded wrk run. With `pid`: the proxy's CPU per request; with `backends`
     (their pids): how often per request a backend went to sleep (and so had to be woken
-    for the next one)."""
+    for the next one); with `held_port`: requests still held by that backend half a
+    second before wrk stops ([`held_by`])."""
     cmd = wrk_cmd(port, duration, "--latency")
     cpu0 = tree_cpu_seconds(pid) if pid else 0.0
     sleeps0 = sleeps(backends)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started = time.time()
     if event:
         time.sleep(at)
         event()
+    held = None
+    if held_port:
+        time.sleep(max(0.0, started + duration - 0.5 - time.time()))
+        held = held_by(held_port)
     out, _ = p.communicate(timeout=duration + 60)
     r = parse_wrk(out)
+    r["held"] = held
     if pid and r["requests"]:
         r["cpu_us"] = (tree_cpu_seconds(pid) - cpu0) / r["requests"] * 1e6
     if backends and r["requests"]:
@@ -345,16 +378,19 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="vigil,haproxy,nginx", help="proxies to run")
     ap.add_argument("--no-failures", action="store_true", help="normal runs only")
+    ap.add_argument("--failures-only", action="store_true", help="failure runs only")
     ap.add_argument("--workers", type=int, default=1,
                     help="worker threads/processes of each proxy (default 1)")
     ap.add_argument("--balance", default="least,rr",
                     help="balancing families for the normal runs, comma-separated: least "
                          "(vigil P2C, HAProxy leastconn, nginx least_conn), rr (round-robin "
                          "for all); the failure runs use the first")
+    ap.add_argument("--fail-timeouts", default="10,2",
+                    help="per-try response timeouts (s) of the failure runs, comma-separated")
     ap.add_argument("--pin", action="store_true",
                     help="proxy alone on core 0; wrk and the backends on core 1")
     args = ap.parse_args()
-    global PIN, WORKERS, BALANCE
+    global PIN, WORKERS, BALANCE, RESPONSE_TIMEOUT_S
     PIN = args.pin
     WORKERS = args.workers
     families = args.balance.split(",")
@@ -371,13 +407,14 @@ def main():
     starters = {k: v for k, v in starters.items() if k in args.only.split(",")}
     fail_at = max(2, args.fail_duration // 5)
     normal = {(b, name): [] for b in families for name in starters}
-    failures = {name: {} for name in starters}
+    fail_timeouts = [int(t) for t in args.fail_timeouts.split(",")]
+    failures = {(t, name): {} for t in fail_timeouts for name in starters}
     proc = None
     try:
         backends.start_all()
         # Normal runs interleaved over rounds (the machine is shared: interleaving spreads
         # background noise over all of them); the median round is reported.
-        for _ in range(args.rounds):
+        for _ in range(0 if args.failures_only else args.rounds):
             for BALANCE in families:
                 for name, start in starters.items():
                     proc = start()
@@ -391,21 +428,26 @@ def main():
                     stop(proc)
                     proc = None
         BALANCE = families[0]
-        for name, start in starters.items():
-            for scenario in [] if args.no_failures else ["kill", "freeze"]:
-                proc = start()
-                # The baseline of "throughput kept": a normal run of this very proxy just
-                # before (the machine's load drifts too much between rounds to compare
-                # with the median round).
-                wrk(PORTS[name], 2)
-                base, _ = wrk(PORTS[name], args.duration)
-                ev = (lambda: backends.kill(0)) if scenario == "kill" else (lambda: backends.freeze(0))
-                failures[name][scenario], raw = wrk(PORTS[name], args.fail_duration, ev, fail_at)
-                failures[name][scenario]["base_rps"] = base["rps"]
-                print(f"--- {name} {scenario}\n{raw}", file=sys.stderr)
-                stop(proc)
-                proc = None
-                backends.restore()
+        for RESPONSE_TIMEOUT_S in fail_timeouts:
+            for name, start in starters.items():
+                for scenario in [] if args.no_failures else ["kill", "freeze"]:
+                    proc = start()
+                    # The baseline of "throughput kept": a normal run of this very proxy
+                    # just before (the machine's load drifts too much between rounds to
+                    # compare with the median round).
+                    wrk(PORTS[name], 2)
+                    base, _ = wrk(PORTS[name], args.duration)
+                    ev = ((lambda: backends.kill(0)) if scenario == "kill"
+                          else (lambda: backends.freeze(0)))
+                    r, raw = wrk(PORTS[name], args.fail_duration, ev, fail_at,
+                                 held_port=BACKEND_PORTS[0] if scenario == "freeze" else None)
+                    r["base_rps"] = base["rps"]
+                    failures[(RESPONSE_TIMEOUT_S, name)][scenario] = r
+                    print(f"--- {name} {scenario} timeout {RESPONSE_TIMEOUT_S}s\n{raw}",
+                          file=sys.stderr)
+                    stop(proc)
+                    proc = None
+                    backends.restore()
     finally:
         stop(proc)
         backends.stop_all()
@@ -420,7 +462,7 @@ def main():
     names = {"least": "least outstanding requests (vigil P2C, the default; HAProxy "
                       "leastconn; nginx least_conn)",
              "rr": "round-robin (all three)"}
-    for b in families:
+    for b in [] if args.failures_only else families:
         print(f"\n## Normal run, {names[b]}: wrk -t1 -c{CONNECTIONS} -d{args.duration}s, "
               f"4 backends, {WORKERS} worker(s) each, {placement}, median of {args.rounds} "
               "interleaved rounds\n")
@@ -437,27 +479,35 @@ def main():
                   f"{median(runs, 'wakeups'):.2f} | "
                   f"{median(v, 'rps') / median(runs, 'rps'):.2f} | "
                   f"{median(v, 'p99') / median(runs, 'p99'):.2f} | {all_rps} | {all_p99} |")
-    print("\nEach column is the median over the rounds (a round's p99 is a single stall away "
-          "from another's on a shared machine). CPU us/request: user+system CPU of the proxy "
-          "(and its workers) per request; less sensitive than requests/s to other load. "
-          "Backend wake-ups/request: how often a backend went to sleep per request, i.e. had "
-          "to be woken (and share a core) for the next one; on one machine that is CPU the "
-          "proxy and wrk do not get.")
+    if not args.failures_only:
+        print("\nEach column is the median over the rounds (a round's p99 is a single stall away "
+              "from another's on a shared machine). CPU us/request: user+system CPU of the proxy "
+              "(and its workers) per request; less sensitive than requests/s to other load. "
+              "Backend wake-ups/request: how often a backend went to sleep per request, i.e. had "
+              "to be woken (and share a core) for the next one; on one machine that is CPU the "
+              "proxy and wrk do not get.")
     if args.no_failures:
         shutil.rmtree(tmp, ignore_errors=True)
         return
     print(f"\n## Failure runs ({names[families[0]]}): {args.fail_duration}s, backend 0 killed "
-          f"(SIGKILL) or frozen (SIGSTOP) at t={fail_at}s; response timeout {RESPONSE_TIMEOUT_S}s "
-          "for all\n")
+          f"(SIGKILL) or frozen (SIGSTOP) at t={fail_at}s; per-try response timeout "
+          f"{', '.join(f'{t}s' for t in fail_timeouts)} for all three (vigil's overall "
+          f"response_header {VIGIL_OVERALL_S}s or the per-try timeout if longer)\n")
     print("throughput kept: requests/s of the failure run over a normal run of the same proxy "
-          "started just before it.\n")
-    print("| proxy | scenario | requests/s | throughput kept | client errors | slowest ms |")
-    print("|---|---|---|---|---|---|")
-    for name, res in failures.items():
+          "started just before it. held at stop: requests the frozen backend had been sent "
+          "and not read half a second before wrk stopped (wrk counts only requests that "
+          "finish: these are neither errors nor latency in its output); an active health "
+          "check in flight (vigil, HAProxy) counts too.\n")
+    print("| proxy | timeout | scenario | requests/s | throughput kept | client errors | "
+          "slowest ms | held at stop |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (t, name), res in failures.items():
         for scenario in [x for x in ["kill", "freeze"] if x in res]:
             r = res[scenario]
             kept = r["rps"] / r["base_rps"] if r["base_rps"] else float("nan")
-            print(f"| {name} | {scenario} | {r['rps']:.0f} | {kept:.0%} | {r['errors']} | {r['max']:.0f} |")
+            held = "" if r["held"] is None else r["held"]
+            print(f"| {name} | {t}s | {scenario} | {r['rps']:.0f} | {kept:.0%} | {r['errors']} "
+                  f"| {r['max']:.0f} | {held} |")
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -9,6 +9,9 @@
 #   BALANCE=least bench/lb/run.sh  # normal runs for one balancing family only (default
 #                                  # least,rr: least outstanding requests for all three,
 #                                  # then round-robin for all three)
+#   FAILURES_ONLY=1 bench/lb/run.sh  # the failure runs alone
+#   FAIL_TIMEOUTS=2 bench/lb/run.sh  # per-try response timeouts of the failure runs
+#                                  # (default 10,2: each failure run at 10 s, then at 2 s)
 #
 # Installs nginx, haproxy and wrk from Debian if missing, builds vigil (release), starts
 # 4 tiny loopback backends (single-process nginx answering "ok"), then for each proxy
@@ -17,7 +20,9 @@
 #   1. a normal wrk run per balancing family: requests/s, p50, p99, CPU and backend
 #      wake-ups per request;
 #   2. 1 of 4 backends SIGKILLed mid-run: client errors, slowest request, throughput kept;
-#   3. 1 of 4 backends SIGSTOPped mid-run (frozen: accepts, never answers): same.
+#   3. 1 of 4 backends SIGSTOPped mid-run (frozen: accepts, never answers): same, and
+#      the requests still hung on it when wrk stops (wrk does not count those);
+#   2 and 3 once per per-try response timeout (10 s, then a realistic 2 s).
 # Prints a table with vigil's ratios to each peer. Every run is bounded in time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,4 +47,5 @@ if [[ -z "$VIGIL" ]]; then
   VIGIL=$PWD/target/release/vigil
 fi
 exec python3 bench/lb/bench.py --vigil "$VIGIL" --rounds "${ROUNDS:-3}" \
-  --duration "${DURATION:-10}" --fail-duration "${FAIL_DURATION:-20}" --workers "${WORKERS:-1}" --balance "${BALANCE:-least,rr}" ${PIN:+--pin}
+  --duration "${DURATION:-10}" --fail-duration "${FAIL_DURATION:-20}" --workers "${WORKERS:-1}" --balance "${BALANCE:-least,rr}" \
+  --fail-timeouts "${FAIL_TIMEOUTS:-10,2}" ${FAILURES_ONLY:+--failures-only} ${PIN:+--pin}

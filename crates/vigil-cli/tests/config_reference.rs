@@ -431,6 +431,9 @@ fn to_value<T: serde::Serialize>(config: &T) -> Value {
 
 /// The smallest lb.toml with one of everything and every optional key set.
 const LB_SAMPLE: &str = r#"
+[timeouts]
+per_try = "2s"
+
 [[routes]]
 host = "api.example.com"
 path_prefix = "/v1/"

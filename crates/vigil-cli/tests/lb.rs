@@ -209,6 +209,12 @@ impl Load {
         }
     }
 
+    /// Lets the load run for `d`, then [`Load::finish`].
+    async fn finish_after(self, d: Duration) -> Vec<Sample> {
+        tokio::time::sleep(d).await;
+        self.finish().await
+    }
+
     async fn finish(self) -> Vec<Sample> {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.tasks {
@@ -649,13 +655,82 @@ async fn heavy_frozen_backend_holds_no_request_past_the_response_timeout() {
     );
 }
 
+/// Issue 14 part 1: a frozen target (accepts, never answers, health checks included)
+/// among healthy ones, with a realistic per-try timeout shorter than the time the active
+/// checks need: the requests caught on it time out after `per_try`, count as gateway
+/// errors for outlier detection, and go again to another target. No client sees an
+/// error, and none waits much longer than one per-try timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heavy_a_frozen_backend_overtaken_by_hedges_is_ejected_before_any_check_notices() {
+async fn heavy_a_frozen_target_costs_no_client_error_with_a_per_try_timeout() {
+    frozen_target_with_timeouts("response_header = \"5s\"\nper_try = \"500ms\"").await;
+}
+
+async fn frozen_target_with_timeouts(timeouts: &str) {
+    const PER_TRY: Duration = Duration::from_millis(500);
+    let backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    // Checks every 500 ms, 3 failures to fall: about 2 s before they take the frozen
+    // target out, four times the per-try timeout.
+    let lb = Lb::start(&format!(
+        "[timeouts]\n{timeouts}\n\
+         [pools.api]\n{}\nslow_start_window = \"0s\"\n\
+         [pools.api.health_check]\ninterval = \"500ms\"\ntimeout = \"400ms\"\n\
+         healthy_threshold = 1\nunhealthy_threshold = 3\njitter = 0.0\n",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    let load = Load::start(&lb, "/work", 8, Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    backends[0].set_mode(Mode::Freeze);
+    backends[0].set_health_mode(Mode::Freeze);
+    let victim = backends[0].addr();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = lb.state_of("api", victim).await;
+        if s == "unhealthy" || s == "ejected" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "frozen target still {s}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let samples = load.finish().await;
+    let failed = failures(&samples);
+    let slowest = samples.iter().map(|s| s.latency).max().unwrap();
+    let metrics = lb.metrics().await;
+    let timeouts_retried = metrics
+        .lines()
+        .find(|l| l.starts_with("vigil_lb_retries_total{") && l.contains("reason=\"timeout\""))
+        .unwrap_or("none");
+    eprintln!(
+        "{} requests, {} failed, slowest {slowest:?}; {timeouts_retried}",
+        samples.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "no client error: {failed:?}");
+    assert!(
+        slowest <= PER_TRY + Duration::from_millis(700),
+        "the slowest request waits one per-try timeout and a retry (+ scheduling slack): {slowest:?}"
+    );
+    assert!(
+        timeouts_retried != "none",
+        "requests caught on the frozen target were retried: {metrics}"
+    );
+}
+
+/// Hedging with a gray failure (requests hang, the health path still answers): the
+/// hedges answer every request, and the attempts they overtook run on to their per-try
+/// timeout, which outlier detection counts: the frozen target is ejected for timeouts,
+/// long before any active check would notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_a_frozen_target_under_hedging_is_ejected_for_its_per_try_timeouts() {
     let backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
     let refs: Vec<&Backend> = backends.iter().collect();
     // Active checks too slow to notice within this test: only outlier detection can.
     let lb = Lb::start(&format!(
-        "[pools.api]\n{}\nslow_start_window = \"0s\"\n\
+        "[timeouts]\nper_try = \"300ms\"\n\
+         [pools.api]\n{}\nslow_start_window = \"0s\"\n\
          [pools.api.hedge]\nenabled = true\nmin_delay = \"20ms\"\nmax_delay = \"100ms\"\n\
          [pools.api.health_check]\ninterval = \"60s\"\ntimeout = \"1s\"\n\
          healthy_threshold = 1\nunhealthy_threshold = 3\n",
@@ -665,12 +740,11 @@ async fn heavy_a_frozen_backend_overtaken_by_hedges_is_ejected_before_any_check_
     lb.wait_all_in_service("api").await;
     let load = Load::start(&lb, "/work", 4, Duration::from_secs(20));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // Requests hang; the health path still answers (a gray failure).
     backends[0].set_mode(Mode::Freeze);
     let victim = backends[0].addr().to_string();
     lb.wait_admin(
         Duration::from_secs(5),
-        "the frozen target ejected for being overtaken by hedges",
+        "the frozen target ejected for its timeouts",
         |v| {
             v["pools"]["api"]["targets"]
                 .as_array()
@@ -679,9 +753,7 @@ async fn heavy_a_frozen_backend_overtaken_by_hedges_is_ejected_before_any_check_
                 .any(|t| {
                     t["addr"] == victim.as_str()
                         && t["state"] == "ejected"
-                        && t["reason"]
-                            .as_str()
-                            .is_some_and(|r| r.contains("overtaken"))
+                        && t["reason"].as_str().is_some_and(|r| r.contains("timeout"))
                 })
         },
     )
@@ -692,6 +764,51 @@ async fn heavy_a_frozen_backend_overtaken_by_hedges_is_ejected_before_any_check_
         failed.is_empty(),
         "hedges answered every request: {failed:?}"
     );
+}
+
+/// Issue 14 part 2: being slower than a hedge is not a failure. A target that answers
+/// every request, only slower than the hedge delay, loses most races and is never
+/// ejected for it (before, three overtakes in a row ejected it for 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_a_slow_target_overtaken_by_hedges_is_never_ejected() {
+    let backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let lb = Lb::start(&format!(
+        "[timeouts]\nper_try = \"2s\"\n\
+         [pools.api]\n{}\nslow_start_window = \"0s\"\n\
+         [pools.api.hedge]\nenabled = true\nmin_delay = \"20ms\"\nmax_delay = \"50ms\"\n\
+         [pools.api.health_check]\ninterval = \"60s\"\ntimeout = \"1s\"\n\
+         healthy_threshold = 1\nunhealthy_threshold = 3\n",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    backends[0].set_mode(Mode::Delay(Duration::from_millis(250)));
+    let load = Load::start(&lb, "/work", 4, Duration::from_secs(3));
+    let samples = load.finish_after(Duration::from_secs(3)).await;
+    let failed = failures(&samples);
+    assert!(failed.is_empty(), "{failed:?}");
+    let metrics = lb.metrics().await;
+    let hedges: u64 = metrics
+        .lines()
+        .find(|l| l.starts_with("vigil_lb_retries_total{") && l.contains("reason=\"hedge\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        hedges >= 3,
+        "the slow target was overtaken: {hedges} hedges\n{metrics}"
+    );
+    assert!(
+        !metrics.contains("vigil_lb_target_ejections_total{"),
+        "no target ejected: {metrics}"
+    );
+    assert!(in_service_state(
+        &lb.state_of("api", backends[0].addr()).await
+    ));
+}
+
+fn in_service_state(s: &str) -> bool {
+    matches!(s, "healthy" | "slow-start")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

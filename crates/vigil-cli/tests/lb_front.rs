@@ -1328,3 +1328,480 @@ async fn mangled_requests_get_an_answer_or_a_close_and_break_nothing() {
         .await;
     assert_eq!(r.status, 200, "still serving: {r:?}");
 }
+
+// ---------------------------------------------------------------------------------
+// The request-smuggling table of docs/lb.md ("Request framing and smuggling"): the rows
+// not covered by a test above, each input on a connection of its own.
+
+/// What a backend must have received for a row: nothing complete, or one request with
+/// this body and these (lower-case) fields present and absent.
+enum Reaches {
+    Nothing,
+    Body(
+        &'static str,
+        &'static [&'static str],
+        &'static [&'static str],
+    ),
+}
+
+/// The admin listener's `/metrics` text.
+async fn metrics(lb: &Lb) -> String {
+    let mut c = TcpStream::connect(("127.0.0.1", lb.admin)).await.unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(WAIT, c.read_to_end(&mut out))
+        .await
+        .expect("metrics within 5 s")
+        .expect("metrics read");
+    lossy(&out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smuggling_table_inputs_get_the_documented_answer() {
+    use Reaches::*;
+    let (lb, b) = echo_setup("").await;
+    const P: &str = "POST / HTTP/1.1\r\nHost: a\r\n";
+    const TE: &str = "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let cases: Vec<(&str, String, u16, Reaches)> = vec![
+        (
+            "underscore Content_Length (dropped)",
+            format!("{P}Content_Length: 5\r\nX_Other: 1\r\nX-Kept: 1\r\n\r\n"),
+            200,
+            Body(
+                "",
+                &["x-kept: 1", "content-length: 0"],
+                &["content_length", "x_other"],
+            ),
+        ),
+        (
+            "bare LF in a chunk extension",
+            format!("{TE}2;\nxx\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "bare LF ending a chunk size",
+            format!("{TE}2\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "bare LF after chunk data",
+            format!("{TE}2\r\nhi\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "bare LF in the trailers",
+            format!("{TE}2\r\nhi\r\n0\r\nx: y\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "empty chunk-size line",
+            format!("{TE}\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "chunk size 0x2",
+            format!("{TE}0x2\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "space after the chunk size",
+            format!("{TE}2 \r\nhi\r\n0\r\n\r\n"),
+            200,
+            Body("hi", &["transfer-encoding: chunked"], &[]),
+        ),
+        (
+            "TE chunked, identity",
+            format!("{P}Transfer-Encoding: chunked, identity\r\n\r\n2\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "TE xchunked",
+            format!("{P}Transfer-Encoding: xchunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "TE with a tab before the value",
+            format!("{P}Transfer-Encoding:\tchunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"),
+            200,
+            Body("hi", &[], &[]),
+        ),
+        (
+            "TE with a vertical tab",
+            format!("{P}Transfer-Encoding:\x0bchunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "TE folded (obs-fold)",
+            format!("{P}Transfer-Encoding:\r\n chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"),
+            400,
+            Nothing,
+        ),
+        (
+            "TE chunked in two fields",
+            format!(
+                "{P}Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+            ),
+            501,
+            Nothing,
+        ),
+        (
+            "obs-fold in another field",
+            format!("{P}X-A: 1\r\n 2\r\nContent-Length: 2\r\n\r\nhi"),
+            400,
+            Nothing,
+        ),
+        (
+            "bare LF line ends in the head",
+            "POST / HTTP/1.1\nHost: a\nContent-Length: 2\n\nhi".to_string(),
+            200,
+            Body("hi", &["content-length: 2"], &[]),
+        ),
+        (
+            "two equal Content-Lengths",
+            format!("{P}Content-Length: 2\r\nContent-Length: 2\r\n\r\nhi"),
+            200,
+            Body("hi", &["content-length: 2"], &[]),
+        ),
+        (
+            "Content-Length list 2, 2",
+            format!("{P}Content-Length: 2, 2\r\n\r\nhi"),
+            400,
+            Nothing,
+        ),
+        (
+            "Connection naming Content-Length",
+            format!("{P}Connection: Content-Length\r\nContent-Length: 2\r\n\r\nhi"),
+            200,
+            Body("hi", &["content-length: 2"], &[]),
+        ),
+        (
+            "Connection naming Transfer-Encoding",
+            format!(
+                "{P}Connection: Transfer-Encoding\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+            ),
+            200,
+            Body("hi", &["transfer-encoding: chunked"], &[]),
+        ),
+        (
+            "Upgrade: h2c",
+            "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n\
+             HTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+                .to_string(),
+            200,
+            Body("", &[], &["upgrade", "http2-settings", "connection"]),
+        ),
+        (
+            "two Host fields",
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".to_string(),
+            400,
+            Nothing,
+        ),
+        (
+            "NUL in a field value",
+            "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\0b\r\n\r\n".to_string(),
+            400,
+            Nothing,
+        ),
+    ];
+    for (what, raw, status, reaches) in cases {
+        let before = b.seen().len();
+        let mut c = client_of(&lb).await;
+        let r = c.roundtrip(raw.as_bytes()).await;
+        assert_eq!(r.status, status, "{what}: {r:?}");
+        if status >= 400 {
+            assert!(
+                r.field("connection").contains(&"close"),
+                "{what}: {}",
+                r.head
+            );
+            c.expect_closed(what).await;
+        }
+        let seen = b.seen();
+        match reaches {
+            Nothing => assert_eq!(
+                seen.len(),
+                before,
+                "{what}: the backend got a request: {:?}",
+                seen.last()
+            ),
+            Body(body, present, absent) => {
+                assert_eq!(seen.len(), before + 1, "{what}");
+                let s = &seen[before];
+                assert_eq!(lossy(&s.body), body, "{what}");
+                for p in present {
+                    assert!(
+                        s.head.contains(&format!("\r\n{p}\r\n")),
+                        "{what}: no {p}: {}",
+                        s.head
+                    );
+                }
+                for a in absent {
+                    assert!(
+                        !s.head.contains(&format!("\r\n{a}:")),
+                        "{what}: {a} forwarded: {}",
+                        s.head
+                    );
+                }
+            }
+        }
+    }
+    let m = metrics(&lb).await;
+    assert!(
+        m.contains("vigil_lb_request_fields_dropped_total{reason=\"underscore\"} 2"),
+        "the two dropped fields are counted: {m}"
+    );
+}
+
+/// `headers.underscores`: `forward` passes such fields on as sent, `reject` answers 400
+/// (and counts it); neither changes the framing of the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn underscored_fields_can_be_forwarded_or_refused() {
+    let (lb, b) = echo_setup("[headers]\nunderscores = \"forward\"\n").await;
+    let r = client_of(&lb)
+        .await
+        .roundtrip(b"GET / HTTP/1.1\r\nHost: a\r\nX_Custom: 1\r\n\r\n")
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(b.seen()[0].field("x_custom"), ["1"]);
+    drop(lb);
+
+    let (lb, b) = echo_setup("[headers]\nunderscores = \"reject\"\n").await;
+    let mut c = client_of(&lb).await;
+    let r = c
+        .roundtrip(b"GET / HTTP/1.1\r\nHost: a\r\nX_Custom: 1\r\n\r\n")
+        .await;
+    assert_eq!(r.status, 400, "{r:?}");
+    c.expect_closed("after a refused underscore").await;
+    assert!(b.seen().is_empty());
+    assert!(
+        metrics(&lb)
+            .await
+            .contains("vigil_lb_request_fields_dropped_total{reason=\"underscore\"} 1")
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Every exchange bounded in time (issue 14 part 2): a target that stops reading an
+// upload, a response body that stalls after its head, and the overall deadline.
+
+/// A target that reads a request head and then nothing more, answering `answer` (may be
+/// empty) and holding the connection open for a minute.
+async fn stalling_backend(answer: &'static [u8]) -> Backend {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let addr = serve_each(move |mut c| {
+        let log = log.clone();
+        async move {
+            let mut buf = Vec::new();
+            let Some(raw) = take_head(&mut c, &mut buf).await else {
+                return;
+            };
+            log.lock().unwrap().push(Seen {
+                line: raw.split("\r\n").next().unwrap_or_default().to_string(),
+                head: raw.to_ascii_lowercase(),
+                body: Vec::new(),
+            });
+            let _ = c.write_all(answer).await;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+    })
+    .await;
+    Backend { addr, seen }
+}
+
+/// The value of the counter line starting with `prefix` in `/metrics` (0 if absent).
+async fn counter(lb: &Lb, prefix: &str) -> u64 {
+    metrics(lb)
+        .await
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_to_a_target_that_stops_reading_gets_504_after_the_send_timeout() {
+    let b = stalling_backend(b"").await;
+    let lb = Lb::start(&config("[timeouts]\nsend = \"500ms\"\n", "", &[b.addr])).await;
+    let mut c = client_of(&lb).await;
+    // 256 MiB announced: far more than the socket buffers between here and the target.
+    let size: u64 = 256 << 20;
+    c.send(format!("POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").as_bytes())
+        .await;
+    let (mut rd, mut wr) = c.tcp.into_split();
+    let writer = tokio::spawn(async move {
+        let piece = vec![b'x'; 64 * 1024];
+        // Until the balancer stops reading (its answer is read below).
+        while tokio::time::timeout(Duration::from_secs(10), wr.write_all(&piece))
+            .await
+            .is_ok_and(|r| r.is_ok())
+        {}
+    });
+    let started = Instant::now();
+    let mut buf = Vec::new();
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        read_response(&mut rd, &mut buf, false),
+    )
+    .await
+    .expect("an answer, not a hang");
+    writer.abort();
+    assert_eq!(r.status, 504, "{r:?}");
+    assert!(
+        lossy(&r.body).contains("timeouts.send"),
+        "{}",
+        lossy(&r.body)
+    );
+    eprintln!("504 after {:?}", started.elapsed());
+    assert_eq!(
+        counter(&lb, "vigil_lb_timeouts_total{pool=\"api\",kind=\"send\"}").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_body_stalling_after_its_head_is_cut_after_the_body_timeout() {
+    let b = stalling_backend(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789").await;
+    let lb = Lb::start(&config(
+        "[timeouts]\nresponse_body = \"500ms\"\n",
+        "",
+        &[b.addr],
+    ))
+    .await;
+    let mut c = client_of(&lb).await;
+    c.send(b"GET /stall HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let head = c.head_only().await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let started = Instant::now();
+    let rest = c.rest().await;
+    assert_eq!(lossy(&rest), "0123456789", "the part sent, then the close");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "cut after about 500 ms: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        counter(
+            &lb,
+            "vigil_lb_timeouts_total{pool=\"api\",kind=\"response_body\"}"
+        )
+        .await,
+        1
+    );
+}
+
+/// `timeouts.request` bounds the whole exchange: a head that comes too late is a 504 at
+/// the deadline (not at `response_header`), and a body dripping in under the stall
+/// limit is cut at the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_deadline_bounds_the_header_wait_and_a_dripping_body() {
+    let b = backend(|s: &Seen| {
+        if s.line.contains("/late") {
+            Reply {
+                delay: Duration::from_secs(3),
+                ..Reply::keep(ok("late"))
+            }
+        } else {
+            Reply::keep(ok("fine"))
+        }
+    })
+    .await;
+    let drip = serve_each(|mut c| async move {
+        let mut buf = Vec::new();
+        if take_head(&mut c, &mut buf).await.is_none() {
+            return;
+        }
+        let _ = c
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
+            .await;
+        for _ in 0..1000 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if c.write_all(b"d").await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let lb = Lb::start(&format!(
+        "[timeouts]\nrequest = \"1s\"\nresponse_header = \"10s\"\n\
+         [[routes]]\npath_prefix = \"/drip\"\npool = \"drip\"\n\
+         [[routes]]\npool = \"api\"\n\
+         [pools.api]\ntargets = [{{ addr = \"{}\" }}]\n[pools.api.health_check]\nenabled = false\n\
+         [pools.drip]\ntargets = [{{ addr = \"{drip}\" }}]\n[pools.drip.health_check]\nenabled = false\n",
+        b.addr
+    ))
+    .await;
+    let mut c = client_of(&lb).await;
+    let started = Instant::now();
+    let r = c.roundtrip(b"GET /late HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let waited = started.elapsed();
+    assert_eq!(r.status, 504, "{r:?}");
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_millis(2500),
+        "504 at the 1 s deadline: {waited:?}"
+    );
+
+    let mut c = client_of(&lb).await;
+    c.send(b"GET /drip HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let head = c.head_only().await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let rest = c.rest().await;
+    assert!(
+        !rest.is_empty() && rest.len() < 20,
+        "some drops, then the cut at 1 s: {}",
+        rest.len()
+    );
+    assert_eq!(
+        counter(
+            &lb,
+            "vigil_lb_timeouts_total{pool=\"api\",kind=\"request\"}"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        counter(
+            &lb,
+            "vigil_lb_timeouts_total{pool=\"drip\",kind=\"request\"}"
+        )
+        .await,
+        1
+    );
+}
+
+/// An idle keep-alive connection gives its buffers back after a second (issue 14 part
+/// 2, memory): its next request is still served, and a head that started arriving
+/// before that moment and ends after it is read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_connections_give_buffers_back_and_serve_the_next_request() {
+    let (lb, b) = echo_setup("").await;
+    let mut c = client_of(&lb).await;
+    let r = c.roundtrip(b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(lossy(&r.body), echoed("GET /first HTTP/1.1", b""));
+    // Past the release: the next request on the same connection.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = c
+        .roundtrip(b"POST /second HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello")
+        .await;
+    assert_eq!(lossy(&r.body), echoed("POST /second HTTP/1.1", b"hello"));
+    // Half a head before the release moment, the rest after it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.send(b"GET /third HTTP/1.1\r\nHo").await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    c.send(b"st: a\r\n\r\n").await;
+    let r = c.response().await;
+    assert_eq!(lossy(&r.body), echoed("GET /third HTTP/1.1", b""));
+    c.expect_quiet("after three answers").await;
+    assert_eq!(b.lines().len(), 3);
+}

@@ -69,6 +69,9 @@ pub enum FramingError {
     /// Chunk data not followed by CRLF.
     #[error("a chunk does not end with CRLF")]
     BadChunkEnd,
+    /// A chunk-size or trailer line that does not end with CRLF (a bare LF or CR).
+    #[error("a line of a chunked body does not end with CRLF")]
+    BadLineEnd,
     /// Trailer section over [`MAX_TRAILERS`].
     #[error("chunked trailer section too large")]
     TrailersTooLarge,
@@ -267,6 +270,7 @@ pub fn parse_request<'b, 'h>(
     let mut length: Option<u64> = None;
     let mut chunked: Option<bool> = None;
     let mut other_coding = false;
+    let mut chunked_fields = 0u32;
     let mut host = None;
     for h in req.headers.iter() {
         let name = h.name;
@@ -279,9 +283,12 @@ pub fn parse_request<'b, 'h>(
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             // Any field whose final coding is not chunked spoils it for good.
             chunked = Some(chunked != Some(false) && chunked_last(h.value));
-            // Anything but one `chunked` (gzip, or chunked twice) is not forwarded
+            // Anything but one `chunked` (gzip, or chunked twice, in one field or two:
+            // fields of one name are one list, RFC 9110 5.3) is not forwarded
             // faithfully by a proxy that frames the body again: refused.
-            other_coding |= h.value.contains(&b',') || h.value.trim_ascii().len() != 7;
+            other_coding |=
+                chunked_fields > 0 || h.value.contains(&b',') || h.value.trim_ascii().len() != 7;
+            chunked_fields += 1;
         } else if name.eq_ignore_ascii_case("connection") {
             for token in h.value.split(|&b| b == b',') {
                 let token = token.trim_ascii();
@@ -323,6 +330,63 @@ pub fn parse_request<'b, 'h>(
         },
         req.headers,
     )))
+}
+
+/// Parses a chunk-size line at the start of `buf` (RFC 9112 7.1): `Ok(None)` when
+/// incomplete, else the bytes it takes and the size.
+///
+/// Stricter than `httparse::parse_chunk_size`, which this replaced: that takes an empty
+/// line for a size of 0 (the body's end, where nginx and HAProxy answer 400) and any
+/// byte in an extension, a bare LF included (`2;\nxx\r\n`: a peer that ends the
+/// line at the LF reads `xx` as data). Here: 1 to 16 hex digits, optional spaces or
+/// tabs, then either the line end or `;` and an extension of visible characters,
+/// spaces and tabs (extensions are ignored: RFC 9112 7.1.1), and the line ends with
+/// CRLF and nothing else.
+fn chunk_line(buf: &[u8]) -> Result<Option<(usize, u64)>, FramingError> {
+    let digits = buf.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits > 16 {
+        return Err(FramingError::BadChunkSize);
+    }
+    let mut i = digits;
+    if i == buf.len() {
+        return if i > MAX_CHUNK_LINE {
+            Err(FramingError::BadChunkSize)
+        } else {
+            Ok(None)
+        };
+    }
+    if digits == 0 {
+        return Err(FramingError::BadChunkSize);
+    }
+    let mut in_ext = false;
+    loop {
+        let Some(&b) = buf.get(i) else {
+            return if i > MAX_CHUNK_LINE {
+                Err(FramingError::BadChunkSize)
+            } else {
+                Ok(None)
+            };
+        };
+        match b {
+            b'\r' => match buf.get(i + 1) {
+                None => return Ok(None),
+                Some(b'\n') => break,
+                Some(_) => return Err(FramingError::BadLineEnd),
+            },
+            b'\n' => return Err(FramingError::BadLineEnd),
+            b' ' | b'\t' => {}
+            b';' => in_ext = true,
+            0x21..=0x7e | 0x80..=0xff if in_ext => {}
+            _ => return Err(FramingError::BadChunkSize),
+        }
+        i += 1;
+        if i > MAX_CHUNK_LINE {
+            return Err(FramingError::BadChunkSize);
+        }
+    }
+    let hex = std::str::from_utf8(&buf[..digits]).map_err(|_| FramingError::BadChunkSize)?;
+    let size = u64::from_str_radix(hex, 16).map_err(|_| FramingError::BadChunkSize)?;
+    Ok(Some((i + 2, size)))
 }
 
 /// What [`ChunkedDecoder::decode`] found.
@@ -379,11 +443,8 @@ impl ChunkedDecoder {
             let rest = &buf[pos..];
             match self.state {
                 ChunkState::Done => return Ok((pos, Decoded::End)),
-                ChunkState::Size => match httparse::parse_chunk_size(rest) {
-                    Ok(httparse::Status::Complete((n, _))) if n > MAX_CHUNK_LINE => {
-                        return Err(FramingError::BadChunkSize);
-                    }
-                    Ok(httparse::Status::Complete((n, size))) => {
+                ChunkState::Size => match chunk_line(rest)? {
+                    Some((n, size)) => {
                         pos += n;
                         self.state = if size == 0 {
                             ChunkState::Trailers(0)
@@ -391,11 +452,7 @@ impl ChunkedDecoder {
                             ChunkState::Data(size)
                         };
                     }
-                    Ok(httparse::Status::Partial) if rest.len() > MAX_CHUNK_LINE => {
-                        return Err(FramingError::BadChunkSize);
-                    }
-                    Ok(httparse::Status::Partial) => return Ok((pos, Decoded::NeedMore)),
-                    Err(_) => return Err(FramingError::BadChunkSize),
+                    None => return Ok((pos, Decoded::NeedMore)),
                 },
                 ChunkState::Data(left) => {
                     if rest.is_empty() {
@@ -418,13 +475,20 @@ impl ChunkedDecoder {
                     _ => return Err(FramingError::BadChunkEnd),
                 },
                 ChunkState::Trailers(seen) => {
-                    // Trailer fields are dropped; lines up to the empty one.
-                    let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else {
+                    // Trailer fields are dropped; lines up to the empty one, each
+                    // ending with CRLF: a bare LF (or CR) would end a line for a peer
+                    // that reads LF alone as a line end, and the two would disagree
+                    // on where the message ends (the next request taken for trailers).
+                    let Some(lf) = rest.iter().position(|&b| b == b'\n') else {
                         if seen + rest.len() > MAX_TRAILERS {
                             return Err(FramingError::TrailersTooLarge);
                         }
                         return Ok((pos, Decoded::NeedMore));
                     };
+                    if lf == 0 || rest[lf - 1] != b'\r' || rest[..lf - 1].contains(&b'\r') {
+                        return Err(FramingError::BadLineEnd);
+                    }
+                    let eol = lf - 1;
                     pos += eol + 2;
                     self.state = if eol == 0 {
                         ChunkState::Done
@@ -756,6 +820,86 @@ mod tests {
         assert_eq!(
             decode_in_steps(big_trailer.as_bytes(), 512),
             Err(FramingError::TrailersTooLarge)
+        );
+    }
+
+    /// RFC 9112 7.1: chunk-size and trailer lines end with CRLF, nothing else; the
+    /// inputs here are the ones nginx or HAProxy read differently from a lenient parser
+    /// (`bench/lb/smuggling.py`). Each is an error, never a body.
+    #[test]
+    fn chunk_lines_end_with_crlf_and_nothing_else_is_a_body() {
+        for (wire, want) in [
+            (&b"2;\nxx\r\nhi\r\n0\r\n\r\n"[..], FramingError::BadLineEnd),
+            (b"2\nhi\r\n0\r\n\r\n", FramingError::BadLineEnd),
+            (b"2;a\rb\r\nhi\r\n0\r\n\r\n", FramingError::BadLineEnd),
+            (b"\r\nhi\r\n0\r\n\r\n", FramingError::BadChunkSize),
+            (b"0x2\r\nhi\r\n0\r\n\r\n", FramingError::BadChunkSize),
+            (b" 2\r\nhi\r\n0\r\n\r\n", FramingError::BadChunkSize),
+            (b"2 3\r\nhi\r\n0\r\n\r\n", FramingError::BadChunkSize),
+            (b"2;a\x00\r\nhi\r\n0\r\n\r\n", FramingError::BadChunkSize),
+            (
+                b"00000000000000002\r\nhi\r\n0\r\n\r\n",
+                FramingError::BadChunkSize,
+            ),
+            (b"2\r\nhi\n0\r\n\r\n", FramingError::BadChunkEnd),
+            (b"2\r\nhi\r\n0\r\nx: y\n\r\n", FramingError::BadLineEnd),
+            (b"2\r\nhi\r\n0\r\n\n", FramingError::BadLineEnd),
+            (b"2\r\nhi\r\n0\r\nx: a\rb\r\n\r\n", FramingError::BadLineEnd),
+        ] {
+            for step in [1, 3, 64] {
+                let mut d = ChunkedDecoder::new();
+                let (mut buf, mut fed) = (Vec::new(), 0);
+                let got = loop {
+                    match d.decode(&buf) {
+                        Err(e) => break Some(e),
+                        Ok((_, Decoded::End)) => break None,
+                        Ok((n, Decoded::NeedMore)) if fed == wire.len() => {
+                            panic!("{:?} wants more after {n}", String::from_utf8_lossy(wire))
+                        }
+                        Ok((n, Decoded::NeedMore)) => {
+                            buf.drain(..n);
+                            let more = step.min(wire.len() - fed);
+                            buf.extend_from_slice(&wire[fed..fed + more]);
+                            fed += more;
+                        }
+                        Ok((n, Decoded::Data(_))) => {
+                            buf.drain(..n);
+                        }
+                    }
+                };
+                assert_eq!(
+                    got,
+                    Some(want.clone()),
+                    "{:?} read {step} bytes at a time",
+                    String::from_utf8_lossy(wire)
+                );
+            }
+        }
+        // What RFC 9112 allows still decodes: extensions with quoted strings, spaces
+        // before `;` or the line end, sixteen hex digits, upper case.
+        for ok in [
+            &b"2 ;a=\"b c\";d\r\nhi\r\n0\r\n\r\n"[..],
+            b"2\t\r\nhi\r\n0\r\n\r\n",
+            b"0000000000000002\r\nhi\r\n0\r\nx: y\r\n\r\n",
+        ] {
+            assert_eq!(decode_in_steps(ok, 2).unwrap().0, b"hi");
+        }
+        assert_eq!(
+            decode_in_steps(b"A\r\n0123456789\r\n0\r\n\r\n", 5)
+                .unwrap()
+                .0,
+            b"0123456789"
+        );
+    }
+
+    #[test]
+    fn transfer_encoding_chunked_in_two_fields_is_chunked_twice() {
+        assert_eq!(
+            request_body(
+                "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n"
+            ),
+            Err(RequestError::UnsupportedTransferCoding),
+            "fields of one name are one list (RFC 9110 5.3): chunked, chunked"
         );
     }
 

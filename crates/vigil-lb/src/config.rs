@@ -37,6 +37,19 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default response-header timeout: 10 s. The gray-failure defence: a frozen target (it
 /// accepts, never answers) holds a request at most this long, where peers wait 30-60 s.
 pub const DEFAULT_RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default longest wait for a target to take more of a request: 10 s, as the response
+/// header's. A target that takes nothing for that long (frozen, or refusing an upload
+/// without answering) gets no more of the client's time (nginx: 60 s, then 504).
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default longest wait for more of a response body once its head went to the client:
+/// 60 s (nginx's `proxy_read_timeout`, which also applies between reads); long enough
+/// for a stream with heartbeats, short enough that a stalled body is cut.
+pub const DEFAULT_RESPONSE_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default deadline of a whole exchange (upload, response header, response body): 5
+/// minutes, so that no request (a trickled upload, a body dripping under every stall
+/// limit) holds a client and a target connection for ever. Envoy's route timeout works
+/// the same way at 15 s; `"0s"` disables it for long downloads and streams.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// Default idle time of a pooled backend connection: 30 s, below the common 60-75 s
 /// keep-alive timeouts of backends (nginx 75 s), so we close first and never send a
 /// request on a connection the backend is closing.
@@ -96,6 +109,8 @@ pub struct LbConfig {
     pub timeouts: TimeoutsConfig,
     /// Limits on client requests.
     pub limits: LimitsConfig,
+    /// What is done with client request header fields.
+    pub headers: HeadersConfig,
     /// Routing rules, tried in order; the first match wins.
     pub routes: Vec<RouteConfig>,
     /// Pools of targets, by name.
@@ -111,6 +126,7 @@ impl Default for LbConfig {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             timeouts: TimeoutsConfig::default(),
             limits: LimitsConfig::default(),
+            headers: HeadersConfig::default(),
             routes: Vec::new(),
             pools: BTreeMap::new(),
         }
@@ -124,10 +140,30 @@ pub struct TimeoutsConfig {
     /// Connecting to a target. Defaults to 1s.
     #[serde(with = "humantime_serde")]
     pub connect: Duration,
-    /// From sending a request to a target to its complete response header; past it the
-    /// client gets 504. Defaults to 10s.
+    /// From the start of forwarding to a complete response header, all attempts
+    /// (retries, hedges) included; past it the client gets 504. A streamed request body
+    /// is not counted: the time starts when it was sent. Defaults to 10s.
     #[serde(with = "humantime_serde")]
     pub response_header: Duration,
+    /// Time one attempt has for its response header (at most `response_header`); an
+    /// attempt past it is abandoned, counted as a timeout by outlier detection, and a
+    /// retriable request (see `retries.methods`) is retried on another target while
+    /// `response_header` allows. Absent: an attempt has the whole `response_header`.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub per_try: Option<Duration>,
+    /// Longest wait for a target to take more of a request (head or body); then 504
+    /// (retried like a per-try timeout when the request may be). Defaults to 10s.
+    #[serde(with = "humantime_serde")]
+    pub send: Duration,
+    /// Longest wait for more of a response body once its head went to the client; then
+    /// the client connection is closed (the answer is visibly cut). Defaults to 60s.
+    #[serde(with = "humantime_serde")]
+    pub response_body: Duration,
+    /// Deadline of the whole exchange from the request head: upload, response header,
+    /// response body. Past it: 504 before the response head was forwarded, the
+    /// connection closed after. `"0s"` disables it. Defaults to 5m.
+    #[serde(with = "humantime_serde")]
+    pub request: Duration,
     /// Idle time after which a pooled backend connection is closed. Defaults to 30s.
     #[serde(with = "humantime_serde")]
     pub idle: Duration,
@@ -146,6 +182,10 @@ impl Default for TimeoutsConfig {
         TimeoutsConfig {
             connect: DEFAULT_CONNECT_TIMEOUT,
             response_header: DEFAULT_RESPONSE_HEADER_TIMEOUT,
+            per_try: None,
+            send: DEFAULT_SEND_TIMEOUT,
+            response_body: DEFAULT_RESPONSE_BODY_TIMEOUT,
+            request: DEFAULT_REQUEST_TIMEOUT,
             idle: DEFAULT_IDLE_TIMEOUT,
             client_header: DEFAULT_CLIENT_HEADER_TIMEOUT,
             client_write: DEFAULT_CLIENT_WRITE_TIMEOUT,
@@ -171,6 +211,33 @@ impl Default for LimitsConfig {
             max_retry_body_bytes: DEFAULT_MAX_RETRY_BODY_BYTES,
         }
     }
+}
+
+/// What is done with client request header fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HeadersConfig {
+    /// Fields whose name has an underscore: `drop`, `forward` or `reject`. Defaults
+    /// to `drop`.
+    pub underscores: Underscores,
+}
+
+/// What to do with a request header field whose name has an underscore
+/// (`Content_Length`). CGI, WSGI and similar gateways map `-` and `_` to the same
+/// variable (`CONTENT_LENGTH`), so a target behind one may take such a field for the
+/// framing field vigil did not see: a request-smuggling vector. nginx drops them by
+/// default (`underscores_in_headers off`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Underscores {
+    /// Leave the field out of the forwarded request (counted in
+    /// `vigil_lb_request_fields_dropped_total{reason="underscore"}`). Defaults to this.
+    #[default]
+    Drop,
+    /// Forward it as sent.
+    Forward,
+    /// Answer 400 (counted the same way).
+    Reject,
 }
 
 /// One routing rule: requests whose host and path match go to `pool`.
@@ -358,6 +425,23 @@ pub struct RetryConfig {
     pub max_retries: u32,
     /// The budget shared by retries and hedges (see vigil_core::pool::RetryBudget).
     pub budget: RetryBudgetConfig,
+    /// Which requests may be sent again after a reset or a per-try timeout (the target
+    /// may have acted on them): `idempotent` or `all`. Defaults to `idempotent`.
+    pub methods: RetryMethods,
+}
+
+/// Which requests are sent again after the target may have seen them (a connection
+/// reset before the answer, a per-try timeout, the target leaving service). A connect
+/// failure is retried whatever the method (nothing was sent); a streamed body never is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetryMethods {
+    /// GET, HEAD, OPTIONS, TRACE, PUT, DELETE (RFC 9110 9.2.2). Defaults to this.
+    #[default]
+    Idempotent,
+    /// Every method, POST and PATCH included, when the body was buffered: for services
+    /// that tolerate a duplicate (nginx's `proxy_next_upstream non_idempotent`).
+    All,
 }
 
 impl Default for RetryConfig {
@@ -365,6 +449,7 @@ impl Default for RetryConfig {
         RetryConfig {
             max_retries: DEFAULT_MAX_RETRIES,
             budget: RetryBudgetConfig::default(),
+            methods: RetryMethods::Idempotent,
         }
     }
 }
@@ -462,6 +547,23 @@ impl LbConfig {
         }
         if self.timeouts.response_header.is_zero() {
             return Err(invalid("timeouts.response_header", "must be more than 0s"));
+        }
+        if let Some(t) = self.timeouts.per_try
+            && (t.is_zero() || t > self.timeouts.response_header)
+        {
+            return Err(invalid(
+                "timeouts.per_try",
+                format!(
+                    "must be more than 0s and at most timeouts.response_header ({})",
+                    humantime::format_duration(self.timeouts.response_header)
+                ),
+            ));
+        }
+        if self.timeouts.send.is_zero() {
+            return Err(invalid("timeouts.send", "must be more than 0s"));
+        }
+        if self.timeouts.response_body.is_zero() {
+            return Err(invalid("timeouts.response_body", "must be more than 0s"));
         }
         if self.timeouts.client_header.is_zero() {
             return Err(invalid("timeouts.client_header", "must be more than 0s"));

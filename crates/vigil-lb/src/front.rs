@@ -24,6 +24,7 @@
 //! Not done here: HTTP/2, upgrades (`Upgrade` is hop-by-hop and removed), forwarding
 //! request trailers.
 
+use crate::config::Underscores;
 use crate::proxy::{Answer, Proxy, ProxyTable, VIA, connection_options, hop_by_hop, is_idempotent};
 use crate::upstream::{Outgoing, OutgoingBody, ResponseHead, UpstreamResponse, poll_read_more};
 use bytes::{Buf, Bytes, BytesMut};
@@ -91,6 +92,15 @@ struct Prepared {
     table: Arc<ProxyTable>,
 }
 
+/// Time limits on relaying a response body.
+#[derive(Clone, Copy, Debug)]
+struct BodyLimits {
+    /// Longest wait for more of it from the target.
+    stall: Duration,
+    /// The request's deadline, if any.
+    deadline: Option<Instant>,
+}
+
 /// What the head read ended with.
 enum HeadRead {
     Ready(Prepared),
@@ -112,7 +122,8 @@ pub async fn serve_connection(
     let client_ip = peer.ip().to_string();
     let mut c = ClientConn {
         tcp,
-        rbuf: BytesMut::with_capacity(8 * 1024),
+        // Enough for most heads; a larger one grows it (`poll_read_more`).
+        rbuf: BytesMut::with_capacity(IDLE_READ_RESERVE),
         wbuf: Vec::with_capacity(1024),
         write_timeout: settings.write_timeout,
     };
@@ -145,6 +156,13 @@ pub async fn serve_connection(
         }
     }
 }
+
+/// An idle keep-alive connection gives its buffers back after this long without a
+/// request (then it holds only its task and socket until `timeouts.client_header`).
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
+/// Read buffer taken again when a connection that gave its buffers back gets bytes:
+/// enough for most request heads.
+const IDLE_READ_RESERVE: usize = 4 * 1024;
 
 /// How long, and for how many bytes, a closing connection keeps reading what the client
 /// still sends (see [`ClientConn::linger`]).
@@ -182,6 +200,7 @@ impl ClientConn {
         shutdown: &CancellationToken,
     ) -> HeadRead {
         let mut armed = false;
+        let (mut releasing, mut head_due) = (false, Instant::now());
         // After an incomplete parse: how far the buffer was looked at. A head arriving a
         // byte at a time is parsed again only once an empty line may have arrived, not
         // per read (which would cost the square of its length).
@@ -232,17 +251,44 @@ impl ClientConn {
             let cancelled = shutdown.cancelled();
             tokio::pin!(cancelled);
             let read = std::future::poll_fn(|cx| {
-                if let Poll::Ready(r) = poll_read_more(&mut self.tcp, &mut self.rbuf, cx) {
+                if self.rbuf.capacity() == 0 {
+                    // Buffers given back (below): one again once there is something.
+                    match self.tcp.poll_read_ready(cx) {
+                        Poll::Ready(Ok(())) => self.rbuf.reserve(IDLE_READ_RESERVE),
+                        Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
+                        Poll::Pending => {}
+                    }
+                }
+                if self.rbuf.capacity() > 0
+                    && let Poll::Ready(r) = poll_read_more(&mut self.tcp, &mut self.rbuf, cx)
+                {
                     return Poll::Ready(Some(r));
                 }
                 if !armed {
-                    timer
-                        .as_mut()
-                        .reset(Instant::now() + settings.header_timeout);
+                    let now = Instant::now();
+                    head_due = now + settings.header_timeout;
+                    // An idle connection first waits a moment with its buffers (the
+                    // next request usually comes at once), then gives them back.
+                    releasing = idle
+                        && (self.rbuf.capacity() > 0 || self.wbuf.capacity() > 0)
+                        && settings.header_timeout > IDLE_RELEASE;
+                    timer.as_mut().reset(if releasing {
+                        now + IDLE_RELEASE
+                    } else {
+                        head_due
+                    });
                     armed = true;
                 }
-                if timer.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(None);
+                while timer.as_mut().poll(cx).is_ready() {
+                    if !releasing {
+                        return Poll::Ready(None);
+                    }
+                    // Idle for a while: an idle keep-alive connection costs the task
+                    // and the socket, not 9 KiB of buffers (nginx frees them too).
+                    releasing = false;
+                    self.rbuf = BytesMut::new();
+                    self.wbuf = Vec::new();
+                    timer.as_mut().reset(head_due);
                 }
                 if idle && cancelled.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Some(Ok(0)));
@@ -252,6 +298,11 @@ impl ClientConn {
             .await;
             match read {
                 Some(Ok(0)) | Some(Err(_)) => return HeadRead::Closed,
+                // Not idle any more: the buffers stay, the head is due as usual.
+                Some(Ok(_)) if releasing => {
+                    releasing = false;
+                    timer.as_mut().reset(head_due);
+                }
                 Some(Ok(_)) => {}
                 // A started head that did not arrive in time: slowloris, or a client
                 // gone quiet mid-request. An idle connection just closes.
@@ -275,6 +326,8 @@ impl ClientConn {
         shutdown: &CancellationToken,
     ) -> io::Result<bool> {
         let table = req.table;
+        // The whole exchange's deadline (`timeouts.request`), from the head's arrival.
+        let deadline = table.request_timeout.map(|t| Instant::now() + t);
         let has_body = req.body != RequestBody::None;
         let Some(pool) = req.pool else {
             proxy.count_local("none", 404);
@@ -293,7 +346,12 @@ impl ClientConn {
             RequestBody::None => Some(Bytes::new()),
             RequestBody::Length(n) if n <= table.max_retry_body_bytes as u64 => {
                 match self
-                    .read_body(n as usize, req.expect_continue, table.client_body_timeout)
+                    .read_body(
+                        n as usize,
+                        req.expect_continue,
+                        table.client_body_timeout,
+                        deadline,
+                    )
                     .await
                 {
                     Ok(b) => Some(b),
@@ -332,10 +390,12 @@ impl ClientConn {
                 continue_due: req.expect_continue,
                 idle_timeout: table.client_body_timeout,
             };
-            let answer = proxy.forward(&table, &pool, out, Some(&mut reader)).await;
+            let answer = proxy
+                .forward(&table, &pool, out, Some(&mut reader), deadline)
+                .await;
             (answer, reader.is_done())
         } else {
-            let answer = proxy.forward(&table, &pool, out, None).await;
+            let answer = proxy.forward(&table, &pool, out, None, deadline).await;
             (answer, true)
         };
         let keep = req.keep_alive && body_done && !shutdown.is_cancelled();
@@ -344,16 +404,31 @@ impl ClientConn {
                 self.write_local(code, &msg, keep, req.head_request).await?;
                 Ok(keep)
             }
-            Answer::Target(resp) => self.write_response(resp, keep, req.http10).await,
+            Answer::Target(resp) => {
+                let limits = BodyLimits {
+                    stall: table.response_body_timeout,
+                    deadline,
+                };
+                self.write_response(resp, keep, req.http10, limits)
+                    .await
+                    .map(|(keep, cut)| {
+                        if let Some(kind) = cut {
+                            tracing::debug!(pool = %pool.name, "response body cut: timeouts.{kind}");
+                            proxy.count_timeout(&pool.name, kind);
+                        }
+                        keep
+                    })
+            }
         }
     }
 
-    /// Reads a body of `n` bytes whole, within `timeout`.
+    /// Reads a body of `n` bytes whole, within `timeout` (and by `deadline`).
     async fn read_body(
         &mut self,
         n: usize,
         expect_continue: bool,
         timeout: Duration,
+        deadline: Option<Instant>,
     ) -> Result<Bytes, (u16, &'static str)> {
         if self.rbuf.len() < n {
             if expect_continue && self.rbuf.is_empty() {
@@ -362,7 +437,9 @@ impl ClientConn {
                     .await
                     .map_err(|_| (400, "incomplete request body"))?;
             }
-            let deadline = Instant::now() + timeout;
+            let deadline = deadline.map_or(Instant::now() + timeout, |d| {
+                d.min(Instant::now() + timeout)
+            });
             while self.rbuf.len() < n {
                 let more =
                     std::future::poll_fn(|cx| poll_read_more(&mut self.tcp, &mut self.rbuf, cx));
@@ -409,13 +486,15 @@ impl ClientConn {
         self.send_wbuf().await
     }
 
-    /// Writes a target's answer; `Ok(true)` when the connection can go on.
+    /// Writes a target's answer; `Ok((true, _))` when the connection can go on, and the
+    /// timeout (`response_body` or `request`) that cut the body, if one did.
     async fn write_response(
         &mut self,
         resp: UpstreamResponse,
         mut keep: bool,
         http10: bool,
-    ) -> io::Result<bool> {
+        limits: BodyLimits,
+    ) -> io::Result<(bool, Option<&'static str>)> {
         let UpstreamResponse { head, mut body } = resp;
         // A body without a length: chunked to an HTTP/1.1 client, until close to 1.0.
         let rechunk = matches!(head.framing, Framing::Chunked | Framing::UntilClose);
@@ -431,12 +510,22 @@ impl ClientConn {
                 self.wbuf.extend_from_slice(b"0\r\n\r\n");
             }
             self.send_wbuf().await?;
-            return Ok(keep);
+            return Ok((keep, None));
         }
         drop(head);
         self.send_wbuf().await?;
         loop {
-            match body.frame().await {
+            // More of the body within the stall limit and the request's deadline; else
+            // the client sees the answer cut (no last chunk, the connection closes).
+            let stall_at = Instant::now() + limits.stall;
+            let (until, kind) = match limits.deadline {
+                Some(d) if d < stall_at => (d, "request"),
+                _ => (stall_at, "response_body"),
+            };
+            let Ok(next) = tokio::time::timeout_at(until, body.frame()).await else {
+                return Ok((false, Some(kind)));
+            };
+            match next {
                 None => break,
                 Some(Ok(frame)) => {
                     let Ok(data) = frame.into_data() else {
@@ -448,19 +537,24 @@ impl ClientConn {
                     self.wbuf.clear();
                     put_data(&mut self.wbuf, &data, rechunk);
                     self.send_wbuf().await?;
+                    // A client taking each piece just within `client_write` is bounded
+                    // by the deadline too.
+                    if limits.deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok((false, Some("request")));
+                    }
                 }
                 Some(Err(e)) => {
                     // Cut short: the client must see a truncated answer, not a whole one
                     // (no last chunk, and the connection closes).
                     tracing::debug!("target response body broke: {e}");
-                    return Ok(false);
+                    return Ok((false, None));
                 }
             }
         }
         if rechunk {
             self.send(b"0\r\n\r\n").await?;
         }
-        Ok(keep)
+        Ok((keep, None))
     }
 
     /// Writes `buf` to the client: at once when its socket takes it (the usual case, no
@@ -571,18 +665,22 @@ pub struct Forwarded<'b> {
     pub host: Option<&'b str>,
     /// The path, for routing (no query).
     pub path: &'b str,
+    /// Fields left out because their name has an underscore.
+    pub underscores_dropped: u32,
 }
 
 /// Rewrites a parsed request head (`fields` as parsed, `client_ip` the peer's address)
 /// into the head its targets get: the request line in origin form, every end-to-end
 /// field line as it came, hop-by-hop fields and those `Connection` names left out,
 /// `Content-Length` and `Expect` left out (the body is framed again as sent and 100
-/// Continue is answered here), `X-Forwarded-For` extended, `X-Forwarded-Proto` and
-/// `Via` set. Errors are the status and message the client gets.
+/// Continue is answered here), fields whose name has an underscore dropped or refused
+/// per `underscores`, `X-Forwarded-For` extended, `X-Forwarded-Proto` and `Via` set.
+/// Errors are the status and message the client gets.
 pub fn forwarded_head<'b>(
     head: &http1::RequestHead<'b>,
     fields: &[httparse::Header<'b>],
     client_ip: &str,
+    underscores: Underscores,
 ) -> Result<Forwarded<'b>, (u16, String)> {
     if head.method == "CONNECT" {
         return Err((405, "CONNECT is not supported".into()));
@@ -614,9 +712,25 @@ pub fn forwarded_head<'b>(
         named.extend(connection_options(c.value));
     }
     let mut forwarded_for: SmallVec<[&[u8]; 2]> = SmallVec::new();
+    let mut underscores_dropped = 0;
     for f in fields {
         let name = f.name.as_bytes();
         if hop_by_hop(name).is_some() || named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            continue;
+        }
+        // `Content_Length` is CONTENT_LENGTH to a CGI-style gateway behind the target.
+        if underscores != Underscores::Forward && name.contains(&b'_') {
+            if underscores == Underscores::Reject {
+                return Err((
+                    400,
+                    format!(
+                        "header field {:?}: underscores in field names are refused \
+                         (headers.underscores)",
+                        f.name
+                    ),
+                ));
+            }
+            underscores_dropped += 1;
             continue;
         }
         match name.len() {
@@ -659,6 +773,7 @@ pub fn forwarded_head<'b>(
         // The absolute form's authority is the request's host (RFC 9112 3.2.2).
         host: authority.or(host_field),
         path,
+        underscores_dropped,
     })
 }
 
@@ -669,9 +784,16 @@ fn prepare(
     proxy: &Proxy,
     client_ip: &str,
 ) -> Result<Prepared, (u16, String)> {
-    let fwd = forwarded_head(head, fields, client_ip)?;
     // One configuration for the whole request, from routing to the last attempt.
     let table = proxy.table.load_full();
+    let fwd = forwarded_head(head, fields, client_ip, table.underscores).inspect_err(|e| {
+        if e.0 == 400 && table.underscores == Underscores::Reject {
+            proxy.count_dropped("underscore", 1);
+        }
+    })?;
+    if fwd.underscores_dropped > 0 {
+        proxy.count_dropped("underscore", fwd.underscores_dropped);
+    }
     let pool = table.route(fwd.host, fwd.path).cloned();
     Ok(Prepared {
         head_len: head.len,
@@ -802,7 +924,7 @@ mod tests {
         let (head, fields) = http1::parse_request(raw.as_bytes(), &mut fields)
             .expect("valid")
             .expect("complete");
-        let f = forwarded_head(&head, fields, "10.9.8.7")?;
+        let f = forwarded_head(&head, fields, "10.9.8.7", Underscores::Drop)?;
         assert_eq!(
             f.has_host,
             String::from_utf8_lossy(&f.out_head)
@@ -871,6 +993,29 @@ mod tests {
         let refused = |raw: &str| forward(raw).unwrap_err().0;
         assert_eq!(refused("CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n"), 405);
         assert_eq!(refused("GET a:443 HTTP/1.1\r\nHost: a\r\n\r\n"), 400);
+    }
+
+    #[test]
+    fn underscored_field_names_are_dropped_forwarded_or_refused_as_configured() {
+        let raw = "POST / HTTP/1.1\r\nHost: a\r\nContent_Length: 44\r\nX-A: 1\r\n\r\n";
+        let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let (head, fields) = http1::parse_request(raw.as_bytes(), &mut fields)
+            .unwrap()
+            .unwrap();
+        let f = forwarded_head(&head, fields, "10.9.8.7", Underscores::Drop).unwrap();
+        let out = String::from_utf8(f.out_head).unwrap();
+        assert!(!out.contains("Content_Length"), "{out}");
+        assert!(out.contains("X-A: 1\r\n"), "{out}");
+        assert_eq!(f.underscores_dropped, 1);
+        let f = forwarded_head(&head, fields, "10.9.8.7", Underscores::Forward).unwrap();
+        assert!(
+            String::from_utf8(f.out_head)
+                .unwrap()
+                .contains("Content_Length: 44\r\n")
+        );
+        assert_eq!(f.underscores_dropped, 0);
+        let e = forwarded_head(&head, fields, "10.9.8.7", Underscores::Reject).unwrap_err();
+        assert_eq!(e.0, 400, "{e:?}");
     }
 
     #[test]

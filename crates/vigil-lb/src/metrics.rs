@@ -10,6 +10,8 @@
 //! | `vigil_lb_retries_total` | pool, reason | retries and hedges sent (connect, reset, ejected, hedge) |
 //! | `vigil_lb_retries_denied_total` | pool | retries the budget refused |
 //! | `vigil_lb_health_checks_total` | pool, target, result | active checks by result (pass, fail) |
+//! | `vigil_lb_timeouts_total` | pool, kind | timeouts by kind: `per_try` (an attempt, retried if it may be), `response_header` (the client's wait for a head: 504), `send` (the target took none of the request: 504), `response_body` (the body stalled after its head: connection cut), `request` (the overall deadline: 504 before the head, cut after) |
+//! | `vigil_lb_request_fields_dropped_total` | reason | client request header fields not forwarded (`underscore`: a name with `_`, dropped or refused per `headers.underscores`) |
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -65,6 +67,22 @@ pub struct CheckLabels {
     pub result: String,
 }
 
+/// Labels of the timeout counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TimeoutLabels {
+    /// Pool name.
+    pub pool: String,
+    /// per_try, response_header, send, response_body, request.
+    pub kind: String,
+}
+
+/// Labels of the dropped-field counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabels {
+    /// Why: underscore.
+    pub reason: String,
+}
+
 /// Every metric, registered in one registry.
 pub struct Metrics {
     registry: Registry,
@@ -84,6 +102,10 @@ pub struct Metrics {
     pub retries_denied: Family<PoolLabels, Counter>,
     /// Active checks.
     pub checks: Family<CheckLabels, Counter>,
+    /// Client request fields not forwarded.
+    pub fields_dropped: Family<DropLabels, Counter>,
+    /// Timeouts by kind.
+    pub timeouts: Family<TimeoutLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -130,6 +152,14 @@ impl Metrics {
         );
         let checks = Family::<CheckLabels, Counter>::default();
         registry.register("health_checks", "Active health checks", checks.clone());
+        let timeouts = Family::<TimeoutLabels, Counter>::default();
+        registry.register("timeouts", "Timeouts by kind", timeouts.clone());
+        let fields_dropped = Family::<DropLabels, Counter>::default();
+        registry.register(
+            "request_fields_dropped",
+            "Client request header fields not forwarded",
+            fields_dropped.clone(),
+        );
         Metrics {
             registry: root,
             requests,
@@ -140,6 +170,8 @@ impl Metrics {
             retries,
             retries_denied,
             checks,
+            fields_dropped,
+            timeouts,
         }
     }
 

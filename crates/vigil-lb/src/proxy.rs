@@ -8,9 +8,10 @@
 //!    with `Retry-After`;
 //! 2. forward with a response-header timeout; meanwhile, watch for the target leaving
 //!    service and for the hedge delay;
-//! 3. on a connect failure (always safe: nothing was sent), or a reset before the
-//!    response of an idempotent request, retry on another target within the pool's
-//!    retry budget; when the target is ejected while the request waits, an idempotent
+//! 3. on a connect failure (always safe: nothing was sent), or a reset or a per-try
+//!    timeout before the response of an idempotent request (any buffered one with
+//!    `retries.methods = "all"`), retry on another target within the pool's retry
+//!    budget and, for a timeout, within the overall response-header time; when the target is ejected while the request waits, an idempotent
 //!    request moves to another target at once; past the hedge delay, an idempotent
 //!    request is also sent to a second target and the first answer wins;
 //! 4. report every outcome to outlier detection; answer 502 (connect failure, reset,
@@ -19,9 +20,10 @@
 //! Errors record where they came from and whether a retry is allowed ([`Failure`]).
 
 use crate::balancer::{PoolRt, TargetRt};
+use crate::config::RetryMethods;
 use crate::front::BodyReader;
 use crate::metrics::{Metrics, PoolLabels, RequestLabels, RetryLabels};
-use crate::upstream::{Outgoing, UpstreamResponse};
+use crate::upstream::{AttemptTimeouts, Outgoing, UpstreamResponse};
 use smallvec::SmallVec;
 use std::future::Future;
 use std::pin::Pin;
@@ -36,8 +38,16 @@ use vigil_core::outlier::RequestOutcome;
 pub struct ProxyTable {
     /// Routing rules in order.
     pub routes: Vec<RouteRule>,
-    /// Response-header timeout.
+    /// Time to a response header, every attempt included (the client's wait).
     pub response_header_timeout: Duration,
+    /// Time one attempt has for its response header (at most the above).
+    pub per_try_timeout: Duration,
+    /// Longest wait for a target to take more of a request.
+    pub send_timeout: Duration,
+    /// Longest wait for more of a response body, once its head was forwarded.
+    pub response_body_timeout: Duration,
+    /// The whole exchange, from the request head to the last byte of the answer.
+    pub request_timeout: Option<Duration>,
     /// Largest body buffered for retries.
     pub max_retry_body_bytes: usize,
     /// Time a client has to send a buffered body.
@@ -46,6 +56,8 @@ pub struct ProxyTable {
     pub connect_timeout: Duration,
     /// Idle time after which a pooled target connection is closed.
     pub idle_timeout: Duration,
+    /// What is done with request fields whose name has an underscore.
+    pub underscores: crate::config::Underscores,
 }
 
 /// A compiled routing rule.
@@ -94,9 +106,17 @@ pub enum Failure {
     /// The target answered something that is not HTTP: 502, no retry (the target is
     /// broken, and the request may have been acted on).
     Garbage,
-    /// No response header within the response-header timeout: 504, no retry (the client
-    /// has waited long enough).
+    /// No response header within the attempt's time (`timeouts.per_try`, bounded by
+    /// what is left of `timeouts.response_header`): retried like a reset while the
+    /// overall time allows, else 504.
     Timeout,
+    /// The target took none of the request for `timeouts.send` (it stopped reading: a
+    /// frozen target, or one refusing an upload without answering): 504, held against
+    /// the target as a timeout, retried like [`Failure::Timeout`].
+    SendStall,
+    /// The request's overall deadline (`timeouts.request`) passed during a streamed
+    /// upload: 504, held against no one (the client may be the slow one), not retried.
+    Deadline,
     /// The client's streamed body broke (it stalled, closed, or sent a malformed chunk):
     /// this status (408 or 400) to the client, and nothing held against the target.
     Client(u16),
@@ -108,14 +128,14 @@ impl Failure {
         match self {
             Failure::Connect => Some(RequestOutcome::ConnectFailure),
             Failure::Reset | Failure::Garbage => Some(RequestOutcome::Reset),
-            Failure::Timeout => Some(RequestOutcome::Timeout),
-            Failure::Client(_) => None,
+            Failure::Timeout | Failure::SendStall => Some(RequestOutcome::Timeout),
+            Failure::Client(_) | Failure::Deadline => None,
         }
     }
 
     fn status(self) -> u16 {
         match self {
-            Failure::Timeout => 504,
+            Failure::Timeout | Failure::SendStall | Failure::Deadline => 504,
             Failure::Client(code) => code,
             _ => 502,
         }
@@ -127,6 +147,8 @@ impl Failure {
             Failure::Reset => "reset",
             Failure::Garbage => "garbage",
             Failure::Timeout => "timeout",
+            Failure::SendStall => "send",
+            Failure::Deadline => "request",
             Failure::Client(_) => "client",
         }
     }
@@ -214,15 +236,33 @@ impl Drop for OutstandingGuard {
 type AttemptResult = Result<UpstreamResponse, Failure>;
 type AttemptFuture<'a> = Pin<Box<dyn Future<Output = AttemptResult> + Send + 'a>>;
 
+/// An attempt in flight: one with a buffered body owns everything it uses (it can be
+/// left to finish on its own when a hedge wins); one streaming the client's body
+/// borrows the client connection.
+enum AttemptFut<'a> {
+    Buffered(AttemptFuture<'static>),
+    Streamed(AttemptFuture<'a>),
+}
+
+impl AttemptFut<'_> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<AttemptResult> {
+        match self {
+            AttemptFut::Buffered(f) => f.as_mut().poll(cx),
+            AttemptFut::Streamed(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
 struct Attempt<'a> {
     target: Arc<TargetRt>,
-    fut: AttemptFuture<'a>,
+    fut: AttemptFut<'a>,
     /// Fires when the target leaves service; `None` once ignored.
     left: Option<Pin<Box<OwnedNotified>>>,
     started: Instant,
-    /// When the response header is due (`timeouts.response_header` after the start).
+    /// When the response header is due (the per-try timeout, bounded by the overall
+    /// response-header time and the request's deadline).
     deadline: tokio::time::Instant,
-    _guard: OutstandingGuard,
+    guard: OutstandingGuard,
 }
 
 #[allow(clippy::large_enum_variant)] // as Answer: not boxed on purpose
@@ -235,13 +275,14 @@ enum Event {
 impl Proxy {
     /// Sends one client request to `pool` (`out`: the request serialised once;
     /// `streamed`: its body when too large to buffer, read from the client as it is
-    /// sent) and returns what the client gets.
+    /// sent) and returns what the client gets, by `deadline` (the request's, if any).
     pub async fn forward<'a, 'b>(
         &self,
         table: &ProxyTable,
         pool: &Arc<PoolRt>,
         out: Outgoing,
         mut streamed: Option<&'a mut BodyReader<'b>>,
+        deadline: Option<tokio::time::Instant>,
     ) -> Answer {
         let start = Instant::now();
         pool.budget.lock().expect("budget lock").deposit(pool.now());
@@ -254,6 +295,11 @@ impl Proxy {
         let mut last_failure: Option<(Failure, String)>;
         let buffered = streamed.is_none();
         let idempotent = out.is_idempotent();
+        // May go again to another target after this one may have seen it.
+        let resend_ok = buffered && (idempotent || section.retries.methods == RetryMethods::All);
+        // The client's wait for a response header, every attempt included.
+        let header_due = tokio::time::Instant::now() + table.response_header_timeout;
+        let overall = deadline.map_or(header_due, |d| d.min(header_due));
         // Serialised once; every attempt (retry, hedge) sends the same bytes.
         let out = Arc::new(out);
         let hedge_delay = (section.hedge.enabled && idempotent && buffered).then(|| {
@@ -275,38 +321,46 @@ impl Proxy {
             tried.push(target.clone());
             let left = target.left_service.clone().notified_owned();
             let (t, out, body) = (target.clone(), out.clone(), streamed.take());
-            let (connect_timeout, idle_timeout) = (table.connect_timeout, table.idle_timeout);
-            let head_timeout = table.response_header_timeout;
-            // An upload can take longer than the response-header timeout: the attempt
-            // times its answer from the end of the body itself.
-            let deadline = if body.is_some() {
-                tokio::time::Instant::now() + Duration::from_secs(365 * 86_400)
-            } else {
-                tokio::time::Instant::now() + table.response_header_timeout
+            let timeouts = AttemptTimeouts {
+                connect: table.connect_timeout,
+                idle: table.idle_timeout,
+                head: table.response_header_timeout,
+                send: table.send_timeout,
             };
-            let fut: AttemptFuture<'a> = Box::pin(async move {
-                t.conns
-                    .send(
-                        &out,
-                        t.host_header.as_bytes(),
-                        body,
-                        connect_timeout,
-                        idle_timeout,
-                        head_timeout,
-                    )
-                    .await
-            });
+            let (fut, due) = match body {
+                // An upload can take longer than the response-header timeout: the
+                // attempt times its answer from the end of the body itself; only the
+                // request's deadline bounds it from here.
+                Some(body) => (
+                    AttemptFut::Streamed(Box::pin(async move {
+                        t.conns
+                            .send(&out, t.host_header.as_bytes(), Some(body), timeouts)
+                            .await
+                    })),
+                    deadline.unwrap_or_else(|| {
+                        tokio::time::Instant::now() + Duration::from_secs(365 * 86_400)
+                    }),
+                ),
+                None => (
+                    AttemptFut::Buffered(Box::pin(async move {
+                        t.conns
+                            .send(&out, t.host_header.as_bytes(), None, timeouts)
+                            .await
+                    })),
+                    (tokio::time::Instant::now() + table.per_try_timeout).min(overall),
+                ),
+            };
             target.outstanding.fetch_add(1, Ordering::Relaxed);
             // Racing: the target may have left service between the pick and now; then
             // its notification is already gone, and `in_service` says so.
             let in_service = target.in_service.load(Ordering::Relaxed);
             attempts.push(Attempt {
-                _guard: OutstandingGuard(target.clone()),
+                guard: OutstandingGuard(target.clone()),
                 target,
                 fut,
                 left: in_service.then(|| Box::pin(left)),
                 started: Instant::now(),
-                deadline,
+                deadline: due,
             });
             true
         };
@@ -319,7 +373,7 @@ impl Proxy {
         loop {
             let ev = std::future::poll_fn(|cx: &mut Context<'_>| {
                 for (i, a) in attempts.iter_mut().enumerate() {
-                    if let Poll::Ready(r) = a.fut.as_mut().poll(cx) {
+                    if let Poll::Ready(r) = a.fut.poll(cx) {
                         return Poll::Ready(Event::Done(i, r));
                     }
                     if let Some(l) = &mut a.left
@@ -350,7 +404,11 @@ impl Proxy {
                         return Poll::Ready(Event::Hedge);
                     }
                     if let Some(i) = attempts.iter().position(|a| a.deadline <= now) {
-                        return Poll::Ready(Event::Done(i, Err(Failure::Timeout)));
+                        let f = match attempts[i].fut {
+                            AttemptFut::Buffered(_) => Failure::Timeout,
+                            AttemptFut::Streamed(_) => Failure::Deadline,
+                        };
+                        return Poll::Ready(Event::Done(i, Err(f)));
                     }
                 }
             })
@@ -364,16 +422,12 @@ impl Proxy {
                     let code = resp.head.status;
                     pool.observe_request(&a.target, RequestOutcome::Response(code));
                     a.target.count(&self.metrics, code);
-                    // Losing attempts (hedges) are dropped here: their connections close.
-                    // One that started before the winner was overtaken: outlier
-                    // detection hears of it (a frozen target is ejected after a few).
-                    // (Not when the winner's answer is itself an error: a fast 503 from
-                    // a broken hedge target says nothing against the slower one.)
-                    let answer = RequestOutcome::Response(code);
-                    if !answer.is_error() && !answer.is_shed() {
-                        for loser in attempts.iter().filter(|l| l.started < a.started) {
-                            pool.observe_request(&loser.target, RequestOutcome::Overtaken);
-                        }
+                    // Losing attempts (hedges) finish on their own: being slower than
+                    // a hedge is not a failure (latency is for a latency-aware policy),
+                    // so they are judged by how they end, an answer or their per-try
+                    // timeout (a frozen target is still ejected, a slow one is not).
+                    for loser in attempts.drain(..) {
+                        finish_alone(pool, loser);
                     }
                     return Answer::Target(resp);
                 }
@@ -382,12 +436,27 @@ impl Proxy {
                     if let Some(outcome) = f.outcome() {
                         pool.observe_request(&a.target, outcome);
                     }
+                    let kind = match f {
+                        Failure::Timeout if a.deadline < overall => Some("per_try"),
+                        Failure::Timeout if overall < header_due => Some("request"),
+                        Failure::Timeout => Some("response_header"),
+                        Failure::SendStall => Some("send"),
+                        Failure::Deadline => Some("request"),
+                        _ => None,
+                    };
+                    if let Some(kind) = kind {
+                        self.count_timeout(&pool.name, kind);
+                    }
                     last_failure = Some((f, a.target.addr.clone()));
                     let retryable = buffered
                         && match f {
                             Failure::Connect => true,
-                            Failure::Reset => idempotent,
-                            Failure::Garbage | Failure::Timeout | Failure::Client(_) => false,
+                            Failure::Reset => resend_ok,
+                            // A frozen target: another may answer in the time left.
+                            Failure::Timeout | Failure::SendStall => {
+                                resend_ok && tokio::time::Instant::now() < overall
+                            }
+                            Failure::Garbage | Failure::Client(_) | Failure::Deadline => false,
                         };
                     if retryable
                         && retries < section.retries.max_retries
@@ -407,8 +476,7 @@ impl Proxy {
                     // The target was ejected or went unhealthy while this request waits
                     // on it: an idempotent request moves now rather than waiting for a
                     // target we already believe broken.
-                    if idempotent
-                        && buffered
+                    if resend_ok
                         && retries < section.retries.max_retries
                         && self.withdraw(pool, "ejected")
                     {
@@ -463,6 +531,27 @@ impl Proxy {
         ok
     }
 
+    /// Counts a timeout of `kind` (per_try, response_header, send, response_body, request).
+    pub fn count_timeout(&self, pool: &str, kind: &str) {
+        self.metrics
+            .timeouts
+            .get_or_create(&crate::metrics::TimeoutLabels {
+                pool: pool.to_string(),
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts `n` client request fields not forwarded, for `reason`.
+    pub fn count_dropped(&self, reason: &str, n: u32) {
+        self.metrics
+            .fields_dropped
+            .get_or_create(&crate::metrics::DropLabels {
+                reason: reason.to_string(),
+            })
+            .inc_by(u64::from(n));
+    }
+
     /// Counts an answer vigil made itself.
     pub fn count_local(&self, pool: &str, code: u16) {
         self.metrics
@@ -476,12 +565,44 @@ impl Proxy {
     }
 }
 
+/// Lets an attempt a hedge overtook run to its end (an answer, a failure, or its
+/// deadline) on its own, and tells outlier detection how it ended. Only attempts with a
+/// buffered body are ever overtaken (hedging needs the body twice).
+fn finish_alone(pool: &Arc<PoolRt>, loser: Attempt<'_>) {
+    let Attempt {
+        target,
+        fut,
+        deadline,
+        guard,
+        ..
+    } = loser;
+    let AttemptFut::Buffered(fut) = fut else {
+        return;
+    };
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        // Still outstanding on its target until it ends: balancing sees the load.
+        let _guard = guard;
+        let outcome = match tokio::time::timeout_at(deadline, fut).await {
+            // Dropped unread: the connection closes unless the body came whole.
+            Ok(Ok(resp)) => Some(RequestOutcome::Response(resp.head.status)),
+            Ok(Err(f)) => f.outcome(),
+            Err(_) => Some(RequestOutcome::Timeout),
+        };
+        if let Some(o) = outcome {
+            pool.observe_request(&target, o);
+        }
+    });
+}
+
 fn describe(f: Failure) -> &'static str {
     match f {
         Failure::Connect => "connection failed",
         Failure::Reset => "connection reset before the response",
         Failure::Garbage => "invalid HTTP response",
-        Failure::Timeout => "no response header within the response-header timeout",
+        Failure::Timeout => "no response header in time (timeouts.per_try, response_header)",
+        Failure::SendStall => "the target took none of the request within timeouts.send",
+        Failure::Deadline => "the request's deadline (timeouts.request) passed",
         Failure::Client(_) => "the request body did not arrive whole from the client",
     }
 }

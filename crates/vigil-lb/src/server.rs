@@ -42,6 +42,24 @@ const TICK: Duration = Duration::from_millis(100);
 /// Latency quantiles (hedge delays) are recomputed every this many ticks (1 s).
 const LATENCY_REFRESH_TICKS: u32 = 10;
 
+/// What the data path needs from `config`, with these routes.
+fn proxy_table(config: &LbConfig, routes: Vec<RouteRule>) -> ProxyTable {
+    let t = &config.timeouts;
+    ProxyTable {
+        routes,
+        response_header_timeout: t.response_header,
+        per_try_timeout: t.per_try.unwrap_or(t.response_header),
+        send_timeout: t.send,
+        response_body_timeout: t.response_body,
+        request_timeout: Some(t.request).filter(|d| !d.is_zero()),
+        max_retry_body_bytes: config.limits.max_retry_body_bytes,
+        client_body_timeout: t.client_header,
+        connect_timeout: t.connect,
+        idle_timeout: t.idle,
+        underscores: config.headers.underscores,
+    }
+}
+
 /// The running load balancer.
 pub struct Lb {
     clock: Clock,
@@ -58,14 +76,7 @@ impl Lb {
     pub fn start(config: LbConfig) -> Arc<Lb> {
         let metrics = Arc::new(Metrics::new());
         let proxy = Arc::new(Proxy {
-            table: ArcSwap::from_pointee(ProxyTable {
-                routes: Vec::new(),
-                response_header_timeout: config.timeouts.response_header,
-                max_retry_body_bytes: config.limits.max_retry_body_bytes,
-                client_body_timeout: config.timeouts.client_header,
-                connect_timeout: config.timeouts.connect,
-                idle_timeout: config.timeouts.idle,
-            }),
+            table: ArcSwap::from_pointee(proxy_table(&config, Vec::new())),
             metrics: metrics.clone(),
         });
         let lb = Arc::new(Lb {
@@ -128,14 +139,9 @@ impl Lb {
                 })
                 .collect()
         };
-        self.proxy.table.store(Arc::new(ProxyTable {
-            routes,
-            response_header_timeout: config.timeouts.response_header,
-            max_retry_body_bytes: config.limits.max_retry_body_bytes,
-            client_body_timeout: config.timeouts.client_header,
-            connect_timeout: config.timeouts.connect,
-            idle_timeout: config.timeouts.idle,
-        }));
+        self.proxy
+            .table
+            .store(Arc::new(proxy_table(&config, routes)));
         // Restart the checkers on the new settings: their state lives in the pools.
         let (tx, rx) = watch::channel(());
         for pool in pools.values() {

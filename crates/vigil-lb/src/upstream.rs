@@ -266,17 +266,26 @@ impl Conn {
 
     /// Writes `buf` unless the target answers (or closes) first: a target refusing an
     /// upload (413) often stops reading it, and would hold the write forever.
-    /// `Ok(false)`: it answered; what it sent is in the read buffer.
-    async fn write_unless_answered(&mut self, mut buf: &[u8]) -> io::Result<bool> {
+    /// `Ok(false)`: it answered; what it sent is in the read buffer. A target that takes
+    /// none of it for `stall` is an error of kind `TimedOut`.
+    async fn write_unless_answered(&mut self, mut buf: &[u8], stall: Duration) -> io::Result<bool> {
         while !buf.is_empty() {
             match self.tcp.try_write(buf) {
                 Ok(n) => buf = &buf[n..],
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let readable = tokio::select! {
-                        biased;
-                        r = self.tcp.readable() => { r?; true }
-                        w = self.tcp.writable() => { w?; false }
+                    let wait = async {
+                        tokio::select! {
+                            biased;
+                            r = self.tcp.readable() => r.map(|()| true),
+                            w = self.tcp.writable() => w.map(|()| false),
+                        }
                     };
+                    let readable = tokio::time::timeout(stall, wait).await.map_err(|_| {
+                        io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "the target took none of the request",
+                        )
+                    })??;
                     if readable {
                         // Readiness can be stale: only bytes (or the end) say it answered.
                         if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_ROOM {
@@ -349,6 +358,19 @@ pub struct ConnPool {
     idle: Box<[Mutex<Vec<Idle>>]>,
     /// Idle connections kept per worker.
     idle_cap: usize,
+}
+
+/// The time limits of one attempt.
+#[derive(Clone, Copy, Debug)]
+pub struct AttemptTimeouts {
+    /// Connecting.
+    pub connect: Duration,
+    /// An idle pooled connection older than this is not used.
+    pub idle: Duration,
+    /// A streamed body's response head, from the body's end.
+    pub head: Duration,
+    /// Longest wait for the target to take more of the request.
+    pub send: Duration,
 }
 
 /// How an exchange failed.
@@ -454,24 +476,22 @@ impl ConnPool {
     /// Sends `req` (with `host` as its `Host` when it has none, and `streamed` as its
     /// body when the body is streamed) on an idle connection or a new one, and waits for
     /// the response head. A streamed body's attempt gets its response head within
-    /// `head_timeout` of the body's end (the caller times the others from their start).
+    /// `t.head` of the body's end (the caller times the others from their start).
     pub async fn send(
         self: &Arc<Self>,
         req: &Outgoing,
         host: &[u8],
         mut streamed: Option<&mut BodyReader<'_>>,
-        connect_timeout: Duration,
-        max_idle: Duration,
-        head_timeout: Duration,
+        t: AttemptTimeouts,
     ) -> Result<UpstreamResponse, Failure> {
         loop {
-            let (mut conn, reused) = match self.checkout(max_idle) {
+            let (mut conn, reused) = match self.checkout(t.idle) {
                 Some(c) => (c, true),
-                None => (self.connect(connect_timeout).await?, false),
+                None => (self.connect(t.connect).await?, false),
             };
             let replayable = streamed.is_none();
             match self
-                .exchange(&mut conn, req, host, streamed.take(), head_timeout)
+                .exchange(&mut conn, req, host, streamed.take(), t)
                 .await
             {
                 Ok(head) => return self.respond(conn, head),
@@ -491,7 +511,7 @@ impl ConnPool {
         req: &Outgoing,
         host: &[u8],
         streamed: Option<&mut BodyReader<'_>>,
-        head_timeout: Duration,
+        t: AttemptTimeouts,
     ) -> Result<Head, ExchangeError> {
         conn.wbuf.clear();
         conn.wbuf.extend_from_slice(&req.head);
@@ -509,20 +529,31 @@ impl ConnPool {
             tracing::debug!(target_addr = %self.addr, "sending the request failed: {e}");
             ExchangeError::NoAnswer
         };
-        conn.tcp.write_all(&conn.wbuf).await.map_err(broken)?;
+        // A target that takes nothing for `t.send` is frozen: a 504, not a wait forever.
+        let stalled = |_| {
+            tracing::debug!(target_addr = %self.addr, "the target took none of the request within timeouts.send");
+            ExchangeError::Failed(Failure::SendStall)
+        };
+        tokio::time::timeout(t.send, conn.tcp.write_all(&conn.wbuf))
+            .await
+            .map_err(stalled)?
+            .map_err(broken)?;
         if !inline {
-            conn.tcp.write_all(&req.body).await.map_err(broken)?;
+            tokio::time::timeout(t.send, conn.tcp.write_all(&req.body))
+                .await
+                .map_err(stalled)?
+                .map_err(broken)?;
         }
         // A target may answer before the whole body is sent (a 413, say) and close: its
         // answer is still read, and the connection is not reused.
         let mut cut_short = false;
         let streamed_body = streamed.is_some();
         if let Some(body) = streamed {
-            cut_short = self.stream_body(conn, body, req.chunked).await?;
+            cut_short = self.stream_body(conn, body, req.chunked, t.send).await?;
         }
         if streamed_body {
             // The response-header timeout runs from the end of the upload.
-            match tokio::time::timeout(head_timeout, self.read_head(conn, req, cut_short)).await {
+            match tokio::time::timeout(t.head, self.read_head(conn, req, cut_short)).await {
                 Ok(r) => r,
                 Err(_) => Err(ExchangeError::Failed(Failure::Timeout)),
             }
@@ -634,6 +665,7 @@ impl ConnPool {
         conn: &mut Conn,
         body: &mut BodyReader<'_>,
         chunked: bool,
+        stall: Duration,
     ) -> Result<bool, ExchangeError> {
         let failed = |what: &str, e: &dyn std::fmt::Display| {
             tracing::debug!(target_addr = %self.addr, "{what}: {e}");
@@ -662,7 +694,7 @@ impl ConnPool {
                 conn.wbuf.extend_from_slice(b"\r\n");
             }
             let wbuf = std::mem::take(&mut conn.wbuf);
-            let sent = conn.write_unless_answered(&wbuf).await;
+            let sent = conn.write_unless_answered(&wbuf, stall).await;
             conn.wbuf = wbuf;
             match sent {
                 Ok(true) => {}
@@ -670,13 +702,20 @@ impl ConnPool {
                     tracing::debug!(target_addr = %self.addr, "the target answered before the whole request body");
                     return Ok(true);
                 }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    tracing::debug!(target_addr = %self.addr, "the target took none of the request body within timeouts.send");
+                    return Err(ExchangeError::Failed(Failure::SendStall));
+                }
                 Err(e) => return Ok(failed("sending the request body failed", &e)),
             }
         }
         if chunked {
-            match conn.write_unless_answered(b"0\r\n\r\n").await {
+            match conn.write_unless_answered(b"0\r\n\r\n", stall).await {
                 Ok(true) => {}
                 Ok(false) => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    return Err(ExchangeError::Failed(Failure::SendStall));
+                }
                 Err(e) => return Ok(failed("sending the request body failed", &e)),
             }
         }
@@ -934,7 +973,13 @@ mod tests {
     }
 
     async fn fetch_head(pool: &Arc<ConnPool>, req: &Outgoing) -> Result<UpstreamResponse, Failure> {
-        pool.send(req, b"t", None, SECOND, MINUTE, MINUTE).await
+        let t = AttemptTimeouts {
+            connect: SECOND,
+            idle: MINUTE,
+            head: MINUTE,
+            send: MINUTE,
+        };
+        pool.send(req, b"t", None, t).await
     }
 
     /// Status and whole body of `req` sent on `pool`.

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Memory per idle keep-alive client connection: vigil lb beside nginx and HAProxy.
+
+    python3 bench/lb/memory.py --vigil target/release/vigil
+    python3 bench/lb/memory.py --vigil target/release/vigil --connections 10000 --waves 6
+
+For each proxy (bench.py's settings: 4 nginx backends, 1 worker each): opens
+`--connections` client connections, sends one request on each and reads its answer,
+and keeps them all open and idle; the resident memory (RSS of the proxy and its
+worker processes) before and with them open, divided by their number, is the cost of
+an idle keep-alive connection. Then all are closed and the RSS measured again, for
+`--waves` waves: memory that does not come back after the connections close shows as
+the RSS growing wave after wave.
+
+Not a timed measurement: RSS is read after the connections settle.
+"""
+import argparse
+import os
+import resource
+import socket
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import bench  # noqa: E402
+from bench import Backends, PORTS, process_tree, stop  # noqa: E402
+
+REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def rss_kib(pid):
+    total = 0
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += sum(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+        except OSError:
+            pass
+    return total
+
+
+def open_idle(port, n):
+    """`n` connections, each with one request answered, left open."""
+    conns = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(REQUEST)
+        got = b""
+        while b"\r\n\r\n" not in got or not got.endswith(b"\n"):
+            b = s.recv(4096)
+            if not b:
+                raise SystemExit(f"port {port}: connection closed after {len(conns)}")
+            got += b
+        conns.append(s)
+    return conns
+
+
+def settle():
+    """Past vigil's idle-buffer release (1 s) and the closes' processing."""
+    time.sleep(3.0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vigil", required=True)
+    ap.add_argument("--connections", type=int, default=10000)
+    ap.add_argument("--waves", type=int, default=3)
+    ap.add_argument("--only", default="vigil,haproxy,nginx")
+    a = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # HAProxy wants about twice maxconn in file descriptors.
+    want = min(6 * a.connections + 10000, hard)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    # nginx: a client and a target connection each; HAProxy: its own accounting.
+    bench.MAXCONN = min(a.connections + 2000, (want - 1000) // 2)
+    bench.CLIENT_IDLE_S = 300
+    tmp = tempfile.mkdtemp(prefix="vigil-lb-memory-")
+    backends = Backends(tmp)
+    # Idle client connections must outlive the measurement: long client timeouts.
+    starters = {"vigil": lambda: bench.start_vigil(tmp, a.vigil),
+                "haproxy": lambda: bench.start_haproxy(tmp),
+                "nginx": lambda: bench.start_nginx(tmp)}
+    results = {}
+    proc = None
+    try:
+        backends.start_all()
+        for name in a.only.split(","):
+            proc = starters[name]()
+            open_idle(PORTS[name], 50)  # warm: target connections, first allocations
+            settle()
+            base = rss_kib(proc.pid)
+            waves = []
+            for _ in range(a.waves):
+                conns = open_idle(PORTS[name], a.connections)
+                settle()
+                loaded = rss_kib(proc.pid)
+                for s in conns:
+                    s.close()
+                settle()
+                after = rss_kib(proc.pid)
+                waves.append((loaded, after))
+                print(f"{name}: base {base} KiB, {a.connections} idle: {loaded} KiB "
+                      f"({(loaded - base) * 1024 / a.connections / 1000:.1f} KB each), "
+                      f"after close: {after} KiB", file=sys.stderr)
+            results[name] = (base, waves)
+            stop(proc)
+            proc = None
+    finally:
+        stop(proc)
+        backends.stop_all()
+    print(f"\n| proxy | RSS before KiB | per idle connection KB (wave 1) | RSS with {a.connections} "
+          f"open, each wave, KiB | RSS after closing, each wave, KiB |")
+    print("|---|---|---|---|---|")
+    for name, (base, waves) in results.items():
+        per = (waves[0][0] - base) * 1024 / a.connections / 1000
+        print(f"| {name} | {base} | {per:.1f} | {'/'.join(str(w[0]) for w in waves)} | "
+              f"{'/'.join(str(w[1]) for w in waves)} |")
+
+
+if __name__ == "__main__":
+    main()
