@@ -1,12 +1,14 @@
 //! The HTTP side: JSON API, heartbeats, Prometheus metrics and the dashboard (axum).
 //!
 //! Reads are open; every mutating call (holds, freezes) needs `Authorization: Bearer
-//! <token>` and gets 401 without it, changing nothing. Heartbeats are the exception:
-//! they can only vouch for a declared heartbeat target, and workers should not carry
-//! the operator's token.
+//! <token>` (the scheme in any case, RFC 7235) and gets 401 without it, changing
+//! nothing. Heartbeats are signed instead, each target with its own key
+//! ([`crate::heartbeat`]): workers should not carry the operator's token.
 
+use crate::clock::wall_ms;
 use crate::dashboard;
 use crate::engine::{Command, FleetView, Plan};
+use crate::heartbeat::{self, Rejection};
 use crate::metrics::Metrics;
 use crate::scheduler::Heartbeats;
 use crate::store::StoreHandle;
@@ -16,6 +18,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::{Arc, RwLock};
@@ -46,6 +49,27 @@ pub struct AppState {
     pub heartbeats: Arc<Heartbeats>,
     /// The current plan (to know the heartbeat targets).
     pub plan: watch::Receiver<Arc<Plan>>,
+    /// How heartbeats are verified (reloadable).
+    pub heartbeat_auth: Arc<RwLock<HeartbeatAuth>>,
+}
+
+/// How heartbeats are verified: the secret their keys derive from, the replay window.
+#[derive(Clone, Debug)]
+pub struct HeartbeatAuth {
+    /// `heartbeat.secret` or `VIGIL_HEARTBEAT_SECRET`.
+    pub secret: Option<String>,
+    /// `heartbeat.max_skew`.
+    pub max_skew: Duration,
+}
+
+impl HeartbeatAuth {
+    /// From the config.
+    pub fn of(config: &crate::config::ControllerConfig) -> HeartbeatAuth {
+        HeartbeatAuth {
+            secret: config.heartbeat.effective_secret(),
+            max_skew: config.heartbeat.max_skew,
+        }
+    }
 }
 
 /// The router.
@@ -360,18 +384,61 @@ struct HeartbeatBody {
     report: Option<serde_json::Value>,
 }
 
-async fn heartbeat(
-    State(st): State<AppState>,
-    body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    if body.len() > MAX_HEARTBEAT_BYTES {
-        return Err(ApiError(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "heartbeat too large".into(),
-        ));
+/// `POST /api/heartbeat`: verified ([`crate::heartbeat`]) before it counts; a refused
+/// heartbeat changes nothing and is counted by its reason.
+async fn heartbeat(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    match accept_heartbeat(&st, &headers, &body) {
+        Ok(id) => {
+            st.metrics.heartbeat("accepted");
+            (
+                StatusCode::ACCEPTED,
+                Json(json!({ "target": id, "accepted": true })),
+            )
+                .into_response()
+        }
+        Err((why, message)) => {
+            st.metrics.heartbeat(why.as_str());
+            // Debug, not warn: a flood of forged heartbeats must not flood the log;
+            // the counter is what to alert on.
+            tracing::debug!(reason = why.as_str(), error = %message, "heartbeat refused");
+            let code = match why {
+                Rejection::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+                Rejection::Malformed => StatusCode::BAD_REQUEST,
+                Rejection::UnknownTarget => StatusCode::NOT_FOUND,
+                Rejection::Unsigned
+                | Rejection::BadSignature
+                | Rejection::Stale
+                | Rejection::Replayed
+                | Rejection::NoSecret => StatusCode::UNAUTHORIZED,
+            };
+            let mut resp = (
+                code,
+                Json(json!({ "error": message, "reason": why.as_str() })),
+            )
+                .into_response();
+            if code == StatusCode::UNAUTHORIZED {
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("X-Vigil-Signature realm=\"vigil-heartbeat\""),
+                );
+            }
+            resp
+        }
     }
-    let hb: HeartbeatBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("heartbeat body: {e}")))?;
+}
+
+fn accept_heartbeat(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<String, (Rejection, String)> {
+    if body.len() > MAX_HEARTBEAT_BYTES {
+        return Err((Rejection::TooLarge, "heartbeat too large".into()));
+    }
+    // Parsed before it is verified, to learn whose key signs it: bounded in size, and
+    // nothing of it is used until the signature matches.
+    let hb: HeartbeatBody = serde_json::from_slice(body)
+        .map_err(|e| (Rejection::Malformed, format!("heartbeat body: {e}")))?;
     let known = st
         .plan
         .borrow()
@@ -379,24 +446,64 @@ async fn heartbeat(
         .iter()
         .any(|t| t.id == hb.target && t.heartbeat);
     if !known {
-        return Err(ApiError(
-            StatusCode::NOT_FOUND,
+        return Err((
+            Rejection::UnknownTarget,
             format!("{:?} is not a heartbeat target", hb.target),
         ));
     }
+    let auth = st
+        .heartbeat_auth
+        .read()
+        .expect("heartbeat auth lock")
+        .clone();
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let signed_ms = heartbeat::verify(
+        auth.secret.as_deref(),
+        &hb.target,
+        header(heartbeat::TIMESTAMP_HEADER),
+        header(heartbeat::SIGNATURE_HEADER),
+        body,
+        wall_ms(),
+        auth.max_skew,
+    )
+    .map_err(|why| {
+        let message = match why {
+            Rejection::NoSecret => "no heartbeat secret is configured".to_string(),
+            Rejection::Unsigned => format!(
+                "unsigned: {} and {} are required",
+                heartbeat::TIMESTAMP_HEADER,
+                heartbeat::SIGNATURE_HEADER
+            ),
+            Rejection::Stale => format!(
+                "{} is more than {} away from the controller's clock",
+                heartbeat::TIMESTAMP_HEADER,
+                humantime::format_duration(auth.max_skew)
+            ),
+            _ => format!(
+                "signature does not match (HMAC-SHA256 with {:?}'s key over \"<timestamp>.<body>\")",
+                hb.target
+            ),
+        };
+        (why, message)
+    })?;
     let report = match hb.report {
         None => None,
         Some(v) => Some(
             HealthReport::parse(v.to_string().as_bytes())
-                .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("report: {e}")))?,
+                .map_err(|e| (Rejection::Malformed, format!("report: {e}")))?,
         ),
     };
-    st.heartbeats.beat(&hb.target, report);
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(json!({ "target": hb.target, "accepted": true })),
-    )
-        .into_response())
+    if !st.heartbeats.beat(&hb.target, signed_ms, report) {
+        return Err((
+            Rejection::Replayed,
+            format!(
+                "{} {signed_ms} is not after the last accepted heartbeat of {:?}",
+                heartbeat::TIMESTAMP_HEADER,
+                hb.target
+            ),
+        ));
+    }
+    Ok(hb.target)
 }
 
 // === dashboard ===

@@ -1,7 +1,7 @@
 //! Command-line entry point of `vigil controller`: thin glue that loads the config,
 //! opens the store, recovers the guard, starts the tasks and handles signals.
 
-use crate::api::{self, AppState};
+use crate::api::{self, AppState, HeartbeatAuth};
 use crate::config::{self, ControllerConfig};
 use crate::discovery;
 use crate::engine::{Command, Engine, Plan, Source};
@@ -50,13 +50,43 @@ pub struct Args {
 pub enum Verb {
     /// Check the config (and the discovery file) and exit: 0 valid, 78 invalid.
     CheckConfig,
+    /// Print the key heartbeat target TARGET signs its heartbeats with (derived from
+    /// `heartbeat.secret` or VIGIL_HEARTBEAT_SECRET): give it to that worker only.
+    HeartbeatKey {
+        /// The target's id.
+        target: String,
+    },
 }
 
 /// Runs `vigil controller`.
 pub fn run(args: Args) -> ExitCode {
     match args.command {
         Some(Verb::CheckConfig) => check_config(&args.config),
+        Some(Verb::HeartbeatKey { target }) => heartbeat_key(&args.config, &target),
         None => daemon(&args.config),
+    }
+}
+
+fn heartbeat_key(path: &Path, target: &str) -> ExitCode {
+    let cfg = match config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match cfg.heartbeat.effective_secret() {
+        Some(secret) => {
+            println!("{}", crate::heartbeat::target_key(&secret, target));
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!(
+                "{}: heartbeat.secret is not set (nor VIGIL_HEARTBEAT_SECRET): no key to derive",
+                path.display()
+            );
+            ExitCode::from(EXIT_CONFIG)
+        }
     }
 }
 
@@ -70,7 +100,9 @@ fn check_config(path: &Path) -> ExitCode {
     };
     let mut discovered = 0;
     if let Some(d) = &cfg.discovery {
-        match discovery::read(&d.path) {
+        match discovery::read(&d.path)
+            .and_then(|t| cfg.heartbeat.check_targets(&t, "targets").map(|()| t))
+        {
             Ok(t) => discovered = t.len(),
             Err(e) => {
                 eprintln!("discovery: {e}");
@@ -168,7 +200,9 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
         "store opened, guard recovered"
     );
     let discovered = match &cfg.discovery {
-        Some(d) => discovery::read(&d.path).unwrap_or_else(|e| {
+        Some(d) => discovery::read(&d.path)
+            .and_then(|t| cfg.heartbeat.check_targets(&t, &d.path.display().to_string()).map(|()| t))
+            .unwrap_or_else(|e| {
             tracing::error!(error = %e, "discovery file rejected at start; only the config's targets are used");
             Vec::new()
         }),
@@ -210,6 +244,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
         shutdown_rx.clone(),
     ));
 
+    let heartbeat_auth = Arc::new(RwLock::new(HeartbeatAuth::of(&cfg)));
     let token = Arc::new(RwLock::new(cfg.effective_token()));
     if token.read().expect("token lock").is_none() {
         tracing::warn!("no api_token configured: mutating API calls are refused");
@@ -221,6 +256,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
         token: token.clone(),
         heartbeats,
         plan: plan_rx,
+        heartbeat_auth: heartbeat_auth.clone(),
     });
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(async move {
@@ -248,6 +284,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
                         }
                         let new = Arc::new(new);
                         *token.write().expect("token lock") = new.effective_token();
+                        *heartbeat_auth.write().expect("heartbeat auth lock") = HeartbeatAuth::of(&new);
                         let _ = actuator_tx.send(Arc::new(new.actuator.clone()));
                         let _ = config_tx.send(new.clone());
                         if engine_tx.send(Command::Reconfigure(new.clone())).await.is_err() {
@@ -327,7 +364,13 @@ async fn watch_discovery(
                     if changed && first {
                         last = Some((d.path.clone(), hash));
                     } else if changed {
-                        match discovery::parse(&d.path, &text) {
+                        let cfg = config.borrow().clone();
+                        let parsed = discovery::parse(&d.path, &text).and_then(|t| {
+                            cfg.heartbeat
+                                .check_targets(&t, &d.path.display().to_string())
+                                .map(|()| t)
+                        });
+                        match parsed {
                             Ok(targets) => {
                                 tracing::info!(file = %d.path.display(), targets = targets.len(), "discovery file changed");
                                 if engine

@@ -50,6 +50,7 @@ pub struct Metrics {
     target_up: Family<TargetLabels, Gauge>,
     decisions: Family<Labels, Counter>,
     actions: Family<Labels, Counter>,
+    heartbeats: Family<Labels, Counter>,
     frozen: Gauge,
     budget_left: Gauge,
     unhealthy: Gauge,
@@ -98,6 +99,12 @@ impl Metrics {
             "Actuator runs finished, by result",
             actions.clone(),
         );
+        let heartbeats = Family::<Labels, Counter>::default();
+        registry.register(
+            "heartbeats",
+            "Heartbeats received, by result: accepted, or why refused (unsigned, bad_signature, stale, replayed, unknown_target, malformed, too_large, no_secret)",
+            heartbeats.clone(),
+        );
         let frozen = Gauge::default();
         registry.register(
             "guard_frozen",
@@ -131,6 +138,7 @@ impl Metrics {
             target_up,
             decisions,
             actions,
+            heartbeats,
             frozen,
             budget_left,
             unhealthy,
@@ -180,6 +188,13 @@ impl Metrics {
         };
         self.actions
             .get_or_create(&vec![("result", s.to_string())])
+            .inc();
+    }
+
+    /// Counts a heartbeat: `accepted`, or the reason it was refused.
+    pub fn heartbeat(&self, result: &str) {
+        self.heartbeats
+            .get_or_create(&vec![("result", result.to_string())])
             .inc();
     }
 
