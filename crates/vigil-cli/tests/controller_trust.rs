@@ -148,3 +148,145 @@ async fn forged_stale_and_replayed_heartbeats_change_nothing_and_are_counted() {
     )
     .await;
 }
+
+/// A request with a raw `Authorization` header and JSON body text; status and body.
+async fn call(
+    c: &Controller,
+    method: reqwest::Method,
+    path: &str,
+    authorization: &str,
+    body: &str,
+) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .request(method, c.url(path))
+        .header("authorization", authorization)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("request");
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn hold_of(c: &Controller, id: &str) -> Value {
+    c.get(&format!("/api/targets/{id}")).await["target"]["hold"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_silence_lifts_only_a_silence_and_delete_maintenance_only_a_maintenance() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = backends(2);
+    let c = Controller::start(dir.path(), &(base_config("") + &targets_toml(&bs)));
+    c.wait_all(2, "healthy").await;
+    let hold = |path: &'static str| {
+        let c = &c;
+        async move {
+            let (code, body) = c.post(path, Some(TOKEN), json!({"reason": path})).await;
+            assert_eq!(code, 200, "{path}: {body}");
+        }
+    };
+    hold("/api/targets/t0/maintenance").await;
+    hold("/api/targets/t1/silence").await;
+
+    assert_eq!(
+        c.delete("/api/targets/t0/silence", Some(TOKEN)).await,
+        409,
+        "DELETE silence on a target in maintenance"
+    );
+    assert_eq!(hold_of(&c, "t0").await["kind"], "maintenance");
+    assert_eq!(
+        c.delete("/api/targets/t1/maintenance", Some(TOKEN)).await,
+        409,
+        "DELETE maintenance on a silenced target"
+    );
+    assert_eq!(hold_of(&c, "t1").await["kind"], "silenced");
+
+    assert_eq!(
+        c.delete("/api/targets/t0/maintenance", Some(TOKEN)).await,
+        200
+    );
+    assert_eq!(hold_of(&c, "t0").await, Value::Null);
+    assert_eq!(
+        c.delete("/api/targets/t0/maintenance", Some(TOKEN)).await,
+        404,
+        "no maintenance left to lift"
+    );
+    assert_eq!(c.delete("/api/targets/t1/silence", Some(TOKEN)).await, 200);
+    assert_eq!(hold_of(&c, "t1").await, Value::Null);
+    assert_eq!(
+        c.delete("/api/targets/nope/silence", Some(TOKEN)).await,
+        404
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_scheme_is_case_insensitive_and_bad_hold_bodies_get_422_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = backends(1);
+    let c = Controller::start(dir.path(), &(base_config("") + &targets_toml(&bs)));
+    c.wait_all(1, "healthy").await;
+    use reqwest::Method;
+    for auth in [
+        format!("bearer {TOKEN}"),
+        format!("BEARER {TOKEN}"),
+        format!("Bearer   {TOKEN}"),
+    ] {
+        let (code, body) = call(&c, Method::POST, "/api/freeze", &auth, "{}").await;
+        assert_eq!(code, 200, "Authorization: {auth:?}: {body}");
+        assert_eq!(c.guard().await["manual_freeze"], "frozen by operator");
+        let (code, _) = call(&c, Method::DELETE, "/api/freeze", &auth, "").await;
+        assert_eq!(code, 200, "Authorization: {auth:?}");
+        assert_eq!(c.guard().await["manual_freeze"], Value::Null);
+    }
+    for auth in [
+        format!("Basic {TOKEN}"),
+        format!("Bearer{TOKEN}"),
+        TOKEN.into(),
+    ] {
+        let (code, _) = call(&c, Method::POST, "/api/freeze", &auth, "{}").await;
+        assert_eq!(code, 401, "Authorization: {auth:?}");
+    }
+
+    let auth = format!("Bearer {TOKEN}");
+    let long = "x".repeat(5000);
+    for (body, field) in [
+        (json!({"for": "0s"}), "for"),
+        (json!({"for": "31days"}), "for"),
+        (json!({"for": "2 parsecs"}), "for"),
+        (json!({"for": 7200}), "for"),
+        (json!({"reason": long}), "reason"),
+        (json!({"reason": ["a"]}), "reason"),
+        (json!({"fro": "2h"}), "fro"),
+    ] {
+        for path in ["/api/targets/t0/silence", "/api/targets/t0/maintenance"] {
+            let (code, answer) = call(&c, Method::POST, path, &auth, &body.to_string()).await;
+            assert_eq!(code, 422, "POST {path} {body}: {answer}");
+            assert_eq!(answer["field"], field, "POST {path} {body}: {answer}");
+            assert!(
+                answer["error"].as_str().unwrap().starts_with(field),
+                "{answer}"
+            );
+        }
+    }
+    let (code, answer) = call(
+        &c,
+        Method::POST,
+        "/api/freeze",
+        &auth,
+        &json!({"reason": long}).to_string(),
+    )
+    .await;
+    assert_eq!(
+        (code, &answer["field"]),
+        (422, &json!("reason")),
+        "{answer}"
+    );
+    assert_eq!(hold_of(&c, "t0").await, Value::Null, "nothing was applied");
+    assert_eq!(c.guard().await["manual_freeze"], Value::Null);
+    // At the limits: accepted.
+    let body = json!({"for": "30days", "reason": "r".repeat(4096)}).to_string();
+    let (code, answer) = call(&c, Method::POST, "/api/targets/t0/silence", &auth, &body).await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(hold_of(&c, "t0").await["kind"], "silenced");
+}

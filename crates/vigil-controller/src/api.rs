@@ -7,7 +7,7 @@
 
 use crate::clock::wall_ms;
 use crate::dashboard;
-use crate::engine::{Command, FleetView, Plan};
+use crate::engine::{Command, CommandError, FleetView, Plan};
 use crate::heartbeat::{self, Rejection};
 use crate::metrics::Metrics;
 use crate::scheduler::Heartbeats;
@@ -33,6 +33,15 @@ const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 1000;
 /// Largest heartbeat body accepted (a health+json report fits).
 const MAX_HEARTBEAT_BYTES: usize = vigil_core::report::MAX_REPORT_BYTES;
+/// Longest hold (`for`) an operator may ask for: 30 days covers the longest planned
+/// maintenance; a target out for longer should leave the fleet, not sit in it held.
+/// No `for` at all still means "until lifted".
+pub const MAX_HOLD_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Longest reason (bytes) of a hold or freeze: a few sentences and a ticket link. The
+/// reason is stored in the guard state, every snapshot and the decisions it explains.
+pub const MAX_REASON_BYTES: usize = 4096;
+/// Largest body of a mutating call (a reason and a duration fit many times over).
+const MAX_MUTATION_BYTES: usize = 16 * 1024;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -77,11 +86,11 @@ pub fn router(state: AppState) -> Router {
     let mutating = Router::new()
         .route(
             "/api/targets/{id}/silence",
-            post(silence).delete(clear_hold),
+            post(silence).delete(clear_silence),
         )
         .route(
             "/api/targets/{id}/maintenance",
-            post(maintenance).delete(clear_hold),
+            post(maintenance).delete(clear_maintenance),
         )
         .route("/api/freeze", post(freeze).delete(unfreeze))
         .route("/api/unfreeze", post(unfreeze))
@@ -122,13 +131,23 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The token of an `Authorization: Bearer <token>` value. The scheme is
+/// case-insensitive (RFC 7235 section 2.1: `bearer`, `BEARER` are the same scheme),
+/// followed by one or more spaces.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
+}
+
 async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let expected = st.token.read().expect("token lock").clone();
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     let ok = match (&expected, given) {
         (Some(e), Some(g)) => same(e.as_bytes(), g.as_bytes()),
         _ => false,
@@ -250,128 +269,225 @@ async fn metrics(State(st): State<AppState>) -> Response {
 
 // === mutations ===
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct HoldBody {
-    #[serde(default)]
-    reason: String,
-    /// How long, e.g. "2h"; absent: until cleared.
-    #[serde(default, rename = "for", with = "humantime_serde")]
-    duration: Option<Duration>,
+/// A refused field of a mutating call's body: a 422 naming it.
+struct Invalid {
+    field: String,
+    message: String,
 }
 
-async fn set_hold(
-    st: &AppState,
-    id: String,
-    kind: HoldKind,
-    body: HoldBody,
-) -> Result<Response, ApiError> {
-    let (tx, rx) = oneshot::channel();
-    let reason = if body.reason.is_empty() {
-        format!("{kind:?} by operator").to_lowercase()
-    } else {
-        body.reason
+impl IntoResponse for Invalid {
+    fn into_response(self) -> Response {
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({
+                "error": format!("{}: {}", self.field, self.message),
+                "field": self.field,
+            })),
+        )
+            .into_response()
+    }
+}
+
+fn invalid(field: &str, message: String) -> Invalid {
+    Invalid {
+        field: field.to_string(),
+        message,
+    }
+}
+
+/// The string fields of a mutating call's JSON object body (absent or empty: none).
+/// Refused with 422 naming the field: a field not in `allowed`, a value that is not a
+/// string, a reason too long; or naming `body` when it is not a JSON object or too
+/// large.
+fn fields(
+    body: &[u8],
+    allowed: &[&str],
+) -> Result<std::collections::BTreeMap<String, String>, Invalid> {
+    if body.len() > MAX_MUTATION_BYTES {
+        return Err(invalid(
+            "body",
+            format!("{} bytes, at most {MAX_MUTATION_BYTES}", body.len()),
+        ));
+    }
+    let mut out = std::collections::BTreeMap::new();
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(out);
+    }
+    let map = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Object(m)) => m,
+        Ok(_) => return Err(invalid("body", "must be a JSON object".into())),
+        Err(e) => return Err(invalid("body", format!("not JSON: {e}"))),
     };
-    st.engine
+    for (k, v) in map {
+        if !allowed.contains(&k.as_str()) {
+            return Err(invalid(
+                &k,
+                format!("unknown field; expected one of {}", allowed.join(", ")),
+            ));
+        }
+        match v {
+            serde_json::Value::String(text) => {
+                out.insert(k, text);
+            }
+            serde_json::Value::Null => {}
+            other => return Err(invalid(&k, format!("must be a string, got {other}"))),
+        }
+    }
+    if let Some(reason) = out.get("reason") {
+        check_reason(reason)?;
+    }
+    Ok(out)
+}
+
+fn check_reason(reason: &str) -> Result<(), Invalid> {
+    if reason.len() > MAX_REASON_BYTES {
+        return Err(invalid(
+            "reason",
+            format!("{} bytes, at most {MAX_REASON_BYTES}", reason.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// A hold's `for`: more than 0, at most [`MAX_HOLD_FOR`].
+fn hold_for(text: Option<&str>) -> Result<Option<Duration>, Invalid> {
+    let Some(text) = text else { return Ok(None) };
+    let d = humantime::parse_duration(text).map_err(|e| {
+        invalid(
+            "for",
+            format!("{text:?} is not a duration ({e}); e.g. \"2h\""),
+        )
+    })?;
+    if d.is_zero() {
+        return Err(invalid("for", "must be longer than 0s".into()));
+    }
+    if d > MAX_HOLD_FOR {
+        return Err(invalid(
+            "for",
+            format!(
+                "{text:?} is longer than the most a hold may last, {}; omit `for` to hold until lifted",
+                humantime::format_duration(MAX_HOLD_FOR)
+            ),
+        ));
+    }
+    Ok(Some(d))
+}
+
+async fn set_hold(st: &AppState, id: String, kind: HoldKind, body: &[u8]) -> Response {
+    // `{"reason": "...", "for": "2h"}`, both optional; no `for`: until lifted.
+    let mut body = match fields(body, &["reason", "for"]) {
+        Ok(b) => b,
+        Err(r) => return r.into_response(),
+    };
+    let duration = match hold_for(body.get("for").map(String::as_str)) {
+        Ok(d) => d,
+        Err(r) => return r.into_response(),
+    };
+    let (tx, rx) = oneshot::channel();
+    let reason = body
+        .remove("reason")
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| format!("{kind:?} by operator").to_lowercase());
+    if st
+        .engine
         .send(Command::SetHold {
             id: id.clone(),
             kind,
             reason: reason.clone(),
-            duration: body.duration,
+            duration,
             reply: tx,
         })
         .await
-        .map_err(|_| unavailable("engine stopped"))?;
+        .is_err()
+    {
+        return unavailable("engine stopped").into_response();
+    }
     answer(rx, json!({ "target": id, "hold": kind, "reason": reason })).await
 }
 
 async fn answer(
-    rx: oneshot::Receiver<Result<(), String>>,
+    rx: oneshot::Receiver<Result<(), CommandError>>,
     ok: serde_json::Value,
-) -> Result<Response, ApiError> {
-    match rx.await {
-        Ok(Ok(())) => Ok(Json(ok).into_response()),
-        Ok(Err(e)) if e.starts_with("unknown target") => Err(ApiError(StatusCode::NOT_FOUND, e)),
-        Ok(Err(e)) => Err(unavailable(e)),
-        Err(_) => Err(unavailable("engine stopped")),
-    }
+) -> Response {
+    let err = match rx.await {
+        Ok(Ok(())) => return Json(ok).into_response(),
+        Ok(Err(e)) => e,
+        Err(_) => return unavailable("engine stopped").into_response(),
+    };
+    let code = match &err {
+        CommandError::UnknownTarget(_) | CommandError::NoHold { .. } => StatusCode::NOT_FOUND,
+        CommandError::OtherHold { .. } => StatusCode::CONFLICT,
+        CommandError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    ApiError(code, err.to_string()).into_response()
 }
 
-async fn silence(
-    State(st): State<AppState>,
-    Path(id): Path<String>,
-    body: Option<Json<HoldBody>>,
-) -> Result<Response, ApiError> {
-    set_hold(
-        &st,
-        id,
-        HoldKind::Silenced,
-        body.map(|b| b.0).unwrap_or_default(),
-    )
-    .await
+async fn silence(State(st): State<AppState>, Path(id): Path<String>, body: Bytes) -> Response {
+    set_hold(&st, id, HoldKind::Silenced, &body).await
 }
 
-async fn maintenance(
-    State(st): State<AppState>,
-    Path(id): Path<String>,
-    body: Option<Json<HoldBody>>,
-) -> Result<Response, ApiError> {
-    set_hold(
-        &st,
-        id,
-        HoldKind::Maintenance,
-        body.map(|b| b.0).unwrap_or_default(),
-    )
-    .await
+async fn maintenance(State(st): State<AppState>, Path(id): Path<String>, body: Bytes) -> Response {
+    set_hold(&st, id, HoldKind::Maintenance, &body).await
 }
 
-async fn clear_hold(
-    State(st): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+async fn clear_silence(State(st): State<AppState>, Path(id): Path<String>) -> Response {
+    clear_hold(&st, id, HoldKind::Silenced).await
+}
+
+async fn clear_maintenance(State(st): State<AppState>, Path(id): Path<String>) -> Response {
+    clear_hold(&st, id, HoldKind::Maintenance).await
+}
+
+async fn clear_hold(st: &AppState, id: String, kind: HoldKind) -> Response {
     let (tx, rx) = oneshot::channel();
-    st.engine
+    if st
+        .engine
         .send(Command::ClearHold {
             id: id.clone(),
+            kind,
             reply: tx,
         })
         .await
-        .map_err(|_| unavailable("engine stopped"))?;
+        .is_err()
+    {
+        return unavailable("engine stopped").into_response();
+    }
     answer(rx, json!({ "target": id, "hold": null })).await
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FreezeBody {
-    #[serde(default)]
-    reason: String,
-}
-
-async fn freeze(
-    State(st): State<AppState>,
-    body: Option<Json<FreezeBody>>,
-) -> Result<Response, ApiError> {
-    let mut reason = body.map(|b| b.0.reason).unwrap_or_default();
-    if reason.is_empty() {
-        reason = "frozen by operator".into();
-    }
+async fn freeze(State(st): State<AppState>, body: Bytes) -> Response {
+    let reason = match fields(&body, &["reason"]) {
+        Ok(mut b) => b
+            .remove("reason")
+            .filter(|r| !r.is_empty())
+            .unwrap_or_else(|| "frozen by operator".into()),
+        Err(r) => return r.into_response(),
+    };
     let (tx, rx) = oneshot::channel();
-    st.engine
+    if st
+        .engine
         .send(Command::Freeze {
             reason: reason.clone(),
             reply: tx,
         })
         .await
-        .map_err(|_| unavailable("engine stopped"))?;
+        .is_err()
+    {
+        return unavailable("engine stopped").into_response();
+    }
     answer(rx, json!({ "frozen": true, "reason": reason })).await
 }
 
-async fn unfreeze(State(st): State<AppState>) -> Result<Response, ApiError> {
+async fn unfreeze(State(st): State<AppState>) -> Response {
     let (tx, rx) = oneshot::channel();
-    st.engine
+    if st
+        .engine
         .send(Command::Unfreeze { reply: tx })
         .await
-        .map_err(|_| unavailable("engine stopped"))?;
+        .is_err()
+    {
+        return unavailable("engine stopped").into_response();
+    }
     answer(rx, json!({ "frozen": false })).await
 }
 

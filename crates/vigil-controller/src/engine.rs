@@ -90,31 +90,70 @@ pub enum Command {
         /// For how long (None: until cleared).
         duration: Option<Duration>,
         /// Answer.
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), CommandError>>,
     },
-    /// Lift a hold (answered once committed).
+    /// Lift a hold of one kind (answered once committed).
     ClearHold {
         /// Target.
         id: String,
+        /// The kind to lift: a hold of the other kind stays, and the call is refused.
+        kind: HoldKind,
         /// Answer.
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), CommandError>>,
     },
     /// Manual freeze.
     Freeze {
         /// Why.
         reason: String,
         /// Answer.
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), CommandError>>,
     },
     /// Lift the manual freeze.
     Unfreeze {
         /// Answer.
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), CommandError>>,
     },
     /// A reloaded config.
     Reconfigure(Arc<ControllerConfig>),
     /// The fleet as it is now.
     Fleet(oneshot::Sender<Arc<FleetView>>),
+}
+
+/// Why an operator command was refused (it changed nothing).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// No such target.
+    #[error("unknown target {0:?}")]
+    UnknownTarget(String),
+    /// The target has no hold of the kind to lift.
+    #[error("{id:?} has no {kind} hold")]
+    NoHold {
+        /// Target.
+        id: String,
+        /// The kind asked for.
+        kind: &'static str,
+    },
+    /// The target's hold is of the other kind.
+    #[error("{id:?} has a {held} hold, not a {kind} one: DELETE /api/targets/{id}/{held} lifts it")]
+    OtherHold {
+        /// Target.
+        id: String,
+        /// The kind asked for.
+        kind: &'static str,
+        /// The kind in force.
+        held: &'static str,
+    },
+    /// The store could not commit it: it was not applied.
+    #[error("store failing, not applied: {0}")]
+    Store(String),
+}
+
+/// A hold kind as in the API's paths (`silence`, `maintenance`).
+pub fn hold_path(kind: HoldKind) -> &'static str {
+    match kind {
+        HoldKind::Silenced => "silence",
+        HoldKind::Maintenance => "maintenance",
+    }
 }
 
 /// The fleet at a moment, for the API and dashboard.
@@ -248,7 +287,10 @@ struct TargetRuntime {
     history: History,
 }
 
-type Reply = (oneshot::Sender<Result<(), String>>, Result<(), String>);
+type Reply = (
+    oneshot::Sender<Result<(), CommandError>>,
+    Result<(), CommandError>,
+);
 
 /// The engine. Build it with [`Engine::recover`], run it with [`Engine::run`].
 pub struct Engine {
@@ -509,21 +551,34 @@ impl Engine {
                     if found {
                         Ok(())
                     } else {
-                        Err(format!("unknown target {id:?}"))
+                        Err(CommandError::UnknownTarget(id))
                     },
                 ));
             }
-            Command::ClearHold { id, reply } => {
-                let at = nanos(self.clock.now());
-                let found = self.op(GuardOp::ClearHold { at, id: id.clone() }, Some(&id));
-                self.replies.push((
-                    reply,
-                    if found {
-                        Ok(())
-                    } else {
-                        Err(format!("unknown target {id:?}"))
-                    },
-                ));
+            Command::ClearHold { id, kind, reply } => {
+                let now = self.clock.now();
+                // Only a hold of the kind asked for is lifted: lifting a maintenance
+                // with DELETE .../silence would put a target under repair back in
+                // the counts and in reach of the actuator.
+                let held = self.guard.target(now, &id).map(|v| v.hold.map(|h| h.kind));
+                let r = match held {
+                    None => Err(CommandError::UnknownTarget(id.clone())),
+                    Some(None) => Err(CommandError::NoHold {
+                        id: id.clone(),
+                        kind: hold_path(kind),
+                    }),
+                    Some(Some(h)) if h != kind => Err(CommandError::OtherHold {
+                        id: id.clone(),
+                        kind: hold_path(kind),
+                        held: hold_path(h),
+                    }),
+                    Some(Some(_)) => Ok(()),
+                };
+                if r.is_ok() {
+                    let at = nanos(now);
+                    self.op(GuardOp::ClearHold { at, id: id.clone() }, Some(&id));
+                }
+                self.replies.push((reply, r));
             }
             Command::Freeze { reason, reply } => {
                 let at = nanos(self.clock.now());
@@ -869,7 +924,7 @@ impl Engine {
             Err(e) => {
                 log_store_error(&e, n_actions);
                 for (tx, _) in replies {
-                    let _asker_may_be_gone = tx.send(Err(format!("store: {e}")));
+                    let _asker_may_be_gone = tx.send(Err(CommandError::Store(e.to_string())));
                 }
             }
         }
