@@ -290,3 +290,163 @@ async fn the_bearer_scheme_is_case_insensitive_and_bad_hold_bodies_get_422_namin
     assert_eq!(code, 200, "{answer}");
     assert_eq!(hold_of(&c, "t0").await["kind"], "silenced");
 }
+
+/// Checks a metrics text line by line as the exposition formats define a sample
+/// (`name{label="value",...} number`, label values with only `\\`, `\"`, `\n`
+/// escapes); returns the samples as (name, [(label, unescaped value)], value).
+#[allow(clippy::type_complexity)]
+fn parse_samples(text: &str) -> Vec<(String, Vec<(String, String)>, String)> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let bad = |why: &str| -> ! { panic!("line {}: {why}: {line:?}\n{text}", n + 1) };
+        let name_end = line.find(['{', ' ']).unwrap_or_else(|| bad("no value"));
+        let name = &line[..name_end];
+        if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        {
+            bad("bad metric name");
+        }
+        let mut rest = &line[name_end..];
+        let mut labels = Vec::new();
+        if let Some(r) = rest.strip_prefix('{') {
+            rest = r;
+            loop {
+                if let Some(r) = rest.strip_prefix('}') {
+                    rest = r;
+                    break;
+                }
+                let eq = rest
+                    .find("=\"")
+                    .unwrap_or_else(|| bad("label without value"));
+                let key = rest[..eq].to_string();
+                let mut value = String::new();
+                let mut chars = rest[eq + 2..].char_indices();
+                let end = loop {
+                    match chars.next() {
+                        Some((_, '\\')) => match chars.next() {
+                            Some((_, '\\')) => value.push('\\'),
+                            Some((_, '"')) => value.push('"'),
+                            Some((_, 'n')) => value.push('\n'),
+                            _ => bad("bad escape"),
+                        },
+                        Some((i, '"')) => break eq + 2 + i + 1,
+                        Some((_, c)) => value.push(c),
+                        None => bad("unterminated label value"),
+                    }
+                };
+                labels.push((key, value));
+                rest = &rest[end..];
+                rest = rest.strip_prefix(',').unwrap_or(rest);
+            }
+        }
+        let value = rest
+            .strip_prefix(' ')
+            .unwrap_or_else(|| bad("no space before the value"));
+        if value.parse::<f64>().is_err() && !["+Inf", "-Inf", "NaN"].contains(&value) {
+            bad("value is not a number");
+        }
+        out.push((name.to_string(), labels, value.to_string()));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_target_ids_cannot_break_or_forge_the_metrics_scrape() {
+    let dir = tempfile::tempdir().unwrap();
+    let hostile = [
+        "quote\"d",
+        "back\\slash",
+        "new\nline",
+        "x\"} 1\nvigil_controller_guard_frozen 1\n# ",
+        "evil\",zone=\"forged",
+    ];
+    let bs = backends(hostile.len());
+    let list: Vec<Value> = hostile
+        .iter()
+        .zip(&bs)
+        .map(|(id, b)| {
+            json!({"id": id, "url": format!("http://{}", b.addr()), "zone": format!("z\"{}\\\n", id.len()), "group": "g\"\\\n"})
+        })
+        .collect();
+    std::fs::write(
+        dir.path().join("targets.json"),
+        serde_json::to_string(&list).unwrap(),
+    )
+    .unwrap();
+    let cfg = base_config("[discovery]\npath = \"targets.json\"\n");
+    let c = Controller::start(dir.path(), &cfg);
+    c.wait_all(hostile.len(), "healthy").await;
+    let client = reqwest::Client::new();
+    for accept in ["*/*", "application/openmetrics-text; version=1.0.0"] {
+        let text = client
+            .get(c.url("/metrics"))
+            .header("accept", accept)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let samples = parse_samples(&text);
+        let frozen: Vec<_> = samples
+            .iter()
+            .filter(|s| s.0 == "vigil_controller_guard_frozen")
+            .collect();
+        assert_eq!(frozen.len(), 1, "one guard_frozen series, not forged ones");
+        assert_eq!(frozen[0].2, "0");
+        let mut up: Vec<(String, String)> = samples
+            .iter()
+            .filter(|s| s.0 == "vigil_controller_target_up")
+            .map(|s| {
+                assert_eq!(s.1.len(), 2, "target and zone only: {s:?}");
+                assert_eq!(s.2, "1");
+                (s.1[0].1.clone(), s.1[1].1.clone())
+            })
+            .collect();
+        up.sort();
+        let mut want: Vec<(String, String)> = hostile
+            .iter()
+            .map(|id| (id.to_string(), format!("z\"{}\\\n", id.len())))
+            .collect();
+        want.sort();
+        assert_eq!(up, want, "each id and zone read back as it is, once");
+        if accept == "*/*" {
+            promtool_check(&text);
+        } else {
+            assert!(text.ends_with("# EOF\n"));
+        }
+    }
+}
+
+/// `promtool check metrics` on the text, when promtool is installed (Debian's
+/// `prometheus` package); skipped with a message otherwise.
+fn promtool_check(text: &str) {
+    use std::io::Write;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        eprintln!("SKIPPED promtool check: promtool not installed (apt-get install -y prometheus)");
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
