@@ -49,6 +49,7 @@ pub async fn run(
         tasks.spawn(async move {
             let id = action.id;
             if let Err(e) = store.call(move |s| s.start_attempt(id)).await {
+                metrics.store_error();
                 // Not running an action whose attempt could not be counted: the intent
                 // stays and the next start runs it.
                 tracing::error!(action = id, error = %e, "cannot record the attempt; action not run");
@@ -62,7 +63,10 @@ pub async fn run(
                 .await
             {
                 Ok(()) => tracing::info!(action = id, target = %action.target, state = ?state, result = %result, "action finished"),
-                Err(e) => tracing::error!(action = id, error = %e, "action ran but its outcome was not recorded; it will run again after a restart (same idempotency key)"),
+                Err(e) => {
+                    metrics.store_error();
+                    tracing::error!(action = id, error = %e, "action ran but its outcome was not recorded; it will run again after a restart (same idempotency key)");
+                }
             }
         });
     }

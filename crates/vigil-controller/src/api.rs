@@ -60,6 +60,8 @@ pub struct AppState {
     pub plan: watch::Receiver<Arc<Plan>>,
     /// How heartbeats are verified (reloadable).
     pub heartbeat_auth: Arc<RwLock<HeartbeatAuth>>,
+    /// Whether the store takes the engine's commits (for `/readyz`).
+    pub store_health: Arc<crate::store::StoreHealth>,
 }
 
 /// How heartbeats are verified: the secret their keys derive from, the replay window.
@@ -99,6 +101,7 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(dashboard_page))
         .route("/dashboard/live", get(dashboard_live))
         .route("/livez", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/api/targets", get(targets))
         .route("/api/targets/{id}", get(target))
@@ -282,6 +285,21 @@ async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
             st.metrics.encode_text(),
         )
             .into_response()
+    }
+}
+
+/// Ready while the store takes the engine's commits; 503 with the store's error while
+/// it does not (no action is taken meanwhile).
+async fn readyz(State(st): State<AppState>) -> Response {
+    match st.store_health.error() {
+        None => no_store((StatusCode::OK, "ok\n").into_response()),
+        Some(e) => no_store(
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("store failing: no actions are taken: {e}\n"),
+            )
+                .into_response(),
+        ),
     }
 }
 

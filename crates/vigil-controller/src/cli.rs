@@ -8,7 +8,7 @@ use crate::engine::{Command, Engine, Plan, Source};
 use crate::metrics::Metrics;
 use crate::prober::Prober;
 use crate::scheduler::{self, Heartbeats};
-use crate::store::{SqliteStore, StoreHandle};
+use crate::store::{SqliteStore, StoreHandle, StoreHealth};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, RwLock};
@@ -170,6 +170,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
     let store = SqliteStore::open(&db)?;
     let (store, store_thread) = StoreHandle::spawn(Box::new(store));
     let metrics = Arc::new(Metrics::new());
+    let store_health = Arc::new(StoreHealth::default());
     let cfg = Arc::new(cfg);
 
     let (engine_tx, engine_rx) = mpsc::channel(ENGINE_QUEUE);
@@ -187,6 +188,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
         cfg.clone(),
         store.clone(),
         metrics.clone(),
+        store_health.clone(),
         actions_tx.clone(),
         plan_tx,
     )
@@ -257,6 +259,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
         heartbeats,
         plan: plan_rx,
         heartbeat_auth: heartbeat_auth.clone(),
+        store_health,
     });
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(async move {

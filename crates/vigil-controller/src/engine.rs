@@ -6,6 +6,22 @@
 //! of the loop (after draining every queued command) the batch is committed in one
 //! transaction, and only then are its actions run and its operator commands answered.
 //! One owner, one order: the op log replays exactly.
+//!
+//! ## When the store cannot commit
+//!
+//! A batch whose commit failed never happened: its actions are not run, its operator
+//! commands are answered 503, and the guard is rebuilt from the store (snapshot + op
+//! log, as at start), so budget, target states and holds are exactly as committed.
+//! Until a commit succeeds again the engine is *failing*: probes are shown but not
+//! judged, operator commands are refused without being applied, target list changes
+//! wait; `/readyz` answers 503 with the error, `vigil_controller_store_healthy` is 0 and
+//! the dashboard says "store failing: no actions are taken". Once a second it tries
+//! the store again with the largest write there is, a snapshot of the committed state
+//! (after the changes that waited); when that commits, judging resumes and a target
+//! still failing is decided again. Rebuilding from the store rather than keeping a copy
+//! of the committed state costs nothing while the store works (a copy would double the
+//! guard's memory, 180 bytes per target); if the store cannot even be read, nothing is
+//! judged until it can.
 
 use crate::clock::{Clock, rfc3339_ms, unix_ms};
 use crate::config::{ControllerConfig, ProbeConfig, TargetConfig};
@@ -13,7 +29,10 @@ use crate::history::History;
 use crate::metrics::{Metrics, TargetLabels};
 use crate::ops::{GuardOp, nanos, time};
 use crate::prober::ProbeRecord;
-use crate::store::{ActionRecord, Batch, NewDecision, NewTransition, StoreError, StoreHandle};
+use crate::store::{
+    ActionRecord, Batch, NewDecision, NewTransition, Recovered, StoreError, StoreHandle,
+    StoreHealth,
+};
 use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -39,6 +58,10 @@ const BULK_CHANGES: usize = 256;
 const QUIET_SNAPSHOT_EVERY: Duration = Duration::from_secs(600);
 /// Recent guard events kept for the dashboard.
 const RECENT_EVENTS: usize = 20;
+/// While the store fails, how often it is tried again (with a snapshot of the
+/// committed state). A second keeps a short outage short, and a failing write a second
+/// costs nothing.
+const STORE_RETRY_EVERY: Duration = Duration::from_secs(1);
 
 /// What the scheduler probes, and how.
 #[derive(Clone, Debug, PartialEq)]
@@ -167,6 +190,8 @@ pub struct FleetView {
     pub targets: Vec<TargetInfo>,
     /// Recent guard events (freezes, flapping), newest last.
     pub events: Vec<EventInfo>,
+    /// The store's error while it cannot commit (no action is taken meanwhile).
+    pub store_error: Option<String>,
 }
 
 /// A guard event, for display.
@@ -317,6 +342,62 @@ pub struct Engine {
     unlogged: bool,
     /// Ops logged since the last snapshot.
     ops_since_snapshot: usize,
+    /// Shared with `/readyz` and the dashboard.
+    health: Arc<StoreHealth>,
+    /// The store's error while commits fail: nothing is judged meanwhile.
+    failing: Option<String>,
+    /// The guard is ahead of the store (a failed commit could not be undone yet: the
+    /// store could not be read either).
+    dirty: bool,
+    /// A retry of a failing store is in this batch.
+    recovering: bool,
+    /// When a failing store is tried again.
+    retry_at: Instant,
+    /// Target list or config changes wait for the store to work.
+    targets_pending: bool,
+    /// Guard events recorded since the last commit (undone with it if it fails).
+    events_since_flush: usize,
+}
+
+/// The guard rebuilt from what the store holds: the snapshot, then the ops after it.
+/// Returns it with the latest time it has seen and the number of ops replayed.
+fn rebuild(
+    rec: &Recovered,
+    config: &GuardConfig,
+) -> Result<(SafetyGuard, Time, usize), anyhow::Error> {
+    let mut latest = Time::ZERO;
+    let mut guard = match &rec.snapshot {
+        Some(text) => {
+            let snap: Snapshot = serde_json::from_str(text).map_err(|e| {
+                anyhow::anyhow!(
+                    "the store's guard snapshot does not parse ({e}); refusing to start with a reset budget"
+                )
+            })?;
+            latest = Time::from_elapsed(Duration::from_nanos(snap.at));
+            SafetyGuard::restore(snap.config, snap.state)
+        }
+        None => SafetyGuard::new(config.clone()),
+    };
+    let mut replayed = 0;
+    for (i, text) in rec.ops.iter().enumerate() {
+        let ops: Vec<GuardOp> = serde_json::from_str(text).map_err(|e| {
+            anyhow::anyhow!("guard op batch {i} after the snapshot does not parse: {e}")
+        })?;
+        for op in ops {
+            if let Some(at) = op.at() {
+                latest = latest.max(at);
+            }
+            op.apply(&mut guard);
+            replayed += 1;
+        }
+    }
+    guard.drain_events();
+    for v in guard.targets(latest) {
+        if let Some(t) = v.failing_since {
+            latest = latest.max(t);
+        }
+    }
+    Ok((guard, latest, replayed))
 }
 
 /// What recovery found, for the log.
@@ -336,42 +417,13 @@ impl Engine {
         config: Arc<ControllerConfig>,
         store: StoreHandle,
         metrics: Arc<Metrics>,
+        health: Arc<StoreHealth>,
         actions: mpsc::UnboundedSender<ActionRecord>,
         plan: watch::Sender<Arc<Plan>>,
     ) -> Result<(Engine, RecoveryReport), anyhow::Error> {
         let rec = store.call(|s| s.recover()).await?;
-        let mut latest = Time::ZERO;
-        let mut guard = match &rec.snapshot {
-            Some(text) => {
-                let snap: Snapshot = serde_json::from_str(text).map_err(|e| {
-                    anyhow::anyhow!(
-                        "the store's guard snapshot does not parse ({e}); refusing to start with a reset budget"
-                    )
-                })?;
-                latest = Time::from_elapsed(Duration::from_nanos(snap.at));
-                SafetyGuard::restore(snap.config, snap.state)
-            }
-            None => SafetyGuard::new(config.guard.clone()),
-        };
-        let mut replayed = 0;
-        for (i, text) in rec.ops.iter().enumerate() {
-            let ops: Vec<GuardOp> = serde_json::from_str(text).map_err(|e| {
-                anyhow::anyhow!("guard op batch {i} after the snapshot does not parse: {e}")
-            })?;
-            for op in ops {
-                if let Some(at) = op.at() {
-                    latest = latest.max(at);
-                }
-                op.apply(&mut guard);
-                replayed += 1;
-            }
-        }
-        guard.drain_events();
-        for v in guard.targets(latest) {
-            if let Some(t) = v.failing_since {
-                latest = latest.max(t);
-            }
-        }
+        let (guard, latest, replayed) = rebuild(&rec, &config.guard)?;
+        metrics.store_healthy(true);
         let clock = Clock::start(latest);
         let report = RecoveryReport {
             snapshot: rec.snapshot.is_some(),
@@ -397,6 +449,13 @@ impl Engine {
             zones: BTreeSet::new(),
             unlogged: false,
             ops_since_snapshot: rec.ops.len(),
+            health,
+            failing: None,
+            dirty: false,
+            recovering: false,
+            retry_at: Instant::now(),
+            targets_pending: false,
+            events_since_flush: 0,
         };
         // Targets the guard remembers keep their state only if still configured; the
         // caller sends both sources before the first flush.
@@ -482,15 +541,27 @@ impl Engine {
                     }
                 }
                 _ = tick.tick() => {
-                    // A tick with no hold due and nobody flapping changes nothing: it
-                    // is not logged, and no target's state needs a refresh.
-                    let at = nanos(self.clock.now());
-                    if self.guard.tick_changed(time(at)) {
-                        self.logged(GuardOp::Tick { at }, None, None);
+                    if self.failing.is_some() {
+                        if self.retry_at <= Instant::now() {
+                            self.retry_store().await;
+                        }
+                    } else {
+                        // A tick with no hold due and nobody flapping changes nothing:
+                        // it is not logged, and no target's state needs a refresh.
+                        let at = nanos(self.clock.now());
+                        if self.guard.tick_changed(time(at)) {
+                            self.logged(GuardOp::Tick { at }, None, None);
+                        }
                     }
                 }
             }
             self.flush().await;
+        }
+        if self.failing.is_some() {
+            tracing::error!(
+                "engine stopped with the store failing: the guard state is as last committed"
+            );
+            return;
         }
         self.snapshot();
         self.flush().await;
@@ -498,6 +569,22 @@ impl Engine {
     }
 
     fn handle(&mut self, cmd: Command) {
+        // While the store fails, an operator command is refused, not applied: it could
+        // not be made durable, and one in force but lost at the next restart is worse
+        // than one refused.
+        let cmd = match (cmd, &self.failing) {
+            (
+                Command::SetHold { reply, .. }
+                | Command::ClearHold { reply, .. }
+                | Command::Freeze { reply, .. }
+                | Command::Unfreeze { reply },
+                Some(e),
+            ) => {
+                let _asker_may_be_gone = reply.send(Err(CommandError::Store(e.clone())));
+                return;
+            }
+            (cmd, _) => cmd,
+        };
         match cmd {
             Command::Probe { id, obs, record } => {
                 let Some(rt) = self.runtime.get_mut(id.as_str()) else {
@@ -506,6 +593,11 @@ impl Engine {
                 self.metrics
                     .probe(&rt.up, record.ok, record.duration_ms / 1000.0);
                 rt.history.push(record, self.config.probe.history);
+                if self.failing.is_some() {
+                    // Shown, not judged: a decision now could not be committed. A
+                    // target still failing is decided again once the store works.
+                    return;
+                }
                 let at = nanos(self.clock.now());
                 // A probe that changes nothing in the guard (a healthy target passing
                 // again) is not logged: replaying the log without it ends in the same
@@ -522,7 +614,11 @@ impl Engine {
                     Source::Config => self.config_targets = targets,
                     Source::Discovery => self.discovered = targets,
                 }
-                self.apply_targets();
+                if self.failing.is_some() {
+                    self.targets_pending = true;
+                } else {
+                    self.apply_targets();
+                }
             }
             Command::SetHold {
                 id,
@@ -598,9 +694,14 @@ impl Engine {
     }
 
     fn reconfigure(&mut self, config: Arc<ControllerConfig>) {
-        self.reconfigure_guard(&config);
         self.config_targets = config.targets.iter().cloned().map(Arc::new).collect();
-        self.config = config;
+        self.config = config.clone();
+        if self.failing.is_some() {
+            // Applied with the next successful commit (`retry_store`).
+            self.targets_pending = true;
+            return;
+        }
+        self.reconfigure_guard(&config);
         self.apply_targets();
     }
 
@@ -647,12 +748,20 @@ impl Engine {
             }
         }
         let wanted = |id: &str| merged.binary_search_by(|t| t.id.as_str().cmp(id)).is_ok();
-        let gone: Vec<Arc<str>> = self
+        let mut gone: Vec<Arc<str>> = self
             .runtime
             .keys()
             .filter(|id| !wanted(id))
             .cloned()
             .collect();
+        // Targets the guard knows without a record here (a removal undone by a failed
+        // commit) go as well.
+        gone.extend(
+            self.guard
+                .target_ids()
+                .filter(|id| !wanted(id) && !self.runtime.contains_key(*id))
+                .map(Arc::from),
+        );
         let added = merged
             .iter()
             .filter(|t| !self.runtime.contains_key(t.id.as_str()))
@@ -777,6 +886,7 @@ impl Engine {
             if self.events.len() >= RECENT_EVENTS {
                 self.events.pop_front();
             }
+            self.events_since_flush += 1;
             self.events.push_back(EventInfo {
                 at_ms: unix_ms(self.clock.now()),
                 message,
@@ -846,7 +956,6 @@ impl Engine {
                 tracing::info!(target_id = %d.target, decision = %summary, "guard holds back")
             }
         }
-        self.metrics.decision(d.outcome.as_str());
         self.batch.decisions.push(NewDecision {
             at_ms,
             target: d.target,
@@ -882,7 +991,8 @@ impl Engine {
         // the stored state is current; rewriting it would only churn memory and disk.
         // Now and then all the same, so the stored guard time keeps up.
         let since = self.last_snapshot.elapsed();
-        if since >= self.config.store.snapshot_every
+        if self.failing.is_none()
+            && since >= self.config.store.snapshot_every
             && (self.ops_since_snapshot > 0 || since >= QUIET_SNAPSHOT_EVERY)
         {
             self.snapshot();
@@ -897,6 +1007,7 @@ impl Engine {
         );
         let replies = std::mem::take(&mut self.replies);
         if self.batch.is_empty() {
+            self.events_since_flush = 0;
             for (tx, r) in replies {
                 let _asker_may_be_gone = tx.send(r);
             }
@@ -908,8 +1019,24 @@ impl Engine {
             .iter()
             .filter(|d| d.action.is_some())
             .count();
+        let n_act = batch
+            .decisions
+            .iter()
+            .filter(|d| d.outcome == Outcome::Act.as_str())
+            .count() as u64;
+        let n_hold = batch.decisions.len() as u64 - n_act;
         match self.store.call(move |s| s.commit(&batch)).await {
             Ok(created) => {
+                self.events_since_flush = 0;
+                self.metrics.decision(Outcome::Act.as_str(), n_act);
+                self.metrics.decision(Outcome::HoldBack.as_str(), n_hold);
+                if std::mem::take(&mut self.recovering) {
+                    tracing::warn!(
+                        "store works again: the committed guard state is current; judging resumes"
+                    );
+                    self.health.set_ok();
+                    self.metrics.store_healthy(true);
+                }
                 for a in created {
                     if self.actions.send(a).is_err() {
                         tracing::error!(
@@ -926,8 +1053,90 @@ impl Engine {
                 for (tx, _) in replies {
                     let _asker_may_be_gone = tx.send(Err(CommandError::Store(e.to_string())));
                 }
+                self.undo(&e).await;
             }
         }
+    }
+
+    /// A commit failed: the batch never happened. Enter (or stay in) the failing
+    /// state and put the guard back where the store has it.
+    async fn undo(&mut self, e: &StoreError) {
+        self.metrics.store_error();
+        self.metrics.store_healthy(false);
+        let message = e.to_string();
+        self.health.set_failing(message.clone());
+        if self.failing.is_none() && !self.recovering {
+            tracing::error!(error = %message, "store failing: no actions are taken until it works again");
+        }
+        self.failing = Some(message);
+        self.recovering = false;
+        self.retry_at = Instant::now() + STORE_RETRY_EVERY;
+        // The batch's guard events did not happen either.
+        for _ in 0..self.events_since_flush.min(self.events.len()) {
+            self.events.pop_back();
+        }
+        self.events_since_flush = 0;
+        // Target changes the batch applied are applied again after the store works.
+        self.targets_pending = true;
+        self.dirty = true;
+        self.reload().await;
+    }
+
+    /// Rebuilds the guard from the store (the committed state). Returns whether it
+    /// could; if not, the guard stays ahead of the store (`dirty`) and nothing is
+    /// judged or written until it can.
+    async fn reload(&mut self) -> bool {
+        let rec = match self.store.call(|s| s.recover()).await {
+            Ok(rec) => rec,
+            Err(e) => {
+                self.metrics.store_error();
+                tracing::error!(error = %e, "cannot read the store to undo a failed commit; retrying");
+                return false;
+            }
+        };
+        match rebuild(&rec, &self.config.guard) {
+            Ok((guard, _, replayed)) => {
+                tracing::info!(
+                    ops_replayed = replayed,
+                    "guard put back at its last committed state"
+                );
+                self.guard = guard;
+                self.dirty = false;
+                self.ops_since_snapshot = rec.ops.len();
+                self.snapshot_size = rec.snapshot.as_ref().map_or(0, String::len);
+                // Display states follow the guard back, without recording transitions
+                // that never happened.
+                let now = self.clock.now();
+                for (id, rt) in self.runtime.iter_mut() {
+                    if let Some(v) = self.guard.target(now, id) {
+                        rt.state = display_state(&v);
+                    }
+                }
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot rebuild the guard from the store; retrying");
+                false
+            }
+        }
+    }
+
+    /// While failing: applies what waited and tries the store with a snapshot of the
+    /// committed state; [`Engine::flush`] commits it and leaves the failing state, or
+    /// undoes it all again.
+    async fn retry_store(&mut self) {
+        self.retry_at = Instant::now() + STORE_RETRY_EVERY;
+        if self.dirty && !self.reload().await {
+            return;
+        }
+        self.failing = None;
+        self.recovering = true;
+        let config = self.config.clone();
+        self.reconfigure_guard(&config);
+        if std::mem::take(&mut self.targets_pending) {
+            self.apply_targets();
+        }
+        self.snapshot();
     }
 
     fn view(&self) -> FleetView {
@@ -989,6 +1198,7 @@ impl Engine {
             guard,
             targets,
             events: self.events.iter().cloned().collect(),
+            store_error: self.failing.clone(),
         }
     }
 }
@@ -1143,10 +1353,16 @@ mod tests {
             probe: config.probe.clone(),
             heartbeat_ttl: config.heartbeat.ttl,
         }));
-        let (mut engine, _) =
-            Engine::recover(config, store, Arc::new(Metrics::new()), actions, plan)
-                .await
-                .unwrap();
+        let (mut engine, _) = Engine::recover(
+            config,
+            store,
+            Arc::new(Metrics::new()),
+            Arc::new(StoreHealth::default()),
+            actions,
+            plan,
+        )
+        .await
+        .unwrap();
         engine.initial_targets(Vec::new(), targets(n));
         let (tx, rx) = mpsc::channel(1024);
         let (stop, stop_rx) = watch::channel(false);

@@ -86,6 +86,8 @@ pub struct Metrics {
     decisions: Family<Labels, Counter>,
     actions: Family<Labels, Counter>,
     heartbeats: Family<Labels, Counter>,
+    store_errors: Counter,
+    store_healthy: Gauge,
     frozen: Gauge,
     budget_left: Gauge,
     unhealthy: Gauge,
@@ -140,6 +142,18 @@ impl Metrics {
             "Heartbeats received, by result: accepted, or why refused (unsigned, bad_signature, stale, replayed, unknown_target, malformed, too_large, no_secret)",
             heartbeats.clone(),
         );
+        let store_errors = Counter::default();
+        registry.register(
+            "store_errors",
+            "Store operations that failed (commits of the engine, action bookkeeping)",
+            store_errors.clone(),
+        );
+        let store_healthy = Gauge::default();
+        registry.register(
+            "store_healthy",
+            "Whether the last commit of the engine succeeded (1); 0: store failing, no action is taken",
+            store_healthy.clone(),
+        );
         let frozen = Gauge::default();
         registry.register(
             "guard_frozen",
@@ -174,6 +188,8 @@ impl Metrics {
             decisions,
             actions,
             heartbeats,
+            store_errors,
+            store_healthy,
             frozen,
             budget_left,
             unhealthy,
@@ -207,11 +223,23 @@ impl Metrics {
         self.target_up.remove(target);
     }
 
-    /// Records a decision.
-    pub fn decision(&self, outcome: &str) {
-        self.decisions
-            .get_or_create(&vec![("outcome", outcome.to_string())])
-            .inc();
+    /// Records `n` committed decisions of one outcome.
+    pub fn decision(&self, outcome: &str, n: u64) {
+        if n > 0 {
+            self.decisions
+                .get_or_create(&vec![("outcome", outcome.to_string())])
+                .inc_by(n);
+        }
+    }
+
+    /// Counts a failed store operation.
+    pub fn store_error(&self) {
+        self.store_errors.inc();
+    }
+
+    /// Sets the store-health gauge.
+    pub fn store_healthy(&self, healthy: bool) {
+        self.store_healthy.set(i64::from(healthy));
     }
 
     /// Records a finished action.
@@ -336,7 +364,7 @@ mod tests {
     #[test]
     fn the_text_format_names_counter_families_with_total_and_has_no_eof() {
         let m = Metrics::new();
-        m.decision("act");
+        m.decision("act", 1);
         let text = m.encode_text();
         assert!(
             text.contains("# TYPE vigil_controller_decisions_total counter\n"),

@@ -728,6 +728,30 @@ impl Store for SqliteStore {
     }
 }
 
+// === impl StoreHealth ===
+
+/// Whether the store takes the engine's commits, shared by the engine (which sets it
+/// after every commit) with `/readyz` and the dashboard.
+#[derive(Debug, Default)]
+pub struct StoreHealth(std::sync::Mutex<Option<String>>);
+
+impl StoreHealth {
+    /// The last commit succeeded.
+    pub fn set_ok(&self) {
+        *self.0.lock().expect("store health lock") = None;
+    }
+
+    /// The last commit failed with `error`.
+    pub fn set_failing(&self, error: String) {
+        *self.0.lock().expect("store health lock") = Some(error);
+    }
+
+    /// The error of the last commit, if it failed.
+    pub fn error(&self) -> Option<String> {
+        self.0.lock().expect("store health lock").clone()
+    }
+}
+
 // === impl StoreHandle ===
 
 type Job = Box<dyn FnOnce(&mut dyn Store) + Send>;

@@ -84,7 +84,21 @@ impl Controller {
 
     /// Starts the controller on the config already in `dir` (a restart).
     pub fn start_existing(dir: &Path) -> Controller {
-        let mut child = Command::new(vigil_bin())
+        Self::start_wrapped(dir, &[])
+    }
+
+    /// Starts the controller on the config already in `dir`, its command line run by
+    /// `wrapper` (e.g. `unshare -m -- sh -c '...; exec "$0" "$@"'`).
+    pub fn start_wrapped(dir: &Path, wrapper: &[String]) -> Controller {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(vigil_bin());
+                c
+            }
+            None => Command::new(vigil_bin()),
+        };
+        let mut child = cmd
             .args(["--log-format", "json", "controller", "-c"])
             .arg(dir.join("fleet.toml"))
             .env("RUST_LOG", "info")
@@ -133,6 +147,11 @@ impl Controller {
             dir: dir.to_path_buf(),
             logs,
         }
+    }
+
+    /// The process id (of the controller itself once a wrapper has exec'ed it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn url(&self, path: &str) -> String {
