@@ -5,9 +5,11 @@
 //! (`unshare -m`) with its data directory on a small tmpfs, which the test fills
 //! through `/proc/<pid>/root` and empties again. That needs root (as CI and the
 //! development machines run); without it these tests say so and pass without
-//! checking. Why not a read-only file: root writes through file permissions, and a
-//! fault-injection hook in the store would test the hook rather than SQLite's
-//! behaviour on a full disk (some writes failing, reads still working).
+//! checking. Why a full disk rather than a fault-injection hook in the `Store` trait:
+//! it is the failure that happens in practice, and it exercises SQLite's own
+//! behaviour (writes failing with SQLITE_FULL while reads keep working), which a hook
+//! would only imitate. Files that cannot be written at start are made with
+//! `chattr +i` (which stops root too) and a read-only remount.
 
 mod controller_support;
 
@@ -74,6 +76,71 @@ fn fill(path: &Path) -> u64 {
 async fn readyz(c: &Controller) -> (u16, String) {
     let r = reqwest::get(c.url("/readyz")).await.expect("GET /readyz");
     (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+/// Runs `vigil controller` (through `wrapper`, with `extra` arguments) on the config in
+/// `dir` until it exits; returns its exit code and stderr. A controller that starts
+/// instead of refusing is killed and reported.
+fn run_to_exit(dir: &Path, wrapper: &[String], extra: &[&str]) -> (Option<i32>, String) {
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = std::process::Command::new(program);
+            c.args(args).arg(vigil_bin());
+            c
+        }
+        None => std::process::Command::new(vigil_bin()),
+    };
+    let mut child = cmd
+        .args(["controller", "-c"])
+        .arg(dir.join("fleet.toml"))
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .env_remove("VIGIL_API_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn vigil controller");
+    let started = std::time::Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            return (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            );
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the controller started instead of refusing its store:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A store written by a real run: a controller that spent one budget token on t1 and
+/// silenced t2, stopped with SIGTERM. Returns the config text.
+async fn store_with_state(dir: &Path) -> String {
+    let bs = backends(3);
+    let cfg = base_config("") + &targets_toml(&bs);
+    let c = Controller::start(dir, &cfg);
+    c.wait_all(3, "healthy").await;
+    let (code, _) = c
+        .post(
+            "/api/targets/t2/silence",
+            Some(TOKEN),
+            json!({"reason": "kept"}),
+        )
+        .await;
+    assert_eq!(code, 200);
+    bs[1].set_check("disk:free", Status::Fail);
+    c.wait_for_actions("an action on t1").await;
+    assert_eq!(c.guard().await["budget_left"], 1);
+    assert!(c.sigterm().success());
+    cfg
 }
 
 /// The controller's view of a path inside its mount namespace.
@@ -201,5 +268,171 @@ async fn a_full_disk_stops_every_decision_and_mutation_until_the_store_works_aga
             && logs.contains("guard put back at its last committed state")
             && logs.contains("store works again"),
         "{logs}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_empty_schemaless_or_corrupt_is_refused_with_78_until_reset_store() {
+    let dir = tempfile::tempdir().unwrap();
+    store_with_state(dir.path()).await;
+    let db = dir.path().join("data/vigil.db");
+    let good = std::fs::read(&db).unwrap();
+    assert!(good.len() > 8 * 4096, "a store of several pages");
+    let refused = |why: &str| {
+        let (code, err) = run_to_exit(dir.path(), &[], &[]);
+        assert_eq!(code, Some(78), "{err}");
+        assert!(
+            err.contains(&db.display().to_string()) && err.contains(why),
+            "names the file and what is wrong ({why}): {err}"
+        );
+        assert!(
+            err.contains("--reset-store") && err.contains("action budget already spent"),
+            "says how to start over and what it loses: {err}"
+        );
+    };
+    // 0 bytes (today it starts with a full budget and no warning).
+    std::fs::write(&db, b"").unwrap();
+    refused("is empty (0 bytes)");
+    // A SQLite file without vigil's schema.
+    std::fs::remove_file(&db).unwrap();
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("CREATE TABLE notes (x); INSERT INTO notes VALUES (1);")
+        .unwrap();
+    refused("holds no vigil store");
+    // The real store with pages 3 to 6 overwritten: it fails its integrity check.
+    let mut bad = good.clone();
+    bad[2 * 4096..6 * 4096].fill(0xA5);
+    std::fs::write(&db, &bad).unwrap();
+    let (code, err) = run_to_exit(dir.path(), &[], &[]);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(
+        err.contains("quick_check") || err.contains("malformed") || err.contains("not a database"),
+        "{err}"
+    );
+    // The good store again: it starts, with the state the earlier run left.
+    std::fs::write(&db, &good).unwrap();
+    let c = Controller::start_existing(dir.path());
+    assert_eq!(
+        c.guard().await["budget_left"],
+        1,
+        "the spent token stays spent"
+    );
+    assert_eq!(
+        c.get("/api/targets/t2").await["target"]["hold"]["reason"],
+        "kept"
+    );
+    assert!(c.sigterm().success());
+
+    // --reset-store starts over from a refused store, keeps the old file aside and says
+    // what is lost.
+    std::fs::write(&db, &bad).unwrap();
+    let c = start_with_args(dir.path(), &["--reset-store"]);
+    assert!(
+        c.logs()
+            .contains("--reset-store: starting over with an empty store"),
+        "{}",
+        c.logs()
+    );
+    assert_eq!(
+        c.guard().await["budget_left"],
+        2,
+        "a new store: a full budget"
+    );
+    assert!(c.get("/api/targets/t2").await["target"]["hold"].is_null());
+    let kept: Vec<_> = std::fs::read_dir(dir.path().join("data"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            name.starts_with("vigil.db.reset-").then_some(name)
+        })
+        .collect();
+    assert!(!kept.is_empty(), "the refused file is kept aside");
+    assert!(c.sigterm().success());
+    // Given again on a usable store, --reset-store keeps it.
+    let c = start_with_args(dir.path(), &["--reset-store"]);
+    assert!(
+        c.logs().contains("the store is usable: kept"),
+        "{}",
+        c.logs()
+    );
+    assert!(c.sigterm().success());
+}
+
+/// Starts the controller with extra arguments (after `-c fleet.toml`).
+fn start_with_args(dir: &Path, args: &[&str]) -> Controller {
+    // `sh -c 'exec "$0" "$@" ARGS'` appends arguments after the harness's own.
+    let script = format!(
+        "exec \"$0\" \"$@\" {}",
+        args.iter()
+            .map(|a| format!("'{a}'"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    Controller::start_wrapped(dir, &["sh".into(), "-c".into(), script])
+}
+
+/// Makes a file immutable (`chattr +i`: even root cannot write it) until dropped.
+struct Immutable(PathBuf);
+
+impl Immutable {
+    fn set(path: &Path) -> Option<Immutable> {
+        let ok = std::process::Command::new("chattr")
+            .arg("+i")
+            .arg(path)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Immutable(path.to_path_buf()))
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_it_cannot_write_is_refused_with_78() {
+    let dir = tempfile::tempdir().unwrap();
+    store_with_state(dir.path()).await;
+    let data = dir.path().join("data");
+    let db = data.join("vigil.db");
+    // A file that cannot be written: SQLite opens it read-only without a word, and
+    // before this check every commit then failed.
+    match Immutable::set(&db) {
+        Some(_immutable) => {
+            let (code, err) = run_to_exit(dir.path(), &[], &[]);
+            assert_eq!(code, Some(78), "{err}");
+            assert!(
+                err.contains("cannot be written") && err.contains("vigil.db"),
+                "{err}"
+            );
+        }
+        None => eprintln!("SKIPPED the immutable-file case: chattr +i not possible here"),
+    }
+    require_mount!();
+    // The same store on a file system mounted read-only after it was put there.
+    let good = dir.path().join("good.db");
+    std::fs::copy(&db, &good).unwrap();
+    let wrapper = on_tmpfs(
+        &data,
+        "4m",
+        &format!(
+            "cp '{}' '{}' && mount -o remount,ro '{}' &&",
+            good.display(),
+            db.display(),
+            data.display()
+        ),
+    );
+    let (code, err) = run_to_exit(dir.path(), &wrapper, &[]);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(
+        err.contains("vigil.db") && err.contains("refusing to start"),
+        "{err}"
     );
 }

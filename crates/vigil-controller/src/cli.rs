@@ -8,7 +8,7 @@ use crate::engine::{Command, Engine, Plan, Source};
 use crate::metrics::Metrics;
 use crate::prober::Prober;
 use crate::scheduler::{self, Heartbeats};
-use crate::store::{SqliteStore, StoreHandle, StoreHealth};
+use crate::store::{self, SqliteStore, StoreHandle, StoreHealth};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, RwLock};
@@ -18,8 +18,9 @@ use tokio::sync::{mpsc, watch};
 
 /// Exit code for a bad configuration (sysexits' EX_CONFIG).
 const EXIT_CONFIG: u8 = 78;
-/// Exit code when the daemon cannot run (store, listener): sysexits' EX_SOFTWARE would
-/// blame us; 1 is the generic failure operators expect.
+/// Exit code when the daemon cannot run (listener, runtime): sysexits' EX_SOFTWARE
+/// would blame us; 1 is the generic failure operators expect. A store it refuses is
+/// bad state: [`EXIT_CONFIG`].
 const EXIT_FAILURE: u8 = 1;
 /// Engine mailbox size: large enough for a burst of results from every probe in
 /// flight; when full, probers wait (back-pressure rather than unbounded memory).
@@ -40,10 +41,24 @@ pub struct Args {
         env = "VIGIL_CONTROLLER_CONFIG"
     )]
     pub config: PathBuf,
+    /// Start over with an empty store when the store is refused (0 bytes, not a vigil
+    /// store, failing its integrity check, unwritable): the old file is moved aside,
+    /// and what it held is lost (budget spent, holds, freezes, flap penalties, history,
+    /// intended actions). A usable store is kept all the same.
+    #[arg(long)]
+    pub reset_store: bool,
     /// What to do (default: run the controller).
     #[command(subcommand)]
     pub command: Option<Verb>,
 }
+
+/// What `--reset-store` loses, said where it is offered and where it is used.
+const RESET_LOSES: &str = "the action budget already spent (it is full again), every hold (silences, maintenance) and a manual freeze, flap penalties and failure streaks, the decision, transition and action history, and any action left intended (it is not run again)";
+
+/// A store or state the controller refuses to start on (exit 78, like a bad config).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct BadState(String);
 
 /// Verbs of `vigil controller`.
 #[derive(clap::Subcommand, Debug)]
@@ -63,7 +78,7 @@ pub fn run(args: Args) -> ExitCode {
     match args.command {
         Some(Verb::CheckConfig) => check_config(&args.config),
         Some(Verb::HeartbeatKey { target }) => heartbeat_key(&args.config, &target),
-        None => daemon(&args.config),
+        None => daemon(&args.config, args.reset_store),
     }
 }
 
@@ -121,7 +136,7 @@ fn check_config(path: &Path) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn daemon(path: &Path) -> ExitCode {
+fn daemon(path: &Path, reset_store: bool) -> ExitCode {
     let cfg = match config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -145,7 +160,7 @@ fn daemon(path: &Path) -> ExitCode {
     // and frees then shares the workers' malloc arena with the probing that follows, so
     // its freed memory is reused instead of left behind in an arena nobody else uses.
     let result = rt.block_on(async {
-        match tokio::spawn(serve(path.to_path_buf(), cfg)).await {
+        match tokio::spawn(serve(path.to_path_buf(), cfg, reset_store)).await {
             Ok(r) => r,
             Err(e) => Err(anyhow::anyhow!("the controller task failed: {e}")),
         }
@@ -157,17 +172,45 @@ fn daemon(path: &Path) -> ExitCode {
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("vigil controller: {e:#}");
-            ExitCode::from(EXIT_FAILURE)
+            if e.downcast_ref::<BadState>().is_some() {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::from(EXIT_FAILURE)
+            }
         }
     }
 }
 
-async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
+/// Opens the store, or refuses to start (BadState) on one it cannot use unless
+/// `--reset-store` says to start over.
+fn open_store(db: &Path, reset_store: bool) -> anyhow::Result<SqliteStore> {
+    match SqliteStore::open(db) {
+        Ok(s) => {
+            if reset_store {
+                tracing::warn!(store = %db.display(), "--reset-store given but the store is usable: kept (delete the file to start over)");
+            }
+            Ok(s)
+        }
+        Err(e) if !reset_store => Err(BadState(format!(
+            "{e}\nrefusing to start: starting over would lose {RESET_LOSES}. Restore the file, or start once with --reset-store to start over (the file is kept aside)."
+        ))
+        .into()),
+        Err(e) => {
+            let aside = store::set_aside(db).map_err(|e| BadState(e.to_string()))?;
+            let kept = aside.map_or_else(|| "no file".to_string(), |p| p.display().to_string());
+            tracing::warn!(store = %db.display(), refused = %e, old_store_kept_as = %kept, "--reset-store: starting over with an empty store; lost: {RESET_LOSES}");
+            eprintln!("vigil controller: --reset-store: {e}; starting over with an empty store (old file kept as {kept}); lost: {RESET_LOSES}");
+            SqliteStore::open(db).map_err(|e| BadState(e.to_string()).into())
+        }
+    }
+}
+
+async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyhow::Result<()> {
     use anyhow::Context;
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
     let db = cfg.data_dir.join("vigil.db");
-    let store = SqliteStore::open(&db)?;
+    let store = open_store(&db, reset_store)?;
     let (store, store_thread) = StoreHandle::spawn(Box::new(store));
     let metrics = Arc::new(Metrics::new());
     let store_health = Arc::new(StoreHealth::default());
@@ -193,7 +236,12 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
         plan_tx,
     )
     .await
-    .context("recovering the guard from the store")?;
+    .map_err(|e| {
+        BadState(format!(
+            "recovering the guard from the store {}: {e:#}\nrefusing to start: starting over would lose {RESET_LOSES}; --reset-store starts over (the file is kept aside)",
+            db.display()
+        ))
+    })?;
     tracing::info!(
         store = %db.display(),
         snapshot = report.snapshot,
