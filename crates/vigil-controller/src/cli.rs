@@ -249,14 +249,30 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         pending_actions = report.pending.len(),
         "store opened, guard recovered"
     );
-    let discovered = match &cfg.discovery {
-        Some(d) => discovery::read(&d.path)
-            .and_then(|t| cfg.heartbeat.check_targets(&t, &d.path.display().to_string()).map(|()| t))
-            .unwrap_or_else(|e| {
-            tracing::error!(error = %e, "discovery file rejected at start; only the config's targets are used");
-            Vec::new()
-        }),
-        None => Vec::new(),
+    // What start-up read of the discovery file (its hash, good or bad) is handed to
+    // the watcher: a change made after this read is one it has not seen, whenever it
+    // comes (the watcher's first poll compares against it).
+    let (discovered, seen) = match &cfg.discovery {
+        Some(d) => match std::fs::read_to_string(&d.path) {
+            Ok(text) => {
+                let seen = Some((d.path.clone(), text_hash(&text)));
+                match parse_discovery(&cfg, &d.path, &text) {
+                    Ok(t) => {
+                        tracing::info!(file = %d.path.display(), targets = t.len(), "discovery file read at start");
+                        (Some(t), seen)
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "discovery file rejected at start; the targets the store knows are kept until a good file arrives");
+                        (None, seen)
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(file = %d.path.display(), error = %e, "discovery file unreadable at start; the targets the store knows are kept until a good file arrives");
+                (None, None)
+            }
+        },
+        None => (Some(Vec::new()), None),
     };
     engine.initial_targets(cfg.targets.clone(), discovered);
 
@@ -292,6 +308,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         config_rx,
         engine_tx.clone(),
         shutdown_rx.clone(),
+        seen,
     ));
 
     let heartbeat_auth = Arc::new(RwLock::new(HeartbeatAuth::of(&cfg)));
@@ -384,44 +401,55 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     Ok(())
 }
 
+/// A discovery file's text, hashed: a large file is not kept (nor copied at every
+/// poll) just to see whether it changed.
+fn text_hash(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+/// A discovery file's targets, checked as the config's are (heartbeat targets need
+/// the heartbeat secret).
+fn parse_discovery(
+    cfg: &ControllerConfig,
+    path: &Path,
+    text: &str,
+) -> Result<Vec<config::TargetConfig>, String> {
+    let targets = discovery::parse(path, text)?;
+    cfg.heartbeat
+        .check_targets(&targets, &path.display().to_string())?;
+    Ok(targets)
+}
+
 /// Polls the discovery file; a changed, valid list replaces the old one; an invalid
-/// one is reported and ignored (the old list stays).
+/// one is reported and ignored (the old list stays). `seen`: the file as start-up read
+/// it (path and hash), so the first poll applies any change made since.
 async fn watch_discovery(
     mut config: watch::Receiver<Arc<ControllerConfig>>,
     engine: mpsc::Sender<Command>,
     mut shutdown: watch::Receiver<bool>,
+    seen: Option<(PathBuf, u64)>,
 ) {
-    // The last file seen, as its path and a hash of its text: a large discovery file
-    // is not kept (nor copied at every poll) just to see whether it changed.
-    let mut last: Option<(PathBuf, u64)> = None;
-    let mut first = true;
+    let mut last = seen;
+    // Whether the current spell of an unreadable file was reported (start-up reports
+    // its own).
+    let mut unreadable_reported = true;
     loop {
         let d = config.borrow_and_update().discovery.clone();
         let poll = d.as_ref().map_or(Duration::from_secs(1), |d| d.poll);
         if let Some(d) = d {
             match std::fs::read_to_string(&d.path) {
                 Ok(text) => {
-                    let hash = {
-                        use std::hash::{Hash, Hasher};
-                        let mut h = std::collections::hash_map::DefaultHasher::new();
-                        text.hash(&mut h);
-                        h.finish()
-                    };
+                    unreadable_reported = false;
+                    let hash = text_hash(&text);
                     let changed = last
                         .as_ref()
                         .is_none_or(|(p, h)| *p != d.path || *h != hash);
-                    // The first read only records what start-up already applied
-                    // (and reported): no second parse of a large file.
-                    if changed && first {
-                        last = Some((d.path.clone(), hash));
-                    } else if changed {
+                    if changed {
                         let cfg = config.borrow().clone();
-                        let parsed = discovery::parse(&d.path, &text).and_then(|t| {
-                            cfg.heartbeat
-                                .check_targets(&t, &d.path.display().to_string())
-                                .map(|()| t)
-                        });
-                        match parsed {
+                        match parse_discovery(&cfg, &d.path, &text) {
                             Ok(targets) => {
                                 tracing::info!(file = %d.path.display(), targets = targets.len(), "discovery file changed");
                                 if engine
@@ -443,13 +471,13 @@ async fn watch_discovery(
                     }
                 }
                 Err(e) => {
-                    if last.is_some() || first {
+                    if !unreadable_reported {
                         tracing::error!(file = %d.path.display(), error = %e, "discovery file unreadable; keeping the previous target list");
+                        unreadable_reported = true;
                     }
                 }
             }
         }
-        first = false;
         tokio::select! {
             biased;
             _ = shutdown.changed() => return,

@@ -357,6 +357,9 @@ pub struct Engine {
     targets_pending: bool,
     /// Guard events recorded since the last commit (undone with it if it fails).
     events_since_flush: usize,
+    /// Discovery is configured but no good list has been read since start: targets
+    /// the guard knows are kept (see [`Engine::initial_targets`]).
+    discovery_pending: bool,
 }
 
 /// The guard rebuilt from what the store holds: the snapshot, then the ops after it.
@@ -456,6 +459,7 @@ impl Engine {
             retry_at: Instant::now(),
             targets_pending: false,
             events_since_flush: 0,
+            discovery_pending: false,
         };
         // Targets the guard remembers keep their state only if still configured; the
         // caller sends both sources before the first flush.
@@ -508,11 +512,45 @@ impl Engine {
     }
 
     /// Sets both target sources at start (before `run`), so targets in neither are
-    /// forgotten once, and the others keep their state.
-    pub fn initial_targets(&mut self, config: Vec<TargetConfig>, discovered: Vec<TargetConfig>) {
+    /// forgotten once, and the others keep their state. `discovered` is None when the
+    /// discovery file could not be used at start (missing, unreadable, invalid): then
+    /// the targets the store knows and the config does not list are kept, with their
+    /// guard state (holds, damping, streaks), unprobed (their URLs are the file's),
+    /// until a good list arrives. Forgetting them would lose their holds and flap
+    /// penalties to a file that was briefly broken.
+    pub fn initial_targets(
+        &mut self,
+        config: Vec<TargetConfig>,
+        discovered: Option<Vec<TargetConfig>>,
+    ) {
         self.config_targets = shared(config);
-        self.discovered = shared(discovered);
+        self.discovery_pending = discovered.is_none();
+        self.discovered = shared(discovered.unwrap_or_default());
         self.apply_targets();
+        if self.discovery_pending {
+            let kept = self.kept_targets();
+            if kept > 0 {
+                tracing::warn!(
+                    kept,
+                    "discovery file unusable at start: the targets the store knows keep their guard state, unprobed, until a good file arrives"
+                );
+            }
+        }
+    }
+
+    /// Targets kept from the store while the discovery file is unusable (known to the
+    /// guard, listed by no source).
+    fn kept_targets(&self) -> usize {
+        let listed: std::collections::HashSet<&str> = self
+            .config_targets
+            .iter()
+            .chain(&self.discovered)
+            .map(|t| t.id.as_str())
+            .collect();
+        self.runtime
+            .keys()
+            .filter(|id| !listed.contains(&***id))
+            .count()
     }
 
     /// Runs until `shutdown` flips; commits a final snapshot on the way out.
@@ -612,7 +650,10 @@ impl Engine {
                 let targets = shared(targets);
                 match source {
                     Source::Config => self.config_targets = targets,
-                    Source::Discovery => self.discovered = targets,
+                    Source::Discovery => {
+                        self.discovered = targets;
+                        self.discovery_pending = false;
+                    }
                 }
                 if self.failing.is_some() {
                     self.targets_pending = true;
@@ -696,6 +737,7 @@ impl Engine {
     fn reconfigure(&mut self, config: Arc<ControllerConfig>) {
         self.config_targets = config.targets.iter().cloned().map(Arc::new).collect();
         self.config = config.clone();
+        self.discovery_pending &= config.discovery.is_some();
         if self.failing.is_some() {
             // Applied with the next successful commit (`retry_store`).
             self.targets_pending = true;
@@ -747,7 +789,15 @@ impl Engine {
                 _ => merged.push(t),
             }
         }
-        let wanted = |id: &str| merged.binary_search_by(|t| t.id.as_str().cmp(id)).is_ok();
+        let pending = self.discovery_pending;
+        let guard = &self.guard;
+        let now = self.clock.now();
+        // While the discovery file has not been read right since start, a target the
+        // guard knows stays (see `initial_targets`).
+        let wanted = |id: &str| {
+            merged.binary_search_by(|t| t.id.as_str().cmp(id)).is_ok()
+                || (pending && guard.target(now, id).is_some())
+        };
         let mut gone: Vec<Arc<str>> = self
             .runtime
             .keys()
@@ -1363,7 +1413,7 @@ mod tests {
         )
         .await
         .unwrap();
-        engine.initial_targets(Vec::new(), targets(n));
+        engine.initial_targets(Vec::new(), Some(targets(n)));
         let (tx, rx) = mpsc::channel(1024);
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(engine.run(rx, stop_rx));

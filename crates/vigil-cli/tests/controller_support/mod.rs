@@ -27,6 +27,9 @@ pub fn vigil_bin() -> std::ffi::OsString {
     std::env::var_os("VIGIL_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_vigil").into())
 }
 
+/// Called with each log line of a controller as it is written.
+pub type LineHook = Box<dyn FnMut(&str) + Send>;
+
 /// A running `vigil controller`.
 pub struct Controller {
     child: Child,
@@ -90,6 +93,16 @@ impl Controller {
     /// Starts the controller on the config already in `dir`, its command line run by
     /// `wrapper` (e.g. `unshare -m -- sh -c '...; exec "$0" "$@"'`).
     pub fn start_wrapped(dir: &Path, wrapper: &[String]) -> Controller {
+        Self::start_full(dir, wrapper, None)
+    }
+
+    /// Starts the controller on the config already in `dir`, calling `on_line` with
+    /// each log line as soon as it is written (before the controller listens).
+    pub fn start_watching(dir: &Path, on_line: LineHook) -> Controller {
+        Self::start_full(dir, &[], Some(on_line))
+    }
+
+    fn start_full(dir: &Path, wrapper: &[String], mut on_line: Option<LineHook>) -> Controller {
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
@@ -115,6 +128,9 @@ impl Controller {
         let sink = logs.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(f) = on_line.as_mut() {
+                    f(&line);
+                }
                 sink.lock().unwrap().push(line);
             }
         });
