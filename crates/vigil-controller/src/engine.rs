@@ -1482,4 +1482,166 @@ mod tests {
     async fn a_restart_after_a_crash_restores_the_guard_after_a_bulk_start() {
         restart_keeps_the_guard(BULK_CHANGES + 50).await;
     }
+
+    /// The SQLite store with commits that fail while `fail` is set (reads keep
+    /// working, as on a full disk). The integration test fills a real file system;
+    /// this one runs without root.
+    struct FailingCommits {
+        inner: SqliteStore,
+        fail: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl crate::store::Store for FailingCommits {
+        fn recover(&mut self) -> Result<Recovered, StoreError> {
+            self.inner.recover()
+        }
+        fn commit(&mut self, batch: &Batch) -> Result<Vec<ActionRecord>, StoreError> {
+            if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::Unusable {
+                    path: "test".into(),
+                    why: "database or disk is full (injected)".into(),
+                });
+            }
+            self.inner.commit(batch)
+        }
+        fn start_attempt(&mut self, id: i64) -> Result<(), StoreError> {
+            self.inner.start_attempt(id)
+        }
+        fn finish_action(
+            &mut self,
+            id: i64,
+            state: crate::store::ActionState,
+            at_ms: i64,
+            result: &str,
+        ) -> Result<(), StoreError> {
+            self.inner.finish_action(id, state, at_ms, result)
+        }
+        fn decisions(
+            &mut self,
+            target: Option<&str>,
+            limit: usize,
+        ) -> Result<Vec<crate::store::DecisionRecord>, StoreError> {
+            self.inner.decisions(target, limit)
+        }
+        fn actions(&mut self, limit: usize) -> Result<Vec<ActionRecord>, StoreError> {
+            self.inner.actions(limit)
+        }
+        fn transitions(
+            &mut self,
+            target: &str,
+            limit: usize,
+        ) -> Result<Vec<crate::store::TransitionRecord>, StoreError> {
+            self.inner.transitions(target, limit)
+        }
+    }
+
+    async fn fleet(tx: &mpsc::Sender<Command>) -> Arc<FleetView> {
+        let (reply, rx) = oneshot::channel();
+        tx.send(Command::Fleet(reply)).await.unwrap();
+        rx.await.unwrap()
+    }
+
+    async fn silence(tx: &mpsc::Sender<Command>, id: &str) -> Result<(), CommandError> {
+        let (reply, rx) = oneshot::channel();
+        tx.send(Command::SetHold {
+            id: id.into(),
+            kind: HoldKind::Silenced,
+            reason: "test".into(),
+            duration: None,
+            reply,
+        })
+        .await
+        .unwrap();
+        rx.await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_decision_whose_commit_failed_has_no_effect_and_is_made_again_once_the_store_works() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Arc::new(ControllerConfig {
+            guard: GuardConfig {
+                grace: Duration::ZERO,
+                min_failing: Duration::ZERO,
+                ..GuardConfig::default()
+            },
+            ..ControllerConfig::default()
+        });
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let store = FailingCommits {
+            inner: SqliteStore::open(&dir.path().join("vigil.db")).unwrap(),
+            fail: fail.clone(),
+        };
+        let (store, _thread) = StoreHandle::spawn(Box::new(store));
+        let (actions, mut actions_rx) = mpsc::unbounded_channel();
+        let (plan, _plan_rx) = watch::channel(Arc::new(Plan {
+            targets: Vec::new(),
+            probe: config.probe.clone(),
+            heartbeat_ttl: config.heartbeat.ttl,
+        }));
+        let health = Arc::new(StoreHealth::default());
+        let (mut engine, _) = Engine::recover(
+            config,
+            store,
+            Arc::new(Metrics::new()),
+            health.clone(),
+            actions,
+            plan,
+        )
+        .await
+        .unwrap();
+        engine.initial_targets(Vec::new(), Some(targets(5)));
+        let (tx, rx) = mpsc::channel(1024);
+        let (_stop, stop_rx) = watch::channel(false);
+        tokio::spawn(engine.run(rx, stop_rx));
+        for _ in 0..2 {
+            for t in targets(5) {
+                tx.send(probe(&t.id, &t.zone, true)).await.unwrap();
+            }
+        }
+        silence(&tx, "t004").await.unwrap();
+        let before = guard_views(&tx).await;
+
+        fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..5 {
+            tx.send(probe("t001", "z1", false)).await.unwrap();
+        }
+        assert_eq!(
+            silence(&tx, "t002").await,
+            Err(CommandError::Store(
+                "store test: database or disk is full (injected)".into()
+            )),
+            "a mutation that cannot be committed is refused"
+        );
+        let f = fleet(&tx).await;
+        assert!(f.store_error.is_some());
+        assert!(health.error().is_some());
+        assert_eq!(f.guard.budget_left, 2, "no budget spent");
+        assert_eq!(
+            guard_views(&tx).await,
+            before,
+            "every target as committed: no failure streak, no report, no new hold"
+        );
+        assert!(
+            actions_rx.try_recv().is_err(),
+            "no action without an intent"
+        );
+
+        fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fleet(&tx).await.store_error.is_some() {
+            assert!(Instant::now() < deadline, "the store was not tried again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(health.error().is_none());
+        for _ in 0..3 {
+            tx.send(probe("t001", "z1", false)).await.unwrap();
+        }
+        let action = tokio::time::timeout(Duration::from_secs(10), actions_rx.recv())
+            .await
+            .expect("decided again once the store works")
+            .unwrap();
+        assert_eq!(action.target, "t001");
+        assert_eq!(fleet(&tx).await.guard.budget_left, 1);
+        silence(&tx, "t002").await.unwrap();
+    }
 }
