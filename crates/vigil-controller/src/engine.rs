@@ -1099,7 +1099,10 @@ impl Engine {
                 }
             }
             Err(e) => {
-                log_store_error(&e, n_actions);
+                // A failed retry is not news: the failing state is logged once.
+                if !self.recovering {
+                    log_store_error(&e, n_actions);
+                }
                 for (tx, _) in replies {
                     let _asker_may_be_gone = tx.send(Err(CommandError::Store(e.to_string())));
                 }
@@ -1119,7 +1122,7 @@ impl Engine {
             tracing::error!(error = %message, "store failing: no actions are taken until it works again");
         }
         self.failing = Some(message);
-        self.recovering = false;
+        let retry = std::mem::take(&mut self.recovering);
         self.retry_at = Instant::now() + STORE_RETRY_EVERY;
         // The batch's guard events did not happen either.
         for _ in 0..self.events_since_flush.min(self.events.len()) {
@@ -1129,7 +1132,9 @@ impl Engine {
         // Target changes the batch applied are applied again after the store works.
         self.targets_pending = true;
         self.dirty = true;
-        self.reload().await;
+        if self.reload().await && !retry {
+            tracing::info!("guard put back at its last committed state");
+        }
     }
 
     /// Rebuilds the guard from the store (the committed state). Returns whether it
@@ -1146,10 +1151,7 @@ impl Engine {
         };
         match rebuild(&rec, &self.config.guard) {
             Ok((guard, _, replayed)) => {
-                tracing::info!(
-                    ops_replayed = replayed,
-                    "guard put back at its last committed state"
-                );
+                tracing::debug!(ops_replayed = replayed, "guard rebuilt from the store");
                 self.guard = guard;
                 self.dirty = false;
                 self.ops_since_snapshot = rec.ops.len();
@@ -1275,7 +1277,7 @@ fn log_store_error(e: &StoreError, n_actions: usize) {
     tracing::error!(
         error = %e,
         actions_not_run = n_actions,
-        "store commit failed: this batch's ops are lost and its actions are NOT run"
+        "store commit failed: the batch is undone, its actions are NOT run"
     );
 }
 
