@@ -450,3 +450,35 @@ fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn heartbeat_key_prints_the_documented_key_and_a_heartbeat_target_needs_a_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.toml");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(vigil_bin())
+            .args(["controller", "-c"])
+            .arg(&path)
+            .args(args)
+            .env_remove("VIGIL_HEARTBEAT_SECRET")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    std::fs::write(&path, heartbeat_config("30s")).unwrap();
+    let (code, key, err) = run(&["heartbeat-key", "w1"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(key, heartbeat_key(HEARTBEAT_SECRET, "w1"));
+    // Without a secret, a heartbeat target could never be heard: refused.
+    std::fs::write(&path, "[[targets]]\nid = \"w1\"\nheartbeat = true\n").unwrap();
+    let (code, _, err) = run(&["check-config"]);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(
+        err.contains("targets[0]") && err.contains("heartbeat.secret"),
+        "{err}"
+    );
+}
