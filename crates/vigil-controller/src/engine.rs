@@ -1472,6 +1472,18 @@ mod tests {
         assert_eq!(before.len(), n);
         let flapping = before.iter().find(|v| v["id"] == "t002").unwrap();
         assert!(flapping["penalty"].as_u64().unwrap() > 0, "{flapping}");
+        // A flap penalty decays with the time between the two views (seconds on a
+        // loaded machine): it may only have decayed, never grown or reset.
+        let (mut before, mut after) = (before, after);
+        for (b, a) in before.iter_mut().zip(after.iter_mut()) {
+            let pb = b["penalty"].take().as_u64().unwrap();
+            let pa = a["penalty"].take().as_u64().unwrap();
+            assert!(
+                pa <= pb && (pb == 0 || pa > 0) && pb - pa <= pb / 100 + 1,
+                "{}: penalty {pb} -> {pa}",
+                b["id"]
+            );
+        }
         assert_eq!(before, after);
     }
 
