@@ -476,6 +476,9 @@ fn every_documented_lb_key_loads_with_the_real_loader() {
 const FLEET_SAMPLE: &str = r#"
 api_token = "token"
 
+[heartbeat]
+secret = "heartbeat-secret"
+
 [actuator.webhook]
 url = "http://127.0.0.1:9500/replace"
 secret = "secret"

@@ -477,20 +477,19 @@ async fn sighup_applies_a_good_config_and_keeps_the_old_one_when_bad() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeat_targets_fail_when_heartbeats_stop() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = base_config("[heartbeat]\nttl = \"600ms\"\n")
-        + "[[targets]]\nid = \"w1\"\nheartbeat = true\n[[targets]]\nid = \"w2\"\nheartbeat = true\n";
+    let cfg = base_config(&format!(
+        "[heartbeat]\nttl = \"600ms\"\nsecret = \"{HEARTBEAT_SECRET}\"\n"
+    )) + "[[targets]]\nid = \"w1\"\nheartbeat = true\n[[targets]]\nid = \"w2\"\nheartbeat = true\n";
     let c = Controller::start(dir.path(), &cfg);
     let beat = |id: &'static str| {
-        let url = c.url("/api/heartbeat");
+        let c = &c;
         async move {
-            reqwest::Client::new()
-                .post(url)
-                .json(&json!({"target": id}))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
+            c.beat(&Beat::signed(
+                id,
+                None,
+                &heartbeat_key(HEARTBEAT_SECRET, id),
+            ))
+            .await
         }
     };
     assert_eq!(beat("nope").await, 404, "only declared heartbeat targets");

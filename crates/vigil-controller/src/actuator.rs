@@ -22,6 +22,9 @@ pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 /// Longest backoff between webhook retries, however many: 30 s keeps a long outage of
 /// the receiver from stretching one action over hours.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// While the store cannot count an action's attempt, how often it is tried again: as
+/// often as the engine retries a failing store.
+const ATTEMPT_RETRY_EVERY: Duration = Duration::from_secs(1);
 /// Bytes of an exec command's output kept in the action's result.
 const EXEC_OUTPUT_KEEP: usize = 1024;
 
@@ -48,11 +51,23 @@ pub async fn run(
         let (store, http, metrics) = (store.clone(), http.clone(), metrics.clone());
         tasks.spawn(async move {
             let id = action.id;
-            if let Err(e) = store.call(move |s| s.start_attempt(id)).await {
-                // Not running an action whose attempt could not be counted: the intent
-                // stays and the next start runs it.
-                tracing::error!(action = id, error = %e, "cannot record the attempt; action not run");
-                return;
+            // Not running an action whose attempt could not be counted: the intent
+            // stays, and the attempt is tried again until the store takes it (a store
+            // that failed just after the intent was committed must not leave the action
+            // waiting for a restart). A shutdown meanwhile leaves it intended: the next
+            // start runs it.
+            let mut logged = false;
+            while let Err(e) = store.call(move |s| s.start_attempt(id)).await {
+                metrics.store_error();
+                if matches!(e, crate::store::StoreError::Gone) {
+                    tracing::error!(action = id, error = %e, "cannot record the attempt; action not run (it runs after a restart)");
+                    return;
+                }
+                if !logged {
+                    tracing::error!(action = id, error = %e, "cannot record the attempt; action not run yet, retrying until the store works");
+                    logged = true;
+                }
+                tokio::time::sleep(ATTEMPT_RETRY_EVERY).await;
             }
             let (state, result) = execute(&cfg, &http, &action).await;
             metrics.action(state);
@@ -62,7 +77,10 @@ pub async fn run(
                 .await
             {
                 Ok(()) => tracing::info!(action = id, target = %action.target, state = ?state, result = %result, "action finished"),
-                Err(e) => tracing::error!(action = id, error = %e, "action ran but its outcome was not recorded; it will run again after a restart (same idempotency key)"),
+                Err(e) => {
+                    metrics.store_error();
+                    tracing::error!(action = id, error = %e, "action ran but its outcome was not recorded; it will run again after a restart (same idempotency key)");
+                }
             }
         });
     }
@@ -212,5 +230,111 @@ mod tests {
             sign(b"Jefe", b"what do ya want for nothing?"),
             "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
+    }
+
+    /// The SQLite store whose `start_attempt` fails while `fail` is set.
+    struct FailingAttempts {
+        inner: crate::store::SqliteStore,
+        fail: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl crate::store::Store for FailingAttempts {
+        fn recover(&mut self) -> Result<crate::store::Recovered, crate::store::StoreError> {
+            self.inner.recover()
+        }
+        fn commit(
+            &mut self,
+            batch: &crate::store::Batch,
+        ) -> Result<Vec<ActionRecord>, crate::store::StoreError> {
+            self.inner.commit(batch)
+        }
+        fn start_attempt(&mut self, id: i64) -> Result<(), crate::store::StoreError> {
+            if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(crate::store::StoreError::Unusable {
+                    path: "test".into(),
+                    why: "database or disk is full (injected)".into(),
+                });
+            }
+            self.inner.start_attempt(id)
+        }
+        fn finish_action(
+            &mut self,
+            id: i64,
+            state: ActionState,
+            at_ms: i64,
+            result: &str,
+        ) -> Result<(), crate::store::StoreError> {
+            self.inner.finish_action(id, state, at_ms, result)
+        }
+        fn decisions(
+            &mut self,
+            target: Option<&str>,
+            limit: usize,
+        ) -> Result<Vec<crate::store::DecisionRecord>, crate::store::StoreError> {
+            self.inner.decisions(target, limit)
+        }
+        fn actions(&mut self, limit: usize) -> Result<Vec<ActionRecord>, crate::store::StoreError> {
+            self.inner.actions(limit)
+        }
+        fn transitions(
+            &mut self,
+            target: &str,
+            limit: usize,
+        ) -> Result<Vec<crate::store::TransitionRecord>, crate::store::StoreError> {
+            self.inner.transitions(target, limit)
+        }
+    }
+
+    #[tokio::test]
+    async fn an_action_whose_attempt_could_not_be_counted_runs_once_the_store_works() {
+        use crate::store::{Batch, NewDecision, Store};
+        let dir = tempfile::tempdir().unwrap();
+        let mut inner = crate::store::SqliteStore::open(&dir.path().join("vigil.db")).unwrap();
+        let created = inner
+            .commit(&Batch {
+                decisions: vec![NewDecision {
+                    at_ms: 1,
+                    target: "t1".into(),
+                    zone: "z".into(),
+                    outcome: "act".into(),
+                    reasons: serde_json::json!([]),
+                    summary: "act on t1".into(),
+                    action: Some(serde_json::json!({"target": "t1"})),
+                }],
+                ..Batch::default()
+            })
+            .unwrap();
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (store, _thread) = StoreHandle::spawn(Box::new(FailingAttempts {
+            inner,
+            fail: fail.clone(),
+        }));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (_config_tx, config) = watch::channel(Arc::new(ActuatorConfig::default()));
+        let tasks = tokio_util::task::TaskTracker::new();
+        tokio::spawn(run(
+            rx,
+            config,
+            store.clone(),
+            Arc::new(Metrics::new()),
+            tasks.clone(),
+        ));
+        tx.send(created[0].clone()).unwrap();
+        let state = |store: StoreHandle| async move {
+            store.call(|s| s.actions(1)).await.unwrap()[0].state
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(state(store.clone()).await, ActionState::Intended);
+        fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while state(store.clone()).await != ActionState::Done {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the action never ran once the store worked"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let a = store.call(|s| s.actions(1)).await.unwrap().remove(0);
+        assert_eq!(a.attempts, 1, "counted once, run once");
     }
 }

@@ -1,14 +1,14 @@
 //! Command-line entry point of `vigil controller`: thin glue that loads the config,
 //! opens the store, recovers the guard, starts the tasks and handles signals.
 
-use crate::api::{self, AppState};
+use crate::api::{self, AppState, HeartbeatAuth};
 use crate::config::{self, ControllerConfig};
 use crate::discovery;
 use crate::engine::{Command, Engine, Plan, Source};
 use crate::metrics::Metrics;
 use crate::prober::Prober;
 use crate::scheduler::{self, Heartbeats};
-use crate::store::{SqliteStore, StoreHandle};
+use crate::store::{self, SqliteStore, StoreHandle, StoreHealth};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, RwLock};
@@ -18,8 +18,9 @@ use tokio::sync::{mpsc, watch};
 
 /// Exit code for a bad configuration (sysexits' EX_CONFIG).
 const EXIT_CONFIG: u8 = 78;
-/// Exit code when the daemon cannot run (store, listener): sysexits' EX_SOFTWARE would
-/// blame us; 1 is the generic failure operators expect.
+/// Exit code when the daemon cannot run (listener, runtime): sysexits' EX_SOFTWARE
+/// would blame us; 1 is the generic failure operators expect. A store it refuses is
+/// bad state: [`EXIT_CONFIG`].
 const EXIT_FAILURE: u8 = 1;
 /// Engine mailbox size: large enough for a burst of results from every probe in
 /// flight; when full, probers wait (back-pressure rather than unbounded memory).
@@ -40,23 +41,67 @@ pub struct Args {
         env = "VIGIL_CONTROLLER_CONFIG"
     )]
     pub config: PathBuf,
+    /// Start over with an empty store when the store is refused (0 bytes, not a vigil
+    /// store, failing its integrity check, unwritable): the old file is moved aside,
+    /// and what it held is lost (budget spent, holds, freezes, flap penalties, history,
+    /// intended actions). A usable store is kept all the same.
+    #[arg(long)]
+    pub reset_store: bool,
     /// What to do (default: run the controller).
     #[command(subcommand)]
     pub command: Option<Verb>,
 }
+
+/// What `--reset-store` loses, said where it is offered and where it is used.
+const RESET_LOSES: &str = "the action budget already spent (it is full again), every hold (silences, maintenance) and a manual freeze, flap penalties and failure streaks, the decision, transition and action history, and any action left intended (it is not run again)";
+
+/// A store or state the controller refuses to start on (exit 78, like a bad config).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct BadState(String);
 
 /// Verbs of `vigil controller`.
 #[derive(clap::Subcommand, Debug)]
 pub enum Verb {
     /// Check the config (and the discovery file) and exit: 0 valid, 78 invalid.
     CheckConfig,
+    /// Print the key heartbeat target TARGET signs its heartbeats with (derived from
+    /// `heartbeat.secret` or VIGIL_HEARTBEAT_SECRET): give it to that worker only.
+    HeartbeatKey {
+        /// The target's id.
+        target: String,
+    },
 }
 
 /// Runs `vigil controller`.
 pub fn run(args: Args) -> ExitCode {
     match args.command {
         Some(Verb::CheckConfig) => check_config(&args.config),
-        None => daemon(&args.config),
+        Some(Verb::HeartbeatKey { target }) => heartbeat_key(&args.config, &target),
+        None => daemon(&args.config, args.reset_store),
+    }
+}
+
+fn heartbeat_key(path: &Path, target: &str) -> ExitCode {
+    let cfg = match config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match cfg.heartbeat.effective_secret() {
+        Some(secret) => {
+            println!("{}", crate::heartbeat::target_key(&secret, target));
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!(
+                "{}: heartbeat.secret is not set (nor VIGIL_HEARTBEAT_SECRET): no key to derive",
+                path.display()
+            );
+            ExitCode::from(EXIT_CONFIG)
+        }
     }
 }
 
@@ -70,7 +115,9 @@ fn check_config(path: &Path) -> ExitCode {
     };
     let mut discovered = 0;
     if let Some(d) = &cfg.discovery {
-        match discovery::read(&d.path) {
+        match discovery::read(&d.path)
+            .and_then(|t| cfg.heartbeat.check_targets(&t, "targets").map(|()| t))
+        {
             Ok(t) => discovered = t.len(),
             Err(e) => {
                 eprintln!("discovery: {e}");
@@ -89,7 +136,7 @@ fn check_config(path: &Path) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn daemon(path: &Path) -> ExitCode {
+fn daemon(path: &Path, reset_store: bool) -> ExitCode {
     let cfg = match config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -113,7 +160,7 @@ fn daemon(path: &Path) -> ExitCode {
     // and frees then shares the workers' malloc arena with the probing that follows, so
     // its freed memory is reused instead of left behind in an arena nobody else uses.
     let result = rt.block_on(async {
-        match tokio::spawn(serve(path.to_path_buf(), cfg)).await {
+        match tokio::spawn(serve(path.to_path_buf(), cfg, reset_store)).await {
             Ok(r) => r,
             Err(e) => Err(anyhow::anyhow!("the controller task failed: {e}")),
         }
@@ -125,19 +172,48 @@ fn daemon(path: &Path) -> ExitCode {
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("vigil controller: {e:#}");
-            ExitCode::from(EXIT_FAILURE)
+            if e.downcast_ref::<BadState>().is_some() {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::from(EXIT_FAILURE)
+            }
         }
     }
 }
 
-async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
+/// Opens the store, or refuses to start (BadState) on one it cannot use unless
+/// `--reset-store` says to start over.
+fn open_store(db: &Path, reset_store: bool) -> anyhow::Result<SqliteStore> {
+    match SqliteStore::open(db) {
+        Ok(s) => {
+            if reset_store {
+                tracing::warn!(store = %db.display(), "--reset-store given but the store is usable: kept (delete the file to start over)");
+            }
+            Ok(s)
+        }
+        Err(e) if !reset_store => Err(BadState(format!(
+            "{e}\nrefusing to start: starting over would lose {RESET_LOSES}. Restore the file, or start once with --reset-store to start over (the file is kept aside)."
+        ))
+        .into()),
+        Err(e) => {
+            let aside = store::set_aside(db).map_err(|e| BadState(e.to_string()))?;
+            let kept = aside.map_or_else(|| "no file".to_string(), |p| p.display().to_string());
+            tracing::warn!(store = %db.display(), refused = %e, old_store_kept_as = %kept, "--reset-store: starting over with an empty store; lost: {RESET_LOSES}");
+            eprintln!("vigil controller: --reset-store: {e}; starting over with an empty store (old file kept as {kept}); lost: {RESET_LOSES}");
+            SqliteStore::open(db).map_err(|e| BadState(e.to_string()).into())
+        }
+    }
+}
+
+async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyhow::Result<()> {
     use anyhow::Context;
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
     let db = cfg.data_dir.join("vigil.db");
-    let store = SqliteStore::open(&db)?;
+    let store = open_store(&db, reset_store)?;
     let (store, store_thread) = StoreHandle::spawn(Box::new(store));
     let metrics = Arc::new(Metrics::new());
+    let store_health = Arc::new(StoreHealth::default());
     let cfg = Arc::new(cfg);
 
     let (engine_tx, engine_rx) = mpsc::channel(ENGINE_QUEUE);
@@ -155,11 +231,17 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
         cfg.clone(),
         store.clone(),
         metrics.clone(),
+        store_health.clone(),
         actions_tx.clone(),
         plan_tx,
     )
     .await
-    .context("recovering the guard from the store")?;
+    .map_err(|e| {
+        BadState(format!(
+            "recovering the guard from the store {}: {e:#}\nrefusing to start: starting over would lose {RESET_LOSES}; --reset-store starts over (the file is kept aside)",
+            db.display()
+        ))
+    })?;
     tracing::info!(
         store = %db.display(),
         snapshot = report.snapshot,
@@ -167,12 +249,30 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
         pending_actions = report.pending.len(),
         "store opened, guard recovered"
     );
-    let discovered = match &cfg.discovery {
-        Some(d) => discovery::read(&d.path).unwrap_or_else(|e| {
-            tracing::error!(error = %e, "discovery file rejected at start; only the config's targets are used");
-            Vec::new()
-        }),
-        None => Vec::new(),
+    // What start-up read of the discovery file (its hash, good or bad) is handed to
+    // the watcher: a change made after this read is one it has not seen, whenever it
+    // comes (the watcher's first poll compares against it).
+    let (discovered, seen) = match &cfg.discovery {
+        Some(d) => match std::fs::read_to_string(&d.path) {
+            Ok(text) => {
+                let seen = Some((d.path.clone(), text_hash(&text)));
+                match parse_discovery(&cfg, &d.path, &text) {
+                    Ok(t) => {
+                        tracing::info!(file = %d.path.display(), targets = t.len(), "discovery file read at start");
+                        (Some(t), seen)
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "discovery file rejected at start; the targets the store knows are kept until a good file arrives");
+                        (None, seen)
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(file = %d.path.display(), error = %e, "discovery file unreadable at start; the targets the store knows are kept until a good file arrives");
+                (None, None)
+            }
+        },
+        None => (Some(Vec::new()), None),
     };
     engine.initial_targets(cfg.targets.clone(), discovered);
 
@@ -208,8 +308,10 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
         config_rx,
         engine_tx.clone(),
         shutdown_rx.clone(),
+        seen,
     ));
 
+    let heartbeat_auth = Arc::new(RwLock::new(HeartbeatAuth::of(&cfg)));
     let token = Arc::new(RwLock::new(cfg.effective_token()));
     if token.read().expect("token lock").is_none() {
         tracing::warn!("no api_token configured: mutating API calls are refused");
@@ -221,6 +323,8 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
         token: token.clone(),
         heartbeats,
         plan: plan_rx,
+        heartbeat_auth: heartbeat_auth.clone(),
+        store_health,
     });
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(async move {
@@ -248,6 +352,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
                         }
                         let new = Arc::new(new);
                         *token.write().expect("token lock") = new.effective_token();
+                        *heartbeat_auth.write().expect("heartbeat auth lock") = HeartbeatAuth::of(&new);
                         let _ = actuator_tx.send(Arc::new(new.actuator.clone()));
                         let _ = config_tx.send(new.clone());
                         if engine_tx.send(Command::Reconfigure(new.clone())).await.is_err() {
@@ -296,38 +401,55 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A discovery file's text, hashed: a large file is not kept (nor copied at every
+/// poll) just to see whether it changed.
+fn text_hash(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+/// A discovery file's targets, checked as the config's are (heartbeat targets need
+/// the heartbeat secret).
+fn parse_discovery(
+    cfg: &ControllerConfig,
+    path: &Path,
+    text: &str,
+) -> Result<Vec<config::TargetConfig>, String> {
+    let targets = discovery::parse(path, text)?;
+    cfg.heartbeat
+        .check_targets(&targets, &path.display().to_string())?;
+    Ok(targets)
+}
+
 /// Polls the discovery file; a changed, valid list replaces the old one; an invalid
-/// one is reported and ignored (the old list stays).
+/// one is reported and ignored (the old list stays). `seen`: the file as start-up read
+/// it (path and hash), so the first poll applies any change made since.
 async fn watch_discovery(
     mut config: watch::Receiver<Arc<ControllerConfig>>,
     engine: mpsc::Sender<Command>,
     mut shutdown: watch::Receiver<bool>,
+    seen: Option<(PathBuf, u64)>,
 ) {
-    // The last file seen, as its path and a hash of its text: a large discovery file
-    // is not kept (nor copied at every poll) just to see whether it changed.
-    let mut last: Option<(PathBuf, u64)> = None;
-    let mut first = true;
+    let mut last = seen;
+    // Whether the current spell of an unreadable file was reported (start-up reports
+    // its own).
+    let mut unreadable_reported = true;
     loop {
         let d = config.borrow_and_update().discovery.clone();
         let poll = d.as_ref().map_or(Duration::from_secs(1), |d| d.poll);
         if let Some(d) = d {
             match std::fs::read_to_string(&d.path) {
                 Ok(text) => {
-                    let hash = {
-                        use std::hash::{Hash, Hasher};
-                        let mut h = std::collections::hash_map::DefaultHasher::new();
-                        text.hash(&mut h);
-                        h.finish()
-                    };
+                    unreadable_reported = false;
+                    let hash = text_hash(&text);
                     let changed = last
                         .as_ref()
                         .is_none_or(|(p, h)| *p != d.path || *h != hash);
-                    // The first read only records what start-up already applied
-                    // (and reported): no second parse of a large file.
-                    if changed && first {
-                        last = Some((d.path.clone(), hash));
-                    } else if changed {
-                        match discovery::parse(&d.path, &text) {
+                    if changed {
+                        let cfg = config.borrow().clone();
+                        match parse_discovery(&cfg, &d.path, &text) {
                             Ok(targets) => {
                                 tracing::info!(file = %d.path.display(), targets = targets.len(), "discovery file changed");
                                 if engine
@@ -349,13 +471,13 @@ async fn watch_discovery(
                     }
                 }
                 Err(e) => {
-                    if last.is_some() || first {
+                    if !unreadable_reported {
                         tracing::error!(file = %d.path.display(), error = %e, "discovery file unreadable; keeping the previous target list");
+                        unreadable_reported = true;
                     }
                 }
             }
         }
-        first = false;
         tokio::select! {
             biased;
             _ = shutdown.changed() => return,

@@ -31,6 +31,12 @@ pub const DEFAULT_PROBE_PATH: &str = "/health";
 pub const DEFAULT_MAX_BODY: usize = vigil_core::report::MAX_REPORT_BYTES;
 /// Default heartbeat TTL: 30 s, three missed 10 s heartbeats.
 pub const DEFAULT_HEARTBEAT_TTL: Duration = Duration::from_secs(30);
+/// Default heartbeat replay window: a signed heartbeat's timestamp may differ from the
+/// controller's clock by at most 30 s. NTP keeps clocks within milliseconds; 30 s
+/// tolerates a badly kept worker clock while bounding how long a captured heartbeat
+/// that never arrived could be replayed (one that arrived never can: timestamps must
+/// increase per target).
+pub const DEFAULT_HEARTBEAT_MAX_SKEW: Duration = Duration::from_secs(30);
 /// Default discovery poll: 2 s. Polling a small file is cheap and needs no inotify.
 pub const DEFAULT_DISCOVERY_POLL: Duration = Duration::from_secs(2);
 /// Default webhook retries: 5, with doubling backoff about half a minute in total.
@@ -141,13 +147,48 @@ pub struct HeartbeatConfig {
     /// A heartbeat target with no heartbeat for this long fails its probe. Defaults to 30 s.
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
+    /// The key each heartbeat target's own signing key is derived from
+    /// (`vigil controller heartbeat-key <id>` prints it); `VIGIL_HEARTBEAT_SECRET` wins.
+    /// Required as soon as a target has `heartbeat = true`. Defaults to none.
+    pub secret: Option<String>,
+    /// Largest difference between a heartbeat's signed timestamp and the controller's
+    /// clock. Defaults to 30 s.
+    #[serde(with = "humantime_serde")]
+    pub max_skew: Duration,
 }
 
 impl Default for HeartbeatConfig {
     fn default() -> Self {
         HeartbeatConfig {
             ttl: DEFAULT_HEARTBEAT_TTL,
+            secret: None,
+            max_skew: DEFAULT_HEARTBEAT_MAX_SKEW,
         }
+    }
+}
+
+impl HeartbeatConfig {
+    /// The heartbeat secret in force: `VIGIL_HEARTBEAT_SECRET` if set and non-empty,
+    /// else the config's.
+    pub fn effective_secret(&self) -> Option<String> {
+        std::env::var("VIGIL_HEARTBEAT_SECRET")
+            .ok()
+            .filter(|t| !t.is_empty())
+            .or_else(|| self.secret.clone().filter(|t| !t.is_empty()))
+    }
+
+    /// Refuses heartbeat targets when no secret is set: their heartbeats could not be
+    /// verified, so every one would be refused and the targets replaced for it.
+    pub fn check_targets(&self, targets: &[TargetConfig], what: &str) -> Result<(), String> {
+        if let Some(i) = targets.iter().position(|t| t.heartbeat)
+            && self.effective_secret().is_none()
+        {
+            return Err(format!(
+                "{what}[{i}] ({:?}) has heartbeat = true but heartbeat.secret (or VIGIL_HEARTBEAT_SECRET) is not set: heartbeats are always signed",
+                targets[i].id
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -359,6 +400,9 @@ impl ControllerConfig {
         if self.heartbeat.ttl.is_zero() {
             return Err("heartbeat.ttl must be longer than 0s".into());
         }
+        if self.heartbeat.max_skew.is_zero() {
+            return Err("heartbeat.max_skew must be longer than 0s".into());
+        }
         self.guard.validate().map_err(|e| format!("guard.{e}"))?;
         match self.actuator.kind {
             ActuatorKind::Log => {}
@@ -405,7 +449,8 @@ impl ControllerConfig {
         if self.store.snapshot_every.is_zero() {
             return Err("store.snapshot_every must be longer than 0s".into());
         }
-        validate_targets(&self.targets, "targets")
+        validate_targets(&self.targets, "targets")?;
+        self.heartbeat.check_targets(&self.targets, "targets")
     }
 
     /// The API token in force: `VIGIL_API_TOKEN` if set and non-empty, else the config's.

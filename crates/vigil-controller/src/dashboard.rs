@@ -28,6 +28,7 @@ h1 { font-size: 1.4em; margin: 0 0 .5em; } h2 { font-size: 1.1em; margin: 1.2em 
 table { border-collapse: collapse; width: 100%; font-size: .85em; }
 td, th { text-align: left; padding: 3px 6px; border-bottom: 1px solid #ddd; vertical-align: top; }
 .act { color: #6a1b9a; font-weight: 600; } .hold_back { color: #555; }
+.store-failing { background: #c62828; color: #fff; padding: .8em 1em; border-radius: 6px; margin-bottom: 1em; }
 "#;
 
 const SCRIPT: &str = r#"
@@ -81,6 +82,11 @@ pub fn live(fleet: &FleetView, decisions: &[DecisionRecord]) -> Markup {
     }
     let frozen = g.frozen || !g.frozen_zones.is_empty();
     html! {
+        @if let Some(e) = &fleet.store_error {
+            section #store-failing .store-failing {
+                strong { "store failing: no actions are taken" } " (" (e) ")"
+            }
+        }
         section #guard .guard .(if frozen { "frozen" } else { "ok" }) data-frozen=(frozen) {
             @if g.frozen {
                 strong { "FROZEN: acting on no one." }

@@ -6,6 +6,22 @@
 //! of the loop (after draining every queued command) the batch is committed in one
 //! transaction, and only then are its actions run and its operator commands answered.
 //! One owner, one order: the op log replays exactly.
+//!
+//! ## When the store cannot commit
+//!
+//! A batch whose commit failed never happened: its actions are not run, its operator
+//! commands are answered 503, and the guard is rebuilt from the store (snapshot + op
+//! log, as at start), so budget, target states and holds are exactly as committed.
+//! Until a commit succeeds again the engine is *failing*: probes are shown but not
+//! judged, operator commands are refused without being applied, target list changes
+//! wait; `/readyz` answers 503 with the error, `vigil_controller_store_healthy` is 0 and
+//! the dashboard says "store failing: no actions are taken". Once a second it tries
+//! the store again with the largest write there is, a snapshot of the committed state
+//! (after the changes that waited); when that commits, judging resumes and a target
+//! still failing is decided again. Rebuilding from the store rather than keeping a copy
+//! of the committed state costs nothing while the store works (a copy would double the
+//! guard's memory, 180 bytes per target); if the store cannot even be read, nothing is
+//! judged until it can.
 
 use crate::clock::{Clock, rfc3339_ms, unix_ms};
 use crate::config::{ControllerConfig, ProbeConfig, TargetConfig};
@@ -13,7 +29,10 @@ use crate::history::History;
 use crate::metrics::{Metrics, TargetLabels};
 use crate::ops::{GuardOp, nanos, time};
 use crate::prober::ProbeRecord;
-use crate::store::{ActionRecord, Batch, NewDecision, NewTransition, StoreError, StoreHandle};
+use crate::store::{
+    ActionRecord, Batch, NewDecision, NewTransition, Recovered, StoreError, StoreHandle,
+    StoreHealth,
+};
 use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -39,6 +58,10 @@ const BULK_CHANGES: usize = 256;
 const QUIET_SNAPSHOT_EVERY: Duration = Duration::from_secs(600);
 /// Recent guard events kept for the dashboard.
 const RECENT_EVENTS: usize = 20;
+/// While the store fails, how often it is tried again (with a snapshot of the
+/// committed state). A second keeps a short outage short, and a failing write a second
+/// costs nothing.
+const STORE_RETRY_EVERY: Duration = Duration::from_secs(1);
 
 /// What the scheduler probes, and how.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,31 +113,70 @@ pub enum Command {
         /// For how long (None: until cleared).
         duration: Option<Duration>,
         /// Answer.
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), CommandError>>,
     },
-    /// Lift a hold (answered once committed).
+    /// Lift a hold of one kind (answered once committed).
     ClearHold {
         /// Target.
         id: String,
+        /// The kind to lift: a hold of the other kind stays, and the call is refused.
+        kind: HoldKind,
         /// Answer.
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), CommandError>>,
     },
     /// Manual freeze.
     Freeze {
         /// Why.
         reason: String,
         /// Answer.
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), CommandError>>,
     },
     /// Lift the manual freeze.
     Unfreeze {
         /// Answer.
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), CommandError>>,
     },
     /// A reloaded config.
     Reconfigure(Arc<ControllerConfig>),
     /// The fleet as it is now.
     Fleet(oneshot::Sender<Arc<FleetView>>),
+}
+
+/// Why an operator command was refused (it changed nothing).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// No such target.
+    #[error("unknown target {0:?}")]
+    UnknownTarget(String),
+    /// The target has no hold of the kind to lift.
+    #[error("{id:?} has no {kind} hold")]
+    NoHold {
+        /// Target.
+        id: String,
+        /// The kind asked for.
+        kind: &'static str,
+    },
+    /// The target's hold is of the other kind.
+    #[error("{id:?} has a {held} hold, not a {kind} one: DELETE /api/targets/{id}/{held} lifts it")]
+    OtherHold {
+        /// Target.
+        id: String,
+        /// The kind asked for.
+        kind: &'static str,
+        /// The kind in force.
+        held: &'static str,
+    },
+    /// The store could not commit it: it was not applied.
+    #[error("store failing, not applied: {0}")]
+    Store(String),
+}
+
+/// A hold kind as in the API's paths (`silence`, `maintenance`).
+pub fn hold_path(kind: HoldKind) -> &'static str {
+    match kind {
+        HoldKind::Silenced => "silence",
+        HoldKind::Maintenance => "maintenance",
+    }
 }
 
 /// The fleet at a moment, for the API and dashboard.
@@ -128,6 +190,8 @@ pub struct FleetView {
     pub targets: Vec<TargetInfo>,
     /// Recent guard events (freezes, flapping), newest last.
     pub events: Vec<EventInfo>,
+    /// The store's error while it cannot commit (no action is taken meanwhile).
+    pub store_error: Option<String>,
 }
 
 /// A guard event, for display.
@@ -248,7 +312,10 @@ struct TargetRuntime {
     history: History,
 }
 
-type Reply = (oneshot::Sender<Result<(), String>>, Result<(), String>);
+type Reply = (
+    oneshot::Sender<Result<(), CommandError>>,
+    Result<(), CommandError>,
+);
 
 /// The engine. Build it with [`Engine::recover`], run it with [`Engine::run`].
 pub struct Engine {
@@ -275,6 +342,65 @@ pub struct Engine {
     unlogged: bool,
     /// Ops logged since the last snapshot.
     ops_since_snapshot: usize,
+    /// Shared with `/readyz` and the dashboard.
+    health: Arc<StoreHealth>,
+    /// The store's error while commits fail: nothing is judged meanwhile.
+    failing: Option<String>,
+    /// The guard is ahead of the store (a failed commit could not be undone yet: the
+    /// store could not be read either).
+    dirty: bool,
+    /// A retry of a failing store is in this batch.
+    recovering: bool,
+    /// When a failing store is tried again.
+    retry_at: Instant,
+    /// Target list or config changes wait for the store to work.
+    targets_pending: bool,
+    /// Guard events recorded since the last commit (undone with it if it fails).
+    events_since_flush: usize,
+    /// Discovery is configured but no good list has been read since start: targets
+    /// the guard knows are kept (see [`Engine::initial_targets`]).
+    discovery_pending: bool,
+}
+
+/// The guard rebuilt from what the store holds: the snapshot, then the ops after it.
+/// Returns it with the latest time it has seen and the number of ops replayed.
+fn rebuild(
+    rec: &Recovered,
+    config: &GuardConfig,
+) -> Result<(SafetyGuard, Time, usize), anyhow::Error> {
+    let mut latest = Time::ZERO;
+    let mut guard = match &rec.snapshot {
+        Some(text) => {
+            let snap: Snapshot = serde_json::from_str(text).map_err(|e| {
+                anyhow::anyhow!(
+                    "the store's guard snapshot does not parse ({e}); refusing to start with a reset budget"
+                )
+            })?;
+            latest = Time::from_elapsed(Duration::from_nanos(snap.at));
+            SafetyGuard::restore(snap.config, snap.state)
+        }
+        None => SafetyGuard::new(config.clone()),
+    };
+    let mut replayed = 0;
+    for (i, text) in rec.ops.iter().enumerate() {
+        let ops: Vec<GuardOp> = serde_json::from_str(text).map_err(|e| {
+            anyhow::anyhow!("guard op batch {i} after the snapshot does not parse: {e}")
+        })?;
+        for op in ops {
+            if let Some(at) = op.at() {
+                latest = latest.max(at);
+            }
+            op.apply(&mut guard);
+            replayed += 1;
+        }
+    }
+    guard.drain_events();
+    for v in guard.targets(latest) {
+        if let Some(t) = v.failing_since {
+            latest = latest.max(t);
+        }
+    }
+    Ok((guard, latest, replayed))
 }
 
 /// What recovery found, for the log.
@@ -294,42 +420,13 @@ impl Engine {
         config: Arc<ControllerConfig>,
         store: StoreHandle,
         metrics: Arc<Metrics>,
+        health: Arc<StoreHealth>,
         actions: mpsc::UnboundedSender<ActionRecord>,
         plan: watch::Sender<Arc<Plan>>,
     ) -> Result<(Engine, RecoveryReport), anyhow::Error> {
         let rec = store.call(|s| s.recover()).await?;
-        let mut latest = Time::ZERO;
-        let mut guard = match &rec.snapshot {
-            Some(text) => {
-                let snap: Snapshot = serde_json::from_str(text).map_err(|e| {
-                    anyhow::anyhow!(
-                        "the store's guard snapshot does not parse ({e}); refusing to start with a reset budget"
-                    )
-                })?;
-                latest = Time::from_elapsed(Duration::from_nanos(snap.at));
-                SafetyGuard::restore(snap.config, snap.state)
-            }
-            None => SafetyGuard::new(config.guard.clone()),
-        };
-        let mut replayed = 0;
-        for (i, text) in rec.ops.iter().enumerate() {
-            let ops: Vec<GuardOp> = serde_json::from_str(text).map_err(|e| {
-                anyhow::anyhow!("guard op batch {i} after the snapshot does not parse: {e}")
-            })?;
-            for op in ops {
-                if let Some(at) = op.at() {
-                    latest = latest.max(at);
-                }
-                op.apply(&mut guard);
-                replayed += 1;
-            }
-        }
-        guard.drain_events();
-        for v in guard.targets(latest) {
-            if let Some(t) = v.failing_since {
-                latest = latest.max(t);
-            }
-        }
+        let (guard, latest, replayed) = rebuild(&rec, &config.guard)?;
+        metrics.store_healthy(true);
         let clock = Clock::start(latest);
         let report = RecoveryReport {
             snapshot: rec.snapshot.is_some(),
@@ -355,6 +452,14 @@ impl Engine {
             zones: BTreeSet::new(),
             unlogged: false,
             ops_since_snapshot: rec.ops.len(),
+            health,
+            failing: None,
+            dirty: false,
+            recovering: false,
+            retry_at: Instant::now(),
+            targets_pending: false,
+            events_since_flush: 0,
+            discovery_pending: false,
         };
         // Targets the guard remembers keep their state only if still configured; the
         // caller sends both sources before the first flush.
@@ -407,11 +512,45 @@ impl Engine {
     }
 
     /// Sets both target sources at start (before `run`), so targets in neither are
-    /// forgotten once, and the others keep their state.
-    pub fn initial_targets(&mut self, config: Vec<TargetConfig>, discovered: Vec<TargetConfig>) {
+    /// forgotten once, and the others keep their state. `discovered` is None when the
+    /// discovery file could not be used at start (missing, unreadable, invalid): then
+    /// the targets the store knows and the config does not list are kept, with their
+    /// guard state (holds, damping, streaks), unprobed (their URLs are the file's),
+    /// until a good list arrives. Forgetting them would lose their holds and flap
+    /// penalties to a file that was briefly broken.
+    pub fn initial_targets(
+        &mut self,
+        config: Vec<TargetConfig>,
+        discovered: Option<Vec<TargetConfig>>,
+    ) {
         self.config_targets = shared(config);
-        self.discovered = shared(discovered);
+        self.discovery_pending = discovered.is_none();
+        self.discovered = shared(discovered.unwrap_or_default());
         self.apply_targets();
+        if self.discovery_pending {
+            let kept = self.kept_targets();
+            if kept > 0 {
+                tracing::warn!(
+                    kept,
+                    "discovery file unusable at start: the targets the store knows keep their guard state, unprobed, until a good file arrives"
+                );
+            }
+        }
+    }
+
+    /// Targets kept from the store while the discovery file is unusable (known to the
+    /// guard, listed by no source).
+    fn kept_targets(&self) -> usize {
+        let listed: std::collections::HashSet<&str> = self
+            .config_targets
+            .iter()
+            .chain(&self.discovered)
+            .map(|t| t.id.as_str())
+            .collect();
+        self.runtime
+            .keys()
+            .filter(|id| !listed.contains(&***id))
+            .count()
     }
 
     /// Runs until `shutdown` flips; commits a final snapshot on the way out.
@@ -440,15 +579,27 @@ impl Engine {
                     }
                 }
                 _ = tick.tick() => {
-                    // A tick with no hold due and nobody flapping changes nothing: it
-                    // is not logged, and no target's state needs a refresh.
-                    let at = nanos(self.clock.now());
-                    if self.guard.tick_changed(time(at)) {
-                        self.logged(GuardOp::Tick { at }, None, None);
+                    if self.failing.is_some() {
+                        if self.retry_at <= Instant::now() {
+                            self.retry_store().await;
+                        }
+                    } else {
+                        // A tick with no hold due and nobody flapping changes nothing:
+                        // it is not logged, and no target's state needs a refresh.
+                        let at = nanos(self.clock.now());
+                        if self.guard.tick_changed(time(at)) {
+                            self.logged(GuardOp::Tick { at }, None, None);
+                        }
                     }
                 }
             }
             self.flush().await;
+        }
+        if self.failing.is_some() {
+            tracing::error!(
+                "engine stopped with the store failing: the guard state is as last committed"
+            );
+            return;
         }
         self.snapshot();
         self.flush().await;
@@ -456,6 +607,22 @@ impl Engine {
     }
 
     fn handle(&mut self, cmd: Command) {
+        // While the store fails, an operator command is refused, not applied: it could
+        // not be made durable, and one in force but lost at the next restart is worse
+        // than one refused.
+        let cmd = match (cmd, &self.failing) {
+            (
+                Command::SetHold { reply, .. }
+                | Command::ClearHold { reply, .. }
+                | Command::Freeze { reply, .. }
+                | Command::Unfreeze { reply },
+                Some(e),
+            ) => {
+                let _asker_may_be_gone = reply.send(Err(CommandError::Store(e.clone())));
+                return;
+            }
+            (cmd, _) => cmd,
+        };
         match cmd {
             Command::Probe { id, obs, record } => {
                 let Some(rt) = self.runtime.get_mut(id.as_str()) else {
@@ -464,6 +631,11 @@ impl Engine {
                 self.metrics
                     .probe(&rt.up, record.ok, record.duration_ms / 1000.0);
                 rt.history.push(record, self.config.probe.history);
+                if self.failing.is_some() {
+                    // Shown, not judged: a decision now could not be committed. A
+                    // target still failing is decided again once the store works.
+                    return;
+                }
                 let at = nanos(self.clock.now());
                 // A probe that changes nothing in the guard (a healthy target passing
                 // again) is not logged: replaying the log without it ends in the same
@@ -478,9 +650,16 @@ impl Engine {
                 let targets = shared(targets);
                 match source {
                     Source::Config => self.config_targets = targets,
-                    Source::Discovery => self.discovered = targets,
+                    Source::Discovery => {
+                        self.discovered = targets;
+                        self.discovery_pending = false;
+                    }
                 }
-                self.apply_targets();
+                if self.failing.is_some() {
+                    self.targets_pending = true;
+                } else {
+                    self.apply_targets();
+                }
             }
             Command::SetHold {
                 id,
@@ -509,21 +688,34 @@ impl Engine {
                     if found {
                         Ok(())
                     } else {
-                        Err(format!("unknown target {id:?}"))
+                        Err(CommandError::UnknownTarget(id))
                     },
                 ));
             }
-            Command::ClearHold { id, reply } => {
-                let at = nanos(self.clock.now());
-                let found = self.op(GuardOp::ClearHold { at, id: id.clone() }, Some(&id));
-                self.replies.push((
-                    reply,
-                    if found {
-                        Ok(())
-                    } else {
-                        Err(format!("unknown target {id:?}"))
-                    },
-                ));
+            Command::ClearHold { id, kind, reply } => {
+                let now = self.clock.now();
+                // Only a hold of the kind asked for is lifted: lifting a maintenance
+                // with DELETE .../silence would put a target under repair back in
+                // the counts and in reach of the actuator.
+                let held = self.guard.target(now, &id).map(|v| v.hold.map(|h| h.kind));
+                let r = match held {
+                    None => Err(CommandError::UnknownTarget(id.clone())),
+                    Some(None) => Err(CommandError::NoHold {
+                        id: id.clone(),
+                        kind: hold_path(kind),
+                    }),
+                    Some(Some(h)) if h != kind => Err(CommandError::OtherHold {
+                        id: id.clone(),
+                        kind: hold_path(kind),
+                        held: hold_path(h),
+                    }),
+                    Some(Some(_)) => Ok(()),
+                };
+                if r.is_ok() {
+                    let at = nanos(now);
+                    self.op(GuardOp::ClearHold { at, id: id.clone() }, Some(&id));
+                }
+                self.replies.push((reply, r));
             }
             Command::Freeze { reason, reply } => {
                 let at = nanos(self.clock.now());
@@ -543,9 +735,15 @@ impl Engine {
     }
 
     fn reconfigure(&mut self, config: Arc<ControllerConfig>) {
-        self.reconfigure_guard(&config);
         self.config_targets = config.targets.iter().cloned().map(Arc::new).collect();
-        self.config = config;
+        self.config = config.clone();
+        self.discovery_pending &= config.discovery.is_some();
+        if self.failing.is_some() {
+            // Applied with the next successful commit (`retry_store`).
+            self.targets_pending = true;
+            return;
+        }
+        self.reconfigure_guard(&config);
         self.apply_targets();
     }
 
@@ -591,13 +789,29 @@ impl Engine {
                 _ => merged.push(t),
             }
         }
-        let wanted = |id: &str| merged.binary_search_by(|t| t.id.as_str().cmp(id)).is_ok();
-        let gone: Vec<Arc<str>> = self
+        let pending = self.discovery_pending;
+        let guard = &self.guard;
+        let now = self.clock.now();
+        // While the discovery file has not been read right since start, a target the
+        // guard knows stays (see `initial_targets`).
+        let wanted = |id: &str| {
+            merged.binary_search_by(|t| t.id.as_str().cmp(id)).is_ok()
+                || (pending && guard.target(now, id).is_some())
+        };
+        let mut gone: Vec<Arc<str>> = self
             .runtime
             .keys()
             .filter(|id| !wanted(id))
             .cloned()
             .collect();
+        // Targets the guard knows without a record here (a removal undone by a failed
+        // commit) go as well.
+        gone.extend(
+            self.guard
+                .target_ids()
+                .filter(|id| !wanted(id) && !self.runtime.contains_key(*id))
+                .map(Arc::from),
+        );
         let added = merged
             .iter()
             .filter(|t| !self.runtime.contains_key(t.id.as_str()))
@@ -725,6 +939,7 @@ impl Engine {
             if self.events.len() >= RECENT_EVENTS {
                 self.events.pop_front();
             }
+            self.events_since_flush += 1;
             self.events.push_back(EventInfo {
                 at_ms: unix_ms(self.clock.now()),
                 message,
@@ -794,7 +1009,6 @@ impl Engine {
                 tracing::info!(target_id = %d.target, decision = %summary, "guard holds back")
             }
         }
-        self.metrics.decision(d.outcome.as_str());
         self.batch.decisions.push(NewDecision {
             at_ms,
             target: d.target,
@@ -830,7 +1044,8 @@ impl Engine {
         // the stored state is current; rewriting it would only churn memory and disk.
         // Now and then all the same, so the stored guard time keeps up.
         let since = self.last_snapshot.elapsed();
-        if since >= self.config.store.snapshot_every
+        if self.failing.is_none()
+            && since >= self.config.store.snapshot_every
             && (self.ops_since_snapshot > 0 || since >= QUIET_SNAPSHOT_EVERY)
         {
             self.snapshot();
@@ -851,6 +1066,7 @@ impl Engine {
         );
         let replies = std::mem::take(&mut self.replies);
         if self.batch.is_empty() {
+            self.events_since_flush = 0;
             for (tx, r) in replies {
                 let _asker_may_be_gone = tx.send(r);
             }
@@ -862,8 +1078,24 @@ impl Engine {
             .iter()
             .filter(|d| d.action.is_some())
             .count();
+        let n_act = batch
+            .decisions
+            .iter()
+            .filter(|d| d.outcome == Outcome::Act.as_str())
+            .count() as u64;
+        let n_hold = batch.decisions.len() as u64 - n_act;
         match self.store.call(move |s| s.commit(&batch)).await {
             Ok(created) => {
+                self.events_since_flush = 0;
+                self.metrics.decision(Outcome::Act.as_str(), n_act);
+                self.metrics.decision(Outcome::HoldBack.as_str(), n_hold);
+                if std::mem::take(&mut self.recovering) {
+                    tracing::warn!(
+                        "store works again: the committed guard state is current; judging resumes"
+                    );
+                    self.health.set_ok();
+                    self.metrics.store_healthy(true);
+                }
                 for a in created {
                     if self.actions.send(a).is_err() {
                         tracing::error!(
@@ -876,12 +1108,96 @@ impl Engine {
                 }
             }
             Err(e) => {
-                log_store_error(&e, n_actions);
-                for (tx, _) in replies {
-                    let _asker_may_be_gone = tx.send(Err(format!("store: {e}")));
+                // A failed retry is not news: the failing state is logged once.
+                if !self.recovering {
+                    log_store_error(&e, n_actions);
                 }
+                for (tx, _) in replies {
+                    let _asker_may_be_gone = tx.send(Err(CommandError::Store(e.to_string())));
+                }
+                self.undo(&e).await;
             }
         }
+    }
+
+    /// A commit failed: the batch never happened. Enter (or stay in) the failing
+    /// state and put the guard back where the store has it.
+    async fn undo(&mut self, e: &StoreError) {
+        self.metrics.store_error();
+        self.metrics.store_healthy(false);
+        let message = e.to_string();
+        self.health.set_failing(message.clone());
+        if self.failing.is_none() && !self.recovering {
+            tracing::error!(error = %message, "store failing: no actions are taken until it works again");
+        }
+        self.failing = Some(message);
+        let retry = std::mem::take(&mut self.recovering);
+        self.retry_at = Instant::now() + STORE_RETRY_EVERY;
+        // The batch's guard events did not happen either.
+        for _ in 0..self.events_since_flush.min(self.events.len()) {
+            self.events.pop_back();
+        }
+        self.events_since_flush = 0;
+        // Target changes the batch applied are applied again after the store works.
+        self.targets_pending = true;
+        self.dirty = true;
+        if self.reload().await && !retry {
+            tracing::info!("guard put back at its last committed state");
+        }
+    }
+
+    /// Rebuilds the guard from the store (the committed state). Returns whether it
+    /// could; if not, the guard stays ahead of the store (`dirty`) and nothing is
+    /// judged or written until it can.
+    async fn reload(&mut self) -> bool {
+        let rec = match self.store.call(|s| s.recover()).await {
+            Ok(rec) => rec,
+            Err(e) => {
+                self.metrics.store_error();
+                tracing::error!(error = %e, "cannot read the store to undo a failed commit; retrying");
+                return false;
+            }
+        };
+        match rebuild(&rec, &self.config.guard) {
+            Ok((guard, _, replayed)) => {
+                tracing::debug!(ops_replayed = replayed, "guard rebuilt from the store");
+                self.guard = guard;
+                self.dirty = false;
+                self.ops_since_snapshot = rec.ops.len();
+                self.snapshot_size = rec.snapshot.as_ref().map_or(0, String::len);
+                // Display states follow the guard back, without recording transitions
+                // that never happened.
+                let now = self.clock.now();
+                for (id, rt) in self.runtime.iter_mut() {
+                    if let Some(v) = self.guard.target(now, id) {
+                        rt.state = display_state(&v);
+                    }
+                }
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot rebuild the guard from the store; retrying");
+                false
+            }
+        }
+    }
+
+    /// While failing: applies what waited and tries the store with a snapshot of the
+    /// committed state; [`Engine::flush`] commits it and leaves the failing state, or
+    /// undoes it all again.
+    async fn retry_store(&mut self) {
+        self.retry_at = Instant::now() + STORE_RETRY_EVERY;
+        if self.dirty && !self.reload().await {
+            return;
+        }
+        self.failing = None;
+        self.recovering = true;
+        let config = self.config.clone();
+        self.reconfigure_guard(&config);
+        if std::mem::take(&mut self.targets_pending) {
+            self.apply_targets();
+        }
+        self.snapshot();
     }
 
     fn view(&self) -> FleetView {
@@ -943,6 +1259,7 @@ impl Engine {
             guard,
             targets,
             events: self.events.iter().cloned().collect(),
+            store_error: self.failing.clone(),
         }
     }
 }
@@ -969,7 +1286,7 @@ fn log_store_error(e: &StoreError, n_actions: usize) {
     tracing::error!(
         error = %e,
         actions_not_run = n_actions,
-        "store commit failed: this batch's ops are lost and its actions are NOT run"
+        "store commit failed: the batch is undone, its actions are NOT run"
     );
 }
 
@@ -1097,11 +1414,17 @@ mod tests {
             probe: config.probe.clone(),
             heartbeat_ttl: config.heartbeat.ttl,
         }));
-        let (mut engine, _) =
-            Engine::recover(config, store, Arc::new(Metrics::new()), actions, plan)
-                .await
-                .unwrap();
-        engine.initial_targets(Vec::new(), targets(n));
+        let (mut engine, _) = Engine::recover(
+            config,
+            store,
+            Arc::new(Metrics::new()),
+            Arc::new(StoreHealth::default()),
+            actions,
+            plan,
+        )
+        .await
+        .unwrap();
+        engine.initial_targets(Vec::new(), Some(targets(n)));
         let (tx, rx) = mpsc::channel(1024);
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(engine.run(rx, stop_rx));
@@ -1158,6 +1481,18 @@ mod tests {
         assert_eq!(before.len(), n);
         let flapping = before.iter().find(|v| v["id"] == "t002").unwrap();
         assert!(flapping["penalty"].as_u64().unwrap() > 0, "{flapping}");
+        // A flap penalty decays with the time between the two views (seconds on a
+        // loaded machine): it may only have decayed, never grown or reset.
+        let (mut before, mut after) = (before, after);
+        for (b, a) in before.iter_mut().zip(after.iter_mut()) {
+            let pb = b["penalty"].take().as_u64().unwrap();
+            let pa = a["penalty"].take().as_u64().unwrap();
+            assert!(
+                pa <= pb && (pb == 0 || pa > 0) && pb - pa <= pb / 100 + 1,
+                "{}: penalty {pb} -> {pa}",
+                b["id"]
+            );
+        }
         assert_eq!(before, after);
     }
 
@@ -1169,5 +1504,167 @@ mod tests {
     #[tokio::test]
     async fn a_restart_after_a_crash_restores_the_guard_after_a_bulk_start() {
         restart_keeps_the_guard(BULK_CHANGES + 50).await;
+    }
+
+    /// The SQLite store with commits that fail while `fail` is set (reads keep
+    /// working, as on a full disk). The integration test fills a real file system;
+    /// this one runs without root.
+    struct FailingCommits {
+        inner: SqliteStore,
+        fail: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl crate::store::Store for FailingCommits {
+        fn recover(&mut self) -> Result<Recovered, StoreError> {
+            self.inner.recover()
+        }
+        fn commit(&mut self, batch: &Batch) -> Result<Vec<ActionRecord>, StoreError> {
+            if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::Unusable {
+                    path: "test".into(),
+                    why: "database or disk is full (injected)".into(),
+                });
+            }
+            self.inner.commit(batch)
+        }
+        fn start_attempt(&mut self, id: i64) -> Result<(), StoreError> {
+            self.inner.start_attempt(id)
+        }
+        fn finish_action(
+            &mut self,
+            id: i64,
+            state: crate::store::ActionState,
+            at_ms: i64,
+            result: &str,
+        ) -> Result<(), StoreError> {
+            self.inner.finish_action(id, state, at_ms, result)
+        }
+        fn decisions(
+            &mut self,
+            target: Option<&str>,
+            limit: usize,
+        ) -> Result<Vec<crate::store::DecisionRecord>, StoreError> {
+            self.inner.decisions(target, limit)
+        }
+        fn actions(&mut self, limit: usize) -> Result<Vec<ActionRecord>, StoreError> {
+            self.inner.actions(limit)
+        }
+        fn transitions(
+            &mut self,
+            target: &str,
+            limit: usize,
+        ) -> Result<Vec<crate::store::TransitionRecord>, StoreError> {
+            self.inner.transitions(target, limit)
+        }
+    }
+
+    async fn fleet(tx: &mpsc::Sender<Command>) -> Arc<FleetView> {
+        let (reply, rx) = oneshot::channel();
+        tx.send(Command::Fleet(reply)).await.unwrap();
+        rx.await.unwrap()
+    }
+
+    async fn silence(tx: &mpsc::Sender<Command>, id: &str) -> Result<(), CommandError> {
+        let (reply, rx) = oneshot::channel();
+        tx.send(Command::SetHold {
+            id: id.into(),
+            kind: HoldKind::Silenced,
+            reason: "test".into(),
+            duration: None,
+            reply,
+        })
+        .await
+        .unwrap();
+        rx.await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_decision_whose_commit_failed_has_no_effect_and_is_made_again_once_the_store_works() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Arc::new(ControllerConfig {
+            guard: GuardConfig {
+                grace: Duration::ZERO,
+                min_failing: Duration::ZERO,
+                ..GuardConfig::default()
+            },
+            ..ControllerConfig::default()
+        });
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let store = FailingCommits {
+            inner: SqliteStore::open(&dir.path().join("vigil.db")).unwrap(),
+            fail: fail.clone(),
+        };
+        let (store, _thread) = StoreHandle::spawn(Box::new(store));
+        let (actions, mut actions_rx) = mpsc::unbounded_channel();
+        let (plan, _plan_rx) = watch::channel(Arc::new(Plan {
+            targets: Vec::new(),
+            probe: config.probe.clone(),
+            heartbeat_ttl: config.heartbeat.ttl,
+        }));
+        let health = Arc::new(StoreHealth::default());
+        let (mut engine, _) = Engine::recover(
+            config,
+            store,
+            Arc::new(Metrics::new()),
+            health.clone(),
+            actions,
+            plan,
+        )
+        .await
+        .unwrap();
+        engine.initial_targets(Vec::new(), Some(targets(5)));
+        let (tx, rx) = mpsc::channel(1024);
+        let (_stop, stop_rx) = watch::channel(false);
+        tokio::spawn(engine.run(rx, stop_rx));
+        for _ in 0..2 {
+            for t in targets(5) {
+                tx.send(probe(&t.id, &t.zone, true)).await.unwrap();
+            }
+        }
+        silence(&tx, "t004").await.unwrap();
+        let before = guard_views(&tx).await;
+
+        fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..5 {
+            tx.send(probe("t001", "z1", false)).await.unwrap();
+        }
+        assert_eq!(
+            silence(&tx, "t002").await,
+            Err(CommandError::Store(
+                "store test: database or disk is full (injected)".into()
+            )),
+            "a mutation that cannot be committed is refused"
+        );
+        let f = fleet(&tx).await;
+        assert!(f.store_error.is_some());
+        assert!(health.error().is_some());
+        assert_eq!(f.guard.budget_left, 2, "no budget spent");
+        assert_eq!(
+            guard_views(&tx).await,
+            before,
+            "every target as committed: no failure streak, no report, no new hold"
+        );
+        assert!(
+            actions_rx.try_recv().is_err(),
+            "no action without an intent"
+        );
+
+        fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fleet(&tx).await.store_error.is_some() {
+            assert!(Instant::now() < deadline, "the store was not tried again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(health.error().is_none());
+        for _ in 0..3 {
+            tx.send(probe("t001", "z1", false)).await.unwrap();
+        }
+        let action = tokio::time::timeout(Duration::from_secs(10), actions_rx.recv())
+            .await
+            .expect("decided again once the store works")
+            .unwrap();
+        assert_eq!(action.target, "t001");
+        assert_eq!(fleet(&tx).await.guard.budget_left, 1);
+        silence(&tx, "t002").await.unwrap();
     }
 }

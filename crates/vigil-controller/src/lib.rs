@@ -7,6 +7,7 @@
 //! - [`scheduler`] and [`prober`]: deep-health probing with jitter, timeouts, bounded
 //!   concurrency and pooled connections; heartbeat targets.
 //! - [`discovery`]: the watched target file.
+//! - [`heartbeat`]: heartbeat signatures (a key per target, HMAC over time and body).
 //! - [`history`]: each target's recent probes, packed, for the API.
 //! - [`store`]: the `Store` trait and its SQLite implementation (snapshot + op log,
 //!   decision log, action intents).
@@ -24,6 +25,7 @@ pub mod config;
 pub mod dashboard;
 pub mod discovery;
 pub mod engine;
+pub mod heartbeat;
 pub mod history;
 pub mod metrics;
 pub mod ops;

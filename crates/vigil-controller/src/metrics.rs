@@ -2,15 +2,30 @@
 //!
 //! Names follow Prometheus conventions with the `vigil_controller_` prefix: counters end
 //! in `_total` (prometheus-client adds it), durations are in seconds.
+//!
+//! Two things prometheus-client 0.24 does not do, done here:
+//! - **Label values are escaped** (`\` `"` and newline, as both exposition formats
+//!   require): it writes them as given, so a target id or zone with a `"` broke the
+//!   whole scrape and a crafted one (`x"} 1\nvigil_controller_guard_frozen 1`) injected
+//!   series. Escaping, rather than restricting ids to a character set, keeps every id
+//!   an operator already uses (host names, ARNs, paths) valid; JSON, HTML and the logs
+//!   escape on their own.
+//! - **The Prometheus text format 0.0.4** for scrapers that do not ask for OpenMetrics
+//!   ([`Metrics::encode_text`]): prometheus-client always writes OpenMetrics, whose
+//!   counter families are named without `_total`, which Prometheus' text parser and
+//!   `promtool check metrics` read as counters without help (client_rust #194).
 
 use crate::store::ActionState;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
+use prometheus_client::encoding::{
+    EncodeLabel, EncodeLabelSet, EncodeLabelValue, LabelSetEncoder, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 /// A metric's labels.
@@ -28,8 +43,28 @@ pub struct TargetLabels {
 
 impl EncodeLabelSet for TargetLabels {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
-        ("target", &*self.target).encode(encoder.encode_label())?;
-        ("zone", &*self.zone).encode(encoder.encode_label())
+        ("target", Escaped(&self.target)).encode(encoder.encode_label())?;
+        ("zone", Escaped(&self.zone)).encode(encoder.encode_label())
+    }
+}
+
+/// A label value from outside (a target id, a zone), written escaped: `\` as `\\`,
+/// `"` as `\"`, a newline as `\n`, the escapes both exposition formats define.
+pub struct Escaped<'a>(pub &'a str);
+
+impl EncodeLabelValue for Escaped<'_> {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        let mut rest = self.0;
+        while let Some(i) = rest.find(['\\', '"', '\n']) {
+            encoder.write_str(&rest[..i])?;
+            encoder.write_str(match rest.as_bytes()[i] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[i + 1..];
+        }
+        encoder.write_str(rest)
     }
 }
 
@@ -50,6 +85,9 @@ pub struct Metrics {
     target_up: Family<TargetLabels, Gauge>,
     decisions: Family<Labels, Counter>,
     actions: Family<Labels, Counter>,
+    heartbeats: Family<Labels, Counter>,
+    store_errors: Counter,
+    store_healthy: Gauge,
     frozen: Gauge,
     /// How long the oldest automatic freeze in force has lasted, seconds (0: none).
     frozen_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -100,6 +138,24 @@ impl Metrics {
             "Actuator runs finished, by result",
             actions.clone(),
         );
+        let heartbeats = Family::<Labels, Counter>::default();
+        registry.register(
+            "heartbeats",
+            "Heartbeats received, by result: accepted, or why refused (unsigned, bad_signature, stale, replayed, unknown_target, malformed, too_large, no_secret)",
+            heartbeats.clone(),
+        );
+        let store_errors = Counter::default();
+        registry.register(
+            "store_errors",
+            "Store operations that failed (commits of the engine, action bookkeeping)",
+            store_errors.clone(),
+        );
+        let store_healthy = Gauge::default();
+        registry.register(
+            "store_healthy",
+            "Whether the last commit of the engine succeeded (1); 0: store failing, no action is taken",
+            store_healthy.clone(),
+        );
         let frozen = Gauge::default();
         registry.register(
             "guard_frozen",
@@ -139,6 +195,9 @@ impl Metrics {
             target_up,
             decisions,
             actions,
+            heartbeats,
+            store_errors,
+            store_healthy,
             frozen,
             frozen_seconds,
             budget_left,
@@ -173,11 +232,23 @@ impl Metrics {
         self.target_up.remove(target);
     }
 
-    /// Records a decision.
-    pub fn decision(&self, outcome: &str) {
-        self.decisions
-            .get_or_create(&vec![("outcome", outcome.to_string())])
-            .inc();
+    /// Records `n` committed decisions of one outcome.
+    pub fn decision(&self, outcome: &str, n: u64) {
+        if n > 0 {
+            self.decisions
+                .get_or_create(&vec![("outcome", outcome.to_string())])
+                .inc_by(n);
+        }
+    }
+
+    /// Counts a failed store operation.
+    pub fn store_error(&self) {
+        self.store_errors.inc();
+    }
+
+    /// Sets the store-health gauge.
+    pub fn store_healthy(&self, healthy: bool) {
+        self.store_healthy.set(i64::from(healthy));
     }
 
     /// Records a finished action.
@@ -189,6 +260,13 @@ impl Metrics {
         };
         self.actions
             .get_or_create(&vec![("result", s.to_string())])
+            .inc();
+    }
+
+    /// Counts a heartbeat: `accepted`, or the reason it was refused.
+    pub fn heartbeat(&self, result: &str) {
+        self.heartbeats
+            .get_or_create(&vec![("result", result.to_string())])
             .inc();
     }
 
@@ -210,12 +288,52 @@ impl Metrics {
         self.schedule_lag.observe(seconds);
     }
 
-    /// The text exposition.
+    /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
+
+    /// The Prometheus text format 0.0.4: the OpenMetrics text with counter families
+    /// named as their samples (`_total`), and no `# UNIT` or `# EOF` line.
+    pub fn encode_text(&self) -> String {
+        to_text_0_0_4(&self.encode())
+    }
+}
+
+/// OpenMetrics text as written by prometheus-client, in the Prometheus text format
+/// 0.0.4. Samples are the same in both; metadata lines differ.
+fn to_text_0_0_4(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len() + 16 * counters.len());
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| Some((p, line.strip_prefix(p)?)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let total = if counters.contains(name) {
+                    "_total"
+                } else {
+                    ""
+                };
+                let _ = writeln!(out, "{prefix}{name}{total} {tail}");
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 /// The (shared) histogram and counter of one probe result.
@@ -229,4 +347,47 @@ fn result_series(
         duration.get_or_create(&labels).clone(),
         count.get_or_create(&labels).clone(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_label_values_are_escaped_and_inject_nothing() {
+        let m = Metrics::new();
+        let labels = TargetLabels {
+            target: Arc::from("x\"} 1\nvigil_controller_guard_frozen 1\n# \\"),
+            zone: Arc::from("z"),
+        };
+        m.target_up(&labels).set(1);
+        let text = m.encode_text();
+        assert!(
+            text.contains(
+                r#"vigil_controller_target_up{target="x\"} 1\nvigil_controller_guard_frozen 1\n# \\",zone="z"} 1"#
+            ),
+            "{text}"
+        );
+        let frozen = text
+            .lines()
+            .filter(|l| l.starts_with("vigil_controller_guard_frozen"))
+            .count();
+        assert_eq!(frozen, 1, "{text}");
+    }
+
+    #[test]
+    fn the_text_format_names_counter_families_with_total_and_has_no_eof() {
+        let m = Metrics::new();
+        m.decision("act", 1);
+        let text = m.encode_text();
+        assert!(
+            text.contains("# TYPE vigil_controller_decisions_total counter\n"),
+            "{text}"
+        );
+        assert!(text.contains("# HELP vigil_controller_decisions_total Guard"));
+        assert!(text.contains("vigil_controller_decisions_total{outcome=\"act\"} 1\n"));
+        assert!(text.contains("# TYPE vigil_controller_guard_frozen gauge\n"));
+        assert!(!text.contains("# EOF"));
+        assert!(m.encode().ends_with("# EOF\n"));
+    }
 }

@@ -25,6 +25,8 @@ pub struct Beat {
     pub at: Instant,
     /// The health it carried, if any.
     pub report: Option<HealthReport>,
+    /// Its signed timestamp (UNIX ms): the next one of this target must be later.
+    pub signed_ms: i64,
 }
 
 /// Heartbeats received, by target id (shared with the API).
@@ -32,15 +34,24 @@ pub struct Beat {
 pub struct Heartbeats(Mutex<HashMap<String, Beat>>);
 
 impl Heartbeats {
-    /// Records a heartbeat.
-    pub fn beat(&self, id: &str, report: Option<HealthReport>) {
-        self.0.lock().expect("heartbeat lock").insert(
+    /// Records a verified heartbeat signed at `signed_ms`, unless it is not later than
+    /// the last one recorded for the target (a replay): then nothing changes and this
+    /// returns false. Checked and recorded under one lock, so two copies of one
+    /// heartbeat sent at once cannot both pass.
+    pub fn beat(&self, id: &str, signed_ms: i64, report: Option<HealthReport>) -> bool {
+        let mut beats = self.0.lock().expect("heartbeat lock");
+        if beats.get(id).is_some_and(|b| b.signed_ms >= signed_ms) {
+            return false;
+        }
+        beats.insert(
             id.to_string(),
             Beat {
                 at: Instant::now(),
                 report,
+                signed_ms,
             },
         );
+        true
     }
 
     fn get(&self, id: &str) -> Option<Beat> {

@@ -43,6 +43,19 @@
 //! vigil is refused rather than guessed at. rusqlite is blocking, so the store lives on
 //! its own thread behind [`StoreHandle`].
 //!
+//! ## Opening: a new store, or one that is really there
+//!
+//! A store is created only where there is no file: built as `vigil.db.new` and renamed
+//! into place once its schema is committed, so vigil itself never leaves a 0-byte or
+//! schema-less `vigil.db` behind (a crash mid-creation leaves only the `.new` file,
+//! replaced at the next start). An existing file is therefore a store written by an
+//! earlier run, and opening it refuses ([`StoreError::Unusable`]) anything that would
+//! silently start over with a full budget and no holds: a 0-byte file, a file without
+//! vigil's schema, a failed `PRAGMA quick_check`, a file or file system it cannot
+//! write (checked with a real write transaction, since SQLite falls back to read-only
+//! by itself). Starting over is an operator's decision ([`set_aside`], the controller's
+//! `--reset-store`).
+//!
 //! ## A later PostgreSQL backend
 //!
 //! The trait is shaped for it: one `commit` per batch (one transaction), reads that
@@ -166,6 +179,15 @@ pub enum StoreError {
     /// The store thread is gone (it panicked or shut down).
     #[error("the store thread is gone")]
     Gone,
+    /// An existing file the controller will not start on (it would lose the state an
+    /// earlier run left in it).
+    #[error("store {path}: {why}")]
+    Unusable {
+        /// The database file.
+        path: String,
+        /// What is wrong with it.
+        why: String,
+    },
 }
 
 /// A decision as recorded.
@@ -371,25 +393,78 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database file and migrates it.
+    /// Opens the store at `path`, migrating it: creates it if no file is there, and
+    /// refuses ([`StoreError::Unusable`]) an existing file that is not a store it can
+    /// use (see the module doc).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let shown = path.display().to_string();
-        let e = |source| StoreError::Sqlite {
+        if !path.exists() {
+            create(path)?;
+            tracing::info!(store = %shown, "new store created");
+        }
+        let unusable = |why: String| StoreError::Unusable {
             path: shown.clone(),
-            source,
+            why,
         };
-        let mut conn = Connection::open(path).map_err(e)?;
+        let len = std::fs::metadata(path)
+            .map_err(|e| unusable(format!("cannot be read: {e}")))?
+            .len();
+        if len == 0 {
+            return Err(unusable(
+                "is empty (0 bytes), where a store written by an earlier run was expected".into(),
+            ));
+        }
+        let sqlite = |what: &str| {
+            let shown = shown.clone();
+            let what = what.to_string();
+            move |e: rusqlite::Error| StoreError::Unusable {
+                path: shown.clone(),
+                why: format!("{what}: {e}"),
+            }
+        };
+        // Read-write, never create: the file is there, and must stay the one opened.
+        let mut conn = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
+                | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | rusqlite::OpenFlags::SQLITE_OPEN_URI,
+        )
+        .map_err(sqlite("cannot be opened"))?;
+        if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) {
+            return Err(unusable(
+                "cannot be written (read-only file or file system)".into(),
+            ));
+        }
         conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(e)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(e)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(e)?;
-        conn.pragma_update(None, "foreign_keys", "ON").map_err(e)?;
-        conn.pragma_update(None, "cache_size", CACHE_KIB)
-            .map_err(e)?;
+            .map_err(sqlite("cannot be opened"))?;
+        let check: Vec<String> = conn
+            .prepare("PRAGMA quick_check")
+            .and_then(|mut st| {
+                st.query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<Result<_, _>>()
+            })
+            .map_err(sqlite("is not a readable SQLite database"))?;
+        if check != ["ok"] {
+            return Err(unusable(format!(
+                "fails PRAGMA quick_check: {}",
+                check.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
+            )));
+        }
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(e)?;
+            .map_err(sqlite("is not a readable SQLite database"))?;
+        let tables: i64 = conn
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'table' AND name = 'guard_snapshot'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(sqlite("is not a readable SQLite database"))?;
+        if version == 0 || tables == 0 {
+            return Err(unusable(format!(
+                "holds no vigil store (schema version {version}, no guard_snapshot table), where a store written by an earlier run was expected"
+            )));
+        }
         let known = MIGRATIONS.len() as i64;
         if version > known {
             return Err(StoreError::TooNew {
@@ -398,14 +473,24 @@ impl SqliteStore {
                 known,
             });
         }
-        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-            let tx = conn.transaction().map_err(e)?;
-            tx.execute_batch(sql).map_err(e)?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64)
-                .map_err(e)?;
-            tx.commit().map_err(e)?;
-            tracing::info!(store = %shown, version = i + 1, "store schema migrated");
-        }
+        // A real write, as every commit will make: SQLite opens a file it cannot write
+        // read-only without a word, and a read-only file system shows only here.
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; PRAGMA user_version = {version}; COMMIT;"
+        ))
+        .map_err(sqlite("cannot be written"))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sqlite("cannot be written"))?;
+        let e = |source| StoreError::Sqlite {
+            path: shown.clone(),
+            source,
+        };
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(e)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(e)?;
+        conn.pragma_update(None, "cache_size", CACHE_KIB)
+            .map_err(e)?;
+        migrate(&mut conn, &shown, version)?;
         Ok(SqliteStore {
             conn,
             path: shown,
@@ -425,6 +510,102 @@ impl SqliteStore {
             source,
         }
     }
+}
+
+/// Applies the migrations after `version`, each in its own transaction.
+fn migrate(conn: &mut Connection, shown: &str, version: i64) -> Result<(), StoreError> {
+    let e = |source| StoreError::Sqlite {
+        path: shown.to_string(),
+        source,
+    };
+    for (i, sql) in MIGRATIONS
+        .iter()
+        .enumerate()
+        .skip(usize::try_from(version).unwrap_or(0))
+    {
+        let tx = conn.transaction().map_err(e)?;
+        tx.execute_batch(sql).map_err(e)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)
+            .map_err(e)?;
+        tx.commit().map_err(e)?;
+        tracing::info!(store = %shown, version = i + 1, "store schema migrated");
+    }
+    Ok(())
+}
+
+/// Creates a new store at `path` (where no file is): built beside it as `<path>.new`
+/// and renamed into place once its schema is committed and synced.
+fn create(path: &Path) -> Result<(), StoreError> {
+    let shown = path.display().to_string();
+    let io = |what: &str, e: std::io::Error| StoreError::Unusable {
+        path: shown.clone(),
+        why: format!("cannot be created ({what}): {e}"),
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = std::path::PathBuf::from(tmp);
+    for leftover in ["", "-journal", "-wal", "-shm"] {
+        let mut p = tmp.as_os_str().to_owned();
+        p.push(leftover);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("removing a leftover", e)),
+        }
+    }
+    {
+        let mut conn = Connection::open(&tmp).map_err(|source| StoreError::Sqlite {
+            path: tmp.display().to_string(),
+            source,
+        })?;
+        migrate(&mut conn, &tmp.display().to_string(), 0)?;
+    }
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io("syncing", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io("renaming into place", e))?;
+    if let Some(dir) = path.parent() {
+        // The rename is durable once the directory is synced.
+        std::fs::File::open(if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        })
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io("syncing its directory", e))?;
+    }
+    Ok(())
+}
+
+/// Moves the store at `path` (and its `-wal` and `-shm` files) aside, to
+/// `<path>.reset-<UNIX seconds>`, so the next [`SqliteStore::open`] starts over.
+/// Returns where it went (None: there was no file).
+pub fn set_aside(path: &Path) -> Result<Option<std::path::PathBuf>, StoreError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut to = path.as_os_str().to_owned();
+    to.push(format!(".reset-{secs}"));
+    let to = std::path::PathBuf::from(to);
+    for suffix in ["", "-wal", "-shm"] {
+        let (mut a, mut b) = (path.as_os_str().to_owned(), to.as_os_str().to_owned());
+        a.push(suffix);
+        b.push(suffix);
+        match std::fs::rename(&a, &b) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(StoreError::Unusable {
+                    path: path.display().to_string(),
+                    why: format!("cannot be moved aside to {}: {e}", b.to_string_lossy()),
+                });
+            }
+        }
+    }
+    Ok(Some(to))
 }
 
 fn action_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ActionRecord> {
@@ -728,6 +909,30 @@ impl Store for SqliteStore {
     }
 }
 
+// === impl StoreHealth ===
+
+/// Whether the store takes the engine's commits, shared by the engine (which sets it
+/// after every commit) with `/readyz` and the dashboard.
+#[derive(Debug, Default)]
+pub struct StoreHealth(std::sync::Mutex<Option<String>>);
+
+impl StoreHealth {
+    /// The last commit succeeded.
+    pub fn set_ok(&self) {
+        *self.0.lock().expect("store health lock") = None;
+    }
+
+    /// The last commit failed with `error`.
+    pub fn set_failing(&self, error: String) {
+        *self.0.lock().expect("store health lock") = Some(error);
+    }
+
+    /// The error of the last commit, if it failed.
+    pub fn error(&self) -> Option<String> {
+        self.0.lock().expect("store health lock").clone()
+    }
+}
+
 // === impl StoreHandle ===
 
 type Job = Box<dyn FnOnce(&mut dyn Store) + Send>;
@@ -944,6 +1149,37 @@ mod tests {
             err.to_string().contains("schema version 99 is newer"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn files_that_are_not_a_usable_store_are_refused_and_a_new_one_is_made_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vigil.db");
+        let why = |path: &Path| match SqliteStore::open(path) {
+            Err(StoreError::Unusable { why, .. }) => why,
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("opened {}", path.display()),
+        };
+        std::fs::write(&path, b"").unwrap();
+        assert!(why(&path).contains("is empty (0 bytes)"));
+        std::fs::remove_file(&path).unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("CREATE TABLE other (x);")
+            .unwrap();
+        assert!(
+            why(&path).contains("holds no vigil store"),
+            "{}",
+            why(&path)
+        );
+        // set_aside moves it; a new store is then created, whole.
+        let aside = set_aside(&path).unwrap().unwrap();
+        assert!(aside.exists() && !path.exists());
+        std::fs::write(dir.path().join("vigil.db.new"), b"half-made").unwrap();
+        let s = SqliteStore::open(&path).unwrap();
+        assert!(!dir.path().join("vigil.db.new").exists());
+        drop(s);
+        SqliteStore::open(&path).expect("reopens");
     }
 
     #[test]

@@ -14,9 +14,21 @@ use vigil_testkit::Backend;
 /// The token tests use for mutating calls.
 pub const TOKEN: &str = "test-token";
 
+/// The heartbeat secret tests configure (`[heartbeat] secret`).
+pub const HEARTBEAT_SECRET: &str = "hb-secret";
+
 /// Generous deadline for anything that should happen within a few probe intervals, on
 /// a loaded 2-core machine.
 pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The binary under test: this build's, or `VIGIL_TEST_BIN` (to show that a test
+/// fails on an older build).
+pub fn vigil_bin() -> std::ffi::OsString {
+    std::env::var_os("VIGIL_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_vigil").into())
+}
+
+/// Called with each log line of a controller as it is written.
+pub type LineHook = Box<dyn FnMut(&str) + Send>;
 
 /// A running `vigil controller`.
 pub struct Controller {
@@ -75,12 +87,37 @@ impl Controller {
 
     /// Starts the controller on the config already in `dir` (a restart).
     pub fn start_existing(dir: &Path) -> Controller {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        Self::start_wrapped(dir, &[])
+    }
+
+    /// Starts the controller on the config already in `dir`, its command line run by
+    /// `wrapper` (e.g. `unshare -m -- sh -c '...; exec "$0" "$@"'`).
+    pub fn start_wrapped(dir: &Path, wrapper: &[String]) -> Controller {
+        Self::start_full(dir, wrapper, None)
+    }
+
+    /// Starts the controller on the config already in `dir`, calling `on_line` with
+    /// each log line as soon as it is written (before the controller listens).
+    pub fn start_watching(dir: &Path, on_line: LineHook) -> Controller {
+        Self::start_full(dir, &[], Some(on_line))
+    }
+
+    fn start_full(dir: &Path, wrapper: &[String], mut on_line: Option<LineHook>) -> Controller {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(vigil_bin());
+                c
+            }
+            None => Command::new(vigil_bin()),
+        };
+        let mut child = cmd
             .args(["--log-format", "json", "controller", "-c"])
             .arg(dir.join("fleet.toml"))
             .env("RUST_LOG", "info")
             .env_remove("VIGIL_API_TOKEN")
             .env_remove("VIGIL_WEBHOOK_SECRET")
+            .env_remove("VIGIL_HEARTBEAT_SECRET")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -91,6 +128,9 @@ impl Controller {
         let sink = logs.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(f) = on_line.as_mut() {
+                    f(&line);
+                }
                 sink.lock().unwrap().push(line);
             }
         });
@@ -123,6 +163,11 @@ impl Controller {
             dir: dir.to_path_buf(),
             logs,
         }
+    }
+
+    /// The process id (of the controller itself once a wrapper has exec'ed it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -255,4 +300,95 @@ impl Drop for Controller {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+// === heartbeats ===
+
+/// Target `id`'s heartbeat key as docs/controller.md defines it, computed here rather
+/// than with the controller's own function: `hex(HMAC-SHA256(secret, "heartbeat:" + id))`.
+pub fn heartbeat_key(secret: &str, id: &str) -> String {
+    use hmac::Mac;
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    m.update(format!("heartbeat:{id}").as_bytes());
+    hex::encode(m.finalize().into_bytes())
+}
+
+/// `sha256=<hex HMAC-SHA256(key, "<ms>." + body)>`.
+pub fn heartbeat_signature(key: &str, ms: i64, body: &str) -> String {
+    use hmac::Mac;
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).unwrap();
+    m.update(format!("{ms}.{body}").as_bytes());
+    format!("sha256={}", hex::encode(m.finalize().into_bytes()))
+}
+
+/// The wall clock in UNIX milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A heartbeat as a request: body, and optionally (timestamp, signature) headers.
+pub struct Beat {
+    pub body: String,
+    pub signed: Option<(i64, String)>,
+}
+
+impl Beat {
+    /// `{"target": id, "report": report?}` signed now with `key`.
+    pub fn signed(id: &str, report: Option<Value>, key: &str) -> Beat {
+        Self::signed_at(id, report, key, now_ms())
+    }
+
+    pub fn signed_at(id: &str, report: Option<Value>, key: &str, ms: i64) -> Beat {
+        let mut b = Self::unsigned(id, report);
+        b.signed = Some((ms, heartbeat_signature(key, ms, &b.body)));
+        b
+    }
+
+    pub fn unsigned(id: &str, report: Option<Value>) -> Beat {
+        let mut v = serde_json::json!({ "target": id });
+        if let Some(r) = report {
+            v["report"] = r;
+        }
+        Beat {
+            body: v.to_string(),
+            signed: None,
+        }
+    }
+}
+
+impl Controller {
+    /// Posts a heartbeat; returns the status code.
+    pub async fn beat(&self, beat: &Beat) -> u16 {
+        let mut req = reqwest::Client::new()
+            .post(self.url("/api/heartbeat"))
+            .header("content-type", "application/json")
+            .body(beat.body.clone());
+        if let Some((ms, sig)) = &beat.signed {
+            req = req
+                .header("X-Vigil-Timestamp", ms.to_string())
+                .header("X-Vigil-Signature", sig);
+        }
+        req.send().await.expect("POST heartbeat").status().as_u16()
+    }
+
+    /// `/metrics` as text.
+    pub async fn metrics_text(&self) -> String {
+        reqwest::get(self.url("/metrics"))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+}
+
+/// The value of the sample `series` (exact name and labels) in a metrics text, if any.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let rest = l.strip_prefix(series)?;
+        rest.strip_prefix(' ')?.split(' ').next()?.parse().ok()
+    })
 }

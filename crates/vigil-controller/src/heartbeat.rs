@@ -1,0 +1,192 @@
+//! Heartbeat signatures: only a target's own key can move its health.
+//!
+//! A heartbeat decides as much as a probe: a failing report gets a worker replaced, a
+//! passing one keeps a broken worker in service. So every heartbeat is signed, and one
+//! that is not signed right changes nothing (it is counted in
+//! `vigil_controller_heartbeats_total{result}` and answered 401).
+//!
+//! ## Design
+//!
+//! - **A key per target, derived:** target `id` signs with
+//!   `hex(HMAC-SHA256(secret, "heartbeat:" + id))` (the ASCII hex string is the key),
+//!   where `secret` is `heartbeat.secret` (or `VIGIL_HEARTBEAT_SECRET`). One secret to
+//!   keep in the controller's config, yet a worker holds only its own key: a worker
+//!   taken over cannot speak for another, and no secret has to sit in a discovery file
+//!   (often generated and world-readable). `vigil controller heartbeat-key <id>`
+//!   prints a target's key.
+//! - **HMAC over timestamp and body, not a bearer secret:** the API is plain HTTP (no
+//!   TLS stack by design), so a secret sent with each request would be read off the
+//!   wire once and usable forever. A signature is only good for its own body and time.
+//! - **Replay:** the signed `X-Vigil-Timestamp` (UNIX milliseconds) must be within
+//!   `heartbeat.max_skew` of the controller's clock, and greater than the last
+//!   accepted timestamp of that target. A heartbeat that was delivered can never be
+//!   replayed; one captured and never delivered is good for `max_skew` at most, and
+//!   only says what its worker said.
+//!
+//! The request: `POST /api/heartbeat` with the JSON body, `X-Vigil-Timestamp: <ms>`
+//! and `X-Vigil-Signature: sha256=<hex HMAC-SHA256(key, "<ms>." + body)>`, the
+//! webhook's signature format with the timestamp in front, as Stripe and Slack sign
+//! their webhooks.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::time::Duration;
+
+/// Header carrying the signing time, UNIX milliseconds.
+pub const TIMESTAMP_HEADER: &str = "X-Vigil-Timestamp";
+/// Header carrying the signature, `sha256=<hex>`.
+pub const SIGNATURE_HEADER: &str = crate::actuator::SIGNATURE_HEADER;
+
+/// Why a heartbeat was refused (the `result` label of the heartbeat counter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// No timestamp or no signature header.
+    Unsigned,
+    /// The signature does not match the body, the time and the target's key.
+    BadSignature,
+    /// The timestamp is outside the replay window.
+    Stale,
+    /// The timestamp is not after the last accepted one of that target.
+    Replayed,
+    /// Not a declared heartbeat target.
+    UnknownTarget,
+    /// The body is not a heartbeat, or its report is not health+json.
+    Malformed,
+    /// The body is larger than a heartbeat may be.
+    TooLarge,
+    /// No heartbeat secret is configured: nothing can be verified.
+    NoSecret,
+}
+
+impl Rejection {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::Unsigned => "unsigned",
+            Rejection::BadSignature => "bad_signature",
+            Rejection::Stale => "stale",
+            Rejection::Replayed => "replayed",
+            Rejection::UnknownTarget => "unknown_target",
+            Rejection::Malformed => "malformed",
+            Rejection::TooLarge => "too_large",
+            Rejection::NoSecret => "no_secret",
+        }
+    }
+}
+
+fn mac(key: &[u8]) -> Hmac<Sha256> {
+    Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes keys of any size")
+}
+
+/// Target `id`'s signing key: `hex(HMAC-SHA256(secret, "heartbeat:" + id))`.
+pub fn target_key(secret: &str, id: &str) -> String {
+    let mut m = mac(secret.as_bytes());
+    m.update(b"heartbeat:");
+    m.update(id.as_bytes());
+    hex::encode(m.finalize().into_bytes())
+}
+
+fn signed(key: &str, timestamp_ms: i64, body: &[u8]) -> Hmac<Sha256> {
+    let mut m = mac(key.as_bytes());
+    m.update(timestamp_ms.to_string().as_bytes());
+    m.update(b".");
+    m.update(body);
+    m
+}
+
+/// The `X-Vigil-Signature` value of a heartbeat: `sha256=<hex>`.
+pub fn sign(key: &str, timestamp_ms: i64, body: &[u8]) -> String {
+    format!(
+        "sha256={}",
+        hex::encode(signed(key, timestamp_ms, body).finalize().into_bytes())
+    )
+}
+
+/// Checks a heartbeat of target `id` (its body already parsed to learn the id).
+/// Returns its timestamp; the caller still checks it is newer than the last accepted.
+pub fn verify(
+    secret: Option<&str>,
+    id: &str,
+    timestamp: Option<&str>,
+    signature: Option<&str>,
+    body: &[u8],
+    now_ms: i64,
+    max_skew: Duration,
+) -> Result<i64, Rejection> {
+    let secret = secret.ok_or(Rejection::NoSecret)?;
+    let (Some(timestamp), Some(signature)) = (timestamp, signature) else {
+        return Err(Rejection::Unsigned);
+    };
+    let ts: i64 = timestamp
+        .trim()
+        .parse()
+        .map_err(|_| Rejection::BadSignature)?;
+    let given = signature
+        .trim()
+        .strip_prefix("sha256=")
+        .and_then(|h| hex::decode(h).ok())
+        .ok_or(Rejection::BadSignature)?;
+    // Constant time (hmac's `verify_slice`): no byte-by-byte guessing from timings.
+    signed(&target_key(secret, id), ts, body)
+        .verify_slice(&given)
+        .map_err(|_| Rejection::BadSignature)?;
+    let skew = i64::try_from(max_skew.as_millis()).unwrap_or(i64::MAX);
+    if now_ms.abs_diff(ts) > skew.unsigned_abs() {
+        return Err(Rejection::Stale);
+    }
+    Ok(ts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SKEW: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn only_the_targets_own_key_over_this_body_and_time_verifies() {
+        let key = target_key("s3cret", "w1");
+        let body = br#"{"target":"w1"}"#;
+        let sig = sign(&key, 1_000_000, body);
+        let ok = |id, ts: &str, sig: &str, body: &[u8]| {
+            verify(
+                Some("s3cret"),
+                id,
+                Some(ts),
+                Some(sig),
+                body,
+                1_000_500,
+                SKEW,
+            )
+        };
+        assert_eq!(ok("w1", "1000000", &sig, body), Ok(1_000_000));
+        assert_eq!(
+            ok("w2", "1000000", &sig, body),
+            Err(Rejection::BadSignature),
+            "another target's key"
+        );
+        assert_eq!(
+            ok("w1", "1000001", &sig, body),
+            Err(Rejection::BadSignature),
+            "the time is signed"
+        );
+        assert_eq!(
+            ok("w1", "1000000", &sig, br#"{"target":"w1" }"#),
+            Err(Rejection::BadSignature),
+            "the body is signed"
+        );
+        let old = sign(&key, 1_000_500 - 31_000, body);
+        assert_eq!(
+            ok("w1", &(1_000_500 - 31_000).to_string(), &old, body),
+            Err(Rejection::Stale)
+        );
+        assert_eq!(
+            verify(None, "w1", Some("1"), Some(&sig), body, 0, SKEW),
+            Err(Rejection::NoSecret)
+        );
+        assert_eq!(
+            verify(Some("s3cret"), "w1", None, Some(&sig), body, 0, SKEW),
+            Err(Rejection::Unsigned)
+        );
+    }
+}
