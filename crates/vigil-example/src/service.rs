@@ -47,6 +47,8 @@ pub struct ServiceConfig {
     pub health_listen: SocketAddr,
     /// HAProxy agent-check responder (its own thread too), if wanted.
     pub agent_listen: Option<SocketAddr>,
+    /// gRPC health v1 server (on the application runtime), if wanted.
+    pub grpc_listen: Option<SocketAddr>,
     /// PostgreSQL URL.
     pub db: String,
     /// SQLite file used when PostgreSQL is unreachable at start.
@@ -179,6 +181,12 @@ impl Check for StoreCheck {
 
 // === start ===
 
+/// The gRPC health server's stop switch and task.
+type GrpcServer = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+);
+
 /// A started service.
 pub struct Running {
     /// Where the application listens.
@@ -191,6 +199,10 @@ pub struct Running {
     pub store_kind: &'static str,
     /// Where the agent-check responder listens, if started.
     pub agent_addr: Option<SocketAddr>,
+    /// Where the gRPC health server listens, if started.
+    pub grpc_addr: Option<SocketAddr>,
+    /// The gRPC health server: stopped after the application listener.
+    grpc: Option<GrpcServer>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     reserved: vigil::ReservedServer,
@@ -203,6 +215,15 @@ impl Running {
     /// requests finished.
     pub async fn wait(mut self) -> anyhow::Result<()> {
         let result = (&mut self.server).await;
+        if let Some((stop, task)) = self.grpc.take() {
+            // NOT_SERVING since the drain began; now the port closes too.
+            let _ = stop.send(());
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "gRPC health server failed"),
+                Err(e) => tracing::warn!(error = %e, "gRPC health server task failed"),
+            }
+        }
         self.reserved.shutdown();
         if let Some(agent) = self.agent {
             agent.shutdown();
@@ -343,6 +364,19 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
         }
         None => None,
     };
+    let grpc = match config.grpc_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            let addr = listener.local_addr()?;
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let server = vigil::grpc::GrpcHealth::new(&health).serve(listener, async {
+                let _ = stopped.await;
+            });
+            tracing::info!(%addr, "gRPC health v1 server");
+            Some((addr, stop, tokio::spawn(server)))
+        }
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     let app_addr = listener.local_addr()?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -368,6 +402,8 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
         health,
         store_kind: store.kind(),
         agent_addr: agent.as_ref().map(|a| a.local_addr()),
+        grpc_addr: grpc.as_ref().map(|g| g.0),
+        grpc: grpc.map(|(_, stop, task)| (stop, task)),
         stop: Some(stop_tx),
         server,
         reserved,
