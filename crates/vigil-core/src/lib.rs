@@ -13,11 +13,13 @@
 //! - [`pool`]: a target pool's routing set: fail-open below the panic threshold, slow start.
 //! - [`guard`]: the controller's safety guard (fraction cap, action budget, flap damping,
 //!   cause attribution).
+//! - [`build`]: the version and git commit this was built from.
 //! - [`http1`]: HTTP/1.1 response framing (where a head ends, how its body is delimited,
 //!   chunked decoding), for the clients that own the sockets.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod build;
 pub mod guard;
 pub mod http1;
 pub mod outlier;

@@ -152,7 +152,7 @@ impl Args {
 }
 
 /// Runs the example service until SIGTERM or Ctrl-C: readiness fails first, the
-/// listener closes after the drain delay, then it exits 0. Exit 2 on bad arguments, 1 on
+/// listener closes after the drain delay, then it exits 0. Exit 64 on bad arguments, 1 on
 /// a failure to start (a taken port, an unusable data directory).
 pub fn run(args: Args) -> ExitCode {
     let worker_nice = args.worker_nice;
@@ -160,7 +160,7 @@ pub fn run(args: Args) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("example service: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(64);
         }
     };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
