@@ -184,7 +184,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
     let tasks = tokio_util::task::TaskTracker::new();
     let engine_task = tokio::spawn(engine.run(engine_rx, shutdown_rx.clone()));
     for a in report.pending {
-        tracing::warn!(action = a.id, target = %a.target, attempts = a.attempts, "resuming an action left intended by the last run");
+        tracing::warn!(action = a.id, target_id = %a.target, attempts = a.attempts, "resuming an action left intended by the last run");
         let _ = actions_tx.send(a);
     }
     let heartbeats = Arc::new(Heartbeats::default());
