@@ -466,6 +466,10 @@ fn child_command(exe: &Path, dir: &Path, name: &str, again: bool) -> Result<Comm
         .open(dir.join(format!("{name}.log")))
         .with_context(|| format!("opening {name}.log in {}", dir.display()))?;
     let mut cmd = Command::new(exe);
+    // A demo run by systemd must not let its children speak for it.
+    cmd.env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID");
     cmd.env("VIGIL_DIE_WITH_PARENT", "1")
         .env("VIGIL_LOG_FORMAT", "text")
         .env(

@@ -236,11 +236,15 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
     let mut current = cfg;
+    let serving = format!("serving on http://{addr}/");
+    vigil::systemd::ready(&serving);
+    let watchdog = tokio::spawn(vigil::systemd::watchdog());
     loop {
         tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); break; }
             _ = int.recv() => { tracing::info!("SIGINT: draining"); break; }
             _ = hup.recv() => {
+                vigil::systemd::reloading();
                 match config::load(&path) {
                     Ok(new) => {
                         if new.listen != current.listen || new.data_dir != current.data_dir {
@@ -258,9 +262,12 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
                     }
                     Err(e) => tracing::error!(error = %e, "SIGHUP: new config rejected; keeping the old one"),
                 }
+                vigil::systemd::ready(&serving);
             }
         }
     }
+    vigil::systemd::stopping();
+    watchdog.abort();
     let _ = shutdown_tx.send(true);
     match server.await {
         Ok(Ok(())) => {}

@@ -39,6 +39,7 @@
 //! - [`shed`]: the concurrency-limit layer for the application's port ([`ShedLayer`]).
 //! - [`metrics`]: Prometheus metrics read from the snapshot ([`metrics::HealthCollector`]).
 //! - [`checks`]: built-in checks. [`options`]: [`CheckOptions`], [`HealthConfig`].
+//! - `systemd` (feature `systemd`): `Type=notify` readiness, reload, stop and watchdog.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -57,6 +58,8 @@ pub mod reserved;
 pub mod shed;
 pub mod shutdown;
 pub mod snapshot;
+#[cfg(feature = "systemd")]
+pub mod systemd;
 mod watchdog;
 
 pub use check::{Check, DynCheck, FnCheck, Observation};
