@@ -70,3 +70,9 @@ pub use shed::{ShedLayer, ShedStats};
 pub use shutdown::shutdown_signal;
 pub use snapshot::{Lifecycle, Snapshot};
 pub use vigil_core::{CheckResult, Criticality, HealthReport, Status};
+
+/// docs/library.md, whose Rust examples are compiled as doc-tests (`cargo test -p vigil
+/// --doc`), so the user guide cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+pub struct LibraryGuide;
