@@ -213,15 +213,10 @@ async fn guard(State(st): State<AppState>) -> Result<Response, ApiError> {
     Ok(Json(json!({ "now_ms": f.now_ms, "guard": f.guard, "events": f.events })).into_response())
 }
 
-async fn metrics(State(st): State<AppState>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        st.metrics.encode(),
-    )
-        .into_response()
+async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (ctype, body) = st.metrics.encode_for(accept);
+    ([(header::CONTENT_TYPE, ctype)], body).into_response()
 }
 
 // === mutations ===

@@ -202,6 +202,14 @@ impl Metrics {
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
+
+    /// `(content type, body)` for a scrape with this `Accept` header (OpenMetrics or the
+    /// 0.0.4 text format), with `vigil_build_info` (outside the `vigil_controller`
+    /// prefix).
+    pub fn encode_for(&self, accept: Option<&str>) -> (&'static str, String) {
+        let build = vigil::metrics::build_info_registry();
+        vigil::metrics::encode_all(&[&self.registry, &build], accept)
+    }
 }
 
 /// The (shared) histogram and counter of one probe result.

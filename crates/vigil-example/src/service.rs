@@ -328,8 +328,29 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
         flap: Mutex::new(None),
         workers: config.workers,
     });
+    // The library's metrics (checks, lifecycle, shedding, build), served at /metrics in
+    // the format the scraper asks for.
+    let shed = health.shed_layer(config.max_in_flight);
+    let mut registry = prometheus_client::registry::Registry::default();
+    vigil::metrics::HealthCollector::new(&health)
+        .with_shed(shed.stats())
+        .register(&mut registry);
+    let registry = Arc::new(registry);
     let app = Router::new()
         .route("/", get(index))
+        .route(
+            "/metrics",
+            get(move |headers: axum::http::HeaderMap| {
+                let registry = registry.clone();
+                async move {
+                    let accept = headers
+                        .get(axum::http::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok());
+                    let (ctype, body) = vigil::metrics::encode(&registry, accept);
+                    ([(axum::http::header::CONTENT_TYPE, ctype)], body)
+                }
+            }),
+        )
         .route("/items/{id}", get(item))
         .route("/work", get(work))
         .route("/naive/livez", get(naive_livez))
@@ -353,7 +374,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
             },
         ))
         // Health paths bypass the limit and are answered by vigil on this port too.
-        .layer(health.shed_layer(config.max_in_flight));
+        .layer(shed);
 
     let reserved = health.serve_reserved(config.health_listen)?;
     let agent = match config.agent_listen {
@@ -416,6 +437,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
 async fn index() -> &'static str {
     "vigil example service\n\
      GET  /items/{id}            a read (database, else cache)\n\
+     GET  /metrics               Prometheus metrics of the health machinery\n\
      GET  /work?ms=N             N ms of CPU on the application runtime\n\
      GET  /naive/livez           a liveness endpoint on the application runtime (for comparison)\n\
      GET  /livez /readyz /health vigil's endpoints (also on the reserved health port)\n\
