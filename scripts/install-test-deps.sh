@@ -11,6 +11,8 @@ command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 # The agent-check interop test drives a real HAProxy.
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
+# promtool (package prometheus) checks every /metrics endpoint.
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -4,7 +4,12 @@
 Immune to the machine's load (an instruction count, not a time): the figure to compare
 data-path changes with. perf has no hardware counters on these VMs, so this is how.
 
-    python3 bench/lb/instructions.py [--vigil target/release/vigil]
+    cargo build --profile profiling -p vigil-cli
+    python3 bench/lb/instructions.py [--vigil target/profiling/vigil]
+
+The `profiling` profile is `release` with symbols and debug info kept (the release
+binary has its debug info stripped): the counts are the release build's, and
+`--keep`'s profiles name functions and lines for callgrind_annotate.
 
 Starts 4 loopback nginx targets and `vigil lb` (bench.py's settings: 1 worker, hedging on) under callgrind,
 sends a fixed number of GETs over 16 keep-alive client connections, twice (2000 and 6000
@@ -93,9 +98,11 @@ def signal_int():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--vigil", default="target/release/vigil")
+    ap.add_argument("--vigil", default="target/profiling/vigil")
     ap.add_argument("--keep", help="copy the callgrind profiles here (callgrind_annotate)")
     a = ap.parse_args()
+    if not os.path.exists(a.vigil):
+        sys.exit(f"{a.vigil} not found: build it with `cargo build --profile profiling -p vigil-cli`")
     with tempfile.TemporaryDirectory() as tmp:
         backends = Backends(tmp)
         backends.start_all()

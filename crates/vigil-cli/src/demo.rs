@@ -29,6 +29,17 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
 
+/// `println!` that survives a closed stdout. `vigil demo | tee log` then Ctrl-C kills
+/// `tee` too, often first: the demo must still stop and reap its children and say so on
+/// stderr, where `println!` would panic on the broken pipe. A failed write is dropped:
+/// nobody is left to read it.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 /// Services in the fleet by default: enough to show one ejection (1/6 stays far from the
 /// panic threshold and the controller's 30% cap) and fail-open when all break.
 pub const DEFAULT_SERVICES: u16 = 6;
@@ -38,6 +49,13 @@ pub const DEFAULT_BASE_PORT: u16 = 7700;
 /// Synthetic client load: steady enough to see errors as a percentage, light enough for
 /// a 2-core laptop.
 pub const DEFAULT_RPS: u32 = 50;
+/// Extra latency of every query of svc-4 on `b`: above the database check's 200 ms "slow"
+/// mark and well under its 1 s timeout, so its health is a steady warn, not a flap.
+const BROWNOUT_MS: u64 = 500;
+/// Half-period of svc-5's database flapping on `f`: each outage (2 failed probes at the
+/// demo's 1 s interval) is shorter than the 3 failed checks either component needs to
+/// take a target out, so what shows is the flapping itself, which the controller damps.
+const FLAP_MS: u64 = 2000;
 /// How long children get to drain after SIGTERM before they are killed.
 const STOP_GRACE: Duration = Duration::from_secs(8);
 /// Token of the demo controller's mutating API (the demo is local-only).
@@ -50,16 +68,17 @@ pub enum Fault {
     Kill,
     /// Service 2's disk check demands a threshold no disk can meet: a local failure.
     Disk,
-    /// Service 3's database becomes unreachable: it degrades (serves from its cache).
+    /// Service 3's database becomes unreachable: its (critical) database check fails.
     Dependency,
-    /// Service 4's queries get 800 ms slower: a brownout.
+    /// Service 4's queries get 500 ms slower: a brownout, a steady warn.
     Brownout,
     /// Service 5's database goes up and down: the controller damps the flapping.
     Flap,
     /// Every service's database becomes unreachable: a shared dependency outage. The
     /// balancer fails open, the controller freezes and blames the shared dependency.
     AllDeps,
-    /// Clear every injected fault (a killed service stays dead).
+    /// Clear every injected fault, start a killed service again, and start the controller
+    /// again on a fresh store (full action budget, no flap penalty, no hold).
     Reset,
 }
 
@@ -167,6 +186,7 @@ struct Fleet {
 
 impl Fleet {
     /// Stops every child: SIGTERM, then SIGKILL for those still running after the grace.
+    /// Every child is waited for (reaped), so none is left behind as a zombie.
     async fn stop(&mut self) {
         for child in self.children.values() {
             if let Some(pid) = child.id() {
@@ -175,15 +195,28 @@ impl Fleet {
         }
         let deadline = tokio::time::Instant::now() + STOP_GRACE;
         for (name, child) in self.children.iter_mut() {
-            match tokio::time::timeout_at(deadline, child.wait()).await {
-                Ok(_) => {}
-                Err(_) => {
-                    eprintln!("demo: {name} did not stop within {STOP_GRACE:?}; killing it");
-                    if let Err(e) = child.kill().await {
-                        eprintln!("demo: cannot kill {name}: {e}");
-                    }
-                }
-            }
+            reap(name, child, deadline).await;
+        }
+    }
+}
+
+/// Stops one child: SIGTERM, then SIGKILL after [`STOP_GRACE`]; waits for it either way.
+async fn stop_child(name: &str, child: &mut Child) {
+    if let Some(pid) = child.id() {
+        signal(pid, rustix::process::Signal::TERM);
+    }
+    reap(name, child, tokio::time::Instant::now() + STOP_GRACE).await;
+}
+
+/// Waits for a child signalled to stop until `deadline`, then kills it (and waits).
+async fn reap(name: &str, child: &mut Child, deadline: tokio::time::Instant) {
+    if tokio::time::timeout_at(deadline, child.wait())
+        .await
+        .is_err()
+    {
+        eprintln!("demo: {name} did not stop within {STOP_GRACE:?}; killing it");
+        if let Err(e) = child.kill().await {
+            eprintln!("demo: cannot kill {name}: {e}");
         }
     }
 }
@@ -207,12 +240,19 @@ async fn demo(args: DemoArgs) -> Result<()> {
 
     let names: Vec<String> = (1..=args.services).map(|i| format!("svc-{i}")).collect();
     write_lb_config(&dir, &ports)?;
-    write_controller_config(&dir, &ports, &names)?;
+    write_controller_config(&dir, &ports, &names, 1)?;
 
+    let launcher = Launcher {
+        exe: &exe,
+        dir: &dir,
+        ports: &ports,
+        names: &names,
+        db: args.db.as_deref(),
+    };
     let mut fleet = Fleet {
         children: BTreeMap::new(),
     };
-    let result = run_fleet(&args, &ports, &dir, &exe, &names, &mut fleet).await;
+    let result = run_fleet(&args, &launcher, &mut fleet).await;
     eprintln!("demo: stopping {} processes", fleet.children.len());
     fleet.stop().await;
     eprintln!(
@@ -222,21 +262,27 @@ async fn demo(args: DemoArgs) -> Result<()> {
     result
 }
 
-async fn run_fleet(
-    args: &DemoArgs,
-    ports: &Ports,
-    dir: &Path,
-    exe: &Path,
-    names: &[String],
-    fleet: &mut Fleet,
-) -> Result<()> {
-    for (name, (app, health)) in names.iter().zip(&ports.services) {
-        let mut cmd = child_command(exe, dir, name)?;
+/// How each child is started, at first and again on a reset (a killed service, the
+/// controller on a fresh store).
+struct Launcher<'a> {
+    exe: &'a Path,
+    dir: &'a Path,
+    ports: &'a Ports,
+    names: &'a [String],
+    db: Option<&'a str>,
+}
+
+impl Launcher<'_> {
+    /// Service `i` (0-based). `again`: append to its log rather than start a new one.
+    fn service(&self, i: usize, again: bool) -> Result<Child> {
+        let name = &self.names[i];
+        let (app, health) = self.ports.services[i];
+        let mut cmd = child_command(self.exe, self.dir, name, again)?;
         cmd.arg("example-service")
             .args(["--name", name])
             .args(["--listen", &format!("127.0.0.1:{app}")])
             .args(["--health-listen", &format!("127.0.0.1:{health}")])
-            .args(["--data-dir", &dir.join(name).display().to_string()])
+            .args(["--data-dir", &self.dir.join(name).display().to_string()])
             .args([
                 "--workers",
                 "1",
@@ -246,19 +292,39 @@ async fn run_fleet(
                 "1s",
             ])
             .arg("--dependency-critical");
-        if let Some(db) = &args.db {
+        if let Some(db) = self.db {
             cmd.args(["--db", db]);
         }
-        fleet.children.insert(name.clone(), spawn(cmd, name)?);
+        spawn(cmd, name)
     }
-    let mut cmd = child_command(exe, dir, "lb")?;
-    cmd.arg("lb").arg("-c").arg(dir.join("lb.toml"));
-    fleet.children.insert("lb".into(), spawn(cmd, "lb")?);
-    let mut cmd = child_command(exe, dir, "controller")?;
-    cmd.arg("controller").arg("-c").arg(dir.join("fleet.toml"));
+
+    fn lb(&self) -> Result<Child> {
+        let mut cmd = child_command(self.exe, self.dir, "lb", false)?;
+        cmd.arg("lb").arg("-c").arg(self.dir.join("lb.toml"));
+        spawn(cmd, "lb")
+    }
+
+    /// The controller on the config `write_controller_config` wrote last.
+    fn controller(&self, again: bool) -> Result<Child> {
+        let mut cmd = child_command(self.exe, self.dir, "controller", again)?;
+        cmd.arg("controller")
+            .arg("-c")
+            .arg(self.dir.join("fleet.toml"));
+        spawn(cmd, "controller")
+    }
+}
+
+async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) -> Result<()> {
+    let (ports, dir, names) = (launcher.ports, launcher.dir, launcher.names);
+    for (i, name) in names.iter().enumerate() {
+        fleet
+            .children
+            .insert(name.clone(), launcher.service(i, false)?);
+    }
+    fleet.children.insert("lb".into(), launcher.lb()?);
     fleet
         .children
-        .insert("controller".into(), spawn(cmd, "controller")?);
+        .insert("controller".into(), launcher.controller(false)?);
 
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(3))
@@ -269,29 +335,27 @@ async fn run_fleet(
     let lb = format!("http://127.0.0.1:{}", ports.lb);
     let admin = format!("http://127.0.0.1:{}", ports.lb_admin);
     let ctl = format!("http://127.0.0.1:{}", ports.controller);
-    println!();
-    println!(
+    say!("");
+    say!(
         "vigil demo is running: {} services, a load balancer, a controller",
         names.len()
     );
-    println!("  dashboard          {ctl}/");
-    println!("  load balancer      {lb}/items/1");
-    println!("  lb targets (JSON)  {admin}/admin/targets");
-    println!("  lb metrics         {admin}/metrics");
-    println!("  controller API     {ctl}/api/targets  {ctl}/api/decisions  {ctl}/api/guard");
-    println!("  controller metrics {ctl}/metrics");
+    say!("  dashboard          {ctl}/");
+    say!("  load balancer      {lb}/items/1");
+    say!("  lb targets (JSON)  {admin}/admin/targets");
+    say!("  lb metrics         {admin}/metrics");
+    say!("  controller API     {ctl}/api/targets  {ctl}/api/decisions  {ctl}/api/guard");
+    say!("  controller metrics {ctl}/metrics");
     for (name, (app, health)) in names.iter().zip(&ports.services) {
-        println!(
+        say!(
             "  {name:<18} http://127.0.0.1:{app}/  health http://127.0.0.1:{health}/health?verbose"
         );
     }
-    println!("  logs               {}", dir.display());
-    println!();
-    println!(
-        "Break things: type a letter and Enter: k kill svc-1, d disk svc-2, p dependency svc-3,"
-    );
-    println!("  b brownout svc-4, f flap svc-5, a all dependencies, r reset, q quit (or Ctrl-C).");
-    println!();
+    say!("  logs               {}", dir.display());
+    say!("");
+    say!("Break things: type a letter and Enter: k kill svc-1, d disk svc-2, p dependency svc-3,");
+    say!("  b brownout svc-4, f flap svc-5, a all dependencies, r reset, q quit (or Ctrl-C).");
+    say!("");
 
     let traffic = Arc::new(Traffic::default());
     let stop = tokio::sync::watch::channel(false);
@@ -302,11 +366,15 @@ async fn run_fleet(
         traffic.clone(),
         stop.1.clone(),
     ));
+    // Which run of the controller the narrator is watching: a reset starts a new one
+    // on a fresh store, whose decision ids start again from 1.
+    let controller_run = Arc::new(AtomicU64::new(1));
     let narrator = tokio::spawn(narrate(
         client.clone(),
         admin.clone(),
         ctl.clone(),
         traffic.clone(),
+        controller_run.clone(),
         stop.1.clone(),
     ));
 
@@ -329,10 +397,12 @@ async fn run_fleet(
                         "f" => Some(Fault::Flap), "a" => Some(Fault::AllDeps),
                         "r" => Some(Fault::Reset), "q" => break Ok(()),
                         "" => None,
-                        other => { println!("demo: unknown key {other:?} (k d p b f a r q)"); None }
+                        other => { say!("demo: unknown key {other:?} (k d p b f a r q)"); None }
                     };
-                    if let Some(f) = fault {
-                        apply(f, &client, ports, names, fleet).await;
+                    if let Some(f) = fault
+                        && let Err(e) = apply(f, &client, launcher, fleet, &controller_run).await
+                    {
+                        break Err(e);
                     }
                 }
                 // No terminal (CI, a pipe closed): keep running on flags alone.
@@ -347,7 +417,9 @@ async fn run_fleet(
                 if Instant::now() >= next_break {
                     match breaks.next() {
                         Some(f) => {
-                            apply(f, &client, ports, names, fleet).await;
+                            if let Err(e) = apply(f, &client, launcher, fleet, &controller_run).await {
+                                break Err(e);
+                            }
                             next_break = Instant::now() + args.break_after;
                         }
                         None => next_break = started + Duration::from_secs(u64::from(u32::MAX)),
@@ -369,7 +441,7 @@ async fn run_fleet(
         }
     }
     let t = traffic.snapshot();
-    println!(
+    say!(
         "demo: traffic through the balancer: {} requests, {} ok, {} errors ({:.3}% success)",
         t.0,
         t.1,
@@ -383,10 +455,21 @@ async fn run_fleet(
     outcome
 }
 
-fn child_command(exe: &Path, dir: &Path, name: &str) -> Result<Command> {
-    let log = std::fs::File::create(dir.join(format!("{name}.log")))
-        .with_context(|| format!("creating {name}.log in {}", dir.display()))?;
+/// A child's command line with its log file `name.log` in `dir` (appended to when
+/// `again`: a restarted child keeps the history of its previous run).
+fn child_command(exe: &Path, dir: &Path, name: &str, again: bool) -> Result<Command> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(again)
+        .truncate(!again)
+        .open(dir.join(format!("{name}.log")))
+        .with_context(|| format!("opening {name}.log in {}", dir.display()))?;
     let mut cmd = Command::new(exe);
+    // A demo run by systemd must not let its children speak for it.
+    cmd.env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID");
     cmd.env("VIGIL_DIE_WITH_PARENT", "1")
         .env("VIGIL_LOG_FORMAT", "text")
         .env(
@@ -415,12 +498,25 @@ async fn wait_until_up(client: &reqwest::Client, ports: &Ports, fleet: &mut Flee
             .iter()
             .map(|(_, h)| format!("http://127.0.0.1:{h}/livez")),
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
     eprint!("demo: starting {} processes", fleet.children.len());
+    wait_for_urls(client, &urls, fleet, true).await?;
+    eprintln!(" up");
+    Ok(())
+}
+
+/// Waits until every URL answers 2xx, failing if a child exits meanwhile or after 30 s.
+/// `dots`: print a dot on stderr as each answers.
+async fn wait_for_urls(
+    client: &reqwest::Client,
+    urls: &[String],
+    fleet: &mut Fleet,
+    dots: bool,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
     for url in urls {
         loop {
             if client
-                .get(&url)
+                .get(url)
                 .send()
                 .await
                 .is_ok_and(|r| r.status().is_success())
@@ -437,19 +533,23 @@ async fn wait_until_up(client: &reqwest::Client, ports: &Ports, fleet: &mut Flee
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        eprint!(".");
+        if dots {
+            eprint!(".");
+        }
     }
-    eprintln!(" up");
     Ok(())
 }
 
+/// Applies one fault. Fails only when the demo cannot go on (a reset could not start
+/// a child again).
 async fn apply(
     f: Fault,
     client: &reqwest::Client,
-    ports: &Ports,
-    names: &[String],
+    launcher: &Launcher<'_>,
     fleet: &mut Fleet,
-) {
+    controller_run: &AtomicU64,
+) -> Result<()> {
+    let (ports, names) = (launcher.ports, launcher.names);
     let app = |i: usize| {
         format!(
             "http://127.0.0.1:{}",
@@ -462,57 +562,90 @@ async fn apply(
         async move {
             match client.post(&url).send().await {
                 Ok(r) if r.status().is_success() => {}
-                Ok(r) => println!("demo: {url} answered {}", r.status()),
-                Err(e) => println!("demo: {url}: {e}"),
+                Ok(r) => say!("demo: {url} answered {}", r.status()),
+                Err(e) => say!("demo: {url}: {e}"),
             }
         }
     };
     match f {
         Fault::Kill => {
             let n = name(0);
-            println!("demo: BREAK kill: SIGKILL {n}");
+            say!("demo: BREAK kill: SIGKILL {n}");
             if let Some(pid) = fleet.children.get(&n).and_then(|c| c.id()) {
                 signal(pid, rustix::process::Signal::KILL);
             }
         }
         Fault::Disk => {
-            println!(
+            say!(
                 "demo: BREAK disk: {}'s disk check now demands 100% free space",
                 name(1)
             );
             post(format!("{}/fault/disk?on=true", app(1))).await;
         }
         Fault::Dependency => {
-            println!(
+            say!(
                 "demo: BREAK dependency: {}'s database becomes unreachable",
                 name(2)
             );
             post(format!("{}/fault/dependency?on=true", app(2))).await;
         }
         Fault::Brownout => {
-            println!(
-                "demo: BREAK brownout: {}'s queries get 800 ms slower",
+            say!(
+                "demo: BREAK brownout: {}'s queries get {BROWNOUT_MS} ms slower",
                 name(3)
             );
-            post(format!("{}/fault/brownout?ms=800", app(3))).await;
+            post(format!("{}/fault/brownout?ms={BROWNOUT_MS}", app(3))).await;
         }
         Fault::Flap => {
-            println!("demo: BREAK flap: {}'s database goes up and down", name(4));
-            post(format!("{}/fault/flap?on=true&period_ms=4000", app(4))).await;
+            say!(
+                "demo: BREAK flap: {}'s database goes down for {FLAP_MS} ms, up for {FLAP_MS} ms, again and again",
+                name(4)
+            );
+            post(format!("{}/fault/flap?on=true&period_ms={FLAP_MS}", app(4))).await;
         }
         Fault::AllDeps => {
-            println!("demo: BREAK all-deps: every service's database becomes unreachable");
+            say!("demo: BREAK all-deps: every service's database becomes unreachable");
             for i in 0..names.len() {
                 post(format!("{}/fault/dependency?on=true", app(i))).await;
             }
         }
         Fault::Reset => {
-            println!("demo: RESET every injected fault");
-            for i in 0..names.len() {
-                post(format!("{}/fault/reset", app(i))).await;
+            say!("demo: RESET every injected fault");
+            let mut restarted = Vec::new();
+            for (i, n) in names.iter().enumerate() {
+                let running = fleet
+                    .children
+                    .get_mut(n)
+                    .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+                if running {
+                    post(format!("{}/fault/reset", app(i))).await;
+                    continue;
+                }
+                say!("demo: {n} is not running: starting it again");
+                fleet.children.insert(n.clone(), launcher.service(i, true)?);
+                restarted.push(format!("http://127.0.0.1:{}/livez", ports.services[i].1));
             }
+            // Flap penalties, holds and spent budget tokens are the guard's memory, kept
+            // in the store on purpose (a restart never refills the budget): the demo
+            // forgets them by starting the controller again on a fresh store.
+            let run = controller_run.load(Ordering::SeqCst) + 1;
+            if let Some(mut c) = fleet.children.remove("controller") {
+                stop_child("controller", &mut c).await;
+            }
+            write_controller_config(launcher.dir, ports, names, run)?;
+            fleet
+                .children
+                .insert("controller".into(), launcher.controller(true)?);
+            restarted.push(format!("http://127.0.0.1:{}/livez", ports.controller));
+            wait_for_urls(client, &restarted, fleet, false).await?;
+            controller_run.store(run, Ordering::SeqCst);
+            say!(
+                "demo: the controller started again on a fresh store ({}): full action budget, no flap penalty, no hold, an empty decision log",
+                controller_dir(launcher.dir, run).display()
+            );
         }
     }
+    Ok(())
 }
 
 #[derive(Default)]
@@ -576,8 +709,10 @@ async fn narrate(
     admin: String,
     ctl: String,
     traffic: Arc<Traffic>,
+    controller_run: Arc<AtomicU64>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let mut watching_run = controller_run.load(Ordering::SeqCst);
     let mut lb_state: BTreeMap<String, String> = BTreeMap::new();
     let mut fail_open: Option<bool> = None;
     let mut frozen: Option<bool> = None;
@@ -591,11 +726,19 @@ async fn narrate(
             _ = stop.changed() => return,
             _ = every.tick() => {}
         }
+        let run = controller_run.load(Ordering::SeqCst);
+        if run != watching_run {
+            // A new controller on a fresh store: its decisions are numbered from 1.
+            watching_run = run;
+            seen_decisions = 0;
+            last_outcome.clear();
+            frozen = None;
+        }
         if let Some(v) = get_json(&client, &format!("{admin}/admin/targets")).await {
             for (pool, p) in v["pools"].as_object().into_iter().flatten() {
                 let fo = p["fail_open"].as_bool().unwrap_or(false);
                 if fail_open.is_some_and(|f| f != fo) || (fail_open.is_none() && fo) {
-                    println!(
+                    say!(
                         "lb: pool {pool} {} ({} of {} healthy, panic threshold {})",
                         if fo {
                             "FAILS OPEN: routing to every target"
@@ -616,7 +759,7 @@ async fn narrate(
                             .as_str()
                             .or(t["ejection_reason"].as_str())
                             .unwrap_or("");
-                        println!("lb: target {addr} {} -> {state}: {why}", lb_state[&addr]);
+                        say!("lb: target {addr} {} -> {state}: {why}", lb_state[&addr]);
                     }
                     lb_state.insert(addr, state);
                 }
@@ -626,7 +769,7 @@ async fn narrate(
             let guard = &g["guard"];
             let fr = guard["frozen"].as_bool().unwrap_or(false);
             if frozen.is_some_and(|f| f != fr) || (frozen.is_none() && fr) {
-                println!(
+                say!(
                     "controller: {} {}",
                     if fr {
                         "FROZEN, acting on no one:"
@@ -656,7 +799,7 @@ async fn narrate(
                 {
                     continue;
                 }
-                println!(
+                say!(
                     "controller: {} {}: {}",
                     x["outcome"].as_str().unwrap_or("?"),
                     x["target"].as_str().unwrap_or("?"),
@@ -669,7 +812,7 @@ async fn narrate(
         if last_line.elapsed() >= Duration::from_secs(10) {
             let now = traffic.snapshot();
             let (sent, ok) = (now.0 - last_traffic.0, now.1 - last_traffic.1);
-            println!(
+            say!(
                 "traffic: {sent} requests in the last 10s, {ok} ok, {} errors",
                 sent.saturating_sub(ok)
             );
@@ -756,7 +899,12 @@ fn zone(i: usize) -> &'static str {
     ["zone-a", "zone-b", "zone-c"][i % 3]
 }
 
-fn write_controller_config(dir: &Path, ports: &Ports, names: &[String]) -> Result<()> {
+/// The store of the controller's `run`th start (each reset starts it on a fresh one).
+fn controller_dir(dir: &Path, run: u64) -> PathBuf {
+    dir.join(format!("controller-{run}"))
+}
+
+fn write_controller_config(dir: &Path, ports: &Ports, names: &[String], run: u64) -> Result<()> {
     let mut targets = String::new();
     for (i, (name, (_, health))) in names.iter().zip(&ports.services).enumerate() {
         targets.push_str(&format!(
@@ -791,7 +939,7 @@ per = "10m"
 kind = "log"
 {targets}"#,
         ctl = ports.controller,
-        data = dir.join("controller").display(),
+        data = controller_dir(dir, run).display(),
     );
     std::fs::write(dir.join("fleet.toml"), cfg).context("writing fleet.toml")
 }

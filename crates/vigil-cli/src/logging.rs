@@ -1,6 +1,7 @@
 //! Logging set-up shared by every subcommand: text or JSON lines on stderr, RFC 3339 UTC
 //! timestamps, filtered by `RUST_LOG` (default `info`).
 
+use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 /// How log lines look.
@@ -13,10 +14,19 @@ pub enum LogFormat {
 }
 
 /// Installs the global subscriber. Call once, first thing.
+///
+/// Colours only on a terminal (and not with `NO_COLOR` set): journald, a log file or a
+/// pipe get plain text. JSON lines never have colour codes.
+///
+/// Event fields must not be named `target` (nor `level`, `timestamp`): the JSON format
+/// puts fields beside its own `target` (the module path), and a duplicate key makes
+/// parsers keep one and lose the other. Name them `target_id`, `addr`, ...
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour && format == LogFormat::Text)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

@@ -1,9 +1,19 @@
 //! The `vigil` binary: thin glue that parses arguments, sets up logging and runs one
 //! component. Each component's arguments and behaviour live in its own crate.
+//!
+//! Exit codes, the same in every subcommand: 0 success; 1 a runtime failure (a port
+//! taken, a store that cannot open); 64 a usage error (sysexits' EX_USAGE: an unknown
+//! flag, a missing argument; not clap's usual 2, which `vigil check` uses for "fail");
+//! 78 a bad configuration (EX_CONFIG). `vigil check` adds its own: 1 warn (with
+//! `--strict`), 2 fail, 3 unreachable or invalid.
 #![forbid(unsafe_code)]
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use std::io::Write;
 use std::process::ExitCode;
+
+/// Exit code of a usage error (sysexits' EX_USAGE), distinct from `vigil check`'s 2.
+pub const EXIT_USAGE: u8 = 64;
 
 mod check;
 mod demo;
@@ -13,7 +23,7 @@ mod logging;
 #[derive(Parser, Debug)]
 #[command(
     name = "vigil",
-    version,
+    version = vigil_core::build::LONG_VERSION,
     after_help = "Start here: `vigil demo` runs a fleet, a balancer and a controller on this \
                   machine and lets you break things. Each command has its own --help."
 )]
@@ -45,11 +55,31 @@ enum Command {
     /// fleet of these.
     #[command(hide = true)]
     ExampleService(vigil_example::cli::Args),
+    /// Print a shell completion script on stdout, e.g.
+    /// `vigil completions bash > /etc/bash_completion.d/vigil`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) on stdout: `vigil man > vigil.1; man ./vigil.1`.
+    Man,
 }
 
 fn main() -> ExitCode {
     die_with_parent();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
+                _ => EXIT_USAGE,
+            };
+            // Help piped into `head` may find stdout closed: nothing to report then.
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
     logging::init(cli.log_format);
     match cli.command {
         Command::Check(args) => check::run(args),
@@ -58,6 +88,33 @@ fn main() -> ExitCode {
         Command::Controller(args) => vigil_controller::cli::run(args),
         Command::Sim(args) => vigil_sim::cli::run(args),
         Command::ExampleService(args) => vigil_example::cli::run(args),
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "vigil", &mut out);
+            print_all(&out)
+        }
+        Command::Man => {
+            let mut out = Vec::new();
+            match clap_mangen::Man::new(Cli::command()).render(&mut out) {
+                Ok(()) => print_all(&out),
+                Err(e) => {
+                    eprintln!("vigil man: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+/// Writes generated text to stdout; a closed pipe (`| head`) is not an error.
+fn print_all(bytes: &[u8]) -> ExitCode {
+    match std::io::stdout().lock().write_all(bytes) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vigil: cannot write to stdout: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -1,6 +1,11 @@
-//! End-to-end: `vigil demo` starts a fleet, a balancer and a controller; breaking one
-//! server gets it ejected and acted on, breaking every dependency makes the balancer
-//! fail open and the controller freeze; stopping the demo leaves no process or port.
+//! End-to-end: `vigil demo` starts a fleet, a balancer and a controller. The tour: every
+//! key of the README's table, in order, with a reset between, does what the table says
+//! (a killed server is taken out and acted on, a local failure too, a dependency failure
+//! on one server too, a brownout is a warn nobody acts on, a flapping server is damped,
+//! every dependency failing makes the balancer fail open and the controller freeze), and
+//! each reset brings everything back (the killed server too, a full action budget, no
+//! flap penalty). Stopping the demo leaves no process or port, also when its output goes
+//! through a pipe that Ctrl-C closes first (`vigil demo | tee log`).
 
 use serde_json::Value;
 use std::io::Write;
@@ -8,9 +13,8 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A port block unlikely to collide with other tests (each test binary runs in its own
-/// process; other tests use ephemeral ports).
-const BASE_PORT: u16 = 17700;
+// Each test takes a port block unlikely to collide with other tests (other tests use
+// ephemeral ports): 17800 and 17900.
 const SERVICES: u16 = 6;
 
 async fn get_json(url: &str) -> Option<Value> {
@@ -75,25 +79,148 @@ fn children_of(pid: u32) -> Vec<u32> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heavy_demo_ejects_acts_fails_open_freezes_and_cleans_up() {
-    let dir = tempfile::tempdir().unwrap();
+/// The running demo's endpoints, as the README's table describes them.
+struct Tour {
+    admin: String,
+    ctl: String,
+    base: u16,
+}
+
+impl Tour {
+    fn new(base: u16) -> Tour {
+        Tour {
+            admin: format!("http://127.0.0.1:{}", base + 1),
+            ctl: format!("http://127.0.0.1:{}", base + 2),
+            base,
+        }
+    }
+
+    /// `svc-N`'s application address, the balancer's name for it.
+    fn addr(&self, n: u16) -> String {
+        format!("127.0.0.1:{}", self.base + 3 + 2 * (n - 1))
+    }
+
+    /// svc-N at the balancer.
+    async fn lb_target(&self, n: u16) -> Option<Value> {
+        let v = get_json(&format!("{}/admin/targets", self.admin)).await?;
+        let addr = self.addr(n);
+        v["pools"]["fleet"]["targets"]
+            .as_array()?
+            .iter()
+            .find(|t| t["addr"] == addr.as_str())
+            .cloned()
+    }
+
+    async fn out_at_lb(&self, n: u16) -> bool {
+        self.lb_target(n)
+            .await
+            .is_some_and(|t| t["state"] == "unhealthy" || t["state"] == "ejected")
+    }
+
+    async fn acted_on(&self, id: &str) -> bool {
+        get_json(&format!("{}/api/actions", self.ctl))
+            .await
+            .is_some_and(|v| {
+                v["actions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|a| a["target"] == id)
+            })
+    }
+
+    async fn actions(&self) -> usize {
+        get_json(&format!("{}/api/actions", self.ctl))
+            .await
+            .and_then(|v| v["actions"].as_array().map(Vec::len))
+            .unwrap_or(usize::MAX)
+    }
+
+    async fn decisions(&self, id: &str) -> Vec<Value> {
+        get_json(&format!("{}/api/decisions?target={id}", self.ctl))
+            .await
+            .and_then(|v| v["decisions"].as_array().cloned())
+            .unwrap_or_default()
+    }
+
+    async fn ctl_target(&self, id: &str) -> Option<Value> {
+        get_json(&format!("{}/api/targets/{id}", self.ctl)).await
+    }
+
+    /// Everything as at the start: every target in service at the balancer, no
+    /// fail-open; at the controller every target healthy with no flap penalty, no
+    /// freeze, the whole action budget left.
+    async fn all_clear(&self) -> Result<(), String> {
+        let v = get_json(&format!("{}/admin/targets", self.admin))
+            .await
+            .ok_or("no answer from the balancer")?;
+        let pool = &v["pools"]["fleet"];
+        if pool["fail_open"] != false {
+            return Err("the balancer is failing open".into());
+        }
+        let ts = pool["targets"].as_array().ok_or("no targets")?;
+        if ts.len() != SERVICES as usize || ts.iter().any(|t| t["state"] != "healthy") {
+            return Err(format!(
+                "balancer states: {:?}",
+                ts.iter().map(|t| &t["state"]).collect::<Vec<_>>()
+            ));
+        }
+        let g = get_json(&format!("{}/api/guard", self.ctl))
+            .await
+            .ok_or("no answer from the controller")?;
+        let g = &g["guard"];
+        if g["frozen"] != false || g["unhealthy"] != 0 || g["budget_left"] != g["budget_actions"] {
+            return Err(format!("controller guard: {g}"));
+        }
+        let t = get_json(&format!("{}/api/targets", self.ctl))
+            .await
+            .ok_or("no answer from the controller")?;
+        let ts = t["targets"].as_array().ok_or("no targets")?;
+        if ts.len() != SERVICES as usize
+            || ts
+                .iter()
+                .any(|t| t["health"] != "healthy" || t["penalty"] != 0 || !t["hold"].is_null())
+        {
+            return Err(format!(
+                "controller targets: {:?}",
+                ts.iter()
+                    .map(|t| (&t["id"], &t["health"], &t["penalty"], &t["hold"]))
+                    .collect::<Vec<_>>()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the demo printed on stdout so far, a line each.
+type Narration = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// Whether the demo has printed a line containing every one of `needles`.
+fn said(narration: &Narration, needles: &[&str]) -> bool {
+    narration
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| needles.iter().all(|n| l.contains(n)))
+}
+
+/// Starts `vigil demo` on `base` with piped stdin and its narration echoed and kept.
+fn start_demo(base: u16, dir: &std::path::Path) -> (Demo, std::process::ChildStdin, Narration) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_vigil"))
-        .args(["demo", "--base-port", &BASE_PORT.to_string()])
+        .args(["demo", "--base-port", &base.to_string()])
         .args(["--services", &SERVICES.to_string(), "--rps", "20"])
         .arg("--data-dir")
-        .arg(dir.path())
+        .arg(dir)
         .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start vigil demo");
-    let mut stdin = child.stdin.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
     let stdout = child.stdout.take().unwrap();
-    let demo_pid = child.id();
-    let demo = Demo(child);
-    // Keep the demo's narration visible in the test output and drain its pipe.
+    let narration = Narration::default();
+    let kept = narration.clone();
     std::thread::spawn(move || {
         use std::io::BufRead;
         for line in std::io::BufReader::new(stdout)
@@ -101,80 +228,191 @@ async fn heavy_demo_ejects_acts_fails_open_freezes_and_cleans_up() {
             .map_while(Result::ok)
         {
             println!("[demo] {line}");
+            kept.lock().unwrap().push(line);
         }
     });
+    (Demo(child), stdin, narration)
+}
 
-    let admin = format!("http://127.0.0.1:{}", BASE_PORT + 1);
-    let ctl = format!("http://127.0.0.1:{}", BASE_PORT + 2);
-    let svc1 = format!("127.0.0.1:{}", BASE_PORT + 3);
-    let target = |v: &Value, addr: &str| -> Option<Value> {
-        v["pools"]["fleet"]["targets"]
-            .as_array()?
-            .iter()
-            .find(|t| t["addr"] == addr)
-            .cloned()
+/// Every key of the README's table, in the table's order, each followed by `r`: each does
+/// what the table says, and each reset brings back the starting state, whatever came
+/// before (a killed server, a spent action budget, flap penalties, a freeze).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_demo_tour_every_key_in_order_with_resets_between() {
+    const BASE: u16 = 17800;
+    let dir = tempfile::tempdir().unwrap();
+    let (demo, mut stdin, narration) = start_demo(BASE, dir.path());
+    let tour = Tour::new(BASE);
+    let mut key = |k: &str| {
+        println!("[test] key {k}");
+        narration.lock().unwrap().clear();
+        writeln!(stdin, "{k}").unwrap();
     };
-
+    let long = Duration::from_secs(60);
+    let mut last_clear = String::new();
+    // What the demo says about a decision (it watches the controller that a reset
+    // started afresh, whose decisions are numbered from 1 again).
+    let says = |needles: &'static [&'static str]| said(&narration, needles);
+    macro_rules! reset {
+        ($after:expr) => {
+            key("r");
+            wait_for!(
+                format!(
+                    "everything back as at the start after `r` following `{}` ({last_clear})",
+                    $after
+                ),
+                long,
+                match tour.all_clear().await {
+                    Ok(()) => true,
+                    Err(e) => {
+                        last_clear = e;
+                        false
+                    }
+                }
+            );
+        };
+    }
     wait_for!(
-        "every target in service at the balancer",
-        Duration::from_secs(60),
-        {
-            get_json(&format!("{admin}/admin/targets"))
-                .await
-                .is_some_and(|v| {
-                    v["pools"]["fleet"]["targets"].as_array().is_some_and(|ts| {
-                        ts.len() == SERVICES as usize && ts.iter().all(|t| t["health"] == "healthy")
-                    })
-                })
+        format!("everything in service at the start ({last_clear})"),
+        long,
+        match tour.all_clear().await {
+            Ok(()) => true,
+            Err(e) => {
+                last_clear = e;
+                false
+            }
         }
     );
 
-    // Break one server: kill svc-1.
-    writeln!(stdin, "k").unwrap();
+    // k: svc-1 killed: out of service at the balancer, acted on by the controller.
+    key("k");
+    wait_for!("svc-1 out at the balancer", long, tour.out_at_lb(1).await);
     wait_for!(
-        "svc-1 out of service at the balancer",
-        Duration::from_secs(30),
-        {
-            get_json(&format!("{admin}/admin/targets"))
-                .await
-                .and_then(|v| target(&v, &svc1))
-                .is_some_and(|t| t["state"] == "unhealthy" || t["state"] == "ejected")
-        }
+        "the controller acted on svc-1",
+        long,
+        tour.acted_on("svc-1").await
     );
-    wait_for!("the controller acted on svc-1", Duration::from_secs(60), {
-        get_json(&format!("{ctl}/api/actions"))
-            .await
-            .is_some_and(|v| {
-                v["actions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|a| a["target"] == "svc-1")
-            })
+    wait_for!("the demo says so", long, says(&["controller: act svc-1"]));
+    reset!("k");
+
+    // d: svc-2's disk check: a local failure, out at the balancer, acted on.
+    key("d");
+    wait_for!("svc-2 out at the balancer", long, tour.out_at_lb(2).await);
+    wait_for!(
+        "the controller acted on svc-2",
+        long,
+        tour.acted_on("svc-2").await
+    );
+    wait_for!("the demo says so", long, says(&["controller: act svc-2"]));
+    reset!("d");
+
+    // p: svc-3's database: its own problem (no other target fails that check), out at
+    // the balancer and acted on: two actions came before, so this needs the reset to
+    // have refilled the budget.
+    key("p");
+    wait_for!("svc-3 out at the balancer", long, tour.out_at_lb(3).await);
+    wait_for!(
+        "the controller acted on svc-3",
+        long,
+        tour.acted_on("svc-3").await
+    );
+    wait_for!("the demo says so", long, says(&["controller: act svc-3"]));
+    reset!("p");
+
+    // b: svc-4's brownout: a steady warn, which passes: it stays in service at the
+    // balancer and the controller neither acts nor holds anything back.
+    key("b");
+    let mut warned_at = 0;
+    wait_for!("svc-4's health warns at the controller", long, {
+        let t = tour.ctl_target("svc-4").await;
+        let p = t.as_ref().map(|t| &t["target"]["last_probe"]);
+        if p.is_some_and(|p| p["health"] == "warn") {
+            warned_at = p.and_then(|p| p["at_ms"].as_i64()).unwrap_or(0);
+            true
+        } else {
+            false
+        }
     });
+    wait_for!(
+        "four more probes of svc-4 after its first warn",
+        long,
+        tour.ctl_target("svc-4").await.is_some_and(|t| {
+            t["target"]["last_probe"]["at_ms"]
+                .as_i64()
+                .is_some_and(|at| at >= warned_at + 4000)
+        })
+    );
+    let t = tour.ctl_target("svc-4").await.unwrap();
+    assert_eq!(
+        t["target"]["last_probe"]["health"], "warn",
+        "a brownout must be a steady warn, not a flap: {t}"
+    );
+    assert_eq!(t["target"]["health"], "healthy", "warn passes: {t}");
+    assert_eq!(t["target"]["penalty"], 0, "a brownout is no flap: {t}");
+    assert!(
+        tour.decisions("svc-4").await.is_empty(),
+        "nothing is decided about a degraded target: {:?}",
+        tour.decisions("svc-4").await
+    );
+    let lb4 = tour.lb_target(4).await.unwrap();
+    assert!(
+        lb4["state"] == "healthy",
+        "a degraded target stays in service at the balancer: {lb4}"
+    );
+    reset!("b");
 
-    // Break every dependency: fail-open at the balancer, freeze at the controller.
-    writeln!(stdin, "a").unwrap();
-    wait_for!("the balancer fails open", Duration::from_secs(30), {
-        get_json(&format!("{admin}/admin/targets"))
+    // f: svc-5's database flaps: the controller damps it (held back as flapping), it
+    // is not acted on.
+    key("f");
+    wait_for!(
+        "the controller holds svc-5 back as flapping",
+        long,
+        tour.decisions("svc-5").await.iter().any(|d| {
+            d["outcome"] == "hold_back"
+                && d["summary"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("flapping"))
+        })
+    );
+    wait_for!(
+        "the demo says so",
+        long,
+        says(&["controller: hold_back svc-5", "flapping"])
+    );
+    assert!(
+        !tour.acted_on("svc-5").await,
+        "a flapping target must be damped, not acted on: {:?}",
+        tour.decisions("svc-5").await
+    );
+    reset!("f");
+
+    // a: every database: the balancer fails open, the controller freezes, nobody is
+    // acted on.
+    key("a");
+    wait_for!("the balancer fails open", long, {
+        get_json(&format!("{}/admin/targets", tour.admin))
             .await
             .is_some_and(|v| v["pools"]["fleet"]["fail_open"] == true)
     });
-    wait_for!("the controller freezes", Duration::from_secs(30), {
-        get_json(&format!("{ctl}/api/guard"))
+    wait_for!("the controller freezes", long, {
+        get_json(&format!("{}/api/guard", tour.ctl))
             .await
             .is_some_and(|g| g["guard"]["frozen"] == true)
     });
-    let actions_when_frozen = get_json(&format!("{ctl}/api/actions"))
-        .await
-        .map(|v| v["actions"].as_array().map_or(0, Vec::len))
-        .unwrap_or(0);
+    wait_for!(
+        "the demo says both",
+        long,
+        says(&["lb: pool fleet FAILS OPEN"]) && says(&["controller: FROZEN"])
+    );
     assert_eq!(
-        actions_when_frozen, 1,
+        tour.actions().await,
+        0,
         "a shared dependency outage must cause no action"
     );
+    reset!("a");
 
     // Stop it: no child process and no port left behind.
+    let demo_pid = demo.0.id();
     let children = children_of(demo_pid);
     assert!(
         children.len() >= SERVICES as usize,
@@ -204,15 +442,100 @@ async fn heavy_demo_ejects_acts_fails_open_freezes_and_cleans_up() {
         "SIGTERM must stop the demo cleanly, got {status}"
     );
     for pid in children {
-        wait_for!(format!("child {pid} gone"), Duration::from_secs(5), {
-            !std::path::Path::new(&format!("/proc/{pid}")).exists()
-                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .is_ok_and(|s| s.contains(") Z "))
-        });
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "child {pid} of the demo left behind (running or a zombie nobody reaps)"
+        );
     }
-    for port in BASE_PORT..BASE_PORT + 3 + 2 * SERVICES {
+    for port in BASE..BASE + 3 + 2 * SERVICES {
         wait_for!(format!("port {port} free"), Duration::from_secs(5), {
             TcpListener::bind(("127.0.0.1", port)).is_ok()
         });
+    }
+}
+
+/// `vigil demo | tee log`, then Ctrl-C (SIGINT to the whole foreground group, `tee`
+/// included): the demo must not panic on the closed pipe, must stop within its grace,
+/// and must reap every child (none left running or as a zombie).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_demo_piped_into_tee_stops_on_ctrl_c_without_panic_or_leftovers() {
+    use std::os::unix::process::CommandExt;
+    const BASE: u16 = 17900;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let errs = dir.path().join("stderr");
+    let mut demo = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["demo", "--base-port", &BASE.to_string()])
+        .args(["--services", "2", "--rps", "20"])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&errs).unwrap())
+        // Its own process group, as a shell pipeline in a terminal gets.
+        .process_group(0)
+        .spawn()
+        .expect("start vigil demo");
+    let demo_pid = demo.id();
+    let mut tee = Command::new("tee")
+        .arg(&log)
+        .stdin(demo.stdout.take().unwrap())
+        .stdout(Stdio::null())
+        .process_group(demo_pid as i32)
+        .spawn()
+        .expect("start tee");
+    let demo = Demo(demo);
+    wait_for!("the demo says it is running", Duration::from_secs(60), {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("vigil demo is running"))
+    });
+    let children = children_of(demo_pid);
+    assert_eq!(
+        children.len(),
+        2 + 2,
+        "services, lb and controller: {children:?}"
+    );
+
+    // Ctrl-C in a terminal: SIGINT to every process of the foreground group.
+    rustix::process::kill_process_group(
+        rustix::process::Pid::from_raw(demo_pid as i32).unwrap(),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    let _ = tee.wait();
+    let mut demo = demo;
+    let status = {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = demo.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the demo did not stop within 30s of Ctrl-C with its stdout closed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let stderr = std::fs::read_to_string(&errs).unwrap();
+    assert!(
+        !stderr.contains("panicked"),
+        "no panic on the broken pipe:\n{stderr}"
+    );
+    assert!(
+        status.success(),
+        "Ctrl-C stops the demo cleanly, got {status}:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("demo: stopped"),
+        "the demo says on stderr that it stopped:\n{stderr}"
+    );
+    // Reaped by the demo itself: gone, not a zombie waiting for someone else.
+    for pid in children {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty(),
+            "child {pid} of the demo left behind after it exited: {stat}"
+        );
     }
 }

@@ -867,11 +867,20 @@ fn check_config_accepts_the_example_and_rejects_with_file_line_key() {
         err.contains("bad.toml:2:") && err.contains("key `pools.api.targets[0].addr`"),
         "{err}"
     );
+    let empty = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_vigil"))
         .args(["lb"])
+        .current_dir(empty.path())
+        .env_remove("VIGIL_LB_CONFIG")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "no config is a usage error");
+    assert_eq!(
+        out.status.code(),
+        Some(78),
+        "no lb.toml where the default points is a config error naming it: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lb.toml"));
 }
 
 /// A backend that answers 200 to everything (health checks included), records every

@@ -246,21 +246,21 @@ fn bad_scenario_errors_name_file_line_and_key_and_exit_78() {
 }
 
 #[test]
-fn usage_errors_exit_2() {
-    assert_eq!(run(&[]).status.code(), Some(2), "nothing to do");
+fn usage_errors_exit_64() {
+    assert_eq!(run(&[]).status.code(), Some(64), "nothing to do");
     assert_eq!(
         run(&["run", "/nonexistent/x.toml"]).status.code(),
-        Some(2),
+        Some(64),
         "no such file"
     );
     assert_eq!(
         run(&["run", "x.toml", "--compare", "smart"]).status.code(),
-        Some(2),
+        Some(64),
         "bad value"
     );
     assert_eq!(
         run(&["check", "/nonexistent-dir"]).status.code(),
-        Some(2),
+        Some(64),
         "no such dir"
     );
 }

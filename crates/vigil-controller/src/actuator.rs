@@ -76,7 +76,7 @@ pub async fn run(
                 .call(move |s| s.finish_action(id, state, wall_ms(), &r))
                 .await
             {
-                Ok(()) => tracing::info!(action = id, target = %action.target, state = ?state, result = %result, "action finished"),
+                Ok(()) => tracing::info!(action = id, target_id = %action.target, state = ?state, result = %result, "action finished"),
                 Err(e) => {
                     metrics.store_error();
                     tracing::error!(action = id, error = %e, "action ran but its outcome was not recorded; it will run again after a restart (same idempotency key)");
@@ -95,7 +95,7 @@ async fn execute(
         ActuatorKind::Log => {
             tracing::warn!(
                 action = action.id,
-                target = %action.target,
+                target_id = %action.target,
                 key = %action.idempotency_key,
                 summary = %action.event["summary"].as_str().unwrap_or(""),
                 "REPLACE target (dry run: the log actuator only logs)"

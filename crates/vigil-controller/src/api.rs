@@ -259,33 +259,10 @@ async fn guard(State(st): State<AppState>) -> Result<Response, ApiError> {
     Ok(Json(json!({ "now_ms": f.now_ms, "guard": f.guard, "events": f.events })).into_response())
 }
 
-/// OpenMetrics for scrapers that ask for it (Prometheus does, in its Accept header),
-/// the text format 0.0.4 for the rest (promtool, curl, older scrapers).
 async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    let openmetrics = headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.contains("application/openmetrics-text"));
-    if openmetrics {
-        (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            st.metrics.encode(),
-        )
-            .into_response()
-    } else {
-        (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            st.metrics.encode_text(),
-        )
-            .into_response()
-    }
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (ctype, body) = st.metrics.encode_for(accept);
+    ([(header::CONTENT_TYPE, ctype)], body).into_response()
 }
 
 /// Ready while the store takes the engine's commits; 503 with the store's error while

@@ -284,7 +284,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     let tasks = tokio_util::task::TaskTracker::new();
     let engine_task = tokio::spawn(engine.run(engine_rx, shutdown_rx.clone()));
     for a in report.pending {
-        tracing::warn!(action = a.id, target = %a.target, attempts = a.attempts, "resuming an action left intended by the last run");
+        tracing::warn!(action = a.id, target_id = %a.target, attempts = a.attempts, "resuming an action left intended by the last run");
         let _ = actions_tx.send(a);
     }
     let heartbeats = Arc::new(Heartbeats::default());
@@ -340,11 +340,15 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
     let mut current = cfg;
+    let serving = format!("serving on http://{addr}/");
+    vigil::systemd::ready(&serving);
+    let watchdog = tokio::spawn(vigil::systemd::watchdog());
     loop {
         tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); break; }
             _ = int.recv() => { tracing::info!("SIGINT: draining"); break; }
             _ = hup.recv() => {
+                vigil::systemd::reloading();
                 match config::load(&path) {
                     Ok(new) => {
                         if new.listen != current.listen || new.data_dir != current.data_dir {
@@ -363,9 +367,12 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
                     }
                     Err(e) => tracing::error!(error = %e, "SIGHUP: new config rejected; keeping the old one"),
                 }
+                vigil::systemd::ready(&serving);
             }
         }
     }
+    vigil::systemd::stopping();
+    watchdog.abort();
     let _ = shutdown_tx.send(true);
     match server.await {
         Ok(Ok(())) => {}

@@ -11,7 +11,7 @@
 //!   an operator already uses (host names, ARNs, paths) valid; JSON, HTML and the logs
 //!   escape on their own.
 //! - **The Prometheus text format 0.0.4** for scrapers that do not ask for OpenMetrics
-//!   ([`Metrics::encode_text`]): prometheus-client always writes OpenMetrics, whose
+//!   ([`Metrics::encode_for`], the library's converter): prometheus-client always writes OpenMetrics, whose
 //!   counter families are named without `_total`, which Prometheus' text parser and
 //!   `promtool check metrics` read as counters without help (client_rust #194).
 
@@ -295,45 +295,13 @@ impl Metrics {
         out
     }
 
-    /// The Prometheus text format 0.0.4: the OpenMetrics text with counter families
-    /// named as their samples (`_total`), and no `# UNIT` or `# EOF` line.
-    pub fn encode_text(&self) -> String {
-        to_text_0_0_4(&self.encode())
+    /// `(content type, body)` for a scrape with this `Accept` header (OpenMetrics or the
+    /// 0.0.4 text format), with `vigil_build_info` (outside the `vigil_controller`
+    /// prefix).
+    pub fn encode_for(&self, accept: Option<&str>) -> (&'static str, String) {
+        let build = vigil::metrics::build_info_registry();
+        vigil::metrics::encode_all(&[&self.registry, &build], accept)
     }
-}
-
-/// OpenMetrics text as written by prometheus-client, in the Prometheus text format
-/// 0.0.4. Samples are the same in both; metadata lines differ.
-fn to_text_0_0_4(om: &str) -> String {
-    let counters: std::collections::HashSet<&str> = om
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-        .collect();
-    let mut out = String::with_capacity(om.len() + 16 * counters.len());
-    for line in om.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        let meta = ["# HELP ", "# TYPE "]
-            .into_iter()
-            .find_map(|p| Some((p, line.strip_prefix(p)?)));
-        match meta {
-            Some((prefix, rest)) => {
-                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                let total = if counters.contains(name) {
-                    "_total"
-                } else {
-                    ""
-                };
-                let _ = writeln!(out, "{prefix}{name}{total} {tail}");
-            }
-            None => {
-                out.push_str(line);
-                out.push('\n');
-            }
-        }
-    }
-    out
 }
 
 /// The (shared) histogram and counter of one probe result.
@@ -361,7 +329,7 @@ mod tests {
             zone: Arc::from("z"),
         };
         m.target_up(&labels).set(1);
-        let text = m.encode_text();
+        let text = m.encode_for(None).1;
         assert!(
             text.contains(
                 r#"vigil_controller_target_up{target="x\"} 1\nvigil_controller_guard_frozen 1\n# \\",zone="z"} 1"#
@@ -379,7 +347,7 @@ mod tests {
     fn the_text_format_names_counter_families_with_total_and_has_no_eof() {
         let m = Metrics::new();
         m.decision("act", 1);
-        let text = m.encode_text();
+        let text = m.encode_for(None).1;
         assert!(
             text.contains("# TYPE vigil_controller_decisions_total counter\n"),
             "{text}"

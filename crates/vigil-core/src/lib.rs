@@ -20,6 +20,7 @@
 //! - [`rollout`]: health-gated rollouts in waves, with report-back and latched rollback.
 //! - [`judge`]: the one judge of an HTTP health answer (status code + optional
 //!   health+json body -> verdict), with its rule table.
+//! - [`build`]: the version and git commit this was built from.
 //! - [`http1`]: HTTP/1.1 response framing (where a head ends, how its body is delimited,
 //!   chunked decoding), for the clients that own the sockets.
 #![forbid(unsafe_code)]
@@ -27,6 +28,7 @@
 
 pub mod anomaly;
 pub mod gate;
+pub mod build;
 pub mod guard;
 pub mod http1;
 pub mod judge;

@@ -35,6 +35,11 @@ pub struct Args {
     /// Off unless given.
     #[arg(long, env = "VIGIL_EXAMPLE_AGENT_LISTEN")]
     pub agent_listen: Option<SocketAddr>,
+    /// gRPC health v1 address (`grpc.health.v1.Health`, Check and Watch; service `""`
+    /// is the whole server, SERVING while readiness passes or warns), for a standard
+    /// gRPC health client or Kubernetes' `grpc` probe. Off unless given.
+    #[arg(long, env = "VIGIL_EXAMPLE_GRPC_LISTEN")]
+    pub grpc_listen: Option<SocketAddr>,
     /// PostgreSQL URL. When unreachable at start, a local SQLite file is used instead.
     #[arg(long, env = "VIGIL_EXAMPLE_DB", default_value = DEFAULT_DB)]
     pub db: String,
@@ -124,6 +129,7 @@ impl Args {
             listen: self.listen,
             health_listen: self.health_listen,
             agent_listen: self.agent_listen,
+            grpc_listen: self.grpc_listen,
             db: self.db,
             sqlite_path: data_dir.join(format!("{safe_name}.sqlite")),
             data_dir,
@@ -146,7 +152,7 @@ impl Args {
 }
 
 /// Runs the example service until SIGTERM or Ctrl-C: readiness fails first, the
-/// listener closes after the drain delay, then it exits 0. Exit 2 on bad arguments, 1 on
+/// listener closes after the drain delay, then it exits 0. Exit 64 on bad arguments, 1 on
 /// a failure to start (a taken port, an unusable data directory).
 pub fn run(args: Args) -> ExitCode {
     let worker_nice = args.worker_nice;
@@ -154,7 +160,7 @@ pub fn run(args: Args) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("example service: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(64);
         }
     };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -190,7 +196,9 @@ pub fn run(args: Args) -> ExitCode {
         let agent = running
             .agent_addr
             .map(|a| format!(" agent={a}"))
-            .unwrap_or_default();
+            .into_iter()
+            .chain(running.grpc_addr.map(|a| format!(" grpc={a}")))
+            .collect::<String>();
         println!(
             "LISTENING app=http://{} health=http://{} store={}{agent}",
             running.app_addr, running.health_addr, running.store_kind

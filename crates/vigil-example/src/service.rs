@@ -47,6 +47,8 @@ pub struct ServiceConfig {
     pub health_listen: SocketAddr,
     /// HAProxy agent-check responder (its own thread too), if wanted.
     pub agent_listen: Option<SocketAddr>,
+    /// gRPC health v1 server (on the application runtime), if wanted.
+    pub grpc_listen: Option<SocketAddr>,
     /// PostgreSQL URL.
     pub db: String,
     /// SQLite file used when PostgreSQL is unreachable at start.
@@ -179,6 +181,12 @@ impl Check for StoreCheck {
 
 // === start ===
 
+/// The gRPC health server's stop switch and task.
+type GrpcServer = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+);
+
 /// A started service.
 pub struct Running {
     /// Where the application listens.
@@ -191,6 +199,10 @@ pub struct Running {
     pub store_kind: &'static str,
     /// Where the agent-check responder listens, if started.
     pub agent_addr: Option<SocketAddr>,
+    /// Where the gRPC health server listens, if started.
+    pub grpc_addr: Option<SocketAddr>,
+    /// The gRPC health server: stopped after the application listener.
+    grpc: Option<GrpcServer>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     reserved: vigil::ReservedServer,
@@ -203,6 +215,15 @@ impl Running {
     /// requests finished.
     pub async fn wait(mut self) -> anyhow::Result<()> {
         let result = (&mut self.server).await;
+        if let Some((stop, task)) = self.grpc.take() {
+            // NOT_SERVING since the drain began; now the port closes too.
+            let _ = stop.send(());
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "gRPC health server failed"),
+                Err(e) => tracing::warn!(error = %e, "gRPC health server task failed"),
+            }
+        }
         self.reserved.shutdown();
         if let Some(agent) = self.agent {
             agent.shutdown();
@@ -307,8 +328,29 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
         flap: Mutex::new(None),
         workers: config.workers,
     });
+    // The library's metrics (checks, lifecycle, shedding, build), served at /metrics in
+    // the format the scraper asks for.
+    let shed = health.shed_layer(config.max_in_flight);
+    let mut registry = prometheus_client::registry::Registry::default();
+    vigil::metrics::HealthCollector::new(&health)
+        .with_shed(shed.stats())
+        .register(&mut registry);
+    let registry = Arc::new(registry);
     let app = Router::new()
         .route("/", get(index))
+        .route(
+            "/metrics",
+            get(move |headers: axum::http::HeaderMap| {
+                let registry = registry.clone();
+                async move {
+                    let accept = headers
+                        .get(axum::http::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok());
+                    let (ctype, body) = vigil::metrics::encode(&registry, accept);
+                    ([(axum::http::header::CONTENT_TYPE, ctype)], body)
+                }
+            }),
+        )
         .route("/items/{id}", get(item))
         .route("/work", get(work))
         .route("/naive/livez", get(naive_livez))
@@ -332,7 +374,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
             },
         ))
         // Health paths bypass the limit and are answered by vigil on this port too.
-        .layer(health.shed_layer(config.max_in_flight));
+        .layer(shed);
 
     let reserved = health.serve_reserved(config.health_listen)?;
     let agent = match config.agent_listen {
@@ -340,6 +382,19 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
             let agent = vigil::agent::AgentCheck::new(&health).serve_reserved(addr)?;
             tracing::info!(addr = %agent.local_addr(), "HAProxy agent-check responder");
             Some(agent)
+        }
+        None => None,
+    };
+    let grpc = match config.grpc_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            let addr = listener.local_addr()?;
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let server = vigil::grpc::GrpcHealth::new(&health).serve(listener, async {
+                let _ = stopped.await;
+            });
+            tracing::info!(%addr, "gRPC health v1 server");
+            Some((addr, stop, tokio::spawn(server)))
         }
         None => None,
     };
@@ -368,6 +423,8 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
         health,
         store_kind: store.kind(),
         agent_addr: agent.as_ref().map(|a| a.local_addr()),
+        grpc_addr: grpc.as_ref().map(|g| g.0),
+        grpc: grpc.map(|(_, stop, task)| (stop, task)),
         stop: Some(stop_tx),
         server,
         reserved,
@@ -380,6 +437,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
 async fn index() -> &'static str {
     "vigil example service\n\
      GET  /items/{id}            a read (database, else cache)\n\
+     GET  /metrics               Prometheus metrics of the health machinery\n\
      GET  /work?ms=N             N ms of CPU on the application runtime\n\
      GET  /naive/livez           a liveness endpoint on the application runtime (for comparison)\n\
      GET  /livez /readyz /health vigil's endpoints (also on the reserved health port)\n\

@@ -13,6 +13,7 @@ fn config(dir: &std::path::Path, db: &str) -> ServiceConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         health_listen: "127.0.0.1:0".parse().unwrap(),
         agent_listen: Some("127.0.0.1:0".parse().unwrap()),
+        grpc_listen: None,
         db: db.into(),
         sqlite_path: dir.join("fallback.sqlite"),
         data_dir: dir.to_path_buf(),

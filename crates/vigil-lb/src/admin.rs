@@ -77,11 +77,14 @@ pub fn handle<B>(
             "application/json",
             serde_json::to_string_pretty(&targets_json(pools)).expect("JSON value serialises"),
         ),
-        "/metrics" => (
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.encode(),
-        ),
+        "/metrics" => {
+            let accept = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok());
+            let (ctype, body) = metrics.encode_for(accept);
+            (StatusCode::OK, ctype, body)
+        }
         "/livez" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
         _ => (
             StatusCode::NOT_FOUND,

@@ -386,16 +386,16 @@ impl PoolRt {
             match ev {
                 PoolEvent::Health { to, target, .. } => {
                     if *to == Health::Healthy {
-                        tracing::info!(pool = %self.name, target = %target, "{msg}");
+                        tracing::info!(pool = %self.name, target_id = %target, "{msg}");
                     } else {
-                        tracing::warn!(pool = %self.name, target = %target, "{msg}");
+                        tracing::warn!(pool = %self.name, target_id = %target, "{msg}");
                     }
                 }
                 PoolEvent::Outlier { event, .. } => {
                     if let OutlierEvent::Readmitted { .. } = event {
-                        tracing::info!(pool = %self.name, target = %event.target(), "{msg}");
+                        tracing::info!(pool = %self.name, target_id = %event.target(), "{msg}");
                     } else {
-                        tracing::warn!(pool = %self.name, target = %event.target(), "{msg}");
+                        tracing::warn!(pool = %self.name, target_id = %event.target(), "{msg}");
                     }
                     if let OutlierEvent::Ejected { target, .. } = event {
                         self.metrics

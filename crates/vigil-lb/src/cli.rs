@@ -1,8 +1,12 @@
 //! Command-line entry point of `vigil lb`: `vigil lb -c lb.toml` runs the balancer,
 //! `vigil lb check-config -c lb.toml` validates a file like `nginx -t`.
 //!
+//! The config path follows the rule of every vigil daemon: `-c/--config FILE`, before
+//! or after the verb, else `$VIGIL_LB_CONFIG`, else `lb.toml` in the current directory
+//! (`vigil controller`: `$VIGIL_CONTROLLER_CONFIG`, `fleet.toml`).
+//!
 //! Exit codes: 0 success (and after a SIGTERM drain), 1 runtime failure (cannot listen),
-//! 2 usage error, 78 bad configuration (EX_CONFIG).
+//! 64 usage error (sysexits' EX_USAGE), 78 bad configuration (EX_CONFIG).
 
 use crate::config;
 use std::path::PathBuf;
@@ -10,40 +14,41 @@ use std::process::ExitCode;
 
 /// Exit code of a bad configuration (sysexits' EX_CONFIG).
 pub const EXIT_BAD_CONFIG: u8 = 78;
-/// Exit code of a usage error.
-pub const EXIT_USAGE: u8 = 2;
+/// The config file when neither `-c` nor `$VIGIL_LB_CONFIG` names one.
+pub const DEFAULT_CONFIG: &str = "lb.toml";
 
 /// Arguments of `vigil lb`.
 #[derive(clap::Args, Debug)]
-#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
     #[command(subcommand)]
     command: Option<Command>,
     /// Configuration file (TOML; see examples/lb.toml).
-    #[arg(short = 'c', long = "config", env = "VIGIL_LB_CONFIG")]
-    config: Option<PathBuf>,
+    #[arg(
+        short = 'c',
+        long = "config",
+        global = true,
+        default_value = DEFAULT_CONFIG,
+        env = "VIGIL_LB_CONFIG"
+    )]
+    config: PathBuf,
 }
 
 #[derive(clap::Subcommand, Debug)]
 enum Command {
     /// Validate a configuration file and exit: 0 when valid, 78 (with the file, line and
     /// key of the problem) when not.
-    CheckConfig {
-        /// Configuration file.
-        #[arg(short = 'c', long = "config")]
-        config: PathBuf,
-    },
+    CheckConfig,
 }
 
 /// Runs `vigil lb`.
 pub fn run(args: Args) -> ExitCode {
     match args.command {
-        Some(Command::CheckConfig { config }) => match config::load(&config) {
+        Some(Command::CheckConfig) => match config::load(&args.config) {
             Ok(c) => {
                 let targets: usize = c.pools.values().map(|p| p.targets.len()).sum();
                 println!(
                     "{}: ok ({} pools, {} targets, {} routes)",
-                    config.display(),
+                    args.config.display(),
                     c.pools.len(),
                     targets,
                     c.routes.len()
@@ -56,10 +61,7 @@ pub fn run(args: Args) -> ExitCode {
             }
         },
         None => {
-            let Some(path) = args.config else {
-                eprintln!("vigil lb: missing -c/--config <FILE> (see `vigil lb --help`)");
-                return ExitCode::from(EXIT_USAGE);
-            };
+            let path = args.config;
             let config = match config::load(&path) {
                 Ok(c) => c,
                 Err(e) => {

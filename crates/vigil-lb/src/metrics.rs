@@ -118,6 +118,7 @@ impl Metrics {
     /// Registers every metric under the `vigil_lb` prefix.
     pub fn new() -> Self {
         let mut root = Registry::default();
+        vigil::metrics::register_build_info(&mut root);
         let registry = root.sub_registry_with_prefix("vigil_lb");
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register("requests", "Client requests answered", requests.clone());
@@ -181,6 +182,12 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+
+    /// `(content type, body)` for a scrape with this `Accept` header: OpenMetrics or
+    /// the 0.0.4 text format ([`vigil::metrics::encode`]).
+    pub fn encode_for(&self, accept: Option<&str>) -> (&'static str, String) {
+        vigil::metrics::encode(&self.registry, accept)
     }
 }
 

@@ -463,7 +463,7 @@ impl Proxy {
                         && self.withdraw(pool, f.name())
                     {
                         retries += 1;
-                        tracing::debug!(pool = %pool.name, target = %a.target.addr, failure = f.name(), "retrying on another target");
+                        tracing::debug!(pool = %pool.name, target_id = %a.target.addr, failure = f.name(), "retrying on another target");
                         if start_attempt(&mut tried, &mut attempts) {
                             continue;
                         }
@@ -483,7 +483,7 @@ impl Proxy {
                         retries += 1;
                         let before = attempts.len();
                         if start_attempt(&mut tried, &mut attempts) {
-                            tracing::debug!(pool = %pool.name, target = %attempts[i].target.addr, moved_to = %attempts[before].target.addr, "target left service: request moved");
+                            tracing::debug!(pool = %pool.name, target_id = %attempts[i].target.addr, moved_to = %attempts[before].target.addr, "target left service: request moved");
                             let _abandoned = attempts.swap_remove(i);
                             debug_assert_eq!(attempts.len(), before);
                         }

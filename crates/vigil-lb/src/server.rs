@@ -350,6 +350,7 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
         max_header_bytes: config.limits.max_header_bytes,
         write_timeout: config.timeouts.client_write,
     };
+    let listen = config.listen;
     tracing::info!(
         listen = %config.listen,
         admin = %config.admin_listen,
@@ -403,13 +404,23 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
             }
         }
     }
+    let serving = format!("serving on {}", listen);
+    vigil::systemd::ready(&serving);
+    let watchdog = tokio::spawn(vigil::systemd::watchdog());
     loop {
         tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); break; }
             _ = int.recv() => { tracing::info!("SIGINT: draining"); break; }
-            _ = hup.recv() => { tracing::info!("SIGHUP: reloading {}", path.display()); lb.reload(&path); }
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading {}", path.display());
+                vigil::systemd::reloading();
+                lb.reload(&path);
+                vigil::systemd::ready(&serving);
+            }
         }
     }
+    vigil::systemd::stopping();
+    watchdog.abort();
     shutdown.cancel();
     connections.close();
     match tokio::time::timeout(drain_timeout, connections.wait()).await {

@@ -14,8 +14,9 @@ use std::time::Instant;
 
 /// Exit code when an expectation broke.
 const EXIT_BROKEN: u8 = 1;
-/// Exit code on usage errors (as clap's).
-const EXIT_USAGE: u8 = 2;
+/// Exit code on usage errors (sysexits' EX_USAGE, as every `vigil` subcommand: 2 is
+/// `vigil check`'s "fail").
+const EXIT_USAGE: u8 = 64;
 /// Exit code for an invalid scenario (EX_CONFIG).
 const EXIT_CONFIG: u8 = 78;
 

@@ -80,8 +80,10 @@ impl AgentCheck {
                         .failing_checks()
                         .filter(|c| *c != LIFECYCLE_CHECK)
                         .collect();
+                    // The report's output already names the failing checks ("disk:free
+                    // fail") or says the checker stalled: said once, not twice.
                     match (&ready.output, failing.is_empty()) {
-                        (Some(output), _) => format!("{output} {}", failing.join(",")),
+                        (Some(output), _) => output.clone(),
                         (None, false) => format!("failing {}", failing.join(",")),
                         (None, true) => "not ready".to_string(),
                     }

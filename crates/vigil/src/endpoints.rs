@@ -10,7 +10,10 @@
 //! - Query: `?verbose` pretty-prints every detail (times, durations, component types);
 //!   without it the body is compact (status, outputs, observed values);
 //!   `?exclude=name` (repeatable, or comma-separated) leaves a check out of the body and
-//!   of the status, as Kubernetes' `/readyz?exclude=` does.
+//!   of the status, as Kubernetes' `/readyz?exclude=` does; the lifecycle and watchdog
+//!   entries ([`crate::snapshot::RESERVED_CHECKS`]) are never left out.
+//! - Per the health+json draft, every check entry has its `componentType`, and a passing
+//!   entry has no `output` (the draft: "SHOULD be omitted for pass state").
 //! - 200 for pass and warn, 503 for fail; `Content-Type: application/health+json`,
 //!   `Cache-Control: no-store`.
 
@@ -69,7 +72,12 @@ async fn health(State(shared): State<Arc<Shared>>, RawQuery(q): RawQuery) -> Res
     )
 }
 
-fn respond(report: HealthReport, verbose: bool) -> Response {
+fn respond(mut report: HealthReport, verbose: bool) -> Response {
+    for r in report.checks.values_mut().flatten() {
+        if r.status == vigil_core::Status::Pass {
+            r.output = None;
+        }
+    }
     let code = StatusCode::from_u16(report.status.http_code())
         .expect("Status::http_code returns 200 or 503");
     let body = if verbose {
@@ -88,12 +96,12 @@ fn respond(report: HealthReport, verbose: bool) -> Response {
         .into_response()
 }
 
-/// Drops the details a machine polling every second does not need.
+/// Drops the details a machine polling every second does not need (`componentType`
+/// stays: the draft asks for it and it is short).
 fn compact(mut report: HealthReport) -> HealthReport {
     for r in report.checks.values_mut().flatten() {
         r.time = None;
         r.duration = None;
-        r.component_type = None;
         r.component_id = None;
     }
     report

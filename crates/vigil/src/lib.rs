@@ -42,6 +42,7 @@
 //! - [`worker`]: queue-worker health: the gate that stops a sick worker pulling, with
 //!   RabbitMQ (feature `rabbitmq`) and NATS JetStream (feature `nats`) adapters.
 //! - [`checks`]: built-in checks. [`options`]: [`CheckOptions`], [`HealthConfig`].
+//! - `systemd` (feature `systemd`): `Type=notify` readiness, reload, stop and watchdog.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -61,6 +62,8 @@ pub mod reserved;
 pub mod shed;
 pub mod shutdown;
 pub mod snapshot;
+#[cfg(feature = "systemd")]
+pub mod systemd;
 mod watchdog;
 pub mod worker;
 
@@ -72,3 +75,9 @@ pub use shed::{ShedLayer, ShedStats};
 pub use shutdown::shutdown_signal;
 pub use snapshot::{Lifecycle, Snapshot};
 pub use vigil_core::{CheckResult, Criticality, HealthReport, Status};
+
+/// docs/library.md, whose Rust examples are compiled as doc-tests (`cargo test -p vigil
+/// --doc`), so the user guide cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+pub struct LibraryGuide;

@@ -17,6 +17,11 @@ pub const WATCHDOG_CHECK: &str = "watchdog:restarts";
 /// `shutting down`).
 pub const LIFECYCLE_CHECK: &str = "lifecycle:state";
 
+/// Entries that `?exclude=` never removes: whether the service is starting or shutting
+/// down and whether its checker is alive are what readiness is for; hiding them would
+/// let a prober route to a draining service or trust a dead checker's last results.
+pub const RESERVED_CHECKS: [&str; 2] = [LIFECYCLE_CHECK, WATCHDOG_CHECK];
+
 /// Output of the watchdog entry (and of the report) when the checker is stalled.
 pub const STALLED: &str = "health checker stalled";
 
@@ -115,15 +120,16 @@ impl Snapshot {
 
     /// `report` without the excluded checks, its status re-aggregated. A name excludes
     /// the entry of that exact name, or every entry of that component (`postgres`
-    /// excludes `postgres:connect`).
+    /// excludes `postgres:connect`). The [`RESERVED_CHECKS`] are never excluded.
     pub fn exclude(&self, report: &HealthReport, names: &[String]) -> HealthReport {
         if names.is_empty() {
             return report.clone();
         }
         let excluded = |key: &str| {
-            names
-                .iter()
-                .any(|n| key == n || key.split(':').next() == Some(n.as_str()))
+            !RESERVED_CHECKS.contains(&key)
+                && names
+                    .iter()
+                    .any(|n| key == n || key.split(':').next() == Some(n.as_str()))
         };
         let kept = report
             .checks
@@ -136,7 +142,14 @@ impl Snapshot {
         let mut out = HealthReport::from_results(kept);
         out.version = report.version.clone();
         out.description = report.description.clone();
-        out.output = summarize(&out);
+        // A stall or a lifecycle state said so in the output; the reserved entries are
+        // kept, so that output still holds.
+        out.output = match &report.output {
+            Some(o) if out.status != vigil_core::Status::Pass && o.as_str() == STALLED => {
+                Some(o.clone())
+            }
+            _ => summarize(&out),
+        };
         out
     }
 }

@@ -365,6 +365,57 @@ async fn exclude_leaves_a_check_out_of_body_and_status() {
     assert_eq!(get(addr, "/health?exclude=nothing").await.status, 503);
 }
 
+/// The health+json draft: `componentType` on every entry, `output` only when not
+/// passing; in the compact answer and in `?verbose`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_json_entries_have_component_type_and_no_output_when_passing() {
+    let health = Health::builder()
+        .config(fast_config())
+        .local(
+            "disk:free",
+            FnCheck::new(|| async {
+                Observation::new(Status::Pass).with_output("12 GiB free, plenty")
+            }),
+            every(100),
+        )
+        .dependency(
+            "postgres:connect",
+            FnCheck::new(|| async { Observation::fail("refused") }),
+            every(100).non_critical(),
+        )
+        .start();
+    let srv = reserved(&health);
+    let addr = srv.local_addr();
+    until(addr, "/health", Duration::from_secs(10), "checked", |a| {
+        a.body.contains("refused")
+    })
+    .await;
+    for path in ["/health", "/health?verbose", "/readyz"] {
+        let a = get(addr, path).await;
+        let v: serde_json::Value = serde_json::from_str(&a.body).unwrap();
+        for (name, entries) in v["checks"].as_object().unwrap() {
+            for e in entries.as_array().unwrap() {
+                assert!(
+                    e["componentType"].is_string(),
+                    "{path}: {name} has no componentType: {e}"
+                );
+                if e["status"] == "pass" {
+                    assert!(
+                        e.get("output").is_none(),
+                        "{path}: {name} passes and must have no output: {e}"
+                    );
+                }
+            }
+        }
+        if path.starts_with("/health") {
+            assert_eq!(
+                v["checks"]["postgres:connect"][0]["output"], "refused",
+                "{path}: a failing entry keeps its output"
+            );
+        }
+    }
+}
+
 // === watchdog ===
 
 async fn watchdog_recovers_from(fault: CheckerFault) {
@@ -394,6 +445,15 @@ async fn watchdog_recovers_from(fault: CheckerFault) {
         "{fault:?}: {}",
         stalled.body
     );
+    for q in ["watchdog", "watchdog:restarts", "watchdog,disk"] {
+        let a = get(addr, &format!("/readyz?exclude={q}")).await;
+        assert_eq!(
+            (a.status, a.report().output.as_deref()),
+            (503, Some("health checker stalled")),
+            "{fault:?}: ?exclude={q} must not hide a stalled checker: {}",
+            a.body
+        );
+    }
     assert!(
         r.checks["watchdog:restarts"][0]
             .output
@@ -516,6 +576,15 @@ async fn begin_shutdown_fails_readiness_at_once_and_keeps_liveness() {
     let a = get(addr, "/readyz").await;
     assert_eq!(a.status, 503);
     assert_eq!(a.report().output.as_deref(), Some("shutting down"));
+    for q in ["lifecycle", "lifecycle:state", "lifecycle,disk"] {
+        let a = get(addr, &format!("/readyz?exclude={q}")).await;
+        assert_eq!(
+            a.status, 503,
+            "?exclude={q} must not hide that the service is draining: {}",
+            a.body
+        );
+        assert!(a.body.contains("lifecycle:state"), "{}", a.body);
+    }
     assert_eq!(
         sub.borrow_and_update().lifecycle,
         Lifecycle::ShuttingDown,
