@@ -1254,6 +1254,22 @@ impl RetryBudget {
         self.bucket(now).retries += 1;
         true
     }
+
+    /// Records `n` original requests at once: the same as `n` calls of
+    /// [`RetryBudget::deposit`] at `now` (for drivers that aggregate requests per tick,
+    /// such as the simulator).
+    pub fn deposit_many(&mut self, now: Time, n: u64) {
+        self.bucket(now).requests += n;
+    }
+
+    /// Takes up to `n` retries from the budget at once and returns how many may go: the
+    /// same as counting the successes of `n` calls of [`RetryBudget::try_withdraw`] at
+    /// `now`.
+    pub fn withdraw_up_to(&mut self, now: Time, n: u64) -> u64 {
+        let granted = self.available(now).min(n);
+        self.bucket(now).retries += granted;
+        granted
+    }
 }
 
 #[cfg(test)]

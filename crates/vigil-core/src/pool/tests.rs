@@ -769,6 +769,28 @@ proptest! {
         prop_assert_eq!(route.effective_weight(Time::from_millis(window_ms)), f64::from(weight));
     }
 
+    /// The bulk calls (per-tick aggregation) decide exactly as the per-request ones.
+    #[test]
+    fn retry_budget_bulk_calls_equal_per_request_calls(
+        ratio in 0.0f64..2.0, floor in 0u32..5,
+        steps in proptest::collection::vec((0u64..700, 0u64..50, 0u64..50), 1..100),
+    ) {
+        let config = RetryBudgetConfig { ratio, min_retries_per_second: floor, window: Duration::from_secs(1) };
+        let (mut bulk, mut single) = (RetryBudget::new(config), RetryBudget::new(config));
+        let mut now = Time::ZERO;
+        for (dt, requests, retries) in steps {
+            now = now + Duration::from_millis(dt);
+            bulk.deposit_many(now, requests);
+            for _ in 0..requests {
+                single.deposit(now);
+            }
+            let granted = bulk.withdraw_up_to(now, retries);
+            let one_by_one = (0..retries).filter(|_| single.try_withdraw(now)).count() as u64;
+            prop_assert_eq!(granted, one_by_one);
+            prop_assert_eq!(bulk.available(now), single.available(now));
+        }
+    }
+
     /// The budget never lets retries in any window exceed floor + ratio x requests.
     #[test]
     fn retry_budget_never_exceeds_its_allowance(
