@@ -182,6 +182,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
 
     let tasks = tokio_util::task::TaskTracker::new();
+    let views = engine.views();
     let engine_task = tokio::spawn(engine.run(engine_rx, shutdown_rx.clone()));
     for a in report.pending {
         tracing::warn!(action = a.id, target = %a.target, attempts = a.attempts, "resuming an action left intended by the last run");
@@ -221,6 +222,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig) -> anyhow::Result<()> {
         token: token.clone(),
         heartbeats,
         plan: plan_rx,
+        views,
     });
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(async move {
