@@ -709,16 +709,33 @@ struct Window {
     failed: f64,
     lag_p99: f64,
     lag_p999: f64,
+    /// Probe duration p99 (the fake fleet's answer time as the controller sees it).
+    duration_p99: f64,
     cpu: f64,
     mem: Memory,
     /// The largest RSS seen in the window (sampled every 200 ms), KiB.
     max_rss: u64,
+    /// Time the controller's threads were runnable but waiting for a CPU, per second
+    /// (other processes on its core: the machine is shared).
+    run_wait: f64,
+}
+
+/// Nanoseconds the process's threads spent waiting on a run queue
+/// (`/proc/<pid>/task/*/schedstat`, second field), summed.
+fn run_wait_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
 }
 
 /// Measures the controller over `seconds` from now.
 fn window(base: &str, pid: u32, seconds: u64) -> Window {
     let m0 = get(&format!("{base}/metrics"));
-    let (t0, c0) = (Instant::now(), cpu_ticks(pid));
+    let (t0, c0, w0) = (Instant::now(), cpu_ticks(pid), run_wait_ns(pid));
     let mut max_rss = 0;
     while t0.elapsed() < Duration::from_secs(seconds) {
         max_rss = max_rss.max(rss_kib(pid));
@@ -736,9 +753,15 @@ fn window(base: &str, pid: u32, seconds: u64) -> Window {
         failed: metric(&m1, fail) - metric(&m0, fail),
         lag_p99: quantile_between(&b0, &b1, 0.99),
         lag_p999: quantile_between(&b0, &b1, 0.999),
+        duration_p99: quantile_between(
+            &buckets(&m0, "vigil_controller_probe_duration_seconds_bucket"),
+            &buckets(&m1, "vigil_controller_probe_duration_seconds_bucket"),
+            0.99,
+        ),
         cpu: (c1 - c0) as f64 / HZ / wall,
         mem: memory(pid),
         max_rss,
+        run_wait: run_wait_ns(pid).saturating_sub(w0) as f64 / 1e9 / wall,
     }
 }
 
@@ -811,12 +834,7 @@ fn readers(
                                     Ok(body) => {
                                         reads.bytes += body.len() as u64;
                                         if mix == "walk" && status == 200 {
-                                            next =
-                                                serde_json::from_slice::<serde_json::Value>(&body)
-                                                    .ok()
-                                                    .and_then(|v| {
-                                                        v["next_after"].as_str().map(String::from)
-                                                    });
+                                            next = next_after(&body);
                                         }
                                     }
                                     Err(_) => reads.errors += 1,
@@ -838,6 +856,16 @@ fn readers(
             })
         })
         .collect()
+}
+
+/// A page's `next_after`, found from its end (the page's last field) without parsing
+/// the page: the readers share their core with the fake fleet, which must stay fast.
+fn next_after(body: &[u8]) -> Option<String> {
+    let key = b"\"next_after\":";
+    let at = body.windows(key.len()).rposition(|w| w == key)? + key.len();
+    let rest = std::str::from_utf8(&body[at..]).ok()?;
+    let v: serde_json::Value = serde_json::from_str(rest.trim_end().strip_suffix('}')?).ok()?;
+    v.as_str().map(String::from)
 }
 
 fn pct_of(sorted: &[f64], q: f64) -> f64 {
@@ -923,6 +951,13 @@ fn load(o: &Opts, base: &str, pid: u32, fleet_cores: &str) {
         after.lag_p999 * 1e3,
         " ms",
     );
+    row(
+        "probe duration p99 <=",
+        idle.duration_p99 * 1e3,
+        loaded.duration_p99 * 1e3,
+        after.duration_p99 * 1e3,
+        " ms",
+    );
     println!(
         "{:<22} {:>12} {:>12} {:>12} {:>14}",
         "controller cpu",
@@ -930,6 +965,14 @@ fn load(o: &Opts, base: &str, pid: u32, fleet_cores: &str) {
         format!("{:.2}", loaded.cpu),
         format!("{:.2}", loaded.cpu / idle.cpu),
         format!("{:.2}", after.cpu)
+    );
+    println!(
+        "{:<22} {:>12} {:>12} {:>12} {:>14}",
+        "waiting for a cpu",
+        format!("{:.2}", idle.run_wait),
+        format!("{:.2}", loaded.run_wait),
+        "",
+        format!("{:.2}", after.run_wait)
     );
     row(
         "rss (KiB)",

@@ -898,6 +898,7 @@ impl Engine {
             targets,
             events: self.events.iter().cloned().collect(),
             store_error: None,
+            answers: Default::default(),
         }
     }
 

@@ -146,6 +146,57 @@ pub struct FleetView {
     pub events: Vec<EventInfo>,
     /// The store cannot commit (its last error): no action is taken until it can.
     pub store_error: Option<String>,
+    /// Answers already serialised from this view, by query.
+    #[serde(skip)]
+    pub answers: AnswerCache,
+}
+
+/// Most bytes of answers kept per view: a whole walk of 10,000 targets in pages of
+/// 1,000 (about 3.9 MB) fits.
+const CACHED_BYTES: usize = 4 << 20;
+
+/// Answers serialised from one view, by query: readers asking the same thing of the
+/// same view (dashboards, scripts polling faster than the view changes, several
+/// clients walking the fleet) cost one serialisation per view, not one per read. Dies
+/// with its view; a new view starts empty.
+#[derive(Default)]
+pub struct AnswerCache(std::sync::Mutex<(usize, Vec<(String, bytes::Bytes)>)>);
+
+impl AnswerCache {
+    /// The answer to `key`, made by `make` (outside the lock) if not kept yet; kept
+    /// while the cache holds under [`CACHED_BYTES`].
+    pub fn get_or_make(&self, key: &str, make: impl FnOnce() -> bytes::Bytes) -> bytes::Bytes {
+        let found = {
+            let kept = self.0.lock().expect("answer cache lock");
+            kept.1
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, b)| b.clone())
+        };
+        if let Some(b) = found {
+            return b;
+        }
+        let made = make();
+        let mut kept = self.0.lock().expect("answer cache lock");
+        if kept.0 + made.len() <= CACHED_BYTES && !kept.1.iter().any(|(k, _)| k == key) {
+            kept.0 += made.len();
+            kept.1.push((key.to_string(), made.clone()));
+        }
+        made
+    }
+}
+
+impl Clone for AnswerCache {
+    /// Empty: a copy of a view is a new view.
+    fn clone(&self) -> AnswerCache {
+        AnswerCache::default()
+    }
+}
+
+impl std::fmt::Debug for AnswerCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AnswerCache")
+    }
 }
 
 impl FleetView {
@@ -158,6 +209,7 @@ impl FleetView {
             counts: Self::count_states(&[]),
             events: Vec::new(),
             store_error: None,
+            answers: AnswerCache::default(),
         }
     }
 
@@ -348,6 +400,29 @@ pub struct HoldInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_is_made_once_per_view_and_the_cache_is_bounded() {
+        let cache = AnswerCache::default();
+        let mut made = 0;
+        for _ in 0..3 {
+            let b = cache.get_or_make("?limit=10", || {
+                made += 1;
+                bytes::Bytes::from_static(b"page")
+            });
+            assert_eq!(&b[..], b"page");
+        }
+        assert_eq!(made, 1, "made once, then kept");
+        let big = || bytes::Bytes::from(vec![0u8; CACHED_BYTES]);
+        let mut made_big = 0;
+        for _ in 0..2 {
+            cache.get_or_make("big", || {
+                made_big += 1;
+                big()
+            });
+        }
+        assert_eq!(made_big, 2, "an answer over the bound is not kept");
+    }
 
     #[test]
     fn every_state_has_one_rank_and_attention_states_come_first() {
