@@ -202,7 +202,11 @@ async fn sigkill_and_restart_keep_budget_damping_and_decisions_without_a_burst()
         })
         .await;
     }
-    assert_eq!(c.guard().await["budget_left"], 0);
+    // The guard's view is published after the actions are committed.
+    c.wait_for("the budget spent", || async {
+        (c.guard().await["budget_left"] == 0).then_some(())
+    })
+    .await;
     let penalty_before = c.get("/api/targets/t1").await["target"]["penalty"]
         .as_u64()
         .unwrap();

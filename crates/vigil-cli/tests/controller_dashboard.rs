@@ -1,14 +1,24 @@
 //! The controller's dashboard in a real browser: Debian's headless Chromium loads it,
 //! runs its script (virtual time lets its live refresh fire), and dumps the DOM. The
 //! page must log nothing to the console but its own greeting, show every target by
-//! zone, refresh itself, and show a failed target as such.
+//! zone, refresh itself, and show a failed target as such, with what fails on its
+//! tile, the counts per state, a legend, the action taken, and decisions held back by a
+//! freeze that do not repeat the freeze's sentence.
+//!
+//! At 500 targets, Chromium driven by chromedriver (WebDriver over loopback HTTP) in a
+//! 1280x800 window: the failing and held targets come first, most severe first then by
+//! zone, all above the fold, their failing check and hold reason in visible text; a
+//! screenshot is left in the test's target tmp dir (`dashboard-500.png`) to look at.
 
 mod controller_support;
 
+use base64::Engine as _;
 use controller_support::*;
-use std::process::Command;
-use std::time::Duration;
+use serde_json::{Value, json};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 use vigil_core::Status;
+use vigil_core::guard::Reason;
 
 const CHROMIUM: &str = "chromium";
 
@@ -62,6 +72,37 @@ fn tile_state(dom: &str, id: &str) -> Option<String> {
     let tag = &dom[start..start + dom[start..].find('>')?];
     let s = tag.find("data-state=\"")? + "data-state=\"".len();
     Some(tag[s..s + tag[s..].find('"')?].to_string())
+}
+
+/// What the live part shows inside a target's tile (its text and markup, not its
+/// opening tag, whose tooltip does not count as visible).
+fn tile_inner(dom: &str, id: &str) -> String {
+    let at = dom
+        .find(&format!("id=\"target-{id}\""))
+        .unwrap_or_else(|| panic!("no tile for {id}"));
+    let body = &dom[at + dom[at..].find('>').expect("tag end") + 1..];
+    let end = body
+        .find("id=\"target-")
+        .unwrap_or(body.len())
+        .min(body.find("</section>").unwrap_or(body.len()));
+    body[..end].to_string()
+}
+
+/// The number the legend shows for `state`.
+fn count_of(dom: &str, state: &str) -> Option<u64> {
+    let at = dom.find(&format!("id=\"count-{state}\""))?;
+    let s = &dom[at + dom[at..].find('>')? + 1..];
+    s[..s.find('<')?].trim().parse().ok()
+}
+
+/// The element with `id`, up to its closing `tag`.
+fn element<'a>(dom: &'a str, tag: &str, id: &str) -> &'a str {
+    let at = dom
+        .find(&format!(" id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no element {id} in {dom}"));
+    let start = dom[..at].rfind(&format!("<{tag}")).expect("its tag");
+    let end = dom[start..].find(&format!("</{tag}>")).expect("closed");
+    &dom[start..start + end]
 }
 
 fn check_console(console: &[String]) {
@@ -145,8 +186,403 @@ async fn dashboard_loads_cleanly_shows_targets_by_zone_and_changes_when_one_fail
     assert_eq!(tile_state(&dom, "t4").as_deref(), Some("reported"));
     assert_eq!(tile_state(&dom, "t0").as_deref(), Some("healthy"));
     assert!(
-        dom.contains("act on t4"),
-        "the decision is listed with its reasons"
+        tile_inner(&dom, "t4").contains("failing: disk:free"),
+        "the failing check is on the tile, not only in its tooltip: {}",
+        tile_inner(&dom, "t4")
     );
-    assert!(dom.contains("local check disk:free failed"));
+    assert_eq!(count_of(&dom, "reported"), Some(1), "per-state counts");
+    assert_eq!(count_of(&dom, "healthy"), Some(5), "per-state counts");
+    assert_eq!(count_of(&dom, "unhealthy"), Some(0), "per-state counts");
+    let legend = element(&dom, "section", "legend");
+    for state in [
+        "unhealthy",
+        "reported",
+        "flapping",
+        "failing",
+        "silenced",
+        "maintenance",
+        "unknown",
+        "grace",
+        "healthy",
+    ] {
+        assert!(
+            legend.contains(&format!("<strong>{state}</strong>: ")),
+            "the legend explains {state}: {legend}"
+        );
+    }
+    let decisions = element(&dom, "table", "decisions");
+    assert!(
+        decisions.contains("<td>t4</td><td class=\"act\">act</td>"),
+        "the decision is listed: {decisions}"
+    );
+    assert!(
+        decisions.contains("local check disk:free failed"),
+        "with its reasons"
+    );
+    let actions = element(&dom, "table", "actions");
+    assert!(
+        actions.contains("data-target=\"t4\"") && actions.contains("replace <strong>t4</strong>"),
+        "the action is listed: what was replaced: {actions}"
+    );
+
+    // Zone zone-a fails whole: the guard freezes and holds the three back. Its
+    // reasons are said once, in the guard's box; each held-back decision points to the
+    // freeze in a few words instead of repeating the sentence.
+    for b in &bs[0..3] {
+        b.set_check("disk:free", Status::Fail);
+    }
+    let held = c
+        .wait_for("t0, t1, t2 held back by the freeze", || async {
+            let d = c.decisions().await;
+            let held: Vec<Value> = d
+                .into_iter()
+                .filter(|d| d["outcome"] == "hold_back")
+                .filter(|d| ["t0", "t1", "t2"].contains(&d["target"].as_str().unwrap_or("")))
+                .collect();
+            (held.len() >= 3).then_some(held)
+        })
+        .await;
+    let guard = c
+        .wait_for("the guard frozen", || async {
+            let g = c.guard().await;
+            (g["frozen"] == true).then_some(g)
+        })
+        .await;
+    let url = c.url("/");
+    let (dom, console) = tokio::task::spawn_blocking(move || load(&url))
+        .await
+        .unwrap();
+    check_console(&console);
+    let guard_box = element(&dom, "section", "guard");
+    let decisions = element(&dom, "table", "decisions");
+    let mut sentences: Vec<String> = guard["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect();
+    assert!(!sentences.is_empty(), "a frozen guard says why: {guard}");
+    for s in &sentences {
+        assert!(guard_box.contains(s.as_str()), "the guard says why: {s}");
+    }
+    for d in &held {
+        for r in d["reasons"].as_array().unwrap() {
+            let r: Reason = serde_json::from_value(r.clone()).unwrap();
+            if matches!(r, Reason::FleetFrozen { .. } | Reason::ZoneFrozen { .. }) {
+                sentences.push(r.to_string());
+            }
+        }
+    }
+    for s in &sentences {
+        assert!(
+            !decisions.contains(s.as_str()),
+            "no decision row repeats the freeze's sentence {s:?}: {decisions}"
+        );
+    }
+    assert!(
+        decisions.contains("fleet frozen ("),
+        "a held-back row names the freeze in a few words: {decisions}"
+    );
+    assert_eq!(
+        count_of(&dom, "unhealthy"),
+        Some(3),
+        "{}",
+        element(&dom, "section", "legend")
+    );
+}
+
+// === 500 targets, through chromedriver ===
+
+/// A chromedriver on loopback, killed on drop.
+struct Driver {
+    child: std::process::Child,
+    base: String,
+    session: String,
+    http: reqwest::Client,
+    _profile: tempfile::TempDir,
+}
+
+impl Driver {
+    /// Starts chromedriver and a headless Chromium session in a `w`x`h` window.
+    async fn start(w: u32, h: u32) -> Driver {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run chromedriver ({e}): install it with \
+                     `apt-get install -y chromium chromium-driver` (scripts/install-test-deps.sh)"
+                )
+            });
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let started = Instant::now();
+        loop {
+            let ready = match http.get(format!("{base}/status")).send().await {
+                Ok(r) => r
+                    .json::<Value>()
+                    .await
+                    .is_ok_and(|v| v["value"]["ready"] == true),
+                Err(_) => false,
+            };
+            if ready {
+                break;
+            }
+            assert!(started.elapsed() < DEADLINE, "chromedriver did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let profile = tempfile::tempdir().unwrap();
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": "/usr/bin/chromium",
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                    "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync",
+                    format!("--window-size={w},{h}"),
+                    format!("--user-data-dir={}", profile.path().display()),
+                ]
+            }
+        }}});
+        let v: Value = http
+            .post(format!("{base}/session"))
+            .json(&caps)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let session = v["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no WebDriver session: {v}"))
+            .to_string();
+        Driver {
+            child,
+            base,
+            session,
+            http,
+            _profile: profile,
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        let mut req = self.http.request(method, url);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let v: Value = req.send().await.unwrap().json().await.unwrap();
+        assert!(v["value"].get("error").is_none(), "WebDriver {path}: {v}");
+        v["value"].clone()
+    }
+
+    async fn goto(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", Some(json!({ "url": url })))
+            .await;
+    }
+
+    async fn script(&self, script: &str) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({ "script": script, "args": [] })),
+        )
+        .await
+    }
+
+    async fn screenshot(&self) -> Vec<u8> {
+        let b64 = self.call(reqwest::Method::GET, "/screenshot", None).await;
+        base64::engine::general_purpose::STANDARD
+            .decode(b64.as_str().unwrap())
+            .unwrap()
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the page shows, measured by the browser.
+const MEASURE: &str = r#"
+const tiles = [...document.querySelectorAll('#attention .tile')].map(t => ({
+  id: t.id.replace('target-', ''), state: t.dataset.state,
+  zone: (t.querySelector('.zone') || {textContent: ''}).textContent,
+  text: t.innerText, bottom: t.getBoundingClientRect().bottom }));
+const counts = {};
+document.querySelectorAll('#legend .entry').forEach(e => {
+  counts[e.dataset.state] = Number(e.querySelector('.n').textContent); });
+return { height: window.innerHeight, tiles, counts,
+  legend: document.getElementById('legend').innerText,
+  actions: [...document.querySelectorAll('#actions tr[data-target]')].map(r => ({
+    target: r.dataset.target, state: r.dataset.state, text: r.innerText })),
+  banner: document.getElementById('store-error') !== null,
+  firstCalmTop: (document.querySelector('.tile.small') || {getBoundingClientRect: () => ({top: 1e9})}).getBoundingClientRect().top };
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_500_targets_the_failing_ones_come_first_above_the_fold_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    // One healthy backend per zone: fewer targets on each pooled host:port.
+    let healthy: Vec<_> = (0..5)
+        .map(|z| vigil_testkit::Backend::start(&format!("healthy-z{z}")))
+        .collect();
+    let sick = vigil_testkit::Backend::start("sick");
+    sick.set_check("disk:free", Status::Fail);
+    // Nothing listens there: an endpoint failure.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let disk = [7, 48, 123, 199, 250, 311, 402, 477];
+    let refused = [64, 333];
+    let mut config = format!(
+        r#"
+listen = "127.0.0.1:0"
+data_dir = "data"
+api_token = "{TOKEN}"
+[probe]
+interval = "1s"
+timeout = "3s"
+jitter = 0.1
+[guard]
+grace = "0s"
+min_failing = "1s"
+[guard.budget]
+actions = 2
+per = "10m"
+"#
+    );
+    for i in 0..500 {
+        // The healthy ones probed every 5 s (a loaded test machine must not time
+        // them out), the failing ones every second.
+        let (addr, interval) = if disk.contains(&i) {
+            (sick.addr(), "1s")
+        } else if refused.contains(&i) {
+            (dead, "1s")
+        } else {
+            (healthy[i % 5].addr(), "5s")
+        };
+        config.push_str(&format!(
+            "[[targets]]\nid = \"n{i:03}\"\nurl = \"http://{addr}\"\nzone = \"z{}\"\ninterval = \"{interval}\"\n",
+            i % 5
+        ));
+    }
+    let c = Controller::start(dir.path(), &config);
+    let (code, body) = c
+        .post(
+            "/api/targets/n100/silence",
+            Some(TOKEN),
+            json!({"reason": "kernel patching"}),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    c.wait_for(
+        "2 reported, 8 unhealthy, 1 silenced, 489 healthy",
+        || async {
+            let g = c.get("/api/guard").await;
+            let n = |s: &str| g["counts"][s].as_u64().unwrap_or(0);
+            (n("reported") == 2 && n("unhealthy") == 8 && n("silenced") == 1 && n("healthy") == 489)
+                .then_some(())
+        },
+    )
+    .await;
+    c.wait_for("both actions done", || async {
+        let a = c.actions().await;
+        (a.len() == 2 && a.iter().all(|a| a["state"] == "done")).then_some(())
+    })
+    .await;
+
+    let driver = Driver::start(1280, 800).await;
+    driver.goto(&c.url("/")).await;
+    let m = driver.script(MEASURE).await;
+    let png = driver.screenshot().await;
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-500.png");
+    std::fs::write(&shot, &png).unwrap();
+    eprintln!("screenshot: {}", shot.display());
+
+    let height = m["height"].as_f64().unwrap();
+    let tiles = m["tiles"].as_array().unwrap();
+    assert_eq!(
+        tiles.len(),
+        11,
+        "10 failing and 1 silenced need attention: {m}"
+    );
+    for t in tiles {
+        assert!(
+            t["bottom"].as_f64().unwrap() <= height,
+            "{} is above the fold ({height} px): {t}",
+            t["id"]
+        );
+    }
+    let order: Vec<(String, String, String)> = tiles
+        .iter()
+        .map(|t| {
+            (
+                t["state"].as_str().unwrap().to_string(),
+                t["zone"].as_str().unwrap().to_string(),
+                t["id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let rank = |s: &str| {
+        ["unhealthy", "reported", "silenced"]
+            .iter()
+            .position(|x| *x == s)
+            .unwrap_or_else(|| panic!("unexpected state {s}"))
+    };
+    let mut sorted = order.clone();
+    sorted.sort_by(|a, b| (rank(&a.0), &a.1, &a.2).cmp(&(rank(&b.0), &b.1, &b.2)));
+    assert_eq!(order, sorted, "most severe first, then by zone, then id");
+    for t in tiles {
+        let id = t["id"].as_str().unwrap();
+        let n: usize = id[1..].parse().unwrap();
+        let text = t["text"].as_str().unwrap();
+        if disk.contains(&n) {
+            assert!(text.contains("failing: disk:free"), "{id}: {text:?}");
+        } else if refused.contains(&n) {
+            assert!(text.contains("failing: endpoint"), "{id}: {text:?}");
+        } else {
+            assert_eq!(id, "n100");
+            assert!(text.contains("silenced: kernel patching"), "{text:?}");
+        }
+    }
+    assert!(
+        m["firstCalmTop"].as_f64().unwrap()
+            > tiles
+                .iter()
+                .map(|t| t["bottom"].as_f64().unwrap())
+                .fold(0.0, f64::max),
+        "the healthy ones come after: {m}"
+    );
+    for (state, n) in [
+        ("healthy", 489),
+        ("unhealthy", 8),
+        ("reported", 2),
+        ("silenced", 1),
+        ("failing", 0),
+    ] {
+        assert_eq!(m["counts"][state], n, "{state}: {}", m["counts"]);
+    }
+    let actions = m["actions"].as_array().unwrap();
+    assert_eq!(actions.len(), 2, "{m}");
+    for a in actions {
+        assert_eq!(a["state"], "done", "{a}");
+        assert!(a["text"].as_str().unwrap().contains("replace"), "{a}");
+    }
+    assert_eq!(
+        m["banner"], false,
+        "no store-error banner while the store works"
+    );
 }

@@ -22,6 +22,15 @@
 //!     --core 1 --blackbox /usr/bin/prometheus-blackbox-exporter
 //! ```
 //!
+//! With `--readers N` it measures instead what reading the API costs probing: after the
+//! warm-up, an idle window (nobody reads), then a loaded window with N clients in this
+//! process looping on the API (`--read-mix`: `list` = `GET /api/targets` as is, `walk` =
+//! every page of it with `?limit=1000&after=`, `mixed` = list, a filtered list, the
+//! dashboard, the guard, the decision log and one target in turn), then a cool-down
+//! with no reader; it prints each window's probes/s, failed probes (the fleet never
+//! fails: each one is false), schedule lag, CPU and RSS side by side, and the ratios.
+//! `bench/controller/load.sh` runs it.
+//!
 //! Needs `ulimit -n` above the target count (each target is a connection on both sides).
 
 use bytes::Bytes;
@@ -56,6 +65,12 @@ struct Opts {
     baseline: bool,
     /// How long that baseline controller runs before its memory is read.
     baseline_seconds: u64,
+    /// API readers looping during a loaded window (0: the probing benchmark instead).
+    readers: usize,
+    /// What they read: `list`, `walk` or `mixed`.
+    read_mix: String,
+    /// Seconds without readers after the loaded window, before RSS is read again.
+    cooldown: u64,
 }
 
 fn opts() -> Opts {
@@ -71,6 +86,9 @@ fn opts() -> Opts {
         blackbox_concurrency: 64,
         baseline: true,
         baseline_seconds: 5,
+        readers: 0,
+        read_mix: "list".into(),
+        cooldown: 10,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -87,6 +105,9 @@ fn opts() -> Opts {
             "--no-baseline" => o.baseline = false,
             "--baseline-seconds" => o.baseline_seconds = v().parse().expect("--baseline-seconds N"),
             "--blackbox" => o.blackbox = Some(PathBuf::from(v())),
+            "--readers" => o.readers = v().parse().expect("--readers N"),
+            "--read-mix" => o.read_mix = v(),
+            "--cooldown" => o.cooldown = v().parse().expect("--cooldown N"),
             "--blackbox-concurrency" => {
                 o.blackbox_concurrency = v().parse().expect("--blackbox-concurrency N")
             }
@@ -386,6 +407,11 @@ fn main() {
         o.core, o.warmup
     );
     std::thread::sleep(Duration::from_secs(o.warmup));
+    if o.readers > 0 {
+        load(&o, &base, pid, &fleet_cores);
+        stop(&mut child, pid);
+        return;
+    }
     let m0 = get(&format!("{base}/metrics"));
     let (t0, c0) = (Instant::now(), cpu_ticks(pid));
     std::thread::sleep(Duration::from_secs(o.seconds));
@@ -672,4 +698,333 @@ fn reqwest_ok(url: &str) -> Option<()> {
             .is_success()
             .then_some(())
     })
+}
+
+// === reading the API while probing (--readers) ===
+
+/// One measuring window of the controller.
+struct Window {
+    wall: f64,
+    probes_per_s: f64,
+    failed: f64,
+    lag_p99: f64,
+    lag_p999: f64,
+    /// Probe duration p99 (the fake fleet's answer time as the controller sees it).
+    duration_p99: f64,
+    cpu: f64,
+    mem: Memory,
+    /// The largest RSS seen in the window (sampled every 200 ms), KiB.
+    max_rss: u64,
+    /// Time the controller's threads were runnable but waiting for a CPU, per second
+    /// (other processes on its core: the machine is shared).
+    run_wait: f64,
+}
+
+/// Nanoseconds the process's threads spent waiting on a run queue
+/// (`/proc/<pid>/task/*/schedstat`, second field), summed.
+fn run_wait_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Measures the controller over `seconds` from now.
+fn window(base: &str, pid: u32, seconds: u64) -> Window {
+    let m0 = get(&format!("{base}/metrics"));
+    let (t0, c0, w0) = (Instant::now(), cpu_ticks(pid), run_wait_ns(pid));
+    let mut max_rss = 0;
+    while t0.elapsed() < Duration::from_secs(seconds) {
+        max_rss = max_rss.max(rss_kib(pid));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let m1 = get(&format!("{base}/metrics"));
+    let (wall, c1) = (t0.elapsed().as_secs_f64(), cpu_ticks(pid));
+    let fail = "vigil_controller_probes_total{result=\"fail\"}";
+    let (b0, b1) = (lag_buckets(&m0), lag_buckets(&m1));
+    Window {
+        wall,
+        probes_per_s: (metric(&m1, "vigil_controller_probes_total")
+            - metric(&m0, "vigil_controller_probes_total"))
+            / wall,
+        failed: metric(&m1, fail) - metric(&m0, fail),
+        lag_p99: quantile_between(&b0, &b1, 0.99),
+        lag_p999: quantile_between(&b0, &b1, 0.999),
+        duration_p99: quantile_between(
+            &buckets(&m0, "vigil_controller_probe_duration_seconds_bucket"),
+            &buckets(&m1, "vigil_controller_probe_duration_seconds_bucket"),
+            0.99,
+        ),
+        cpu: (c1 - c0) as f64 / HZ / wall,
+        mem: memory(pid),
+        max_rss,
+        run_wait: run_wait_ns(pid).saturating_sub(w0) as f64 / 1e9 / wall,
+    }
+}
+
+/// What the readers did.
+#[derive(Default)]
+struct Reads {
+    ok: u64,
+    refused: u64,
+    other: u64,
+    errors: u64,
+    bytes: u64,
+    /// Latencies of answered reads (ms).
+    latencies: Vec<f64>,
+}
+
+/// The URLs one round of `mix` reads (a `walk` follows `next_after` itself).
+fn mix_urls(base: &str, mix: &str, reader: usize) -> Vec<String> {
+    match mix {
+        "list" | "walk" => vec![format!("{base}/api/targets")],
+        "mixed" => vec![
+            format!("{base}/api/targets"),
+            format!("{base}/api/targets?state=failing,unhealthy"),
+            format!("{base}/"),
+            format!("{base}/api/guard"),
+            format!("{base}/api/decisions"),
+            format!("{base}/api/targets/t{reader}"),
+        ],
+        other => panic!("unknown --read-mix {other} (list, walk, mixed)"),
+    }
+}
+
+/// `readers` clients looping on the API until `stop`, each on its own thread and
+/// connection.
+fn readers(
+    o: &Opts,
+    base: &str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<Reads>> {
+    (0..o.readers)
+        .map(|r| {
+            let (base, mix, stop) = (base.to_string(), o.read_mix.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("reader runtime");
+                rt.block_on(async move {
+                    let client = reqwest::Client::builder()
+                        .timeout(Duration::from_secs(30))
+                        .build()
+                        .expect("client");
+                    let mut reads = Reads::default();
+                    let urls = mix_urls(&base, &mix, r);
+                    let mut next: Option<String> = None;
+                    let mut i = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let url = match (&next, mix.as_str()) {
+                            (Some(after), "walk") => {
+                                format!("{base}/api/targets?limit=1000&after={after}")
+                            }
+                            (None, "walk") => format!("{base}/api/targets?limit=1000"),
+                            _ => urls[i % urls.len()].clone(),
+                        };
+                        i += 1;
+                        let t0 = Instant::now();
+                        match client.get(&url).send().await {
+                            Ok(r) => {
+                                let status = r.status().as_u16();
+                                match r.bytes().await {
+                                    Ok(body) => {
+                                        reads.bytes += body.len() as u64;
+                                        if mix == "walk" && status == 200 {
+                                            next = next_after(&body);
+                                        }
+                                    }
+                                    Err(_) => reads.errors += 1,
+                                }
+                                match status {
+                                    200 => {
+                                        reads.ok += 1;
+                                        reads.latencies.push(t0.elapsed().as_secs_f64() * 1e3);
+                                    }
+                                    503 => reads.refused += 1,
+                                    _ => reads.other += 1,
+                                }
+                            }
+                            Err(_) => reads.errors += 1,
+                        }
+                    }
+                    reads
+                })
+            })
+        })
+        .collect()
+}
+
+/// A page's `next_after`, found from its end (the page's last field) without parsing
+/// the page: the readers share their core with the fake fleet, which must stay fast.
+fn next_after(body: &[u8]) -> Option<String> {
+    let key = b"\"next_after\":";
+    let at = body.windows(key.len()).rposition(|w| w == key)? + key.len();
+    let rest = std::str::from_utf8(&body[at..]).ok()?;
+    let v: serde_json::Value = serde_json::from_str(rest.trim_end().strip_suffix('}')?).ok()?;
+    v.as_str().map(String::from)
+}
+
+fn pct_of(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// Idle window, loaded window (readers looping), cool-down: figures side by side.
+fn load(o: &Opts, base: &str, pid: u32, fleet_cores: &str) {
+    eprintln!("idle window: {} s", o.seconds);
+    let idle = window(base, pid, o.seconds);
+    eprintln!(
+        "loaded window: {} readers ({}) for {} s",
+        o.readers, o.read_mix, o.seconds
+    );
+    let stop_readers = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handles = readers(o, base, stop_readers.clone());
+    let loaded = window(base, pid, o.seconds);
+    stop_readers.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut reads = Reads::default();
+    for h in handles {
+        let r = h.join().expect("reader thread");
+        reads.ok += r.ok;
+        reads.refused += r.refused;
+        reads.other += r.other;
+        reads.errors += r.errors;
+        reads.bytes += r.bytes;
+        reads.latencies.extend(r.latencies);
+    }
+    reads.latencies.sort_by(f64::total_cmp);
+    eprintln!("cool-down: {} s without readers", o.cooldown);
+    let after = window(base, pid, o.cooldown);
+    println!(
+        "== reading the API while probing: {} targets every {}, controller on core {}, {} readers ({}) on core(s) {} ==",
+        o.targets,
+        humantime::format_duration(o.interval),
+        o.core,
+        o.readers,
+        o.read_mix,
+        if fleet_cores.is_empty() {
+            "any"
+        } else {
+            fleet_cores
+        }
+    );
+    println!(
+        "{:<22} {:>12} {:>12} {:>12} {:>14}",
+        "", "idle", "loaded", "loaded/idle", "after (no reads)"
+    );
+    let row = |name: &str, a: f64, b: f64, c: f64, unit: &str| {
+        println!(
+            "{name:<22} {:>12} {:>12} {:>12} {:>14}",
+            format!("{a:.0}{unit}"),
+            format!("{b:.0}{unit}"),
+            format!("{:.2}", b / a),
+            format!("{c:.0}{unit}"),
+        );
+    };
+    row(
+        "probes/s",
+        idle.probes_per_s,
+        loaded.probes_per_s,
+        after.probes_per_s,
+        "",
+    );
+    println!(
+        "{:<22} {:>12} {:>12} {:>12} {:>14}",
+        "failed probes (false)", idle.failed, loaded.failed, "", after.failed
+    );
+    row(
+        "schedule lag p99 <=",
+        idle.lag_p99 * 1e3,
+        loaded.lag_p99 * 1e3,
+        after.lag_p99 * 1e3,
+        " ms",
+    );
+    row(
+        "schedule lag p99.9 <=",
+        idle.lag_p999 * 1e3,
+        loaded.lag_p999 * 1e3,
+        after.lag_p999 * 1e3,
+        " ms",
+    );
+    row(
+        "probe duration p99 <=",
+        idle.duration_p99 * 1e3,
+        loaded.duration_p99 * 1e3,
+        after.duration_p99 * 1e3,
+        " ms",
+    );
+    println!(
+        "{:<22} {:>12} {:>12} {:>12} {:>14}",
+        "controller cpu",
+        format!("{:.2}", idle.cpu),
+        format!("{:.2}", loaded.cpu),
+        format!("{:.2}", loaded.cpu / idle.cpu),
+        format!("{:.2}", after.cpu)
+    );
+    println!(
+        "{:<22} {:>12} {:>12} {:>12} {:>14}",
+        "waiting for a cpu",
+        format!("{:.2}", idle.run_wait),
+        format!("{:.2}", loaded.run_wait),
+        "",
+        format!("{:.2}", after.run_wait)
+    );
+    row(
+        "rss (KiB)",
+        idle.mem.rss as f64,
+        loaded.mem.rss as f64,
+        after.mem.rss as f64,
+        "",
+    );
+    row(
+        "max rss seen (KiB)",
+        idle.max_rss as f64,
+        loaded.max_rss as f64,
+        after.max_rss as f64,
+        "",
+    );
+    row(
+        "peak rss since start",
+        idle.mem.peak as f64,
+        loaded.mem.peak as f64,
+        after.mem.peak as f64,
+        " KiB",
+    );
+    let secs = loaded.wall;
+    println!(
+        "reads                  {:.0}/s answered, {:.0}/s refused (503), {:.0}/s other status, {} errors; {:.1} MB/s read; answered in p50 {:.1} ms, p99 {:.1} ms",
+        reads.ok as f64 / secs,
+        reads.refused as f64 / secs,
+        reads.other as f64 / secs,
+        reads.errors,
+        reads.bytes as f64 / secs / 1e6,
+        pct_of(&reads.latencies, 0.5),
+        pct_of(&reads.latencies, 0.99),
+    );
+    println!(
+        "budget                 probes/s loaded/idle {:.2} (>= 0.90: {}), false probe failures {} (0: {}), largest rss seen loaded or after / idle {:.2} (< 2: {})",
+        loaded.probes_per_s / idle.probes_per_s,
+        if loaded.probes_per_s >= 0.9 * idle.probes_per_s {
+            "met"
+        } else {
+            "NOT met"
+        },
+        loaded.failed + after.failed,
+        if loaded.failed + after.failed == 0.0 {
+            "met"
+        } else {
+            "NOT met"
+        },
+        loaded.max_rss.max(after.max_rss) as f64 / idle.mem.rss as f64,
+        if (loaded.max_rss.max(after.max_rss) as f64) < 2.0 * idle.mem.rss as f64 {
+            "met"
+        } else {
+            "NOT met"
+        },
+    );
 }

@@ -4,14 +4,22 @@
 //! <token>` (the scheme in any case, RFC 7235) and gets 401 without it, changing
 //! nothing. Heartbeats are signed instead, each target with its own key
 //! ([`crate::heartbeat`]): workers should not carry the operator's token.
+//!
+//! Reads never ask the engine for the fleet: they read the view it publishes
+//! ([`crate::view`]) and filter, page and serialise it on their own task. Heavy reads
+//! (a page of targets, the decision and action logs, a target's history, the
+//! dashboard) are capped at [`HEAVY_READS`] at a time; beyond that they are refused at
+//! once with `503` and `Retry-After`, which costs next to nothing, so no number of
+//! looping readers can take the core the probes need.
 
 use crate::clock::wall_ms;
 use crate::dashboard;
-use crate::engine::{Command, CommandError, FleetView, Plan};
+use crate::engine::{Command, CommandError, Plan};
 use crate::heartbeat::{self, Rejection};
 use crate::metrics::Metrics;
 use crate::scheduler::Heartbeats;
 use crate::store::StoreHandle;
+use crate::view::{FleetView, FleetViews, STATES, TargetInfo, counts_as_map, state_info};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -23,7 +31,7 @@ use serde::Deserialize;
 use serde_json::json;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use vigil_core::HealthReport;
 use vigil_core::guard::HoldKind;
 
@@ -31,6 +39,19 @@ use vigil_core::guard::HoldKind;
 const DEFAULT_LIMIT: usize = 50;
 /// Most records a list endpoint returns, however many are asked for.
 const MAX_LIMIT: usize = 1000;
+/// Targets per page of `GET /api/targets` unless `?limit=` says otherwise: about
+/// 150 KB of JSON, serialised in well under a millisecond.
+const DEFAULT_TARGET_LIMIT: usize = 500;
+/// Heavy reads served at a time; more are refused with 503. Four lets a few dashboards
+/// and scripts read together, and bounds what reads can hold (a page, a rendered
+/// dashboard: each under a few MB at 10,000 targets) and queue on the store's thread,
+/// which commits the engine's batches.
+pub const HEAVY_READS: usize = 4;
+/// Scrapes of `/metrics` served at a time (apart from the heavy reads, so a crowd of
+/// dashboard readers never fails Prometheus' scrape, nor scrapers the dashboards).
+const METRICS_SCRAPES: usize = 2;
+/// What a refused read is told to wait (seconds).
+const RETRY_AFTER_S: &str = "1";
 /// Largest heartbeat body accepted (a health+json report fits).
 const MAX_HEARTBEAT_BYTES: usize = vigil_core::report::MAX_REPORT_BYTES;
 /// Longest hold (`for`) an operator may ask for: 30 days covers the longest planned
@@ -62,6 +83,8 @@ pub struct AppState {
     pub heartbeat_auth: Arc<RwLock<HeartbeatAuth>>,
     /// Whether the store takes the engine's commits (for `/readyz`).
     pub store_health: Arc<crate::store::StoreHealth>,
+    /// The fleet as the engine last published it.
+    pub views: FleetViews,
 }
 
 /// How heartbeats are verified: the secret their keys derive from, the replay window.
@@ -97,18 +120,31 @@ pub fn router(state: AppState) -> Router {
         .route("/api/freeze", post(freeze).delete(unfreeze))
         .route("/api/unfreeze", post(unfreeze))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    Router::new()
+    let heavy = Router::new()
         .route("/", get(dashboard_page))
         .route("/dashboard/live", get(dashboard_live))
-        .route("/livez", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
         .route("/api/targets", get(targets))
         .route("/api/targets/{id}", get(target))
         .route("/api/decisions", get(decisions))
         .route("/api/actions", get(actions))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::new(Semaphore::new(HEAVY_READS)),
+            at_most,
+        ));
+    let scrapes =
+        Router::new()
+            .route("/metrics", get(metrics))
+            .route_layer(middleware::from_fn_with_state(
+                Arc::new(Semaphore::new(METRICS_SCRAPES)),
+                at_most,
+            ));
+    Router::new()
+        .route("/livez", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
         .route("/api/guard", get(guard))
         .route("/api/heartbeat", post(heartbeat))
+        .merge(heavy)
+        .merge(scrapes)
         .merge(mutating)
         .with_state(state)
 }
@@ -125,6 +161,32 @@ impl IntoResponse for ApiError {
 
 fn unavailable<E: std::fmt::Display>(e: E) -> ApiError {
     ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+}
+
+/// A query parameter that cannot be served: 422 naming it.
+#[derive(Debug)]
+struct BadParam {
+    name: String,
+    why: String,
+}
+
+impl IntoResponse for BadParam {
+    fn into_response(self) -> Response {
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(
+                json!({ "error": format!("{}: {}", self.name, self.why), "parameter": self.name }),
+            ),
+        )
+            .into_response()
+    }
+}
+
+fn bad_param(name: &str, why: impl std::fmt::Display) -> BadParam {
+    BadParam {
+        name: name.to_string(),
+        why: why.to_string(),
+    }
 }
 
 // === auth ===
@@ -174,32 +236,169 @@ async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> 
 
 // === reads ===
 
-async fn fleet(st: &AppState) -> Result<Arc<FleetView>, ApiError> {
-    let (tx, rx) = oneshot::channel();
-    st.engine
-        .send(Command::Fleet(tx))
-        .await
-        .map_err(|_| unavailable("engine stopped"))?;
-    rx.await.map_err(|_| unavailable("engine stopped"))
+/// Serves the request if one of `permits` is free, else refuses it at once with 503
+/// and `Retry-After` (queueing would let looping readers pile up memory and work).
+async fn at_most(State(permits): State<Arc<Semaphore>>, req: Request, next: Next) -> Response {
+    let Ok(_permit) = permits.try_acquire_owned() else {
+        let mut resp = unavailable("too many reads at once; retry shortly").into_response();
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_S));
+        return resp;
+    };
+    next.run(req).await
 }
 
-async fn targets(State(st): State<AppState>) -> Result<Response, ApiError> {
-    let f = fleet(&st).await?;
-    let list: Vec<_> = f
-        .targets
-        .iter()
-        .map(|t| {
-            let mut t = t.clone();
-            t.history.clear();
-            t
-        })
-        .collect();
-    Ok(Json(json!({ "now_ms": f.now_ms, "targets": list })).into_response())
+/// A JSON answer serialised straight from borrowed data (no `serde_json::Value` tree
+/// of the fleet).
+fn json_bytes<T: serde::Serialize>(v: &T) -> Response {
+    match serde_json::to_vec(v) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// `GET /api/targets`: which targets, validated.
+#[derive(Debug, Default, PartialEq)]
+struct TargetQuery {
+    /// Only targets in one of these states (empty: any).
+    states: Vec<&'static str>,
+    /// Only targets in this zone.
+    zone: Option<String>,
+    /// At most this many.
+    limit: usize,
+    /// Only targets whose id sorts after this one (the previous page's `next_after`).
+    after: Option<String>,
+}
+
+impl TargetQuery {
+    /// Parses the query's pairs; an unknown, repeated or bad parameter is a 422
+    /// naming it.
+    fn parse(pairs: &[(String, String)]) -> Result<TargetQuery, BadParam> {
+        let mut q = TargetQuery {
+            limit: DEFAULT_TARGET_LIMIT,
+            ..TargetQuery::default()
+        };
+        let mut seen: Vec<&str> = Vec::new();
+        for (name, value) in pairs {
+            if seen.contains(&name.as_str()) {
+                return Err(bad_param(name, "given more than once"));
+            }
+            seen.push(name);
+            match name.as_str() {
+                "state" => {
+                    for s in value.split(',') {
+                        let Some(info) = state_info(s.trim()) else {
+                            let known: Vec<&str> = STATES.iter().map(|s| s.name).collect();
+                            return Err(bad_param(
+                                name,
+                                format!(
+                                    "unknown state {s:?} (one or more of {}, comma-separated)",
+                                    known.join(", ")
+                                ),
+                            ));
+                        };
+                        q.states.push(info.name);
+                    }
+                }
+                "zone" => q.zone = Some(value.clone()),
+                "limit" => {
+                    q.limit = match value.parse::<usize>() {
+                        Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
+                        _ => {
+                            return Err(bad_param(
+                                name,
+                                format!(
+                                    "must be a whole number from 1 to {MAX_LIMIT}, got {value:?}"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                "after" => q.after = Some(value.clone()),
+                _ => {
+                    return Err(bad_param(
+                        name,
+                        "unknown parameter (known: state, zone, limit, after)",
+                    ));
+                }
+            }
+        }
+        Ok(q)
+    }
+
+    fn wants(&self, t: &TargetInfo) -> bool {
+        (self.states.is_empty() || self.states.contains(&t.state))
+            && self.zone.as_ref().is_none_or(|z| *z == t.spec.zone)
+    }
+
+    /// The page of `targets` (sorted by id) it selects, and whether more follow.
+    fn page<'a>(&self, targets: &'a [TargetInfo]) -> (Vec<&'a TargetInfo>, bool) {
+        let from = self
+            .after
+            .as_deref()
+            .map_or(0, |a| targets.partition_point(|t| t.id() <= a));
+        let mut page: Vec<&TargetInfo> = targets[from..]
+            .iter()
+            .filter(|t| self.wants(t))
+            .take(self.limit + 1)
+            .collect();
+        let more = page.len() > self.limit;
+        page.truncate(self.limit);
+        (page, more)
+    }
+}
+
+#[derive(serde::Serialize)]
+struct TargetPage<'a> {
+    now_ms: i64,
+    /// Targets in the fleet.
+    total: usize,
+    /// Targets per state, the whole fleet.
+    #[serde(serialize_with = "counts_as_map")]
+    counts: &'a [(&'static str, usize)],
+    targets: Vec<&'a TargetInfo>,
+    /// Pass as `?after=` for the next page (None: this is the last).
+    next_after: Option<&'a str>,
+}
+
+async fn targets(
+    State(st): State<AppState>,
+    Query(pairs): Query<Vec<(String, String)>>,
+) -> Response {
+    let q = match TargetQuery::parse(&pairs) {
+        Ok(q) => q,
+        Err(bad) => return bad.into_response(),
+    };
+    let f: Arc<FleetView> = st.views.load();
+    let body = f.answers.get_or_make(&format!("targets {q:?}"), || {
+        let (page, more) = q.page(&f.targets);
+        let next_after = more.then(|| page.last().map(|t| t.id())).flatten();
+        let page = TargetPage {
+            now_ms: f.now_ms,
+            total: f.targets.len(),
+            counts: &f.counts,
+            targets: page,
+            next_after,
+        };
+        serde_json::to_vec(&page)
+            .expect("a page of targets serialises")
+            .into()
+    });
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 async fn target(State(st): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let f = fleet(&st).await?;
-    let Some(t) = f.targets.iter().find(|t| t.id == id).cloned() else {
+    // Asked of the engine (one target's worth of work): the published view leaves the
+    // probe history out to stay small.
+    let (tx, rx) = oneshot::channel();
+    st.engine
+        .send(Command::Target {
+            id: id.clone(),
+            reply: tx,
+        })
+        .await
+        .map_err(|_| unavailable("engine stopped"))?;
+    let Some(t) = rx.await.map_err(|_| unavailable("engine stopped"))? else {
         return Err(ApiError(
             StatusCode::NOT_FOUND,
             format!("unknown target {id:?}"),
@@ -254,9 +453,24 @@ async fn actions(
     Ok(Json(json!({ "actions": rows })).into_response())
 }
 
-async fn guard(State(st): State<AppState>) -> Result<Response, ApiError> {
-    let f = fleet(&st).await?;
-    Ok(Json(json!({ "now_ms": f.now_ms, "guard": f.guard, "events": f.events })).into_response())
+async fn guard(State(st): State<AppState>) -> Response {
+    #[derive(serde::Serialize)]
+    struct GuardPage<'a> {
+        now_ms: i64,
+        guard: &'a crate::view::GuardView,
+        events: &'a [crate::view::EventInfo],
+        #[serde(serialize_with = "counts_as_map")]
+        counts: &'a [(&'static str, usize)],
+        store_error: Option<&'a str>,
+    }
+    let f = st.views.load();
+    json_bytes(&GuardPage {
+        now_ms: f.now_ms,
+        guard: &f.guard,
+        events: &f.events,
+        counts: &f.counts,
+        store_error: f.store_error.as_deref(),
+    })
 }
 
 async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
@@ -638,29 +852,263 @@ fn accept_heartbeat(
 // === dashboard ===
 
 async fn dashboard_page(State(st): State<AppState>) -> Result<Response, ApiError> {
-    let (f, d) = dashboard_data(&st).await?;
-    Ok(no_store(dashboard::page(&f, &d).into_response()))
+    let (f, recent) = dashboard_data(&st).await?;
+    Ok(no_store(dashboard::page(&f, &recent).into_response()))
 }
 
 async fn dashboard_live(State(st): State<AppState>) -> Result<Response, ApiError> {
-    let (f, d) = dashboard_data(&st).await?;
-    Ok(no_store(dashboard::live(&f, &d).into_response()))
+    let (f, recent) = dashboard_data(&st).await?;
+    Ok(no_store(dashboard::live(&f, &recent).into_response()))
 }
 
-async fn dashboard_data(
-    st: &AppState,
-) -> Result<(Arc<FleetView>, Vec<crate::store::DecisionRecord>), ApiError> {
-    let f = fleet(st).await?;
-    let d = st
+async fn dashboard_data(st: &AppState) -> Result<(Arc<FleetView>, dashboard::Recent), ApiError> {
+    let recent = st
         .store
-        .call(|s| s.decisions(None, 20))
+        .call(|s| {
+            Ok(dashboard::Recent {
+                decisions: s.decisions(None, dashboard::RECENT_DECISIONS)?,
+                actions: s.actions(dashboard::RECENT_ACTIONS)?,
+            })
+        })
         .await
         .map_err(unavailable)?;
-    Ok((f, d))
+    // The view after the store's records: a decision the view shows acted on is
+    // already in them.
+    Ok((st.views.load(), recent))
 }
 
 fn no_store(mut r: Response) -> Response {
     let h: &mut HeaderMap = r.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TargetConfig;
+    use crate::store::SqliteStore;
+    use vigil_core::Health;
+
+    fn info(id: &str, zone: &str, state: &'static str) -> TargetInfo {
+        TargetInfo {
+            spec: Arc::new(TargetConfig {
+                id: id.into(),
+                url: format!("http://{id}"),
+                zone: zone.into(),
+                group: String::new(),
+                heartbeat: false,
+                interval: None,
+            }),
+            state,
+            health: Health::Healthy,
+            consecutive_failures: 0,
+            failing_since_ms: None,
+            failing_checks: Vec::new(),
+            endpoint_failed: false,
+            penalty: 0,
+            flapping: false,
+            hold: None,
+            reported_at_ms: None,
+            last_probe: None,
+        }
+    }
+
+    /// t00..t09, zones a/b alternating, t03 and t06 failing.
+    fn fleet() -> FleetView {
+        let targets: Vec<TargetInfo> = (0..10)
+            .map(|i| {
+                let state = if i == 3 || i == 6 {
+                    "failing"
+                } else {
+                    "healthy"
+                };
+                info(&format!("t{i:02}"), ["a", "b"][i % 2], state)
+            })
+            .collect();
+        FleetView {
+            counts: FleetView::count_states(&targets),
+            targets,
+            ..FleetView::empty()
+        }
+    }
+
+    /// An API on real loopback HTTP whose engine never answers (a busy engine), with
+    /// `view` published.
+    async fn serve(view: FleetView) -> (String, mpsc::Receiver<Command>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _thread) = StoreHandle::spawn(Box::new(
+            SqliteStore::open(&dir.path().join("v.db")).unwrap(),
+        ));
+        let (engine, engine_rx) = mpsc::channel(1);
+        let (_plan_tx, plan) = watch::channel(Arc::new(Plan {
+            targets: Vec::new(),
+            probe: Default::default(),
+            heartbeat_ttl: Duration::from_secs(30),
+        }));
+        let app = router(AppState {
+            engine,
+            store,
+            metrics: Arc::new(Metrics::new()),
+            token: Arc::new(RwLock::new(None)),
+            heartbeats: Arc::new(Default::default()),
+            plan,
+            heartbeat_auth: Arc::new(RwLock::new(HeartbeatAuth {
+                secret: None,
+                max_skew: Duration::from_secs(30),
+            })),
+            store_health: Arc::new(Default::default()),
+            views: FleetViews::new(view),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (base, engine_rx, dir)
+    }
+
+    fn ids(v: &serde_json::Value) -> Vec<String> {
+        v["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_target_list_is_read_from_the_published_view_while_the_engine_is_busy() {
+        // The engine's mailbox is never read: a list read that asked the engine would
+        // wait forever.
+        let (base, _engine, _dir) = serve(fleet()).await;
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            reqwest::get(format!("{base}/api/targets")),
+        )
+        .await
+        .expect("a list read must not wait for the engine")
+        .unwrap();
+        assert_eq!(r.status(), 200);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(ids(&v).len(), 10);
+        assert_eq!(v["total"], 10);
+        assert_eq!(v["counts"]["failing"], 2);
+        assert_eq!(v["counts"]["healthy"], 8);
+        assert_eq!(v["targets"][0]["url"], "http://t00", "{v}");
+        let g: serde_json::Value = reqwest::get(format!("{base}/api/guard"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(g["counts"]["failing"], 2, "{g}");
+    }
+
+    #[tokio::test]
+    async fn target_pages_follow_next_after_and_filters_combine() {
+        let (base, _engine, _dir) = serve(fleet()).await;
+        let get = |q: &'static str| {
+            let base = base.clone();
+            async move {
+                let r = reqwest::get(format!("{base}/api/targets{q}"))
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200, "{q}");
+                r.json::<serde_json::Value>().await.unwrap()
+            }
+        };
+        let p1 = get("?limit=4").await;
+        assert_eq!(ids(&p1), ["t00", "t01", "t02", "t03"]);
+        assert_eq!(p1["next_after"], "t03");
+        let p3 = get("?limit=4&after=t07").await;
+        assert_eq!(ids(&p3), ["t08", "t09"]);
+        assert!(p3["next_after"].is_null(), "the last page says so");
+        let exact = get("?limit=5&after=t04").await;
+        assert_eq!(ids(&exact), ["t05", "t06", "t07", "t08", "t09"]);
+        assert!(
+            exact["next_after"].is_null(),
+            "nothing after a full last page"
+        );
+        assert_eq!(ids(&get("?state=failing").await), ["t03", "t06"]);
+        assert_eq!(ids(&get("?state=failing&zone=a").await), ["t06"]);
+        assert_eq!(
+            ids(&get("?state=healthy,failing&zone=b&limit=2&after=t03").await),
+            ["t05", "t07"]
+        );
+        assert!(ids(&get("?zone=nowhere").await).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_bad_target_query_is_a_422_naming_the_parameter() {
+        let (base, _engine, _dir) = serve(fleet()).await;
+        for (q, param) in [
+            ("?state=sick", "state"),
+            ("?state=failing,", "state"),
+            ("?limit=0", "limit"),
+            ("?limit=1001", "limit"),
+            ("?limit=ten", "limit"),
+            ("?limit=5&limit=6", "limit"),
+            ("?status=failing", "status"),
+        ] {
+            let r = reqwest::get(format!("{base}/api/targets{q}"))
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 422, "{q}");
+            let v: serde_json::Value = r.json().await.unwrap();
+            assert_eq!(v["parameter"], param, "{q}: {v}");
+            assert!(
+                v["error"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("{param}: ")),
+                "{q}: {v}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn heavy_reads_beyond_the_cap_are_refused_at_once_with_retry_after() {
+        // Readers held inside the gate until released: the cap is reached for real.
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let inside = Arc::new(tokio::sync::Semaphore::new(0));
+        let (r2, i2) = (release.clone(), inside.clone());
+        let app = Router::new()
+            .route(
+                "/slow",
+                get(move || {
+                    let (release, inside) = (r2.clone(), i2.clone());
+                    async move {
+                        inside.add_permits(1);
+                        release.acquire().await.expect("never closed").forget();
+                        "done"
+                    }
+                }),
+            )
+            .route_layer(middleware::from_fn_with_state(
+                Arc::new(Semaphore::new(2)),
+                at_most,
+            ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/slow", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let held: Vec<_> = (0..2)
+            .map(|_| tokio::spawn(reqwest::get(url.clone())))
+            .collect();
+        // Both are inside before the third asks.
+        let _both = inside.acquire_many(2).await.unwrap();
+        let refused = reqwest::get(&url).await.unwrap();
+        assert_eq!(refused.status(), 503, "a third read at a cap of 2");
+        assert_eq!(refused.headers()[header::RETRY_AFTER], RETRY_AFTER_S);
+        release.add_permits(2);
+        for h in held {
+            assert_eq!(h.await.unwrap().unwrap().status(), 200);
+        }
+        let after = tokio::spawn(reqwest::get(url.clone()));
+        let _inside = inside.acquire().await.unwrap();
+        release.add_permits(1);
+        assert_eq!(
+            after.await.unwrap().unwrap().status(),
+            200,
+            "a permit comes back when its read is done"
+        );
+    }
 }

@@ -282,6 +282,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     let addr = listener.local_addr()?;
 
     let tasks = tokio_util::task::TaskTracker::new();
+    let views = engine.views();
     let engine_task = tokio::spawn(engine.run(engine_rx, shutdown_rx.clone()));
     for a in report.pending {
         tracing::warn!(action = a.id, target_id = %a.target, attempts = a.attempts, "resuming an action left intended by the last run");
@@ -325,6 +326,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         plan: plan_rx,
         heartbeat_auth: heartbeat_auth.clone(),
         store_health,
+        views,
     });
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(async move {

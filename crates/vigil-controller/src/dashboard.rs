@@ -4,31 +4,69 @@
 //! (the same markup, only the live part) every 2 seconds and swap it in, so the page
 //! refreshes itself without reloading or flickering. Without script it still shows
 //! the state as of loading.
+//!
+//! Laid out for an operator woken at 3 a.m., top to bottom: a red banner when the
+//! store fails (nothing is acted on then); the guard (armed or frozen, and why, said
+//! once); a legend with the count of targets in each state; the targets that need
+//! attention, most severe first (then by zone and id), each tile saying what fails
+//! and any operator hold in words, not only in a tooltip; the recent actions (what was
+//! replaced, when, with what result); the recent decisions, whose freeze reasons point
+//! to the guard instead of repeating its sentence on every row; then every other
+//! target, compact, by zone. The order of severity and the legend's words come from
+//! [`crate::view::STATES`].
 
 use crate::clock::rfc3339_ms;
-use crate::engine::{FleetView, TargetInfo};
-use crate::store::DecisionRecord;
+use crate::store::{ActionRecord, DecisionRecord};
+use crate::view::{FleetView, STATES, TargetInfo, severity, state_info};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use std::collections::BTreeMap;
+use vigil_core::guard::Reason;
+
+/// Decisions listed (the API has the whole log).
+pub const RECENT_DECISIONS: usize = 20;
+/// Actions listed (the API has them all).
+pub const RECENT_ACTIONS: usize = 10;
+
+/// What the dashboard reads from the store besides the published view.
+pub struct Recent {
+    /// The latest decisions, newest first.
+    pub decisions: Vec<DecisionRecord>,
+    /// The latest actions, newest first.
+    pub actions: Vec<ActionRecord>,
+}
 
 const STYLE: &str = r#"
-body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; background: #fafafa; }
-h1 { font-size: 1.4em; margin: 0 0 .5em; } h2 { font-size: 1.1em; margin: 1.2em 0 .4em; }
-#status { color: #777; font-size: .9em; margin-left: 1em; }
-.guard { padding: .8em 1em; border-radius: 6px; margin-bottom: 1em; }
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1em 1.5em; color: #222; background: #fafafa; }
+h1 { font-size: 1.3em; margin: 0 0 .4em; } h2 { font-size: 1.05em; margin: 1em 0 .3em; }
+h2 small { font-weight: normal; color: #555; }
+#status { color: #777; font-size: .75em; font-weight: normal; margin-left: 1em; }
+.banner { background: #b71c1c; color: #fff; padding: .6em 1em; border-radius: 6px; margin-bottom: .8em; font-size: 1.1em; }
+.guard { padding: .5em 1em; border-radius: 6px; margin-bottom: .6em; }
 .guard.ok { background: #e6f4ea; border: 1px solid #9bd3a8; }
 .guard.frozen { background: #fdecea; border: 2px solid #e57373; }
-.grid { display: flex; flex-wrap: wrap; gap: 6px; }
-.tile { width: 140px; padding: 6px 8px; border-radius: 4px; color: #fff; font-size: .85em; }
+#legend { display: grid; grid-template-columns: repeat(auto-fill, minmax(300px, 1fr)); gap: 2px 12px; font-size: .8em; color: #444; margin-bottom: .4em; }
+#legend .sw { display: inline-block; width: .9em; height: .9em; border-radius: 2px; vertical-align: -1px; margin-right: .3em; }
+#legend .n { font-weight: 700; color: #222; min-width: 2.5em; display: inline-block; text-align: right; margin-right: .3em; }
+#legend .zero { opacity: .55; }
+.grid { display: flex; flex-wrap: wrap; gap: 4px; }
+.tile { border-radius: 4px; color: #fff; }
+.tile.big { width: 212px; padding: 4px 8px; font-size: .82em; }
+.tile.small { width: 92px; padding: 1px 5px; font-size: .72em; }
 .tile .id { font-weight: 600; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.tile .hold, .tile .zone { overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.tile .why { display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical; overflow: hidden; overflow-wrap: anywhere; }
+td.t { white-space: nowrap; }
+.tile .hold { font-style: italic; }
 .state-healthy { background: #2e7d32; } .state-failing { background: #f9a825; color: #222; }
 .state-unhealthy { background: #c62828; } .state-reported { background: #6a1b9a; }
 .state-flapping { background: #ef6c00; } .state-grace, .state-unknown { background: #90a4ae; }
 .state-silenced { background: #546e7a; } .state-maintenance { background: #1565c0; }
-table { border-collapse: collapse; width: 100%; font-size: .85em; }
-td, th { text-align: left; padding: 3px 6px; border-bottom: 1px solid #ddd; vertical-align: top; }
+table { border-collapse: collapse; width: 100%; font-size: .82em; }
+td, th { text-align: left; padding: 2px 6px; border-bottom: 1px solid #ddd; vertical-align: top; }
 .act { color: #6a1b9a; font-weight: 600; } .hold_back { color: #555; }
-.store-failing { background: #c62828; color: #fff; padding: .8em 1em; border-radius: 6px; margin-bottom: 1em; }
+.done { color: #2e7d32; font-weight: 600; } .failed { color: #c62828; font-weight: 600; } .intended { color: #ef6c00; font-weight: 600; }
+.frozen-ref { color: #c62828; }
+.calm { color: #555; }
 "#;
 
 const SCRIPT: &str = r#"
@@ -37,14 +75,20 @@ const SCRIPT: &str = r#"
   var status = document.getElementById('status');
   function refresh() {
     fetch('/dashboard/live', { cache: 'no-store' })
-      .then(function (r) { if (!r.ok) { throw new Error('HTTP ' + r.status); } return r.text(); })
+      .then(function (r) {
+        if (r.status === 503) { throw new Error('busy'); }
+        if (!r.ok) { throw new Error('HTTP ' + r.status); }
+        return r.text();
+      })
       .then(function (html) {
         document.getElementById('live').innerHTML = html;
         refreshed += 1;
         document.body.setAttribute('data-refreshed', String(refreshed));
         status.textContent = 'live, updated ' + new Date().toLocaleTimeString();
       })
-      .catch(function () { status.textContent = 'connection lost, retrying'; });
+      .catch(function (e) {
+        status.textContent = e.message === 'busy' ? 'controller busy, retrying' : 'connection lost, retrying';
+      });
   }
   setInterval(refresh, 2000);
   console.log('vigil dashboard live');
@@ -52,7 +96,7 @@ const SCRIPT: &str = r#"
 "#;
 
 /// The whole page.
-pub fn page(fleet: &FleetView, decisions: &[DecisionRecord]) -> Markup {
+pub fn page(fleet: &FleetView, recent: &Recent) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -66,27 +110,72 @@ pub fn page(fleet: &FleetView, decisions: &[DecisionRecord]) -> Markup {
             }
             body data-refreshed="0" {
                 h1 { "vigil controller" span #status { "loaded" } }
-                div #live { (live(fleet, decisions)) }
+                div #live { (live(fleet, recent)) }
                 script { (PreEscaped(SCRIPT)) }
             }
         }
     }
 }
 
-/// The live part: guard, targets by zone, recent decisions and events.
-pub fn live(fleet: &FleetView, decisions: &[DecisionRecord]) -> Markup {
-    let g = &fleet.guard;
-    let mut zones: BTreeMap<&str, Vec<&TargetInfo>> = BTreeMap::new();
+/// The live part (see the module docs for its order).
+pub fn live(fleet: &FleetView, recent: &Recent) -> Markup {
+    let mut attention: Vec<&TargetInfo> = Vec::new();
+    let mut zones: BTreeMap<&str, (Vec<&TargetInfo>, usize)> = BTreeMap::new();
     for t in &fleet.targets {
-        zones.entry(t.zone.as_str()).or_default().push(t);
+        let zone = zones.entry(t.spec.zone.as_str()).or_default();
+        if state_info(t.state).is_some_and(|s| s.attention) {
+            attention.push(t);
+            zone.1 += 1;
+        } else {
+            zone.0.push(t);
+        }
     }
-    let frozen = g.frozen || !g.frozen_zones.is_empty();
+    attention.sort_by(|a, b| {
+        (severity(a.state), &a.spec.zone, a.id()).cmp(&(severity(b.state), &b.spec.zone, b.id()))
+    });
     html! {
         @if let Some(e) = &fleet.store_error {
-            section #store-failing .store-failing {
+            div #store-error .banner role="alert" {
                 strong { "store failing: no actions are taken" } " (" (e) ")"
             }
         }
+        (guard(fleet))
+        (legend(fleet))
+        section #attention {
+            @if attention.is_empty() {
+                h2 { "Needs attention: none" }
+                @if !fleet.targets.is_empty() {
+                    p .calm { "No target is failing or held." }
+                }
+            } @else {
+                h2 { "Needs attention " small { "(" (attention.len()) ", most severe first, then by zone)" } }
+                div .grid { @for t in &attention { (big_tile(t)) } }
+            }
+        }
+        (actions(&recent.actions))
+        (decisions(&recent.decisions))
+        @for (zone, (calm, held)) in &zones {
+            h2 { "Zone " (if zone.is_empty() { "(none)" } else { zone }) " "
+                 small { "(" (calm.len() + held) " targets"
+                     @if *held > 0 { ", " (held) " needing attention, above" } ")" } }
+            div .grid { @for t in calm { (small_tile(t)) } }
+        }
+        @if fleet.targets.is_empty() { p { "No targets yet." } }
+        @if !fleet.events.is_empty() {
+            h2 { "Guard events" }
+            ul #events {
+                @for e in fleet.events.iter().rev() {
+                    li { (rfc3339_ms(e.at_ms)) " " (e.message) }
+                }
+            }
+        }
+    }
+}
+
+fn guard(fleet: &FleetView) -> Markup {
+    let g = &fleet.guard;
+    let frozen = g.frozen || !g.frozen_zones.is_empty();
+    html! {
         section #guard .guard .(if frozen { "frozen" } else { "ok" }) data-frozen=(frozen) {
             @if g.frozen {
                 strong { "FROZEN: acting on no one." }
@@ -103,52 +192,147 @@ pub fn live(fleet: &FleetView, decisions: &[DecisionRecord]) -> Markup {
                 @if let Some(ms) = g.next_token_at_ms { " · next token at " (rfc3339_ms(ms)) }
             }
         }
-        @for (zone, targets) in &zones {
-            h2 { "Zone " (if zone.is_empty() { "(none)" } else { zone }) " "
-                 small { "(" (targets.len()) " targets)" } }
-            div .grid {
-                @for t in targets {
-                    div .tile .{ "state-" (t.state) } id={ "target-" (t.id) } data-state=(t.state)
-                        title=(tile_title(t)) {
-                        div .id { (t.id) }
-                        div .st { (t.state)
-                            @if t.consecutive_failures > 0 { " ×" (t.consecutive_failures) } }
-                    }
-                }
-            }
-        }
-        @if fleet.targets.is_empty() { p { "No targets yet." } }
-        h2 { "Recent decisions" }
-        @if decisions.is_empty() {
-            p #no-decisions { "No decisions yet: nothing has failed long enough to be judged." }
-        } @else {
-            table #decisions {
-                tr { th { "time" } th { "target" } th { "outcome" } th { "reasons" } }
-                @for d in decisions {
-                    tr {
-                        td { (rfc3339_ms(d.at_ms)) }
-                        td { (d.target) }
-                        td .(d.outcome) { (d.outcome.replace('_', " ")) }
-                        td { (d.summary) }
-                    }
-                }
-            }
-        }
-        @if !fleet.events.is_empty() {
-            h2 { "Guard events" }
-            ul #events {
-                @for e in fleet.events.iter().rev() {
-                    li { (rfc3339_ms(e.at_ms)) " " (e.message) }
+    }
+}
+
+/// Each state's colour, count and meaning.
+fn legend(fleet: &FleetView) -> Markup {
+    html! {
+        section #legend {
+            @for s in &STATES {
+                @let n = fleet.count(s.name);
+                div .entry .zero[n == 0] data-state=(s.name) {
+                    span .sw .{ "state-" (s.name) } {}
+                    span .n id={ "count-" (s.name) } { (n) }
+                    strong { (s.name) } ": " (s.meaning)
                 }
             }
         }
     }
 }
 
+fn big_tile(t: &TargetInfo) -> Markup {
+    html! {
+        div .tile .big .{ "state-" (t.state) } id={ "target-" (t.id()) } data-state=(t.state)
+            title=(tile_title(t)) {
+            div .id { (t.id()) }
+            div .st { (t.state)
+                @if t.consecutive_failures > 0 { " ×" (t.consecutive_failures) }
+                @if !t.spec.zone.is_empty() { " · zone " span .zone { (t.spec.zone) } } }
+            @if let Some(why) = t.failure() { div .why { "failing: " (why) } }
+            @if let Some(h) = &t.hold {
+                div .hold { (format!("{:?}", h.kind).to_lowercase()) ": " (h.reason)
+                    @if let Some(ms) = h.until_ms { " (until " (rfc3339_ms(ms)) ")" } }
+            }
+        }
+    }
+}
+
+fn small_tile(t: &TargetInfo) -> Markup {
+    html! {
+        div .tile .small .{ "state-" (t.state) } id={ "target-" (t.id()) } data-state=(t.state)
+            title=(tile_title(t)) {
+            div .id { (t.id()) }
+        }
+    }
+}
+
+fn actions(actions: &[ActionRecord]) -> Markup {
+    html! {
+        h2 { "Recent actions" }
+        @if actions.is_empty() {
+            p #no-actions .calm { "No action taken yet." }
+        } @else {
+            table #actions {
+                tr { th { "when" } th { "what" } th { "result" } th { "attempts" } }
+                @for a in actions {
+                    tr data-target=(a.target) data-state=(serde_state(a)) {
+                        td .t { (rfc3339_ms(a.created_ms)) }
+                        td { (a.event["kind"].as_str().unwrap_or("act")) " " strong { (a.target) }
+                            @if let Some(z) = a.event["zone"].as_str().filter(|z| !z.is_empty()) {
+                                " (zone " (z) ")" } }
+                        td { span .(serde_state(a)) { (serde_state(a)) }
+                            @if let Some(r) = &a.result { ": " (r) }
+                            @if let Some(ms) = a.finished_ms { " at " (rfc3339_ms(ms)) } }
+                        td { (a.attempts) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An action's state as the API spells it.
+fn serde_state(a: &ActionRecord) -> String {
+    serde_json::to_value(a.state)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+fn decisions(decisions: &[DecisionRecord]) -> Markup {
+    html! {
+        h2 { "Recent decisions" }
+        @if decisions.is_empty() {
+            p #no-decisions .calm { "No decisions yet: nothing has failed long enough to be judged." }
+        } @else {
+            table #decisions {
+                tr { th { "time" } th { "target" } th { "outcome" } th { "reasons" } }
+                @for d in decisions {
+                    tr {
+                        td .t { (rfc3339_ms(d.at_ms)) }
+                        td { (d.target) }
+                        td .(d.outcome) { (d.outcome.replace('_', " ")) }
+                        td { (reasons(d)) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A decision's reasons, a freeze said in a few words (the guard above says why in
+/// full): the same sentence on every row held back by one freeze buries the rest.
+fn reasons(d: &DecisionRecord) -> Markup {
+    let Some(list) = d.reasons.as_array() else {
+        return html! { (d.summary) };
+    };
+    html! {
+        @for (i, r) in list.iter().enumerate() {
+            @if i > 0 { "; " }
+            @match short_freeze(r) {
+                Some(s) => span .frozen-ref { (s) },
+                None => @match serde_json::from_value::<Reason>(r.clone()) {
+                    Ok(reason) => (reason.to_string()),
+                    Err(_) => (r["kind"].as_str().unwrap_or("?").replace('_', " ")),
+                },
+            }
+        }
+    }
+}
+
+/// A freeze reason in a few words, or None if `r` is no freeze.
+fn short_freeze(r: &serde_json::Value) -> Option<String> {
+    let count = |r: &serde_json::Value| match (r["unhealthy"].as_u64(), r["total"].as_u64()) {
+        (Some(u), Some(t)) => format!(" ({u}/{t} unhealthy)"),
+        _ => String::new(),
+    };
+    match r["kind"].as_str()? {
+        "fleet_frozen" => Some(format!("fleet frozen{}", count(r))),
+        "zone_frozen" => Some(format!(
+            "zone {} frozen{}",
+            r["zone"].as_str().unwrap_or("?"),
+            count(r)
+        )),
+        "manual_freeze" => Some("frozen by an operator".to_string()),
+        _ => None,
+    }
+}
+
 fn tile_title(t: &TargetInfo) -> String {
-    let mut s = format!("{} ({})", t.id, t.state);
-    if !t.url.is_empty() {
-        s.push_str(&format!("\n{}", t.url));
+    let mut s = format!("{} ({})", t.id(), t.state);
+    if !t.spec.url.is_empty() {
+        s.push_str(&format!("\n{}", t.spec.url));
     }
     if let Some(p) = &t.last_probe
         && !p.detail.is_empty()
@@ -159,4 +343,75 @@ fn tile_title(t: &TargetInfo) -> String {
         s.push_str(&format!("\n{:?}: {}", h.kind, h.reason));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn recent(decisions: Vec<DecisionRecord>) -> Recent {
+        Recent {
+            decisions,
+            actions: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_store_error_shows_the_red_banner_first() {
+        let ok = live(&FleetView::empty(), &recent(Vec::new())).into_string();
+        assert!(
+            !ok.contains("store-error"),
+            "no banner while the store works"
+        );
+        let failing = FleetView {
+            store_error: Some("disk I/O error".into()),
+            ..FleetView::empty()
+        };
+        let html = live(&failing, &recent(Vec::new())).into_string();
+        let banner = html.find("store failing: no actions are taken");
+        assert!(banner.is_some(), "{html}");
+        assert!(html.contains("disk I/O error"), "the error is said");
+        assert!(
+            banner < html.find("id=\"guard\""),
+            "the banner comes before anything else"
+        );
+    }
+
+    #[test]
+    fn a_decision_held_back_by_a_freeze_names_it_in_a_few_words() {
+        let frozen = Reason::FleetFrozen {
+            unhealthy: 7,
+            total: 10,
+            cap: 0.3,
+            evidence: Default::default(),
+        };
+        let zone = Reason::ZoneFrozen {
+            zone: "a".into(),
+            unhealthy: 3,
+            total: 4,
+            cap: 0.3,
+            evidence: Default::default(),
+        };
+        let failing = Reason::Failing {
+            failures: 3,
+            failing_for: Duration::from_secs(30),
+            causes: Vec::new(),
+        };
+        let d = DecisionRecord {
+            id: 1,
+            at_ms: 0,
+            target: "t1".into(),
+            zone: "a".into(),
+            outcome: "hold_back".into(),
+            reasons: serde_json::to_value([&failing, &frozen, &zone]).unwrap(),
+            summary: "hold back t1".into(),
+        };
+        let html = decisions(&[d]).into_string();
+        assert!(html.contains("fleet frozen (7/10 unhealthy)"), "{html}");
+        assert!(html.contains("zone a frozen (3/4 unhealthy)"), "{html}");
+        assert!(html.contains(&failing.to_string()), "other reasons in full");
+        assert!(!html.contains(&frozen.to_string()), "{html}");
+        assert!(!html.contains(&zone.to_string()), "{html}");
+    }
 }

@@ -12,6 +12,7 @@
 //! - [`store`]: the `Store` trait and its SQLite implementation (snapshot + op log,
 //!   decision log, action intents).
 //! - [`actuator`]: log, webhook (HMAC-signed, retried, idempotent), exec.
+//! - [`view`]: the fleet as the engine publishes it for readers (API, dashboard).
 //! - [`api`], [`dashboard`], [`metrics`]: HTTP API, server-rendered dashboard, Prometheus.
 //! - [`cli`]: `vigil controller [check-config] -c fleet.toml`.
 #![forbid(unsafe_code)]
@@ -32,3 +33,4 @@ pub mod ops;
 pub mod prober;
 pub mod scheduler;
 pub mod store;
+pub mod view;

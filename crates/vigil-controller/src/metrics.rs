@@ -338,7 +338,7 @@ mod tests {
         );
         let frozen = text
             .lines()
-            .filter(|l| l.starts_with("vigil_controller_guard_frozen"))
+            .filter(|l| l.starts_with("vigil_controller_guard_frozen "))
             .count();
         assert_eq!(frozen, 1, "{text}");
     }

@@ -27,8 +27,8 @@
 #![warn(missing_docs)]
 
 pub mod anomaly;
-pub mod gate;
 pub mod build;
+pub mod gate;
 pub mod guard;
 pub mod http1;
 pub mod judge;

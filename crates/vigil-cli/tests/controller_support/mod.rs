@@ -203,11 +203,18 @@ impl Controller {
         req.send().await.expect("DELETE").status().as_u16()
     }
 
+    /// Every target, page after page.
     pub async fn targets(&self) -> Vec<Value> {
-        self.get("/api/targets").await["targets"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
+        let mut all = Vec::new();
+        let mut path = "/api/targets?limit=1000".to_string();
+        loop {
+            let page = self.get(&path).await;
+            all.extend(page["targets"].as_array().cloned().unwrap_or_default());
+            match page["next_after"].as_str() {
+                Some(after) => path = format!("/api/targets?limit=1000&after={after}"),
+                None => return all,
+            }
+        }
     }
 
     pub async fn actions(&self) -> Vec<Value> {

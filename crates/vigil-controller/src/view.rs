@@ -1,0 +1,439 @@
+//! The fleet as readers see it: an immutable snapshot the engine publishes, which the
+//! API and the dashboard read without ever asking the engine.
+//!
+//! ## Why a published snapshot
+//!
+//! The engine is one task: it feeds every probe result to the guard. When each API read
+//! asked it for a view of the whole fleet (every target with its probe history), two
+//! clients looping on `GET /api/targets` at 10,000 targets kept it busy building views:
+//! probing fell from ~6,800 to ~1,600 probes/s, results queued past their timeouts
+//! (489 false probe failures in 25 s), and the views' garbage left RSS at 4-6x.
+//!
+//! Now the engine builds one compact [`FleetView`] (no probe history, the targets'
+//! strings shared with the engine's own records) at most every
+//! [`PUBLISH_EVERY`](crate::engine::PUBLISH_EVERY) while anything changed (within
+//! 50 ms of a decision), and at once after an operator's command is committed (so a
+//! client reads its own writes), and
+//! swaps it into an [`ArcSwap`] (as the `vigil` library publishes health snapshots).
+//! Readers load the current `Arc` (lock-free, never blocking the engine) and
+//! filter, page and serialise on their own tasks, so the engine's cost is one view per
+//! period however many read. The one-target view with its history
+//! (`GET /api/targets/{id}`) is still asked of the engine: one target's worth of work.
+//!
+//! States, their severity and their meaning are defined here once ([`STATES`]): the
+//! API validates `?state=` against them, the dashboard sorts and explains with them.
+
+use crate::config::TargetConfig;
+use crate::prober::ProbeRecord;
+use arc_swap::ArcSwap;
+use serde::{Serialize, Serializer};
+use std::sync::Arc;
+use std::time::Duration;
+use vigil_core::Health;
+use vigil_core::guard::HoldKind;
+
+/// A display state: its name, whether it needs an operator's eye, and what it means.
+#[derive(Clone, Copy, Debug)]
+pub struct StateInfo {
+    /// As in the API's `state` field.
+    pub name: &'static str,
+    /// Shown among the targets that need attention (else with the calm ones).
+    pub attention: bool,
+    /// What it means, in a few words (the dashboard's legend).
+    pub meaning: &'static str,
+}
+
+/// Every display state, most severe first (the dashboard's order of attention).
+///
+/// Unhealthy comes before reported: a reported target is being dealt with (an action
+/// was taken), an unhealthy one is a candidate the guard holds back (frozen, budget,
+/// shared cause), which is what an operator must look at.
+pub const STATES: [StateInfo; 9] = [
+    StateInfo {
+        name: "unhealthy",
+        attention: true,
+        meaning: "failed long enough to be replaced; held back by the guard",
+    },
+    StateInfo {
+        name: "reported",
+        attention: true,
+        meaning: "reported for replacement; waiting for it to recover or go",
+    },
+    StateInfo {
+        name: "flapping",
+        attention: true,
+        meaning: "fails on and off: damped, not replaced",
+    },
+    StateInfo {
+        name: "failing",
+        attention: true,
+        meaning: "its last probe failed; not yet judged",
+    },
+    StateInfo {
+        name: "silenced",
+        attention: true,
+        meaning: "an operator's hold: never acted on, still counted",
+    },
+    StateInfo {
+        name: "maintenance",
+        attention: true,
+        meaning: "an operator's hold: never acted on, not counted",
+    },
+    StateInfo {
+        name: "unknown",
+        attention: false,
+        meaning: "no probe answered yet",
+    },
+    StateInfo {
+        name: "grace",
+        attention: false,
+        meaning: "new: not judged during its grace period",
+    },
+    StateInfo {
+        name: "healthy",
+        attention: false,
+        meaning: "passes its probes",
+    },
+];
+
+/// A state's rank in [`STATES`] (0 most severe); unknown names rank last.
+pub fn severity(state: &str) -> usize {
+    STATES
+        .iter()
+        .position(|s| s.name == state)
+        .unwrap_or(STATES.len())
+}
+
+/// The state named `name`, if it is one.
+pub fn state_info(name: &str) -> Option<&'static StateInfo> {
+    STATES.iter().find(|s| s.name == name)
+}
+
+/// The published views: the engine stores, readers load.
+#[derive(Clone)]
+pub struct FleetViews(Arc<ArcSwap<FleetView>>);
+
+impl FleetViews {
+    /// Starts with `first`.
+    pub fn new(first: FleetView) -> FleetViews {
+        FleetViews(Arc::new(ArcSwap::from_pointee(first)))
+    }
+
+    /// The latest view (lock-free; hold it briefly: an old view stays alive while held).
+    pub fn load(&self) -> Arc<FleetView> {
+        self.0.load_full()
+    }
+
+    /// Publishes `view`.
+    pub fn store(&self, view: Arc<FleetView>) {
+        self.0.store(view);
+    }
+}
+
+/// The fleet at a moment, for the API and dashboard.
+#[derive(Clone, Debug, Serialize)]
+pub struct FleetView {
+    /// When (UNIX ms).
+    pub now_ms: i64,
+    /// The guard.
+    pub guard: GuardView,
+    /// Every target, by id.
+    pub targets: Vec<TargetInfo>,
+    /// Targets per display state, every state listed (in [`STATES`] order).
+    #[serde(serialize_with = "counts_as_map")]
+    pub counts: Vec<(&'static str, usize)>,
+    /// Recent guard events (freezes, flapping), newest last.
+    pub events: Vec<EventInfo>,
+    /// The store cannot commit (its last error): no action is taken until it can.
+    pub store_error: Option<String>,
+    /// Answers already serialised from this view, by query.
+    #[serde(skip)]
+    pub answers: AnswerCache,
+}
+
+/// Most bytes of answers kept per view: a whole walk of 10,000 targets in pages of
+/// 1,000 (about 3.9 MB) fits.
+const CACHED_BYTES: usize = 4 << 20;
+
+/// Answers serialised from one view, by query: readers asking the same thing of the
+/// same view (dashboards, scripts polling faster than the view changes, several
+/// clients walking the fleet) cost one serialisation per view, not one per read. Dies
+/// with its view; a new view starts empty.
+#[derive(Default)]
+pub struct AnswerCache(std::sync::Mutex<(usize, Vec<(String, bytes::Bytes)>)>);
+
+impl AnswerCache {
+    /// The answer to `key`, made by `make` (outside the lock) if not kept yet; kept
+    /// while the cache holds under [`CACHED_BYTES`].
+    pub fn get_or_make(&self, key: &str, make: impl FnOnce() -> bytes::Bytes) -> bytes::Bytes {
+        let found = {
+            let kept = self.0.lock().expect("answer cache lock");
+            kept.1
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, b)| b.clone())
+        };
+        if let Some(b) = found {
+            return b;
+        }
+        let made = make();
+        let mut kept = self.0.lock().expect("answer cache lock");
+        if kept.0 + made.len() <= CACHED_BYTES && !kept.1.iter().any(|(k, _)| k == key) {
+            kept.0 += made.len();
+            kept.1.push((key.to_string(), made.clone()));
+        }
+        made
+    }
+}
+
+impl Clone for AnswerCache {
+    /// Empty: a copy of a view is a new view.
+    fn clone(&self) -> AnswerCache {
+        AnswerCache::default()
+    }
+}
+
+impl std::fmt::Debug for AnswerCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AnswerCache")
+    }
+}
+
+impl FleetView {
+    /// No target, nothing known yet (until the engine publishes its first view).
+    pub fn empty() -> FleetView {
+        FleetView {
+            now_ms: 0,
+            guard: GuardView::default(),
+            targets: Vec::new(),
+            counts: Self::count_states(&[]),
+            events: Vec::new(),
+            store_error: None,
+            answers: AnswerCache::default(),
+        }
+    }
+
+    /// How many targets are in `state`.
+    pub fn count(&self, state: &str) -> usize {
+        self.counts
+            .iter()
+            .find(|(s, _)| *s == state)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// Per-state counts of `targets`, every state listed.
+    pub fn count_states(targets: &[TargetInfo]) -> Vec<(&'static str, usize)> {
+        let mut counts: Vec<(&'static str, usize)> = STATES.iter().map(|s| (s.name, 0)).collect();
+        for t in targets {
+            if let Some(c) = counts.iter_mut().find(|(s, _)| *s == t.state) {
+                c.1 += 1;
+            }
+        }
+        counts
+    }
+}
+
+/// Per-state counts as a JSON object, states in [`STATES`] order.
+pub fn counts_as_map<S: Serializer>(
+    counts: &[(&'static str, usize)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_map(counts.iter().map(|(k, v)| (k, v)))
+}
+
+/// A guard event, for display.
+#[derive(Clone, Debug, Serialize)]
+pub struct EventInfo {
+    /// When (UNIX ms).
+    pub at_ms: i64,
+    /// What happened, in words.
+    pub message: String,
+}
+
+/// The guard's state, for display.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GuardView {
+    /// The whole fleet frozen (automatically or manually).
+    pub frozen: bool,
+    /// Zones frozen.
+    pub frozen_zones: Vec<String>,
+    /// Why, in words.
+    pub reasons: Vec<String>,
+    /// Why, structured.
+    pub reasons_detail: Vec<vigil_core::guard::Reason>,
+    /// An operator freeze's reason.
+    pub manual_freeze: Option<String>,
+    /// Tokens left.
+    pub budget_left: u32,
+    /// Tokens per window.
+    pub budget_actions: u32,
+    /// The window.
+    #[serde(with = "humantime_serde")]
+    pub budget_per: Duration,
+    /// When the next token returns (UNIX ms), if none is left.
+    pub next_token_at_ms: Option<i64>,
+    /// Unhealthy targets counted.
+    pub unhealthy: u32,
+    /// Targets counted.
+    pub total: u32,
+}
+
+/// One target, for display: compact, its strings shared with the engine's record (a
+/// view of 10,000 targets is about 1.7 MB, made without copying any id or URL).
+#[derive(Clone, Debug)]
+pub struct TargetInfo {
+    /// Id, URL, zone, group, heartbeat.
+    pub spec: Arc<TargetConfig>,
+    /// Display state, one of [`STATES`].
+    pub state: &'static str,
+    /// Rise/fall verdict.
+    pub health: Health,
+    /// Consecutive failed probes.
+    pub consecutive_failures: u32,
+    /// Failing since (UNIX ms).
+    pub failing_since_ms: Option<i64>,
+    /// Failing checks at the last probe.
+    pub failing_checks: Vec<String>,
+    /// The endpoint itself failed at the last probe.
+    pub endpoint_failed: bool,
+    /// Flap penalty.
+    pub penalty: u32,
+    /// Flapping.
+    pub flapping: bool,
+    /// Operator hold (boxed: most targets have none).
+    pub hold: Option<Box<HoldInfo>>,
+    /// Reported for replacement at (UNIX ms).
+    pub reported_at_ms: Option<i64>,
+    /// Last probe.
+    pub last_probe: Option<ProbeRecord>,
+}
+
+impl TargetInfo {
+    /// Its id.
+    pub fn id(&self) -> &str {
+        &self.spec.id
+    }
+
+    /// What fails, in a few words: the failing checks, or the endpoint's error.
+    pub fn failure(&self) -> Option<String> {
+        if !self.failing_checks.is_empty() {
+            return Some(self.failing_checks.join(", "));
+        }
+        if self.endpoint_failed {
+            let detail = self.last_probe.as_ref().map_or("", |p| p.detail.as_str());
+            return Some(if detail.is_empty() {
+                "endpoint failed".to_string()
+            } else {
+                format!("endpoint: {detail}")
+            });
+        }
+        None
+    }
+}
+
+/// The JSON shape of a target (the same as before views were published).
+#[derive(Serialize)]
+struct TargetWire<'a> {
+    id: &'a str,
+    url: &'a str,
+    zone: &'a str,
+    group: &'a str,
+    heartbeat: bool,
+    state: &'a str,
+    health: Health,
+    consecutive_failures: u32,
+    failing_since_ms: Option<i64>,
+    failing_checks: &'a [String],
+    endpoint_failed: bool,
+    penalty: u32,
+    flapping: bool,
+    hold: Option<&'a HoldInfo>,
+    reported_at_ms: Option<i64>,
+    last_probe: Option<&'a ProbeRecord>,
+}
+
+impl Serialize for TargetInfo {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        TargetWire {
+            id: &self.spec.id,
+            url: &self.spec.url,
+            zone: &self.spec.zone,
+            group: &self.spec.group,
+            heartbeat: self.spec.heartbeat,
+            state: self.state,
+            health: self.health,
+            consecutive_failures: self.consecutive_failures,
+            failing_since_ms: self.failing_since_ms,
+            failing_checks: &self.failing_checks,
+            endpoint_failed: self.endpoint_failed,
+            penalty: self.penalty,
+            flapping: self.flapping,
+            hold: self.hold.as_deref(),
+            reported_at_ms: self.reported_at_ms,
+            last_probe: self.last_probe.as_ref(),
+        }
+        .serialize(s)
+    }
+}
+
+/// One target with its recent probes (`GET /api/targets/{id}`).
+#[derive(Clone, Debug, Serialize)]
+pub struct TargetDetail {
+    /// The target.
+    #[serde(flatten)]
+    pub info: TargetInfo,
+    /// Recent probes, newest last.
+    pub history: Vec<ProbeRecord>,
+}
+
+/// An operator hold, for display.
+#[derive(Clone, Debug, Serialize)]
+pub struct HoldInfo {
+    /// silenced or maintenance.
+    pub kind: HoldKind,
+    /// Why.
+    pub reason: String,
+    /// Until (UNIX ms).
+    pub until_ms: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_is_made_once_per_view_and_the_cache_is_bounded() {
+        let cache = AnswerCache::default();
+        let mut made = 0;
+        for _ in 0..3 {
+            let b = cache.get_or_make("?limit=10", || {
+                made += 1;
+                bytes::Bytes::from_static(b"page")
+            });
+            assert_eq!(&b[..], b"page");
+        }
+        assert_eq!(made, 1, "made once, then kept");
+        let big = || bytes::Bytes::from(vec![0u8; CACHED_BYTES]);
+        let mut made_big = 0;
+        for _ in 0..2 {
+            cache.get_or_make("big", || {
+                made_big += 1;
+                big()
+            });
+        }
+        assert_eq!(made_big, 2, "an answer over the bound is not kept");
+    }
+
+    #[test]
+    fn every_state_has_one_rank_and_attention_states_come_first() {
+        for (i, s) in STATES.iter().enumerate() {
+            assert_eq!(severity(s.name), i, "{} ranked once", s.name);
+        }
+        let first_calm = STATES.iter().position(|s| !s.attention).unwrap();
+        assert!(
+            STATES[first_calm..].iter().all(|s| !s.attention),
+            "the states needing attention are the most severe ones"
+        );
+        assert_eq!(severity("no such state"), STATES.len());
+    }
+}
