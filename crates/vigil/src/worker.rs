@@ -282,6 +282,22 @@ fn verdict(snapshot: &crate::snapshot::Snapshot) -> Result<(), String> {
     })
 }
 
+/// Waits until the gate is open; false when `shutdown` completed first (or the worker
+/// is gone). The adapters' loops start every round with it.
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+async fn until_pulling<S: std::future::Future<Output = ()>>(
+    pulling: &mut watch::Receiver<bool>,
+    mut shutdown: std::pin::Pin<&mut S>,
+) -> bool {
+    while !*pulling.borrow_and_update() {
+        tokio::select! {
+            _ = &mut shutdown => return false,
+            changed = pulling.changed() => if changed.is_err() { return false },
+        }
+    }
+    true
+}
+
 /// Splits a [`FAILED_ON_HEADER`] value into worker ids.
 pub fn parse_failed_on(value: &str) -> Vec<&str> {
     value

@@ -91,11 +91,8 @@ where
     let mut pulling = worker.pulling();
     tokio::pin!(shutdown);
     loop {
-        while !*pulling.borrow_and_update() {
-            tokio::select! {
-                _ = &mut shutdown => return Ok(()),
-                changed = pulling.changed() => if changed.is_err() { return Ok(()) },
-            }
+        if !super::until_pulling(&mut pulling, shutdown.as_mut()).await {
+            return Ok(());
         }
         let mut batch = consumer
             .fetch()

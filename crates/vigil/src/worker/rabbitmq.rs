@@ -113,11 +113,8 @@ where
     tokio::pin!(shutdown);
     loop {
         // Wait for the gate to open.
-        while !*pulling.borrow_and_update() {
-            tokio::select! {
-                _ = &mut shutdown => return Ok(()),
-                changed = pulling.changed() => if changed.is_err() { return Ok(()) },
-            }
+        if !super::until_pulling(&mut pulling, shutdown.as_mut()).await {
+            return Ok(());
         }
         let tag = format!(
             "{}-{}",
