@@ -56,6 +56,12 @@ const BROWNOUT_MS: u64 = 500;
 /// demo's 1 s interval) is shorter than the 3 failed checks either component needs to
 /// take a target out, so what shows is the flapping itself, which the controller damps.
 const FLAP_MS: u64 = 2000;
+/// The demo services' disk check fails below this much free space, and never warns. The
+/// example service's defaults (fail below 5%, warn below 10%) judge the machine's real
+/// disk: on a nearly full laptop every service would fail and the balancer fail open
+/// before any key is pressed, and a warn everywhere would hide the brownout's. `d`
+/// still breaks svc-2's disk check (it then demands 100% free).
+const DEMO_DISK_FAIL_BELOW: &str = "50MiB";
 /// How long children get to drain after SIGTERM before they are killed.
 const STOP_GRACE: Duration = Duration::from_secs(8);
 /// Token of the demo controller's mutating API (the demo is local-only).
@@ -291,6 +297,8 @@ impl Launcher<'_> {
                 "--drain-delay",
                 "1s",
             ])
+            .args(["--disk-fail-below", DEMO_DISK_FAIL_BELOW])
+            .args(["--disk-warn-below", "off"])
             .arg("--dependency-critical");
         if let Some(db) = self.db {
             cmd.args(["--db", db]);
