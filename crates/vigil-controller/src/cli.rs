@@ -336,11 +336,12 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
             })
             .await
     });
-    tracing::info!(addr = %addr, url = %format!("http://{addr}/"), "vigil controller listening");
-
+    // Handlers before saying we listen: a SIGTERM sent as soon as the log says so must
+    // drain and exit 0, not find the default action (kill, no final snapshot).
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
+    tracing::info!(addr = %addr, url = %format!("http://{addr}/"), "vigil controller listening");
     let mut current = cfg;
     let serving = format!("serving on http://{addr}/");
     vigil::systemd::ready(&serving);
