@@ -5,7 +5,7 @@
 //! 3 unreachable or invalid response (the reason goes to stderr). Note that clap's own
 //! usage errors also exit 2; a probe should be configured once and tested.
 //!
-//! How an answer is judged: by vigil-core's one judge ([`vigil_core::judge`], shared with
+//! How an answer is judged: by vigil-core's one judge ([`vigil_core::judge`](mod@vigil_core::judge), shared with
 //! the balancer, the controller and the library's `HttpGet`; its doc has the rule table).
 //! In short: 2xx takes the health+json body's status (a plain or empty body passes);
 //! any 4xx-5xx with a health+json body, and any 5xx, is a fail (a 503 saying "pass" too,
@@ -216,7 +216,7 @@ async fn probe(url: &str, timeout: Duration) -> Result<Outcome, Invalid> {
 
 type Verdict = (Status, Option<HealthReport>, Option<String>);
 
-/// Judges an answer with vigil-core's one judge ([`vigil_core::judge`], whose doc holds
+/// Judges an answer with vigil-core's one judge ([`vigil_core::judge`](mod@vigil_core::judge), whose doc holds
 /// the rule table); an *invalid* answer is an error (exit 3).
 fn judge(code: u16, content_type: &str, body: &[u8]) -> Result<Verdict, String> {
     let j = vigil_core::judge(

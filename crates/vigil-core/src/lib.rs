@@ -18,7 +18,7 @@
 //! - [`guard`]: the controller's safety guard (fraction cap, action budget, flap damping,
 //!   cause attribution).
 //! - [`rollout`]: health-gated rollouts in waves, with report-back and latched rollback.
-//! - [`judge`]: the one judge of an HTTP health answer (status code + optional
+//! - [`judge`](mod@judge): the one judge of an HTTP health answer (status code + optional
 //!   health+json body -> verdict), with its rule table.
 //! - [`build`]: the version and git commit this was built from.
 //! - [`http1`]: HTTP/1.1 response framing (where a head ends, how its body is delimited,

@@ -97,7 +97,7 @@ impl HttpGet {
     }
 
     /// Reads the body as health+json and reports its status, judged by vigil-core's one
-    /// judge ([`vigil_core::judge`]): on 2xx the body's status (a dependency that says
+    /// judge ([`vigil_core::judge`](mod@vigil_core::judge)): on 2xx the body's status (a dependency that says
     /// `warn` makes this check warn); any 4xx-5xx fails (a 503 saying `pass` too); a
     /// body that is not health+json fails, naming what is wrong.
     pub fn health_json(mut self) -> Self {
