@@ -164,7 +164,7 @@ pub struct AnswerCache(std::sync::Mutex<(usize, Vec<(String, bytes::Bytes)>)>);
 
 impl AnswerCache {
     /// The answer to `key`, made by `make` (outside the lock) if not kept yet; kept
-    /// while the cache holds under [`CACHED_BYTES`].
+    /// while the cache holds under `CACHED_BYTES`.
     pub fn get_or_make(&self, key: &str, make: impl FnOnce() -> bytes::Bytes) -> bytes::Bytes {
         let found = {
             let kept = self.0.lock().expect("answer cache lock");
