@@ -201,12 +201,6 @@ pub enum RequestOutcome {
     /// The connection broke, or the target sent something that is not HTTP, before a
     /// complete response header.
     Reset,
-    /// A hedged copy of the request, sent later to another target, was answered first:
-    /// this target had not answered in the hedge delay plus the winner's whole exchange.
-    /// Counted like a timeout: a target that is overtaken again and again with no answer
-    /// in between is frozen or far slower than its peers (gray failure), and is ejected
-    /// long before any response timeout would say so.
-    Overtaken,
 }
 
 impl RequestOutcome {
@@ -241,7 +235,6 @@ impl fmt::Display for RequestOutcome {
             RequestOutcome::ConnectFailure => f.write_str("connect failure"),
             RequestOutcome::Timeout => f.write_str("timeout"),
             RequestOutcome::Reset => f.write_str("reset"),
-            RequestOutcome::Overtaken => f.write_str("overtaken by a hedged request"),
         }
     }
 }
@@ -669,26 +662,6 @@ mod tests {
             );
         }
         assert!(!d.is_ejected(&1));
-    }
-
-    #[test]
-    fn being_overtaken_by_hedges_again_and_again_ejects_and_one_answer_forgives() {
-        let mut d = detector(10, no_jitter());
-        d.observe(&3, Time::ZERO, RequestOutcome::Overtaken, 0.0);
-        d.observe(&3, Time::ZERO, RequestOutcome::Overtaken, 0.0);
-        d.observe(&3, Time::ZERO, RequestOutcome::Response(200), 0.0);
-        d.observe(&3, Time::ZERO, RequestOutcome::Overtaken, 0.0);
-        d.observe(&3, Time::ZERO, RequestOutcome::Overtaken, 0.0);
-        assert!(!d.is_ejected(&3), "an answer in between resets the streak");
-        match d.observe(&3, Time::ZERO, RequestOutcome::Overtaken, 0.0) {
-            Some(OutlierEvent::Ejected { reason, .. }) => {
-                assert_eq!(
-                    reason.to_string(),
-                    "3 consecutive gateway errors (last: overtaken by a hedged request)"
-                );
-            }
-            other => panic!("three overtakes in a row must eject, got {other:?}"),
-        }
     }
 
     #[test]
