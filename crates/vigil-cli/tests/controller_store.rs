@@ -138,7 +138,7 @@ async fn store_with_state(dir: &Path) -> String {
     assert_eq!(code, 200);
     bs[1].set_check("disk:free", Status::Fail);
     c.wait_for_actions("an action on t1").await;
-    assert_eq!(c.guard().await["budget_left"], 1);
+    c.wait_budget_left(1).await;
     assert!(c.sigterm().success());
     cfg
 }
@@ -252,8 +252,7 @@ async fn a_full_disk_stops_every_decision_and_mutation_until_the_store_works_aga
     let actions = c.wait_for_actions("t1 acted on once the store works").await;
     assert_eq!(actions.len(), 1);
     assert_eq!(actions[0]["target"], "t1");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(c.guard().await["budget_left"], 1);
+    c.wait_budget_left(1).await;
     assert!(c.get("/api/targets/t2").await["target"]["hold"].is_null());
     assert!(c.guard().await["manual_freeze"].is_null());
     let m = c.metrics_text().await;

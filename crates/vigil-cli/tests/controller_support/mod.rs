@@ -245,6 +245,15 @@ impl Controller {
         self.get("/api/guard").await["guard"].clone()
     }
 
+    /// Waits until the published guard shows `left` budget tokens: a decision is in the
+    /// store (and in `/api/actions`) before the next published view shows its spending.
+    pub async fn wait_budget_left(&self, left: u64) {
+        self.wait_for(&format!("budget_left {left}"), || async {
+            (self.guard().await["budget_left"] == left).then_some(())
+        })
+        .await
+    }
+
     /// Polls `check` until it returns Some, or fails with `what` and the logs.
     pub async fn wait_for<T, F, Fut>(&self, what: &str, mut check: F) -> T
     where
