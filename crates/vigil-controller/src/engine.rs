@@ -2,7 +2,7 @@
 //! operator commands, records everything in the store, and hands committed actions to
 //! the actuator.
 //!
-//! Every guard call is an op ([`GuardOp`]) appended to the current batch; once per turn
+//! Every guard call is an op ([`Op`], applied with [`SafetyGuard::apply`]) appended to the current batch; once per turn
 //! of the loop (after draining every queued command) the batch is committed in one
 //! transaction, and only then are its actions run and its operator commands answered.
 //! One owner, one order: the op log replays exactly.
@@ -31,7 +31,6 @@ use crate::clock::{Clock, rfc3339_ms, unix_ms};
 use crate::config::{ControllerConfig, ProbeConfig, TargetConfig};
 use crate::history::History;
 use crate::metrics::{Metrics, TargetLabels};
-use crate::ops::{GuardOp, nanos, time};
 use crate::prober::ProbeRecord;
 use crate::store::{
     ActionRecord, Batch, NewDecision, NewTransition, Recovered, StoreError, StoreHandle,
@@ -46,8 +45,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 use vigil_core::guard::{
-    Decision, GuardConfig, GuardState, Hold, HoldKind, Observation, Outcome, SafetyGuard,
-    TargetView,
+    Applied, Decision, GuardConfig, GuardState, Hold, HoldKind, Observation, Op, Outcome,
+    SafetyGuard, TargetView,
 };
 use vigil_core::{Health, Time};
 
@@ -210,9 +209,9 @@ pub fn hold_path(kind: HoldKind) -> &'static str {
 struct Snapshot {
     config: GuardConfig,
     state: GuardState,
-    /// Guard time of the snapshot (ns): the clock never restarts earlier than this.
+    /// Guard time of the snapshot: the clock never restarts earlier than this.
     #[serde(default)]
-    at: u64,
+    at: Time,
 }
 
 /// [`Snapshot`] as written.
@@ -220,7 +219,7 @@ struct Snapshot {
 struct SnapshotRef<'a> {
     config: &'a GuardConfig,
     state: &'a GuardState,
-    at: u64,
+    at: Time,
 }
 
 struct TargetRuntime {
@@ -306,21 +305,21 @@ fn rebuild(
                     "the store's guard snapshot does not parse ({e}); refusing to start with a reset budget"
                 )
             })?;
-            latest = Time::from_elapsed(Duration::from_nanos(snap.at));
+            latest = snap.at;
             SafetyGuard::restore(snap.config, snap.state)
         }
         None => SafetyGuard::new(config.clone()),
     };
     let mut replayed = 0;
     for (i, text) in rec.ops.iter().enumerate() {
-        let ops: Vec<GuardOp> = serde_json::from_str(text).map_err(|e| {
+        let ops: Vec<Op> = serde_json::from_str(text).map_err(|e| {
             anyhow::anyhow!("guard op batch {i} after the snapshot does not parse: {e}")
         })?;
         for op in ops {
             if let Some(at) = op.at() {
                 latest = latest.max(at);
             }
-            op.apply(&mut guard);
+            guard.apply(&op);
             replayed += 1;
         }
     }
@@ -527,9 +526,9 @@ impl Engine {
                     } else {
                         // A tick with no hold due and nobody flapping changes nothing:
                         // it is not logged, and no target's state needs a refresh.
-                        let at = nanos(self.clock.now());
-                        if self.guard.tick_changed(time(at)) {
-                            self.logged(GuardOp::Tick { at }, None, None);
+                        let op = Op::Tick { at: self.clock.now() };
+                        if self.guard.apply(&op).changed() {
+                            self.logged(op, None, None);
                             self.view_dirty = true;
                         }
                     }
@@ -581,14 +580,17 @@ impl Engine {
                     // target still failing is decided again once the store works.
                     return;
                 }
-                let at = nanos(self.clock.now());
                 // A probe that changes nothing in the guard (a healthy target passing
                 // again) is not logged: replaying the log without it ends in the same
-                // state (`SafetyGuard::observe_changed`), and a healthy fleet then
-                // writes nothing to the store per probe.
-                let (decision, changed) = self.guard.observe_changed(time(at), &obs);
-                if changed {
-                    self.logged(GuardOp::Observe { at, obs }, decision, Some(&id));
+                // state (`Applied::Unchanged`), and a healthy fleet then writes
+                // nothing to the store per probe.
+                let op = Op::Observe {
+                    at: self.clock.now(),
+                    obs,
+                };
+                let applied = self.guard.apply(&op);
+                if applied.changed() {
+                    self.logged(op, applied.into_decision(), Some(&id));
                 }
             }
             Command::Targets { source, targets } => {
@@ -614,14 +616,14 @@ impl Engine {
                 reply,
             } => {
                 let now = self.clock.now();
-                let at = nanos(now);
+                let at = now;
                 let hold = Hold {
                     kind,
                     reason,
                     until: duration.map(|d| now + d),
                 };
                 let found = self.op(
-                    GuardOp::SetHold {
+                    Op::SetHold {
                         at,
                         id: id.clone(),
                         hold,
@@ -657,19 +659,19 @@ impl Engine {
                     Some(Some(_)) => Ok(()),
                 };
                 if r.is_ok() {
-                    let at = nanos(now);
-                    self.op(GuardOp::ClearHold { at, id: id.clone() }, Some(&id));
+                    let at = now;
+                    self.op(Op::ClearHold { at, id: id.clone() }, Some(&id));
                 }
                 self.replies.push((reply, r));
             }
             Command::Freeze { reason, reply } => {
-                let at = nanos(self.clock.now());
-                self.op(GuardOp::Freeze { at, reason }, None);
+                let at = self.clock.now();
+                self.op(Op::Freeze { at, reason }, None);
                 self.replies.push((reply, Ok(())));
             }
             Command::Unfreeze { reply } => {
-                let at = nanos(self.clock.now());
-                self.op(GuardOp::Unfreeze { at }, None);
+                let at = self.clock.now();
+                self.op(Op::Unfreeze { at }, None);
                 self.replies.push((reply, Ok(())));
             }
             Command::Reconfigure(config) => self.reconfigure(config),
@@ -699,7 +701,7 @@ impl Engine {
     fn reconfigure_guard(&mut self, config: &ControllerConfig) {
         if *self.guard.config() != config.guard {
             self.op(
-                GuardOp::Reconfigure {
+                Op::Reconfigure {
                     config: Box::new(config.guard.clone()),
                 },
                 None,
@@ -768,11 +770,11 @@ impl Engine {
         let bulk = gone.len() + added >= BULK_CHANGES;
         self.unlogged = bulk;
         for id in gone {
-            let at = nanos(self.clock.now());
+            let at = self.clock.now();
             // Only the removed target's own state changes (to gone): no other
             // target's display state depends on it.
             self.op(
-                GuardOp::Remove {
+                Op::Remove {
                     at,
                     id: id.to_string(),
                 },
@@ -790,8 +792,8 @@ impl Engine {
                 .target(self.clock.now(), id)
                 .map(|v| v.zone.to_string());
             if known.as_deref() != Some(spec.zone.as_str()) {
-                let at = nanos(self.clock.now());
-                let op = GuardOp::Add {
+                let at = self.clock.now();
+                let op = Op::Add {
                     at,
                     id: id.clone(),
                     zone: spec.zone.clone(),
@@ -854,15 +856,16 @@ impl Engine {
     /// Applies an op, queues it for the store, records its decision and the state
     /// changes it caused. `target`: the one target it affects (None: any may change).
     /// Returns whether the op found its target.
-    fn op(&mut self, op: GuardOp, target: Option<&str>) -> bool {
-        let (decision, found) = op.apply(&mut self.guard);
-        self.logged(op, decision, target);
+    fn op(&mut self, op: Op, target: Option<&str>) -> bool {
+        let applied = self.guard.apply(&op);
+        let found = applied != Applied::UnknownTarget;
+        self.logged(op, applied.into_decision(), target);
         found
     }
 
     /// Queues an op already applied to the guard for the store, records its decision
     /// and the state changes it caused.
-    fn logged(&mut self, op: GuardOp, decision: Option<Decision>, target: Option<&str>) {
+    fn logged(&mut self, op: Op, decision: Option<Decision>, target: Option<&str>) {
         if !self.unlogged {
             self.batch
                 .ops
@@ -976,7 +979,7 @@ impl Engine {
         let snap = SnapshotRef {
             config: self.guard.config(),
             state: self.guard.state(),
-            at: nanos(self.clock.now()),
+            at: self.clock.now(),
         };
         // One buffer of about the last snapshot's size, not a chain of doublings.
         let mut buf = Vec::with_capacity(self.snapshot_size + self.snapshot_size / 8);
@@ -1458,19 +1461,19 @@ mod tests {
             &mut SqliteStore::open(&dir.path().join("vigil.db")).unwrap(),
         )
         .unwrap();
-        let ops: Vec<GuardOp> = rec
+        let ops: Vec<Op> = rec
             .ops
             .iter()
-            .flat_map(|b| serde_json::from_str::<Vec<GuardOp>>(b).unwrap())
+            .flat_map(|b| serde_json::from_str::<Vec<Op>>(b).unwrap())
             .collect();
-        let count = |f: fn(&GuardOp) -> bool| ops.iter().filter(|o| f(o)).count();
+        let count = |f: fn(&Op) -> bool| ops.iter().filter(|o| f(o)).count();
         if n >= BULK_CHANGES {
             assert!(rec.snapshot.is_some(), "a bulk start is snapshotted");
-            assert_eq!(count(|o| matches!(o, GuardOp::Add { .. })), 0);
+            assert_eq!(count(|o| matches!(o, Op::Add { .. })), 0);
         }
         // A target's first two passes make it healthy; its later passes are not logged
         // (t001 fails 4 times, t002 alternates: 4 logged each).
-        let observed = count(|o| matches!(o, GuardOp::Observe { .. }));
+        let observed = count(|o| matches!(o, Op::Observe { .. }));
         assert_eq!(observed, 2 * (n - 2) + 8, "of {} probes", 4 * n);
         let (tx, _stop, _task) = start(dir.path(), n).await;
         let after = guard_views(&tx).await;

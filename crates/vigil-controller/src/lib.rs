@@ -29,7 +29,6 @@ pub mod engine;
 pub mod heartbeat;
 pub mod history;
 pub mod metrics;
-pub mod ops;
 pub mod prober;
 pub mod scheduler;
 pub mod store;

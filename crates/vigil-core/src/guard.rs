@@ -144,6 +144,7 @@
 pub mod budget;
 pub mod cause;
 pub mod damping;
+pub mod op;
 #[cfg(test)]
 mod tests;
 
@@ -154,6 +155,7 @@ use crate::time::Time;
 use budget::{Budget, BudgetConfig};
 use cause::{Cause, CauseConfig, SharedIndex};
 use damping::{DampingConfig, FlapDamper};
+pub use op::{Applied, Op};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -877,7 +879,6 @@ pub struct Hold {
     /// Why (shown in decisions).
     pub reason: String,
     /// When it lifts by itself; `None` until cleared.
-    #[serde(with = "time_serde::opt")]
     pub until: Option<Time>,
 }
 
@@ -906,7 +907,6 @@ pub struct Freeze {
     /// What it covers.
     pub scope: FreezeScope,
     /// Since when.
-    #[serde(with = "time_serde")]
     pub since: Time,
     /// Unhealthy targets in the scope, as of the last observation.
     pub unhealthy: u32,
@@ -923,7 +923,6 @@ pub struct ManualFreeze {
     /// The operator's reason.
     pub reason: String,
     /// Since when.
-    #[serde(with = "time_serde")]
     pub since: Time,
 }
 
@@ -1033,7 +1032,6 @@ struct TargetState {
     /// Shared by every target of the zone (interned by the guard).
     #[serde(with = "shared_str")]
     zone: Arc<str>,
-    #[serde(with = "time_serde")]
     first_seen: Time,
     #[serde(default, skip_serializing_if = "is_false")]
     in_grace: bool,
@@ -1054,11 +1052,7 @@ struct TargetState {
     /// Boxed: most targets have none, and a `Hold` is six words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     hold: Option<Box<Hold>>,
-    #[serde(
-        default,
-        with = "time_serde::opt",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     reported: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_signature: Option<Box<str>>,
@@ -2012,60 +2006,11 @@ mod shared_str {
     }
 }
 
-/// A `Time` inside serialised state (nanoseconds since the driver's epoch).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-struct Stamp(Time);
-
-impl Serialize for Stamp {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        time_serde::serialize(&self.0, s)
-    }
-}
-
-impl<'de> Deserialize<'de> for Stamp {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        time_serde::deserialize(d).map(Stamp)
-    }
-}
-
-/// Serde for `Time` as integer nanoseconds since the driver's epoch (exact round trip).
-mod time_serde {
-    use crate::time::Time;
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(t: &Time, s: S) -> Result<S::Ok, S::Error> {
-        let nanos = u64::try_from(t.as_elapsed().as_nanos()).unwrap_or(u64::MAX);
-        s.serialize_u64(nanos)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Time, D::Error> {
-        u64::deserialize(d).map(|n| Time::from_elapsed(Duration::from_nanos(n)))
-    }
-
-    pub mod opt {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(t: &Option<Time>, s: S) -> Result<S::Ok, S::Error> {
-            match t {
-                Some(t) => super::serialize(t, s),
-                None => s.serialize_none(),
-            }
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Time>, D::Error> {
-            Option::<u64>::deserialize(d)
-                .map(|o| o.map(|n| Time::from_elapsed(Duration::from_nanos(n))))
-        }
-    }
-}
-
 /// Serde for `Thresholds`, which keeps its fields private: saved as a snapshot of what
 /// its accessors expose, restored by replaying the streak into a fresh machine (the
 /// replay cannot cross a threshold: a saved streak that had crossed one would already
 /// have changed the verdict).
 mod thresholds_serde {
-    use super::time_serde;
     use crate::thresholds::{Health, Thresholds, ThresholdsConfig};
     use crate::time::Time;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -2076,15 +2021,10 @@ mod thresholds_serde {
         #[serde(default, skip_serializing_if = "super::is_default")]
         config: ThresholdsConfig,
         health: Health,
-        #[serde(with = "time_serde")]
         since: Time,
         #[serde(default, skip_serializing_if = "super::is_zero")]
         failures: u32,
-        #[serde(
-            default,
-            with = "time_serde::opt",
-            skip_serializing_if = "Option::is_none"
-        )]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         failing_since: Option<Time>,
         #[serde(default, skip_serializing_if = "super::is_zero")]
         successes: u32,

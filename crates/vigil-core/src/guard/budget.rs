@@ -7,7 +7,6 @@
 //! holds more than `actions` actions**, however the actions are spread, and a restart
 //! (the state is persisted) resets nothing.
 
-use super::Stamp;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -54,7 +53,7 @@ impl BudgetConfig {
 /// The bucket's state: when each token still out was spent (oldest first).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Budget {
-    spent: VecDeque<Stamp>,
+    spent: VecDeque<Time>,
 }
 
 impl Budget {
@@ -82,14 +81,14 @@ impl Budget {
     /// Spends a token if one is left. Returns true when it did (the caller may act).
     pub fn try_spend(&mut self, config: &BudgetConfig, now: Time) -> bool {
         while let Some(front) = self.spent.front() {
-            if front.0 + config.per <= now {
+            if *front + config.per <= now {
                 self.spent.pop_front();
             } else {
                 break;
             }
         }
         if self.spent.len() < config.actions as usize {
-            self.spent.push_back(Stamp(now));
+            self.spent.push_back(now);
             true
         } else {
             false
@@ -100,7 +99,7 @@ impl Budget {
     fn live<'a>(&'a self, config: &'a BudgetConfig, now: Time) -> impl Iterator<Item = Time> + 'a {
         self.spent
             .iter()
-            .map(|s| s.0)
+            .copied()
             .filter(move |&t| t + config.per > now)
     }
 }

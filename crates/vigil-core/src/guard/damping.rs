@@ -14,7 +14,6 @@
 //! A target that fails once and stays failing earns one penalty (below the suppress
 //! threshold by default), so a plainly dead host is still replaced.
 
-use super::Stamp;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -92,7 +91,7 @@ impl DampingConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlapDamper {
     penalty: u32,
-    updated: Stamp,
+    updated: Time,
     suppressed: bool,
 }
 
@@ -102,7 +101,7 @@ impl FlapDamper {
         if self.penalty == 0 {
             return 0;
         }
-        let dt = now.since(self.updated.0).as_secs_f64();
+        let dt = now.since(self.updated).as_secs_f64();
         let halvings = dt / config.half_life.as_secs_f64().max(1e-9);
         (f64::from(self.penalty) * (-halvings).exp2()) as u32
     }
@@ -120,7 +119,7 @@ impl FlapDamper {
             .saturating_add(config.penalty)
             .min(config.ceiling());
         self.penalty = p;
-        self.updated = Stamp(now);
+        self.updated = now;
         if !self.suppressed && p >= config.suppress {
             self.suppressed = true;
             return true;
