@@ -176,3 +176,100 @@ async fn sigterm_during_a_stuck_webhook_exits_cleanly_and_the_action_resumes_aft
     let a = c.actions().await;
     assert_eq!(a.len(), 1, "resumed, not duplicated: {a:#?}");
 }
+
+/// How long the guard has been frozen, by its metric.
+async fn frozen_seconds(c: &Controller) -> f64 {
+    sample(
+        &c.metrics_text().await,
+        "vigil_controller_guard_frozen_seconds",
+    )
+    .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_freeze_sends_one_signed_alert_through_the_webhook_even_across_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = backends(5);
+    let (url, got) = receiver(0);
+    let cfg = base_config(&format!(
+        "[guard.frozen]\nalert_after = \"1s\"\n[actuator]\nkind = \"webhook\"\n[actuator.webhook]\nurl = \"{url}\"\nsecret = \"s3cret\"\nbackoff = \"50ms\"\n"
+    )) + &targets_toml(&bs);
+    let c = Controller::start(dir.path(), &cfg);
+    c.wait_all(5, "healthy").await;
+    // 3 of 5 fail at once: above the 30% cap, the fleet freezes and nobody is replaced.
+    for b in &bs[..3] {
+        b.set_check("disk:free", Status::Fail);
+    }
+    let alert = c
+        .wait_for("the alert delivered", || async {
+            c.actions()
+                .await
+                .into_iter()
+                .find(|a| a["state"] == "done" && a["event"]["kind"] == "alert")
+        })
+        .await;
+    assert!(
+        alert["result"]
+            .as_str()
+            .unwrap()
+            .contains("webhook answered 200"),
+        "{alert}"
+    );
+    // Frozen for three times `alert_after` now: one alert per freeze, not one per period.
+    c.wait_for("frozen for 3 s", || async {
+        (frozen_seconds(&c).await >= 3.0).then_some(())
+    })
+    .await;
+    let received = got.lock().unwrap().clone();
+    assert_eq!(
+        received.len(),
+        1,
+        "one alert, and no replacement: {:?}",
+        received
+            .iter()
+            .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+            .collect::<Vec<_>>()
+    );
+    let r = &received[0];
+    assert_eq!(
+        r.headers["x-vigil-signature"],
+        vigil_controller::actuator::sign(b"s3cret", &r.body)
+    );
+    let event: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(event["kind"], "alert", "{event}");
+    assert_eq!(event["scope"], "fleet", "{event}");
+    assert_eq!(event["target"], "", "an alert names no target: {event}");
+    assert_eq!(event["when_frozen"], "hold", "{event}");
+    assert_eq!(event["idempotency_key"], alert["idempotency_key"]);
+    assert!(
+        event["summary"].as_str().unwrap().contains("disk:free"),
+        "the alert says what fails: {event}"
+    );
+    assert!(
+        c.actions()
+            .await
+            .iter()
+            .all(|a| a["event"]["kind"] == "alert"),
+        "nobody replaced while frozen"
+    );
+    let m = c.metrics_text().await;
+    assert_eq!(
+        sample(&m, "vigil_controller_decisions_total{outcome=\"alert\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    // A crash and a restart while still frozen: the alert was raised for this freeze
+    // and is not sent again.
+    c.sigkill();
+    let c = Controller::start_existing(dir.path());
+    c.wait_for("frozen again for 2 s after the restart", || async {
+        (frozen_seconds(&c).await >= 2.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        got.lock().unwrap().len(),
+        1,
+        "no second alert after a restart"
+    );
+    assert!(c.sigterm().success());
+}

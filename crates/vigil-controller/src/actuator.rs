@@ -2,6 +2,10 @@
 //! `webhook` (a signed JSON POST, retried with backoff, with an idempotency key) and
 //! `exec` (a command with the target in its environment, under a timeout).
 //!
+//! Besides replacements (event kind `replace`), the guard raises freeze alerts (kind
+//! `alert`, see [`crate::engine::ALERT`]): the webhook delivers them, `log` logs them,
+//! `exec` never runs for one.
+//!
 //! Every action reaching here was committed to the store as `intended` first; the
 //! runner counts the attempt in the store before running and marks the outcome after.
 
@@ -91,6 +95,9 @@ async fn execute(
     http: &reqwest::Client,
     action: &ActionRecord,
 ) -> (ActionState, String) {
+    if action.event["kind"] == crate::engine::ALERT {
+        return alert(cfg, http, action).await;
+    }
     match cfg.kind {
         ActuatorKind::Log => {
             tracing::warn!(
@@ -104,6 +111,32 @@ async fn execute(
         }
         ActuatorKind::Webhook => webhook(&cfg.webhook, http, action).await,
         ActuatorKind::Exec => exec(&cfg.exec, action).await,
+    }
+}
+
+/// A freeze alert (event kind `alert`): a human should decide. The webhook delivers it
+/// like a replacement (signed, retried, same idempotency rule: receivers tell the two
+/// apart by `kind`); `log` logs it; `exec` does not run for it, because an exec command
+/// is written to replace the target it is given and an alert has none.
+async fn alert(
+    cfg: &ActuatorConfig,
+    http: &reqwest::Client,
+    action: &ActionRecord,
+) -> (ActionState, String) {
+    let summary = action.event["summary"].as_str().unwrap_or("");
+    match cfg.kind {
+        ActuatorKind::Webhook => webhook(&cfg.webhook, http, action).await,
+        ActuatorKind::Log => {
+            tracing::error!(action = action.id, key = %action.idempotency_key, summary = %summary, "ALERT: a human should decide (the log actuator only logs)");
+            (ActionState::Done, "alert logged".into())
+        }
+        ActuatorKind::Exec => {
+            tracing::error!(action = action.id, summary = %summary, "ALERT: a human should decide (not sent: the exec actuator runs only for replacements)");
+            (
+                ActionState::Done,
+                "alert not sent: the exec actuator runs only for replacements".into(),
+            )
+        }
     }
 }
 

@@ -45,11 +45,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 use vigil_core::guard::{
-    Applied, Decision, GuardConfig, GuardState, Hold, HoldKind, Observation, Op, Outcome,
-    SafetyGuard, TargetView,
+    Applied, Decision, FreezeScope, GuardConfig, GuardState, Hold, HoldKind, Observation, Op,
+    Outcome, Reason, SafetyGuard, TargetView, WhenFrozen,
 };
 use vigil_core::{Health, Time};
 
+/// The outcome of a freeze alert's decision, and the kind of its action's event
+/// (a replacement's is `replace`).
+pub const ALERT: &str = "alert";
 /// Commands drained at most per turn, so queries and shutdown are never starved.
 const MAX_COMMANDS_PER_TURN: usize = 4096;
 /// Guard ticks (hold expiry, flap release): once a second is finer than any hold.
@@ -877,9 +880,15 @@ impl Engine {
         }
         for ev in self.guard.drain_events() {
             let message = ev.to_string();
-            match ev {
-                vigil_core::guard::GuardEvent::FreezeAlert { .. } => {
+            match &ev {
+                vigil_core::guard::GuardEvent::FreezeAlert {
+                    scope,
+                    frozen_for,
+                    reason,
+                    action,
+                } => {
                     tracing::error!(event = %message, "guard");
+                    self.record_alert(scope, *frozen_for, reason, *action, &message);
                 }
                 vigil_core::guard::GuardEvent::Frozen { .. }
                 | vigil_core::guard::GuardEvent::Flapping { .. }
@@ -973,6 +982,46 @@ impl Engine {
         });
     }
 
+    /// Records a freeze alert as a decision with an action of kind `alert`: committed
+    /// with the batch like an act, so it is delivered once, after a crash too (the
+    /// guard raises it once per freeze, and that is in its persisted state). It has no
+    /// target: its `target` is empty and its scope says what is frozen.
+    fn record_alert(
+        &mut self,
+        scope: &FreezeScope,
+        frozen_for: Duration,
+        reason: &Reason,
+        doing: WhenFrozen,
+        summary: &str,
+    ) {
+        let at_ms = unix_ms(self.clock.now());
+        let zone = match scope {
+            FreezeScope::Fleet => String::new(),
+            FreezeScope::Zone(z) => z.clone(),
+        };
+        let reasons = serde_json::to_value([reason]).expect("reasons serialise");
+        self.decided = true;
+        self.batch.decisions.push(NewDecision {
+            at_ms,
+            target: String::new(),
+            zone: zone.clone(),
+            outcome: ALERT.to_string(),
+            reasons: reasons.clone(),
+            summary: summary.to_string(),
+            action: Some(serde_json::json!({
+                "kind": ALERT,
+                "target": "",
+                "scope": scope.to_string(),
+                "zone": zone,
+                "frozen_for": humantime::format_duration(frozen_for).to_string(),
+                "when_frozen": doing,
+                "decided_at": rfc3339_ms(at_ms),
+                "summary": summary,
+                "reasons": reasons,
+            })),
+        });
+    }
+
     fn snapshot(&mut self) {
         // Serialised from references: cloning a large fleet's state first would double
         // its memory for a moment, and the allocator keeps such peaks.
@@ -1034,12 +1083,18 @@ impl Engine {
             .iter()
             .filter(|d| d.outcome == Outcome::Act.as_str())
             .count() as u64;
-        let n_hold = batch.decisions.len() as u64 - n_act;
+        let n_alert = batch
+            .decisions
+            .iter()
+            .filter(|d| d.outcome == ALERT)
+            .count() as u64;
+        let n_hold = batch.decisions.len() as u64 - n_act - n_alert;
         match self.store.call(move |s| s.commit(&batch)).await {
             Ok(created) => {
                 self.events_since_flush = 0;
                 self.metrics.decision(Outcome::Act.as_str(), n_act);
                 self.metrics.decision(Outcome::HoldBack.as_str(), n_hold);
+                self.metrics.decision(ALERT, n_alert);
                 if std::mem::take(&mut self.recovering) {
                     tracing::warn!(
                         "store works again: the committed guard state is current; judging resumes"

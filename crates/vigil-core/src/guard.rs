@@ -1730,7 +1730,7 @@ impl SafetyGuard {
         for (scope, unhealthy, total) in want {
             let before = old.iter().find(|f| f.scope == scope);
             let since = before.map(|f| f.since);
-            let mut f = Freeze {
+            let f = Freeze {
                 scope,
                 since: since.unwrap_or(now),
                 unhealthy,
@@ -1743,16 +1743,26 @@ impl SafetyGuard {
                     reason: self.freeze_reason(&f),
                 });
             }
+            frozen.push(f);
+        }
+        // Alerts: the fleet's first, and a zone's only when the fleet's has not been
+        // raised (a human paged for the whole fleet needs no second page per zone, the
+        // same targets and reason once more: the zone's alert counts as raised).
+        frozen.sort_by_key(|f| f.scope != FreezeScope::Fleet);
+        let mut fleet_alerted = false;
+        for f in &mut frozen {
             if !f.alerted && !alert_after.is_zero() && now.since(f.since) >= alert_after {
                 f.alerted = true;
-                self.events.push(GuardEvent::FreezeAlert {
-                    scope: f.scope.clone(),
-                    frozen_for: now.since(f.since),
-                    reason: self.freeze_reason(&f),
-                    action: self.config.frozen.action,
-                });
+                if !fleet_alerted {
+                    self.events.push(GuardEvent::FreezeAlert {
+                        scope: f.scope.clone(),
+                        frozen_for: now.since(f.since),
+                        reason: self.freeze_reason(f),
+                        action: self.config.frozen.action,
+                    });
+                }
             }
-            frozen.push(f);
+            fleet_alerted |= f.scope == FreezeScope::Fleet && f.alerted;
         }
         self.state.frozen = frozen;
     }

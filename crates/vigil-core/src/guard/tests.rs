@@ -934,8 +934,15 @@ fn above_the_cap_the_default_is_to_hold_and_a_long_freeze_alerts_once() {
         .into_iter()
         .filter(|e| matches!(e, GuardEvent::FreezeAlert { .. }))
         .collect();
-    // One zone: the fleet and the zone are frozen, each alerts once.
-    assert_eq!(alerts.len(), 2, "once per freeze: {alerts:?}");
+    // One zone: the fleet and the zone are frozen; one alert, the fleet's (the zone's
+    // would page for the same targets again), and each freeze counts as alerted.
+    assert_eq!(alerts.len(), 1, "once, for the fleet: {alerts:?}");
+    assert!(
+        g.status(Time::from_secs(7200))
+            .freezes
+            .iter()
+            .all(|f| f.alerted)
+    );
     let text = alerts[0].to_string();
     assert!(
         text.starts_with("ALERT: fleet frozen for 15m: fleet-wide failure: 5/10 unhealthy")
@@ -944,6 +951,32 @@ fn above_the_cap_the_default_is_to_hold_and_a_long_freeze_alerts_once() {
         "{text}"
     );
     assert!(g.status(Time::from_secs(7200)).freezes[0].alerted);
+}
+
+#[test]
+fn a_zone_frozen_alone_raises_its_own_alert() {
+    // Zones a (t0..t4) and b (t5..t9); 3 of zone a fail: 60% of the zone, 30% of the
+    // fleet (not above the cap): only the zone is frozen, and its alert is raised.
+    let mut g = SafetyGuard::new(cfg());
+    let zone = |i: usize| if i < 5 { "a" } else { "b" };
+    for s in (0..2000).step_by(10) {
+        for i in 0..10 {
+            let obs = if s > 0 && i < 3 {
+                Observation::failed_checks(id(i), zone(i), ["disk:free"])
+            } else {
+                Observation::pass(id(i), zone(i))
+            };
+            g.observe(Time::from_secs(s), &obs);
+        }
+    }
+    let alerts: Vec<String> = g
+        .drain_events()
+        .into_iter()
+        .filter(|e| matches!(e, GuardEvent::FreezeAlert { .. }))
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert!(alerts[0].starts_with("ALERT: zone a frozen"), "{alerts:?}");
 }
 
 #[test]
@@ -956,7 +989,11 @@ fn freeze_alert_is_due_on_a_tick_and_survives_a_restart_without_repeating() {
     let due = first_freeze + Duration::from_secs(15 * 60);
     assert!(!g.tick_changed(due - Duration::from_secs(1)));
     assert!(g.tick_changed(due), "a due alert is a change");
-    assert_eq!(g.drain_events().len(), 2, "fleet and zone");
+    assert_eq!(
+        g.drain_events().len(),
+        1,
+        "the fleet's alert covers its zone"
+    );
     let saved = serde_json::to_string(g.state()).unwrap();
     let mut back = SafetyGuard::restore(cfg(), serde_json::from_str(&saved).unwrap());
     back.tick(due + Duration::from_secs(60));
