@@ -414,7 +414,7 @@ async fn removing_a_target_from_discovery_forgets_it_and_a_bad_file_keeps_the_ol
 }
 
 #[test]
-fn bad_config_exits_78_naming_file_line_and_key() {
+fn bad_config_exits_78_naming_file_line_and_key_for_syntax_and_range_errors() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fleet.toml");
     std::fs::write(&path, "[probe]\ninterval = \"1s\"\nintervall = \"2s\"\n").unwrap();
@@ -430,7 +430,8 @@ fn bad_config_exits_78_naming_file_line_and_key() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(78), "{err}");
         assert!(
-            err.contains("fleet.toml") && err.contains("line 3") && err.contains("intervall"),
+            err.contains("fleet.toml:3:1: key `probe.intervall`: unknown field")
+                && err.contains("    3 | intervall = \"2s\""),
             "{err}"
         );
     }
@@ -441,7 +442,15 @@ fn bad_config_exits_78_naming_file_line_and_key() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(78));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("guard.max_unhealthy_fraction"));
+    // A value out of range is located like a syntax error: file, line, column, key and
+    // the line itself (the balancer's and the simulator's errors read the same).
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "fleet.toml:2:1: key `guard.max_unhealthy_fraction`: must be within 0..1, got 3"
+        ) && err.contains("    2 | max_unhealthy_fraction = 3.0"),
+        "{err}"
+    );
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/fleet.toml");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
         .args(["controller", "check-config", "-c", example])

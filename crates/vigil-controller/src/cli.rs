@@ -115,9 +115,12 @@ fn check_config(path: &Path) -> ExitCode {
     };
     let mut discovered = 0;
     if let Some(d) = &cfg.discovery {
-        match discovery::read(&d.path)
-            .and_then(|t| cfg.heartbeat.check_targets(&t, "targets").map(|()| t))
-        {
+        match discovery::read(&d.path).and_then(|t| {
+            cfg.heartbeat
+                .check_targets(&t, "targets")
+                .map(|()| t)
+                .map_err(|e| format!("{}: {e}", d.path.display()))
+        }) {
             Ok(t) => discovered = t.len(),
             Err(e) => {
                 eprintln!("discovery: {e}");
@@ -429,7 +432,8 @@ fn parse_discovery(
 ) -> Result<Vec<config::TargetConfig>, String> {
     let targets = discovery::parse(path, text)?;
     cfg.heartbeat
-        .check_targets(&targets, &path.display().to_string())?;
+        .check_targets(&targets, "targets")
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(targets)
 }
 

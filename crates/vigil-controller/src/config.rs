@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use vigil_core::Invalid;
 use vigil_core::guard::GuardConfig;
 
 /// Default listen address: loopback only, so a fresh install exposes nothing; 9400 is
@@ -179,13 +180,16 @@ impl HeartbeatConfig {
 
     /// Refuses heartbeat targets when no secret is set: their heartbeats could not be
     /// verified, so every one would be refused and the targets replaced for it.
-    pub fn check_targets(&self, targets: &[TargetConfig], what: &str) -> Result<(), String> {
+    pub fn check_targets(&self, targets: &[TargetConfig], what: &str) -> Result<(), Invalid> {
         if let Some(i) = targets.iter().position(|t| t.heartbeat)
             && self.effective_secret().is_none()
         {
-            return Err(format!(
-                "{what}[{i}] ({:?}) has heartbeat = true but heartbeat.secret (or VIGIL_HEARTBEAT_SECRET) is not set: heartbeats are always signed",
-                targets[i].id
+            return Err(Invalid::new(
+                format!("{what}[{i}].heartbeat"),
+                format!(
+                    "is true for {:?} but heartbeat.secret (or VIGIL_HEARTBEAT_SECRET) is not set: heartbeats are always signed",
+                    targets[i].id
+                ),
             ));
         }
         Ok(())
@@ -338,35 +342,44 @@ pub struct TargetConfig {
 
 impl TargetConfig {
     /// Checks one target; the error names the key.
-    pub fn validate(&self, at: &str) -> Result<(), String> {
+    pub fn validate(&self, at: &str) -> Result<(), Invalid> {
         if self.id.is_empty() {
-            return Err(format!("{at}.id must not be empty"));
+            return Err(Invalid::new(format!("{at}.id"), "must not be empty"));
         }
         if self.interval.is_some_and(|i| i.is_zero()) {
-            return Err(format!("{at}.interval must be longer than 0s"));
+            return Err(Invalid::new(
+                format!("{at}.interval"),
+                "must be longer than 0s",
+            ));
         }
         if !self.heartbeat {
             if !self.url.starts_with("http://") {
-                return Err(format!(
-                    "{at}.url must be an http:// URL (no TLS stack by design), got {:?}",
-                    self.url
+                return Err(Invalid::new(
+                    format!("{at}.url"),
+                    format!(
+                        "must be an http:// URL (no TLS stack by design), got {:?}",
+                        self.url
+                    ),
                 ));
             }
             self.url
                 .parse::<http::Uri>()
-                .map_err(|e| format!("{at}.url {:?}: {e}", self.url))?;
+                .map_err(|e| Invalid::new(format!("{at}.url"), format!("{:?}: {e}", self.url)))?;
         }
         Ok(())
     }
 }
 
 /// Checks a list of targets (unique ids, valid URLs).
-pub fn validate_targets(targets: &[TargetConfig], what: &str) -> Result<(), String> {
+pub fn validate_targets(targets: &[TargetConfig], what: &str) -> Result<(), Invalid> {
     let mut seen = std::collections::BTreeSet::new();
     for (i, t) in targets.iter().enumerate() {
         t.validate(&format!("{what}[{i}]"))?;
         if !seen.insert(t.id.as_str()) {
-            return Err(format!("{what}[{i}].id {:?} is a duplicate", t.id));
+            return Err(Invalid::new(
+                format!("{what}[{i}].id"),
+                format!("{:?} is a duplicate", t.id),
+            ));
         }
     }
     Ok(())
@@ -374,43 +387,49 @@ pub fn validate_targets(targets: &[TargetConfig], what: &str) -> Result<(), Stri
 
 impl ControllerConfig {
     /// Checks the values; the error names the bad key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         let p = &self.probe;
         if p.interval.is_zero() {
-            return Err("probe.interval must be longer than 0s".into());
+            return Err(Invalid::new("probe.interval", "must be longer than 0s"));
         }
         if p.timeout.is_zero() {
-            return Err("probe.timeout must be longer than 0s".into());
+            return Err(Invalid::new("probe.timeout", "must be longer than 0s"));
         }
         if !(0.0..=0.5).contains(&p.jitter) {
-            return Err(format!(
-                "probe.jitter must be within 0..0.5, got {}",
-                p.jitter
+            return Err(Invalid::new(
+                "probe.jitter",
+                format!("must be within 0..0.5, got {}", p.jitter),
             ));
         }
         if p.concurrency == 0 {
-            return Err("probe.concurrency must be at least 1".into());
+            return Err(Invalid::new("probe.concurrency", "must be at least 1"));
         }
         if !p.path.starts_with('/') {
-            return Err(format!("probe.path must start with /, got {:?}", p.path));
+            return Err(Invalid::new(
+                "probe.path",
+                format!("must start with /, got {:?}", p.path),
+            ));
         }
         if p.max_body == 0 {
-            return Err("probe.max_body must be at least 1".into());
+            return Err(Invalid::new("probe.max_body", "must be at least 1"));
         }
         if self.heartbeat.ttl.is_zero() {
-            return Err("heartbeat.ttl must be longer than 0s".into());
+            return Err(Invalid::new("heartbeat.ttl", "must be longer than 0s"));
         }
         if self.heartbeat.max_skew.is_zero() {
-            return Err("heartbeat.max_skew must be longer than 0s".into());
+            return Err(Invalid::new("heartbeat.max_skew", "must be longer than 0s"));
         }
-        self.guard.validate().map_err(|e| format!("guard.{e}"))?;
+        self.guard.validate().map_err(|e| e.within("guard"))?;
         match self.actuator.kind {
             ActuatorKind::Log => {}
             ActuatorKind::Webhook => {
                 if !self.actuator.webhook.url.starts_with("http://") {
-                    return Err(format!(
-                        "actuator.webhook.url must be an http:// URL when actuator.kind = \"webhook\", got {:?}",
-                        self.actuator.webhook.url
+                    return Err(Invalid::new(
+                        "actuator.webhook.url",
+                        format!(
+                            "must be an http:// URL when actuator.kind = \"webhook\", got {:?}",
+                            self.actuator.webhook.url
+                        ),
                     ));
                 }
                 let env_secret = std::env::var("VIGIL_WEBHOOK_SECRET").is_ok_and(|s| !s.is_empty());
@@ -423,31 +442,34 @@ impl ControllerConfig {
                         .unwrap_or("")
                         .is_empty()
                 {
-                    return Err(
-                        "actuator.webhook.secret must be set (or VIGIL_WEBHOOK_SECRET): webhook events are always signed"
-                            .into(),
-                    );
+                    return Err(Invalid::new(
+                        "actuator.webhook.secret",
+                        "must be set (or VIGIL_WEBHOOK_SECRET): webhook events are always signed",
+                    ));
                 }
             }
             ActuatorKind::Exec => {
                 if self.actuator.exec.command.is_empty() {
-                    return Err(
-                        "actuator.exec.command must name a program when actuator.kind = \"exec\""
-                            .into(),
-                    );
+                    return Err(Invalid::new(
+                        "actuator.exec.command",
+                        "must name a program when actuator.kind = \"exec\"",
+                    ));
                 }
             }
         }
         if let Some(d) = &self.discovery {
             if d.path.as_os_str().is_empty() {
-                return Err("discovery.path must name a file".into());
+                return Err(Invalid::new("discovery.path", "must name a file"));
             }
             if d.poll.is_zero() {
-                return Err("discovery.poll must be longer than 0s".into());
+                return Err(Invalid::new("discovery.poll", "must be longer than 0s"));
             }
         }
         if self.store.snapshot_every.is_zero() {
-            return Err("store.snapshot_every must be longer than 0s".into());
+            return Err(Invalid::new(
+                "store.snapshot_every",
+                "must be longer than 0s",
+            ));
         }
         validate_targets(&self.targets, "targets")?;
         self.heartbeat.check_targets(&self.targets, "targets")
@@ -462,53 +484,18 @@ impl ControllerConfig {
     }
 }
 
-/// Why a config file was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("{path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML for this config (toml's message shows line, column
-    /// and the offending key with a caret).
-    #[error("{path}: {message}")]
-    Parse {
-        /// The file.
-        path: String,
-        /// toml's message, with its span rendered.
-        message: String,
-    },
-    /// A value is out of range.
-    #[error("{path}: {message}")]
-    Invalid {
-        /// The file.
-        path: String,
-        /// Names the key.
-        message: String,
-    },
-}
+/// Why a config file was refused: file, line, column, key path and the offending line
+/// (the one implementation every vigil TOML file shares).
+pub use vigil_config::{ConfigError, ErrorKind};
 
 /// Loads, parses and validates a config file. Relative paths inside (data dir,
 /// discovery file) are resolved against the file's directory.
 pub fn load(path: &Path) -> Result<ControllerConfig, ConfigError> {
-    let display = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: display.clone(),
-        source,
-    })?;
-    let mut config = parse(&text).map_err(|message| ConfigError::Parse {
-        path: display.clone(),
-        message,
-    })?;
-    config.validate().map_err(|message| ConfigError::Invalid {
-        path: display.clone(),
-        message,
-    })?;
+    let text = vigil_config::read(path)?;
+    let mut config: ControllerConfig = vigil_config::from_str(path, &text)?;
+    config
+        .validate()
+        .map_err(|e| vigil_config::invalid(path, &text, e))?;
     let base = path.parent().unwrap_or(Path::new("."));
     if config.data_dir.is_relative() {
         config.data_dir = base.join(&config.data_dir);
@@ -521,9 +508,10 @@ pub fn load(path: &Path) -> Result<ControllerConfig, ConfigError> {
     Ok(config)
 }
 
-/// Parses config text; the error is toml's, which names line, column and key.
-pub fn parse(text: &str) -> Result<ControllerConfig, String> {
-    toml::from_str(text).map_err(|e| e.to_string())
+/// Parses config text (not validated; `load` does both); the error names line,
+/// column and key.
+pub fn parse(text: &str) -> Result<ControllerConfig, ConfigError> {
+    vigil_config::from_str(Path::new("fleet.toml"), text)
 }
 
 #[cfg(test)]
@@ -547,8 +535,8 @@ mod tests {
     #[test]
     fn unknown_keys_are_rejected_with_line_and_key() {
         let err = parse("[probe]\ninterval = \"1s\"\nintervall = \"2s\"\n").unwrap_err();
-        assert!(err.contains("line 3"), "{err}");
-        assert!(err.contains("intervall"), "{err}");
+        assert_eq!(err.line, Some(3), "{err}");
+        assert_eq!(err.key.as_deref(), Some("probe.intervall"), "{err}");
     }
 
     #[test]
@@ -562,23 +550,22 @@ mod tests {
 
     #[test]
     fn validate_names_the_bad_key() {
-        let bad = |toml: &str| parse(toml).unwrap().validate().unwrap_err();
-        assert!(bad("[probe]\njitter = 0.9").contains("probe.jitter"));
-        assert!(
-            bad("[guard]\nmax_unhealthy_fraction = 2.0").contains("guard.max_unhealthy_fraction")
-        );
-        assert!(bad("[guard.budget]\nper = \"0s\"").contains("guard.budget.per"));
-        assert!(bad("[actuator]\nkind = \"webhook\"").contains("actuator.webhook.url"));
+        let bad = |toml: &str| parse(toml).unwrap().validate().unwrap_err().key;
+        assert!(bad("[probe]\njitter = 0.9") == "probe.jitter");
+        assert!(bad("[guard]\nmax_unhealthy_fraction = 2.0") == "guard.max_unhealthy_fraction");
+        assert!(bad("[guard.budget]\nper = \"0s\"") == "guard.budget.per");
+        assert!(bad("[actuator]\nkind = \"webhook\"") == "actuator.webhook.url");
         if std::env::var_os("VIGIL_WEBHOOK_SECRET").is_none() {
             assert!(
                 bad("[actuator]\nkind = \"webhook\"\n[actuator.webhook]\nurl = \"http://x/\"")
-                    .contains("actuator.webhook.secret")
+                    == "actuator.webhook.secret"
             );
         }
-        assert!(bad("[[targets]]\nid = \"a\"\nurl = \"https://x\"").contains("targets[0].url"));
+        assert!(bad("[[targets]]\nid = \"a\"\nurl = \"https://x\"") == "targets[0].url");
         assert!(
-            bad("[[targets]]\nid = \"a\"\nurl = \"http://x\"\n[[targets]]\nid = \"a\"\nurl = \"http://y\"")
-                .contains("targets[1].id")
+            bad(
+                "[[targets]]\nid = \"a\"\nurl = \"http://x\"\n[[targets]]\nid = \"a\"\nurl = \"http://y\""
+            ) == "targets[1].id"
         );
     }
 }

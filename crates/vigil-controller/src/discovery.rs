@@ -22,11 +22,16 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<TargetConfig>, String> {
     let is_toml = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
-    let targets = if is_toml {
-        toml::from_str::<Wrapped>(text)
-            .map_err(|e| format!("{shown}: {e}"))?
-            .targets
-    } else {
+    if is_toml {
+        // Located like the config's own errors: file:line:column, key, source line.
+        let targets = vigil_config::from_str::<Wrapped>(path, text)
+            .map_err(|e| e.to_string())?
+            .targets;
+        validate_targets(&targets, "targets")
+            .map_err(|e| vigil_config::invalid(path, text, e).to_string())?;
+        return Ok(targets);
+    }
+    let targets = {
         // Straight into the targets (no `serde_json::Value` tree of a large file first):
         // an array is the list itself, anything else must be `{"targets": [...]}`.
         let r = if text.trim_start().starts_with('[') {
@@ -80,9 +85,15 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            err.starts_with("d.toml:") && err.contains("line 3"),
+            err.starts_with("d.toml:3:1: key `targets[0].urll`"),
             "{err}"
         );
+        let err = parse(
+            Path::new("d.toml"),
+            "[[targets]]\nid = \"a\"\nurl = \"ftp://x\"\n",
+        )
+        .unwrap_err();
+        assert!(err.starts_with("d.toml:3:1: key `targets[0].url`"), "{err}");
         let err = parse(Path::new("d.json"), r#"[{"id": "a", "url": "ftp://x"}]"#).unwrap_err();
         assert!(err.contains("targets[0].url"), "{err}");
     }

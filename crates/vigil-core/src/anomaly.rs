@@ -89,6 +89,7 @@
 //! assert_eq!(restored.evaluate(Time::from_secs(30)), verdicts);
 //! ```
 
+use crate::invalid::Invalid;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -156,19 +157,22 @@ impl Default for AnomalyConfig {
 
 impl AnomalyConfig {
     /// Checks the values; the error starts with the bad key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if self.bucket.is_zero() {
-            return Err("bucket must be longer than 0s".into());
+            return Err(Invalid::new("bucket", "must be longer than 0s"));
         }
         if self.window < self.bucket {
-            return Err(format!(
-                "window must be at least bucket ({}), got {}",
-                humantime::format_duration(self.bucket),
-                humantime::format_duration(self.window)
+            return Err(Invalid::new(
+                "window",
+                format!(
+                    "must be at least bucket ({}), got {}",
+                    humantime::format_duration(self.bucket),
+                    humantime::format_duration(self.window)
+                ),
             ));
         }
         if self.min_peers == 0 {
-            return Err("min_peers must be at least 1".into());
+            return Err(Invalid::new("min_peers", "must be at least 1"));
         }
         let unit = |key: &str, v: f64, open_low: bool| {
             let ok = v.is_finite() && v <= 1.0 && if open_low { v > 0.0 } else { v >= 0.0 };
@@ -176,16 +180,16 @@ impl AnomalyConfig {
                 Ok(())
             } else {
                 let low = if open_low { "(0" } else { "[0" };
-                Err(format!("{key} must be in {low}, 1], got {v}"))
+                Err(Invalid::new(key, format!("must be in {low}, 1], got {v}")))
             }
         };
         unit("floor", self.floor, true)?;
         unit("significance", self.significance, true)?;
         unit("shared_fraction", self.shared_fraction, false)?;
         if !(self.min_ratio.is_finite() && self.min_ratio >= 1.0) {
-            return Err(format!(
-                "min_ratio must be at least 1, got {}",
-                self.min_ratio
+            return Err(Invalid::new(
+                "min_ratio",
+                format!("must be at least 1, got {}", self.min_ratio),
             ));
         }
         Ok(())

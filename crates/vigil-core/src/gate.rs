@@ -51,6 +51,7 @@
 //! assert_eq!(gate.on_failure("w1", &[]), Disposition::Requeue { stamp: false });
 //! ```
 
+use crate::invalid::Invalid;
 use crate::thresholds::{Health, Thresholds, ThresholdsConfig};
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
@@ -138,33 +139,42 @@ impl Default for GateConfig {
 
 impl GateConfig {
     /// Checks the values; the error starts with the bad key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         self.readiness
             .validate()
-            .map_err(|e| format!("readiness.{e}"))?;
+            .map_err(|e| e.within("readiness"))?;
         let k = &self.kill_switch;
         if !(k.trip_rate.is_finite() && k.trip_rate > 0.0 && k.trip_rate < 1.0) {
-            return Err(format!(
-                "kill_switch.trip_rate must be in (0, 1), got {}",
-                k.trip_rate
+            return Err(Invalid::new(
+                "kill_switch.trip_rate",
+                format!("must be in (0, 1), got {}", k.trip_rate),
             ));
         }
         if k.window.is_zero() {
-            return Err("kill_switch.window must be longer than 0s".into());
+            return Err(Invalid::new("kill_switch.window", "must be longer than 0s"));
         }
         if k.restart_after.is_zero() || k.max_pause < k.restart_after {
-            return Err(format!(
-                "kill_switch.max_pause must be at least restart_after ({}), and restart_after longer than 0s",
-                humantime::format_duration(k.restart_after)
+            return Err(Invalid::new(
+                "kill_switch.max_pause",
+                format!(
+                    "must be at least restart_after ({}), and restart_after longer than 0s",
+                    humantime::format_duration(k.restart_after)
+                ),
             ));
         }
         if k.probe_messages == 0 {
-            return Err("kill_switch.probe_messages must be at least 1".into());
+            return Err(Invalid::new(
+                "kill_switch.probe_messages",
+                "must be at least 1",
+            ));
         }
         if self.poison_workers < 2 {
-            return Err(format!(
-                "poison_workers must be at least 2 (one worker failing a message says nothing about the message), got {}",
-                self.poison_workers
+            return Err(Invalid::new(
+                "poison_workers",
+                format!(
+                    "must be at least 2 (one worker failing a message says nothing about the message), got {}",
+                    self.poison_workers
+                ),
             ));
         }
         Ok(())

@@ -148,6 +148,7 @@ pub mod op;
 #[cfg(test)]
 mod tests;
 
+use crate::invalid::Invalid;
 use crate::report::HealthReport;
 use crate::status::Status;
 use crate::thresholds::{Health, Thresholds, ThresholdsConfig};
@@ -295,24 +296,24 @@ impl Default for GuardConfig {
 
 impl GuardConfig {
     /// Checks the values; the error names the bad key (relative to the guard's table).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         self.thresholds
             .validate()
-            .map_err(|e| format!("thresholds.{e}"))?;
+            .map_err(|e| e.within("thresholds"))?;
         if !(0.0..=1.0).contains(&self.max_unhealthy_fraction) {
-            return Err(format!(
-                "max_unhealthy_fraction must be within 0..1, got {}",
-                self.max_unhealthy_fraction
+            return Err(Invalid::new(
+                "max_unhealthy_fraction",
+                format!("must be within 0..1, got {}", self.max_unhealthy_fraction),
             ));
         }
         if self.freeze_min_unhealthy == 0 {
-            return Err("freeze_min_unhealthy must be at least 1".into());
+            return Err(Invalid::new("freeze_min_unhealthy", "must be at least 1"));
         }
-        self.budget.validate()?;
-        self.damping.validate()?;
-        self.cause.validate()?;
+        self.budget.validate().map_err(|e| e.within("budget"))?;
+        self.damping.validate().map_err(|e| e.within("damping"))?;
+        self.cause.validate().map_err(|e| e.within("cause"))?;
         if self.frozen.per.is_zero() {
-            return Err("frozen.per must be longer than 0s".into());
+            return Err(Invalid::new("frozen.per", "must be longer than 0s"));
         }
         Ok(())
     }

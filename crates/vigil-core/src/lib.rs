@@ -31,6 +31,7 @@ pub mod build;
 pub mod gate;
 pub mod guard;
 pub mod http1;
+pub mod invalid;
 pub mod judge;
 pub mod outlier;
 pub mod pool;
@@ -40,6 +41,7 @@ pub mod status;
 pub mod thresholds;
 pub mod time;
 
+pub use invalid::Invalid;
 pub use judge::{Judgement, judge};
 pub use report::{CheckResult, HEALTH_JSON, HealthReport, ParseError};
 pub use status::{Criticality, Status};

@@ -74,6 +74,7 @@
 //! assert!(matches!(back.as_slice(), [OutlierEvent::Readmitted { .. }]));
 //! ```
 
+use crate::invalid::Invalid;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -139,27 +140,33 @@ impl Default for OutlierConfig {
 
 impl OutlierConfig {
     /// Checks the values; the error names the bad key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if self.max_ejection_percent > 100 {
-            return Err(format!(
-                "max_ejection_percent must be between 0 and 100, got {}",
-                self.max_ejection_percent
+            return Err(Invalid::new(
+                "max_ejection_percent",
+                format!(
+                    "must be between 0 and 100, got {}",
+                    self.max_ejection_percent
+                ),
             ));
         }
         if !(0.0..=1.0).contains(&self.max_ejection_jitter) {
-            return Err(format!(
-                "max_ejection_jitter must be between 0 and 1, got {}",
-                self.max_ejection_jitter
+            return Err(Invalid::new(
+                "max_ejection_jitter",
+                format!("must be between 0 and 1, got {}", self.max_ejection_jitter),
             ));
         }
         if self.base_ejection_time.is_zero() {
-            return Err("base_ejection_time must be more than 0s".into());
+            return Err(Invalid::new("base_ejection_time", "must be more than 0s"));
         }
         if self.max_ejection_time < self.base_ejection_time {
-            return Err(format!(
-                "max_ejection_time ({}) must be at least base_ejection_time ({})",
-                humantime::format_duration(self.max_ejection_time),
-                humantime::format_duration(self.base_ejection_time)
+            return Err(Invalid::new(
+                "max_ejection_time",
+                format!(
+                    "({}) must be at least base_ejection_time ({})",
+                    humantime::format_duration(self.max_ejection_time),
+                    humantime::format_duration(self.base_ejection_time)
+                ),
             ));
         }
         Ok(())
@@ -850,17 +857,17 @@ mod tests {
             max_ejection_percent: 101,
             ..Default::default()
         };
-        assert!(bad.validate().unwrap_err().contains("max_ejection_percent"));
+        assert!(bad.validate().unwrap_err().key == "max_ejection_percent");
         let bad = OutlierConfig {
             max_ejection_jitter: 2.0,
             ..Default::default()
         };
-        assert!(bad.validate().unwrap_err().contains("max_ejection_jitter"));
+        assert!(bad.validate().unwrap_err().key == "max_ejection_jitter");
         let bad = OutlierConfig {
             max_ejection_time: Duration::from_secs(1),
             ..Default::default()
         };
-        assert!(bad.validate().unwrap_err().contains("max_ejection_time"));
+        assert!(bad.validate().unwrap_err().key == "max_ejection_time");
         assert!(OutlierConfig::default().validate().is_ok());
     }
 

@@ -112,6 +112,7 @@
 //! [`PoolEvent::left_service`] names the target that stopped getting traffic (the
 //! balancer uses it to retry that target's in-flight requests elsewhere at once).
 
+use crate::invalid::Invalid;
 use crate::outlier::{Ejection, OutlierConfig, OutlierDetector, OutlierEvent, RequestOutcome};
 use crate::thresholds::{Health, Thresholds, ThresholdsConfig};
 use crate::time::Time;
@@ -207,31 +208,38 @@ impl Default for PoolConfig {
 impl PoolConfig {
     /// Checks the values; the error names the bad key (`outlier.` and `thresholds.`
     /// prefixed for the nested ones).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if !(0.0..=1.0).contains(&self.panic_threshold) {
-            return Err(format!(
-                "panic_threshold must be a fraction between 0 and 1 (0.5 = 50%), got {}",
-                self.panic_threshold
+            return Err(Invalid::new(
+                "panic_threshold",
+                format!(
+                    "must be a fraction between 0 and 1 (0.5 = 50%), got {}",
+                    self.panic_threshold
+                ),
             ));
         }
         if !(0.0..=1.0).contains(&self.panic_exit_margin) {
-            return Err(format!(
-                "panic_exit_margin must be a fraction between 0 and 1 (0.1 = 10 points above panic_threshold), got {}",
-                self.panic_exit_margin
+            return Err(Invalid::new(
+                "panic_exit_margin",
+                format!(
+                    "must be a fraction between 0 and 1 (0.1 = 10 points above panic_threshold), got {}",
+                    self.panic_exit_margin
+                ),
             ));
         }
         if !(0.0..=1.0).contains(&self.slow_start_min_weight) {
-            return Err(format!(
-                "slow_start_min_weight must be between 0 and 1, got {}",
-                self.slow_start_min_weight
+            return Err(Invalid::new(
+                "slow_start_min_weight",
+                format!(
+                    "must be between 0 and 1, got {}",
+                    self.slow_start_min_weight
+                ),
             ));
         }
         self.thresholds
             .validate()
-            .map_err(|e| format!("thresholds.{e}"))?;
-        self.outlier
-            .validate()
-            .map_err(|e| format!("outlier.{e}"))?;
+            .map_err(|e| e.within("thresholds"))?;
+        self.outlier.validate().map_err(|e| e.within("outlier"))?;
         Ok(())
     }
 }
@@ -1160,12 +1168,15 @@ impl Default for RetryBudgetConfig {
 
 impl RetryBudgetConfig {
     /// Checks the values; the error names the bad key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if !self.ratio.is_finite() || self.ratio < 0.0 {
-            return Err(format!("ratio must be 0 or more, got {}", self.ratio));
+            return Err(Invalid::new(
+                "ratio",
+                format!("must be 0 or more, got {}", self.ratio),
+            ));
         }
         if self.window < Duration::from_millis(100) {
-            return Err("window must be at least 100ms".into());
+            return Err(Invalid::new("window", "must be at least 100ms"));
         }
         Ok(())
     }

@@ -70,6 +70,7 @@
 //! assert_eq!(r.phase(), &Phase::Completed);
 //! ```
 
+use crate::invalid::Invalid;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -199,28 +200,34 @@ impl Default for RolloutConfig {
 
 impl RolloutConfig {
     /// Checks the values; the error starts with the bad key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if let Floor::Percent(p) = self.min_healthy
             && p > 100
         {
-            return Err(format!("min_healthy must be at most 100%, got {p}%"));
+            return Err(Invalid::new(
+                "min_healthy",
+                format!("must be at most 100%, got {p}%"),
+            ));
         }
         if self.progress_deadline.is_zero() {
-            return Err("progress_deadline must be longer than 0s".into());
+            return Err(Invalid::new("progress_deadline", "must be longer than 0s"));
         }
         if !(self.max_error_rate.is_finite() && (0.0..=1.0).contains(&self.max_error_rate)) {
-            return Err(format!(
-                "max_error_rate must be in [0, 1], got {}",
-                self.max_error_rate
+            return Err(Invalid::new(
+                "max_error_rate",
+                format!("must be in [0, 1], got {}", self.max_error_rate),
             ));
         }
         if !(self.alpha.is_finite() && self.alpha > 0.0 && self.alpha < 1.0) {
-            return Err(format!("alpha must be in (0, 1), got {}", self.alpha));
+            return Err(Invalid::new(
+                "alpha",
+                format!("must be in (0, 1), got {}", self.alpha),
+            ));
         }
         if !(self.min_effect.is_finite() && self.min_effect >= 0.0) {
-            return Err(format!(
-                "min_effect must be at least 0, got {}",
-                self.min_effect
+            return Err(Invalid::new(
+                "min_effect",
+                format!("must be at least 0, got {}", self.min_effect),
             ));
         }
         Ok(())
@@ -449,7 +456,7 @@ pub enum StartError {
     NoHosts,
     /// The config is invalid.
     #[error("{0}")]
-    Config(String),
+    Config(#[from] crate::invalid::Invalid),
 }
 
 impl Rollout {

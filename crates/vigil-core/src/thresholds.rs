@@ -11,6 +11,7 @@
 //! ([`Thresholds::new_unknown`]), or assume it healthy until proven otherwise
 //! ([`Thresholds::new_healthy`]).
 
+use crate::invalid::Invalid;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -43,12 +44,12 @@ impl Default for ThresholdsConfig {
 
 impl ThresholdsConfig {
     /// Checks the values; the error names the bad key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if self.healthy_threshold == 0 {
-            return Err("healthy_threshold must be at least 1".into());
+            return Err(Invalid::new("healthy_threshold", "must be at least 1"));
         }
         if self.unhealthy_threshold == 0 {
-            return Err("unhealthy_threshold must be at least 1".into());
+            return Err(Invalid::new("unhealthy_threshold", "must be at least 1"));
         }
         Ok(())
     }
@@ -271,18 +272,8 @@ mod tests {
 
     #[test]
     fn zero_thresholds_are_rejected() {
-        assert!(
-            cfg(0, 1)
-                .validate()
-                .unwrap_err()
-                .contains("healthy_threshold")
-        );
-        assert!(
-            cfg(1, 0)
-                .validate()
-                .unwrap_err()
-                .contains("unhealthy_threshold")
-        );
+        assert!(cfg(0, 1).validate().unwrap_err().key == "healthy_threshold");
+        assert!(cfg(1, 0).validate().unwrap_err().key == "unhealthy_threshold");
     }
 
     proptest! {

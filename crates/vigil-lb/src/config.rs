@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
+use vigil_core::Invalid;
 use vigil_core::outlier::OutlierConfig;
 use vigil_core::pool::{NewTargets, PoolConfig, RetryBudgetConfig};
 use vigil_core::thresholds::{
@@ -523,20 +524,8 @@ impl StatusSet {
     }
 }
 
-/// A validation error: the key (dotted path) and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Invalid {
-    /// Dotted path of the key, e.g. `pools.api.health_check.interval`.
-    pub key: String,
-    /// What is wrong and what was expected.
-    pub message: String,
-}
-
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> Invalid {
-    Invalid {
-        key: key.into(),
-        message: message.into(),
-    }
+    Invalid::new(key, message)
 }
 
 impl LbConfig {
@@ -628,14 +617,10 @@ impl LbConfig {
                     return Err(invalid(tk, format!("{} is listed twice", t.addr)));
                 }
             }
-            pool.core().validate().map_err(|m| {
-                // Core keys are nested differently: map them back to lb.toml's keys.
-                let (k, rest) = m.split_once(' ').unwrap_or((&m, ""));
-                let k = k
-                    .strip_prefix("thresholds.")
-                    .map(|t| format!("health_check.{t}"))
-                    .unwrap_or_else(|| k.to_string());
-                invalid(key(&k), rest.to_string())
+            pool.core().validate().map_err(|e| {
+                // The pool's thresholds are lb.toml's health_check thresholds.
+                e.renamed("thresholds", "health_check")
+                    .within(&format!("pools.{name}"))
             })?;
             let hc = &pool.health_check;
             if hc.enabled {
@@ -663,10 +648,10 @@ impl LbConfig {
                 StatusSet::parse(&hc.expected_statuses)
                     .map_err(|m| invalid(key("health_check.expected_statuses"), m))?;
             }
-            pool.retries.budget.validate().map_err(|m| {
-                let (k, rest) = m.split_once(' ').unwrap_or((&m, ""));
-                invalid(key(&format!("retries.budget.{k}")), rest.to_string())
-            })?;
+            pool.retries
+                .budget
+                .validate()
+                .map_err(|e| e.within(&format!("pools.{name}.retries.budget")))?;
             let h = &pool.hedge;
             if !(0.0..1.0).contains(&h.quantile) || h.quantile < 0.5 {
                 return Err(invalid(
@@ -698,219 +683,22 @@ fn validate_addr(addr: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A configuration that cannot be used: where and why.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("{file}: cannot read: {source}")]
-    Read {
-        /// The file.
-        file: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Not valid TOML, or a value of the wrong type, or an unknown key.
-    #[error("{}", located(.file, *.line, *.column, .key.as_deref(), .message, .source_line))]
-    Parse {
-        /// The file.
-        file: PathBuf,
-        /// 1-based line.
-        line: usize,
-        /// 1-based column.
-        column: usize,
-        /// Dotted path of the key, when known.
-        key: Option<String>,
-        /// What is wrong.
-        message: String,
-        /// The offending line.
-        source_line: String,
-    },
-    /// Valid TOML, but a value that does not make sense.
-    #[error("{}", located(.file, *.line, *.column, Some(.key), .message, .source_line))]
-    Invalid {
-        /// The file.
-        file: PathBuf,
-        /// 1-based line (0 when the key is absent from the file).
-        line: usize,
-        /// 1-based column.
-        column: usize,
-        /// Dotted path of the key.
-        key: String,
-        /// What is wrong and what was expected.
-        message: String,
-        /// The offending line.
-        source_line: String,
-    },
-}
-
-fn located(
-    file: &Path,
-    line: usize,
-    column: usize,
-    key: Option<&str>,
-    message: &str,
-    source_line: &str,
-) -> String {
-    let mut s = if line > 0 {
-        format!("{}:{line}:{column}: ", file.display())
-    } else {
-        format!("{}: ", file.display())
-    };
-    if let Some(k) = key {
-        s.push_str(&format!("key `{k}`: "));
-    }
-    s.push_str(message);
-    if line > 0 {
-        s.push_str(&format!("\n{line:>5} | {source_line}"));
-    }
-    s
-}
+/// A configuration that cannot be used: file, line, column, key path and source line
+/// (the one implementation every vigil TOML file shares).
+pub use vigil_config::{ConfigError, ErrorKind};
 
 /// Reads, parses and validates a configuration file.
 pub fn load(path: &Path) -> Result<LbConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        file: path.to_path_buf(),
-        source,
-    })?;
-    parse(path, &text)
+    parse(path, &vigil_config::read(path)?)
 }
 
 /// Parses and validates configuration text (`path` is used in errors only).
 pub fn parse(path: &Path, text: &str) -> Result<LbConfig, ConfigError> {
-    let config: LbConfig = toml::from_str(text).map_err(|e| {
-        let offset = e.span().map_or(0, |s| s.start);
-        let (line, column) = line_col(text, offset);
-        let message = e.message().trim().to_string();
-        ConfigError::Parse {
-            file: path.to_path_buf(),
-            line,
-            column,
-            key: key_at(text, offset),
-            message,
-            source_line: source_line(text, line),
-        }
-    })?;
-    config.validate().map_err(|inv| {
-        let (line, column) = key_span(text, &inv.key)
-            .map(|o| line_col(text, o))
-            .unwrap_or((0, 0));
-        ConfigError::Invalid {
-            file: path.to_path_buf(),
-            line,
-            column,
-            key: inv.key,
-            message: inv.message,
-            source_line: source_line(text, line),
-        }
-    })?;
+    let config: LbConfig = vigil_config::from_str(path, text)?;
+    config
+        .validate()
+        .map_err(|e| vigil_config::invalid(path, text, e))?;
     Ok(config)
-}
-
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-    (line, column)
-}
-
-fn source_line(text: &str, line: usize) -> String {
-    if line == 0 {
-        return String::new();
-    }
-    text.lines().nth(line - 1).unwrap_or("").to_string()
-}
-
-type Spanned<T> = toml::Spanned<T>;
-use toml::de::{DeTable, DeValue};
-
-/// Splits `pools.api.targets[1].addr` into `["pools", "api", "targets", "1", "addr"]`.
-fn split_key(key: &str) -> Vec<String> {
-    key.replace('[', ".")
-        .replace(']', "")
-        .split('.')
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
-/// Byte offset of the deepest part of `key` present in the document.
-fn key_span(text: &str, key: &str) -> Option<usize> {
-    let doc = DeTable::parse(text).ok()?;
-    let mut best = None;
-    let mut table: &DeTable = doc.get_ref();
-    let mut array: Option<&[Spanned<DeValue>]> = None;
-    for part in split_key(key) {
-        let value = if let Some(items) = array.take() {
-            let i: usize = part.parse().ok()?;
-            let v = items.get(i)?;
-            best = Some(v.span().start);
-            v
-        } else {
-            let (k, v) = table.iter().find(|(k, _)| k.get_ref().as_ref() == part)?;
-            best = Some(k.span().start);
-            v
-        };
-        match value.get_ref() {
-            DeValue::Table(t) => table = t,
-            DeValue::Array(a) => array = Some(a),
-            _ => break,
-        }
-    }
-    best
-}
-
-/// Dotted path of the innermost key whose key or value contains `offset`. Parent spans
-/// are not trusted to contain their children (a `[a.b]` header defines `a` implicitly),
-/// so the whole document is searched and the deepest match wins.
-fn key_at(text: &str, offset: usize) -> Option<String> {
-    let (doc, _) = DeTable::parse_recoverable(text);
-    let mut best: Option<(usize, String)> = None;
-    walk_table(doc.get_ref(), offset, "", 0, &mut best);
-    best.map(|(_, p)| p)
-}
-
-fn walk_table(
-    t: &DeTable,
-    offset: usize,
-    prefix: &str,
-    depth: usize,
-    best: &mut Option<(usize, String)>,
-) {
-    for (k, v) in t.iter() {
-        let path = if prefix.is_empty() {
-            k.get_ref().to_string()
-        } else {
-            format!("{prefix}.{}", k.get_ref())
-        };
-        let hit = k.span().contains(&offset) || v.span().contains(&offset);
-        if hit && best.as_ref().is_none_or(|(d, _)| *d <= depth) {
-            *best = Some((depth, path.clone()));
-        }
-        walk_value(v, offset, &path, depth + 1, best);
-    }
-}
-
-fn walk_value(
-    v: &Spanned<DeValue>,
-    offset: usize,
-    path: &str,
-    depth: usize,
-    best: &mut Option<(usize, String)>,
-) {
-    match v.get_ref() {
-        DeValue::Table(t) => walk_table(t, offset, path, depth, best),
-        DeValue::Array(a) => {
-            for (i, item) in a.iter().enumerate() {
-                let p = format!("{path}[{i}]");
-                if item.span().contains(&offset) && best.as_ref().is_none_or(|(d, _)| *d <= depth) {
-                    *best = Some((depth, p.clone()));
-                }
-                walk_value(item, offset, &p, depth + 1, best);
-            }
-        }
-        _ => {}
-    }
 }
 
 impl fmt::Display for Balance {

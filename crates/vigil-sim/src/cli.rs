@@ -138,7 +138,7 @@ pub fn run(args: Args) -> ExitCode {
 fn load(path: &Path) -> Result<Scenario, ExitCode> {
     Scenario::load(path).map_err(|e| {
         eprintln!("vigil sim: {e}");
-        ExitCode::from(if e.unreadable {
+        ExitCode::from(if e.kind == vigil_config::ErrorKind::Read {
             EXIT_USAGE
         } else {
             EXIT_CONFIG

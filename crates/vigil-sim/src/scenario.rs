@@ -4,14 +4,13 @@
 //! Every section is one struct with `#[serde(default, deny_unknown_fields)]`; every
 //! default is a named constant saying why. Loading ends in [`ScenarioConfig::validate`], and
 //! every error (syntax, type, unknown key, bad value) names the file, the line and the
-//! key, found from the TOML parser's spans. The policy sections embed vigil-core's own
-//! configuration types ([`PoolConfig`], [`GuardConfig`]), so a scenario's `[lb.pool]`
-//! reads exactly like the load balancer's configuration.
+//! key, found from the TOML parser's spans by `vigil-config` (the locator `lb.toml` and
+//! `fleet.toml` share). The policy sections embed vigil-core's own configuration types
+//! ([`PoolConfig`], [`GuardConfig`]), so a scenario's `[lb.pool]` reads exactly like the
+//! load balancer's configuration.
 
 use crate::expect::{Expectation, parse_expectations};
 use serde::Deserialize;
-use std::fmt;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use vigil_core::guard::GuardConfig;
@@ -626,176 +625,31 @@ fn path_string(path: &[PathSeg]) -> String {
     s
 }
 
-/// A scenario that cannot be used, and where.
-#[derive(Debug, thiserror::Error)]
-pub struct ScenarioError {
-    /// The file.
-    pub file: PathBuf,
-    /// 1-based line, when known.
-    pub line: Option<usize>,
-    /// 1-based column, when known.
-    pub column: Option<usize>,
-    /// The key path, e.g. `faults[2].at`, when known.
-    pub key: Option<String>,
-    /// What is wrong.
-    pub message: String,
-    /// The offending line's text.
-    pub snippet: Option<String>,
-    /// True when the file could not be read at all (not a content problem).
-    pub unreadable: bool,
-}
-
-impl fmt::Display for ScenarioError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if let Some(l) = self.line {
-            write!(f, ":{l}")?;
-            if let Some(c) = self.column {
-                write!(f, ":{c}")?;
-            }
-        }
-        f.write_str(": ")?;
-        if let Some(k) = &self.key {
-            write!(f, "key `{k}`: ")?;
-        }
-        f.write_str(&self.message)?;
-        if let (Some(l), Some(s)) = (self.line, &self.snippet) {
-            write!(f, "\n {l:>4} | {s}")?;
-        }
-        Ok(())
-    }
-}
-
-fn line_col(src: &str, offset: usize) -> (usize, usize) {
-    let offset = offset.min(src.len());
-    let before = &src[..offset];
-    let line = before.matches('\n').count() + 1;
-    let col = before.rfind('\n').map_or(offset, |p| offset - p - 1) + 1;
-    (line, col)
-}
-
-fn line_text(src: &str, line: usize) -> Option<String> {
-    src.lines().nth(line - 1).map(|l| l.trim_end().to_string())
-}
-
-/// The key path of the value whose span contains `offset`, searching every table (a
-/// `[table]`'s own span covers only its header, so parents cannot prune the search).
-fn path_at(table: &toml::de::DeTable<'_>, offset: usize, path: &mut Vec<PathSeg>) -> bool {
-    for (k, v) in table.iter() {
-        path.push(PathSeg::Key(k.get_ref().to_string()));
-        if k.span().contains(&offset) || descend(v, offset, path) {
-            return true;
-        }
-        path.pop();
-    }
-    false
-}
-
-fn descend(
-    v: &toml::Spanned<toml::de::DeValue<'_>>,
-    offset: usize,
-    path: &mut Vec<PathSeg>,
-) -> bool {
-    match v.get_ref() {
-        toml::de::DeValue::Table(t) => path_at(t, offset, path),
-        toml::de::DeValue::Array(a) => {
-            for (i, item) in a.iter().enumerate() {
-                path.push(PathSeg::Index(i));
-                if descend(item, offset, path) {
-                    return true;
-                }
-                path.pop();
-            }
-            v.span().contains(&offset)
-        }
-        _ => v.span().contains(&offset),
-    }
-}
-
-/// The span of the key (or array element) at `path`, as deep as it exists.
-fn span_of(table: &toml::de::DeTable<'_>, path: &[PathSeg]) -> Option<Range<usize>> {
-    let (first, rest) = path.split_first()?;
-    let PathSeg::Key(k) = first else { return None };
-    let (key, value) = table.iter().find(|(key, _)| key.get_ref() == k)?;
-    if rest.is_empty() {
-        return Some(key.span());
-    }
-    span_in(value, rest).or(Some(key.span()))
-}
-
-fn span_in(v: &toml::Spanned<toml::de::DeValue<'_>>, path: &[PathSeg]) -> Option<Range<usize>> {
-    let Some((first, rest)) = path.split_first() else {
-        return Some(v.span());
-    };
-    match (v.get_ref(), first) {
-        (toml::de::DeValue::Table(t), PathSeg::Key(_)) => span_of(t, path),
-        (toml::de::DeValue::Array(a), PathSeg::Index(i)) => {
-            let item = a.get(*i)?;
-            span_in(item, rest).or(Some(item.span()))
-        }
-        _ => None,
-    }
-}
+/// A scenario that cannot be used, and where: file, line, column, key path and the
+/// offending line (the one implementation every vigil TOML file shares).
+pub type ScenarioError = vigil_config::ConfigError;
 
 /// An error about `path` in `src`, located by the parser's spans.
 pub fn error_at(file: &Path, src: &str, path: &[PathSeg], message: String) -> ScenarioError {
-    let span = toml::de::DeTable::parse(src)
-        .ok()
-        .and_then(|t| span_of(t.get_ref(), path));
-    let (line, column) = span.map(|s| line_col(src, s.start)).unzip();
-    ScenarioError {
-        file: file.to_path_buf(),
-        line,
-        column,
-        key: (!path.is_empty()).then(|| path_string(path)),
-        message,
-        snippet: line.and_then(|l| line_text(src, l)),
-        unreadable: false,
-    }
-}
-
-fn from_toml_error(file: &Path, src: &str, e: &toml::de::Error) -> ScenarioError {
-    let span = e.span();
-    let (line, column) = span.clone().map(|s| line_col(src, s.start)).unzip();
-    let mut path = Vec::new();
-    if let (Some(s), Ok(t)) = (span, toml::de::DeTable::parse(src)) {
-        path_at(t.get_ref(), s.start, &mut path);
-    }
-    ScenarioError {
-        file: file.to_path_buf(),
-        line,
-        column,
-        key: (!path.is_empty()).then(|| path_string(&path)),
-        message: e.message().trim().to_string(),
-        snippet: line.and_then(|l| line_text(src, l)),
-        unreadable: false,
-    }
+    vigil_config::invalid(
+        file,
+        src,
+        vigil_core::Invalid::new(path_string(path), message),
+    )
 }
 
 // === loading ===
 
 impl Scenario {
     /// Reads, parses and validates a scenario file.
-    pub fn load(file: &Path) -> Result<Scenario, Box<ScenarioError>> {
-        let src = std::fs::read_to_string(file).map_err(|e| {
-            Box::new(ScenarioError {
-                file: file.to_path_buf(),
-                line: None,
-                column: None,
-                key: None,
-                message: format!("cannot read: {e}"),
-                snippet: None,
-                unreadable: true,
-            })
-        })?;
-        Scenario::parse(file, &src)
+    pub fn load(file: &Path) -> Result<Scenario, ScenarioError> {
+        Scenario::parse(file, &vigil_config::read(file)?)
     }
 
     /// Parses and validates scenario text (`file` is only used in errors and for the
     /// default name).
-    pub fn parse(file: &Path, src: &str) -> Result<Scenario, Box<ScenarioError>> {
-        let mut config: ScenarioConfig =
-            toml::from_str(src).map_err(|e| Box::new(from_toml_error(file, src, &e)))?;
+    pub fn parse(file: &Path, src: &str) -> Result<Scenario, ScenarioError> {
+        let mut config: ScenarioConfig = vigil_config::from_str(file, src)?;
         if config.name.is_empty() {
             config.name = file
                 .file_stem()
@@ -803,9 +657,9 @@ impl Scenario {
         }
         config
             .validate()
-            .map_err(|(path, msg)| Box::new(error_at(file, src, &path, msg)))?;
+            .map_err(|(path, msg)| error_at(file, src, &path, msg))?;
         let (expect, expect_naive) = parse_expectations(&config.expect)
-            .map_err(|(path, msg)| Box::new(error_at(file, src, &path, msg)))?;
+            .map_err(|(path, msg)| error_at(file, src, &path, msg))?;
         Ok(Scenario {
             file: file.to_path_buf(),
             config,
@@ -843,19 +697,11 @@ fn nonzero(d: Duration, path: &[&str]) -> Result<(), Invalid> {
     }
 }
 
-/// Splits a vigil-core `validate()` message (`"outlier.max_ejection_percent must ..."`)
-/// into the key path it names and the message.
-fn core_error(prefix: &[&str], msg: String) -> Invalid {
-    let first = msg.split_whitespace().next().unwrap_or("");
+/// A vigil-core validation error about a policy section embedded under `prefix`.
+fn core_error(prefix: &[&str], e: vigil_core::Invalid) -> Invalid {
     let mut path: Vec<PathSeg> = prefix.iter().map(|k| key(k)).collect();
-    if first
-        .chars()
-        .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.')
-        && !first.is_empty()
-    {
-        path.extend(first.split('.').map(key));
-    }
-    (path, msg)
+    path.extend(e.key.split('.').filter(|k| !k.is_empty()).map(key));
+    (path, e.message)
 }
 
 impl ScenarioConfig {
@@ -1153,7 +999,7 @@ impl ScenarioConfig {
 mod tests {
     use super::*;
 
-    fn parse(src: &str) -> Result<Scenario, Box<ScenarioError>> {
+    fn parse(src: &str) -> Result<Scenario, ScenarioError> {
         Scenario::parse(Path::new("x.toml"), src)
     }
 

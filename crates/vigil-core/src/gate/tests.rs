@@ -217,15 +217,12 @@ fn config_errors_name_the_key() {
     let bad = |f: fn(&mut GateConfig)| {
         let mut c = GateConfig::default();
         f(&mut c);
-        c.validate().unwrap_err()
+        c.validate().unwrap_err().key
     };
-    assert!(bad(|c| c.kill_switch.trip_rate = 1.0).starts_with("kill_switch.trip_rate "));
-    assert!(
-        bad(|c| c.kill_switch.max_pause = Duration::from_secs(1))
-            .starts_with("kill_switch.max_pause ")
-    );
-    assert!(bad(|c| c.kill_switch.probe_messages = 0).starts_with("kill_switch.probe_messages "));
-    assert!(bad(|c| c.poison_workers = 1).starts_with("poison_workers "));
+    assert!(bad(|c| c.kill_switch.trip_rate = 1.0) == "kill_switch.trip_rate");
+    assert!(bad(|c| c.kill_switch.max_pause = Duration::from_secs(1)) == "kill_switch.max_pause");
+    assert!(bad(|c| c.kill_switch.probe_messages = 0) == "kill_switch.probe_messages");
+    assert!(bad(|c| c.poison_workers = 1) == "poison_workers");
     assert!(bad(|c| c.readiness.healthy_threshold = 0).starts_with("readiness."));
     let c: GateConfig = toml::from_str("[kill_switch]\nmin_messages = 50\n").unwrap();
     assert_eq!(

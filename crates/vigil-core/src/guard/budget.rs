@@ -7,6 +7,7 @@
 //! holds more than `actions` actions**, however the actions are spread, and a restart
 //! (the state is persisted) resets nothing.
 
+use crate::invalid::Invalid;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -42,9 +43,9 @@ impl Default for BudgetConfig {
 
 impl BudgetConfig {
     /// Checks the values; the error names the bad key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if self.per.is_zero() {
-            return Err("budget.per must be longer than 0s".into());
+            return Err(Invalid::new("per", "must be longer than 0s"));
         }
         Ok(())
     }
@@ -142,6 +143,6 @@ mod tests {
 
     #[test]
     fn a_zero_window_is_rejected() {
-        assert!(cfg(1, 0).validate().unwrap_err().contains("budget.per"));
+        assert!(cfg(1, 0).validate().unwrap_err().key == "per");
     }
 }

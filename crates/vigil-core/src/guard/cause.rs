@@ -15,6 +15,7 @@
 //! A target is replaceable only when at least one of its causes counts. No peer decides
 //! for another: the counts are taken over the guard's latest observation of each target.
 
+use crate::invalid::Invalid;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -70,11 +71,12 @@ impl Default for CauseConfig {
 
 impl CauseConfig {
     /// Checks the values; the error names the bad key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if self.shared_min_targets < 2 {
-            return Err(
-                "cause.shared_min_targets must be at least 2 (one target is never shared)".into(),
-            );
+            return Err(Invalid::new(
+                "shared_min_targets",
+                "must be at least 2 (one target is never shared)",
+            ));
         }
         Ok(())
     }

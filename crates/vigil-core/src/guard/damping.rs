@@ -14,6 +14,7 @@
 //! A target that fails once and stays failing earns one penalty (below the suppress
 //! threshold by default), so a plainly dead host is still replaced.
 
+use crate::invalid::Invalid;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -64,15 +65,18 @@ impl Default for DampingConfig {
 
 impl DampingConfig {
     /// Checks the values; the error names the bad key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if self.reuse >= self.suppress {
-            return Err(format!(
-                "damping.reuse ({}) must be below damping.suppress ({})",
-                self.reuse, self.suppress
+            return Err(Invalid::new(
+                "reuse",
+                format!(
+                    "({}) must be below suppress ({})",
+                    self.reuse, self.suppress
+                ),
             ));
         }
         if self.half_life.is_zero() {
-            return Err("damping.half_life must be longer than 0s".into());
+            return Err(Invalid::new("half_life", "must be longer than 0s"));
         }
         Ok(())
     }
@@ -193,6 +197,6 @@ mod tests {
             reuse: 2000,
             ..DampingConfig::default()
         };
-        assert!(c.validate().unwrap_err().contains("damping.reuse"));
+        assert!(c.validate().unwrap_err().key == "reuse");
     }
 }
