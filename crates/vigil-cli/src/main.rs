@@ -6,7 +6,6 @@
 //! flag, a missing argument; not clap's usual 2, which `vigil check` uses for "fail");
 //! 78 a bad configuration (EX_CONFIG). `vigil check` adds its own: 1 warn (with
 //! `--strict`), 2 fail, 3 unreachable or invalid.
-#![forbid(unsafe_code)]
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::io::Write;

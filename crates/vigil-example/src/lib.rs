@@ -5,8 +5,6 @@
 //! - [`service`]: routes, checks, cache, fault injection, start and drain.
 //! - [`store`]: the PostgreSQL / SQLite item store and its fault switches.
 //! - [`cli`]: arguments (`vigil example-service`, `cargo run --example service`).
-#![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 pub mod cli;
 pub mod service;

@@ -18,8 +18,6 @@
 //! - [`summary`]: the numbers of a run, and the terminal table.
 //! - [`report`]: the self-contained HTML report.
 //! - [`cli`]: `vigil sim`.
-#![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 pub mod cli;
 pub mod expect;

@@ -13,8 +13,6 @@
 //!
 //! [`scripted_server`] answers every request with the same raw bytes, for HTTP clients'
 //! unit tests (the lb's upstream client, the controller's prober).
-#![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 use bytes::Bytes;
 use http_body_util::Full;

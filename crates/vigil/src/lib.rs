@@ -43,8 +43,6 @@
 //!   RabbitMQ (feature `rabbitmq`) and NATS JetStream (feature `nats`) adapters.
 //! - [`checks`]: built-in checks. [`options`]: [`CheckOptions`], [`HealthConfig`].
 //! - `systemd` (feature `systemd`): `Type=notify` readiness, reload, stop and watchdog.
-#![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 #[cfg(feature = "agent-check")]
 pub mod agent;
