@@ -1,15 +1,25 @@
-//! HTTP/1.1 message framing, sans-IO (RFC 9112 section 6): where a response or request
+//! HTTP/1.1 message framing, sans-IO (RFC 9112 section 6): where a request or response
 //! head ends, how its body is delimited, whether the connection can carry another
 //! exchange, and a decoder for chunked bodies.
 //!
 //! The parsing of the head itself is `httparse`'s; what is here is the part every
-//! HTTP/1 client re-derives from the head (and gets subtly wrong in one place or
+//! HTTP/1 peer re-derives from the head (and gets subtly wrong in one place or
 //! another): HEAD requests and 1xx/204/304 answers have no body whatever they say,
 //! `Transfer-Encoding` beats `Content-Length`, conflicting lengths are an error (a
-//! response-smuggling vector, not a choice), a message without either ends with the
-//! connection, and HTTP/1.0 closes unless it asks to keep alive. The callers own the
-//! sockets and buffers: the load balancer's upstream client streams bodies through
-//! [`ChunkedDecoder`], the controller's prober reads whole (small) ones.
+//! smuggling vector, not a choice), a response without either ends with the
+//! connection, and HTTP/1.0 closes unless it asks to keep alive. For requests
+//! ([`parse_request`]) the rules are the balancer's smuggling table (docs/lb.md): every
+//! framing the RFC calls invalid is refused, never guessed.
+//!
+//! The callers own the sockets and buffers: the load balancer's downstream server frames
+//! client requests with [`parse_request`], its upstream client streams response bodies
+//! through [`ChunkedDecoder`], and the controller's prober reads whole (small) answers.
+//!
+//! Why a wire codec lives in the policy crate: it is sans-IO like the policies (bytes
+//! in, framing out; no socket, no clock), it is shared by two drivers that must agree on
+//! it (a prober and a balancer that framed one answer differently would judge one target
+//! two ways), and it is fuzzed with vigil-core's other parsers (`fuzz/`). A crate of its
+//! own would hold this one module and change nothing else; see docs/architecture.md.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
