@@ -6,19 +6,6 @@
 //! either passes or names what is wrong.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use vigil_controller::config;
+include!("../checks/controller_config.rs");
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    match config::parse(text) {
-        Ok(c) => {
-            if let Err(e) = c.validate() {
-                assert!(!e.is_empty(), "a refusal must say why");
-            }
-        }
-        Err(e) => assert!(!e.is_empty(), "a parse error must say why"),
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check(data));

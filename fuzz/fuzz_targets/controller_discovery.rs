@@ -6,33 +6,6 @@
 //! validates on its own, and ids are what the list's validation promised.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use std::path::Path;
-use vigil_controller::{config::validate_targets, discovery};
+include!("../checks/controller_discovery.rs");
 
-fuzz_target!(|data: &[u8]| {
-    let Some((&selector, rest)) = data.split_first() else {
-        return;
-    };
-    let Ok(text) = std::str::from_utf8(rest) else {
-        return;
-    };
-    let path = if selector % 2 == 0 {
-        Path::new("fuzz-targets.json")
-    } else {
-        Path::new("fuzz-targets.toml")
-    };
-    match discovery::parse(path, text) {
-        Ok(targets) => {
-            validate_targets(&targets, "targets").expect("an accepted list must validate");
-            for (i, t) in targets.iter().enumerate() {
-                t.validate(&format!("targets[{i}]"))
-                    .expect("each accepted target must validate");
-            }
-        }
-        Err(e) => {
-            let shown = path.display().to_string();
-            assert!(e.starts_with(&shown), "error must name the file: {e}");
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check(data));

@@ -5,21 +5,6 @@
 //! Invariants: never panics; `validate()` either passes or names the bad key.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use vigil::{CheckOptions, HealthConfig};
+include!("../checks/vigil_options.rs");
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    if let Ok(o) = toml::from_str::<CheckOptions>(text)
-        && let Err(e) = o.validate()
-    {
-        assert!(e.contains(':'), "a refusal must name the key: {e}");
-    }
-    if let Ok(c) = toml::from_str::<HealthConfig>(text)
-        && let Err(e) = c.validate()
-    {
-        assert!(e.contains(':'), "a refusal must name the key: {e}");
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check(data));
