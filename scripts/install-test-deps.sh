@@ -6,6 +6,8 @@ set -euo pipefail
 
 need=()
 command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
+# .ci/run checks that no crate declares a dependency it does not use.
+command -v cargo-machete >/dev/null 2>&1 || cargo install --locked cargo-machete
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
