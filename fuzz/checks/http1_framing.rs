@@ -193,13 +193,11 @@ fn chunk_size(line: &[u8]) -> Option<u64> {
     }
     let after = &line[digits..];
     let ws = after.iter().take_while(|&&b| b == b' ' || b == b'\t').count();
+    // Nothing after the size, or an extension of visible characters and tabs.
+    let extension_ok = |ext: &[u8]| ext.iter().all(|&b| b == b'\t' || b >= 0x20 && b != 0x7f);
     match after.get(ws) {
         None => {}
-        Some(b';') => {
-            if !after[ws..].iter().all(|&b| b == b'\t' || b >= 0x20 && b != 0x7f) {
-                return None;
-            }
-        }
+        Some(b';') if extension_ok(&after[ws..]) => {}
         Some(_) => return None,
     }
     u64::from_str_radix(std::str::from_utf8(&line[..digits]).ok()?, 16).ok()
