@@ -725,6 +725,9 @@ struct HeartbeatBody {
     /// Optional health+json report of the worker.
     #[serde(default)]
     report: Option<serde_json::Value>,
+    /// A queue worker's counters, compared with its peers'.
+    #[serde(default)]
+    worker: Option<heartbeat::WorkerCounters>,
 }
 
 /// `POST /api/heartbeat`: verified ([`crate::heartbeat`]) before it counts; a refused
@@ -836,7 +839,7 @@ fn accept_heartbeat(
                 .map_err(|e| (Rejection::Malformed, format!("report: {e}")))?,
         ),
     };
-    if !st.heartbeats.beat(&hb.target, signed_ms, report) {
+    if !st.heartbeats.beat(&hb.target, signed_ms, report, hb.worker) {
         return Err((
             Rejection::Replayed,
             format!(

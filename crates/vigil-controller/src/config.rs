@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use vigil_core::Invalid;
+use vigil_core::anomaly::AnomalyConfig;
 use vigil_core::guard::GuardConfig;
 
 /// Default listen address: loopback only, so a fresh install exposes nothing; 9400 is
@@ -79,6 +80,9 @@ pub struct ControllerConfig {
     pub discovery: Option<DiscoveryConfig>,
     /// Store tuning.
     pub store: StoreConfig,
+    /// How queue workers (heartbeat targets that report counters) are compared with the
+    /// other workers of their group: `vigil_core::anomaly`'s keys.
+    pub anomaly: AnomalyConfig,
     /// Static targets.
     pub targets: Vec<TargetConfig>,
 }
@@ -95,6 +99,7 @@ impl Default for ControllerConfig {
             actuator: ActuatorConfig::default(),
             discovery: None,
             store: StoreConfig::default(),
+            anomaly: AnomalyConfig::default(),
             targets: Vec::new(),
         }
     }
@@ -420,6 +425,7 @@ impl ControllerConfig {
             return Err(Invalid::new("heartbeat.max_skew", "must be longer than 0s"));
         }
         self.guard.validate().map_err(|e| e.within("guard"))?;
+        self.anomaly.validate().map_err(|e| e.within("anomaly"))?;
         match self.actuator.kind {
             ActuatorKind::Log => {}
             ActuatorKind::Webhook => {

@@ -44,6 +44,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
+use vigil_core::anomaly::{AnomalyDetector, Counts, Verdict};
 use vigil_core::guard::{
     Applied, Decision, FreezeScope, GuardConfig, GuardState, Hold, HoldKind, Observation, Op,
     Outcome, Reason, SafetyGuard, TargetView, WhenFrozen,
@@ -113,6 +114,8 @@ pub enum Command {
         obs: Observation,
         /// What the API shows.
         record: ProbeRecord,
+        /// A queue worker's counters (totals since it started), from a fresh heartbeat.
+        worker: Option<Counts>,
     },
     /// A new target list from one source.
     Targets {
@@ -292,7 +295,16 @@ pub struct Engine {
     view_dirty: bool,
     /// A decision was made since the last publish.
     decided: bool,
+    /// Queue workers compared with their peers (cohort: the target's group). Not
+    /// persisted: after a restart it judges again after one window.
+    anomaly: AnomalyDetector,
+    /// The last verdict of each worker, by target id (refreshed every tick).
+    verdicts: BTreeMap<String, Verdict>,
 }
+
+/// The check a queue worker fails when it fails far more than its peers: local to the
+/// worker (a default local check component), so the guard treats it like a full disk.
+pub const PEER_CHECK: &str = "worker:failure_rate";
 
 /// The guard rebuilt from what the store holds: the snapshot, then the ops after it.
 /// Returns it with the latest time it has seen and the number of ops replayed.
@@ -396,6 +408,8 @@ impl Engine {
             last_publish: Instant::now(),
             view_dirty: true,
             decided: false,
+            anomaly: AnomalyDetector::new(config.anomaly.clone()),
+            verdicts: BTreeMap::new(),
         };
         // Targets the guard remembers keep their state only if still configured; the
         // caller sends both sources before the first flush.
@@ -529,6 +543,7 @@ impl Engine {
                     } else {
                         // A tick with no hold due and nobody flapping changes nothing:
                         // it is not logged, and no target's state needs a refresh.
+                        self.judge_workers();
                         let op = Op::Tick { at: self.clock.now() };
                         if self.guard.apply(&op).changed() {
                             self.logged(op, None, None);
@@ -571,10 +586,31 @@ impl Engine {
         // Queries change nothing a reader sees; everything else may.
         self.view_dirty |= !matches!(cmd, Command::Fleet(_) | Command::Target { .. });
         match cmd {
-            Command::Probe { id, obs, record } => {
+            Command::Probe {
+                id,
+                mut obs,
+                mut record,
+                worker,
+            } => {
                 let Some(rt) = self.runtime.get_mut(id.as_str()) else {
                     return; // Removed while the probe was in flight.
                 };
+                if let Some(totals) = worker {
+                    self.anomaly
+                        .record_totals(self.clock.now(), &id, &rt.spec.group, totals);
+                    if let Some(v) = self.verdicts.get(id.as_str()) {
+                        // The worker's standing among its peers, on every record: an
+                        // outlier fails the peer check (the verdict says why).
+                        if v.is_outlier() {
+                            obs.failing_checks.push(PEER_CHECK.to_string());
+                            record.ok = false;
+                        }
+                        if !record.detail.is_empty() {
+                            record.detail.push_str("; ");
+                        }
+                        record.detail.push_str(&v.to_string());
+                    }
+                }
                 self.metrics
                     .probe(&rt.up, record.ok, record.duration_ms / 1000.0);
                 rt.history.push(record, self.config.probe.history);
@@ -949,9 +985,19 @@ impl Engine {
         let summary = d.to_string();
         let at_ms = unix_ms(d.at);
         let reasons = serde_json::to_value(&d.reasons).expect("reasons serialise");
+        // A worker judged by its peers: the comparison goes with the decision.
+        let peers = self
+            .verdicts
+            .get(d.target.as_str())
+            .filter(|v| v.is_outlier());
+        let summary = match peers {
+            Some(v) => format!("{summary}; peers: {v}"),
+            None => summary,
+        };
         let action = (d.outcome == Outcome::Act).then(|| {
             let spec = self.runtime.get(d.target.as_str()).map(|r| &r.spec);
             serde_json::json!({
+                "peers": peers,
                 "kind": "replace",
                 "target": d.target,
                 "zone": d.zone,
@@ -980,6 +1026,35 @@ impl Engine {
             summary,
             action,
         });
+    }
+
+    /// Compares the queue workers with their peers: refreshes every worker's verdict
+    /// and logs a worker that becomes, or stops being, an outlier.
+    fn judge_workers(&mut self) {
+        if self.anomaly.is_empty() {
+            return;
+        }
+        let now = self.clock.now();
+        self.anomaly.expire(now);
+        let verdicts: BTreeMap<String, Verdict> = self
+            .anomaly
+            .evaluate(now)
+            .into_iter()
+            .map(|v| (v.member.clone(), v))
+            .collect();
+        for (id, v) in &verdicts {
+            let was = self.verdicts.get(id).is_some_and(Verdict::is_outlier);
+            match (was, v.is_outlier()) {
+                (false, true) => {
+                    tracing::warn!(target_id = %id, verdict = %v, "worker fails far more than its peers")
+                }
+                (true, false) => {
+                    tracing::info!(target_id = %id, verdict = %v, "worker no longer an outlier")
+                }
+                _ => {}
+            }
+        }
+        self.verdicts = verdicts;
     }
 
     /// Records a freeze alert as a decision with an action of kind `alert`: committed
@@ -1423,6 +1498,7 @@ mod tests {
                 detail: String::new(),
             },
             obs,
+            worker: None,
         }
     }
 

@@ -32,6 +32,30 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::time::Duration;
 
+/// A queue worker's counters, as the library's heartbeat sends them under `"worker"`
+/// (`vigil::worker::WorkerReport`): totals since the worker started. Fields the
+/// controller does not use are accepted and ignored, so a newer library can report
+/// more.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(default)]
+pub struct WorkerCounters {
+    /// Messages handled successfully since start.
+    pub processed: u64,
+    /// Messages that failed since start.
+    pub failed: u64,
+    /// Whether the worker pulls now (its local gate).
+    pub pulling: Option<bool>,
+    /// Its gate, in words.
+    pub state: Option<String>,
+}
+
+impl WorkerCounters {
+    /// The totals as the anomaly policy counts them.
+    pub fn totals(&self) -> vigil_core::anomaly::Counts {
+        vigil_core::anomaly::Counts::new(self.processed, self.failed)
+    }
+}
+
 /// Header carrying the signing time, UNIX milliseconds.
 pub const TIMESTAMP_HEADER: &str = "X-Vigil-Timestamp";
 /// Header carrying the signature, `sha256=<hex>`.

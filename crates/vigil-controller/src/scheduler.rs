@@ -27,6 +27,8 @@ pub struct Beat {
     pub report: Option<HealthReport>,
     /// Its signed timestamp (UNIX ms): the next one of this target must be later.
     pub signed_ms: i64,
+    /// A queue worker's counters, if it sent them.
+    pub worker: Option<crate::heartbeat::WorkerCounters>,
 }
 
 /// Heartbeats received, by target id (shared with the API).
@@ -38,7 +40,13 @@ impl Heartbeats {
     /// the last one recorded for the target (a replay): then nothing changes and this
     /// returns false. Checked and recorded under one lock, so two copies of one
     /// heartbeat sent at once cannot both pass.
-    pub fn beat(&self, id: &str, signed_ms: i64, report: Option<HealthReport>) -> bool {
+    pub fn beat(
+        &self,
+        id: &str,
+        signed_ms: i64,
+        report: Option<HealthReport>,
+        worker: Option<crate::heartbeat::WorkerCounters>,
+    ) -> bool {
         let mut beats = self.0.lock().expect("heartbeat lock");
         if beats.get(id).is_some_and(|b| b.signed_ms >= signed_ms) {
             return false;
@@ -49,6 +57,7 @@ impl Heartbeats {
                 at: Instant::now(),
                 report,
                 signed_ms,
+                worker,
             },
         );
         true
@@ -195,8 +204,13 @@ pub async fn run(
                 let start = if now > due + interval { now } else { due };
                 heap.push(Reverse((since(base, start + interval.mul_f64(1.0 + jitter)), si, ep)));
                 if spec.heartbeat {
-                    let (obs, record) = judge_heartbeat(&spec, heartbeats.get(&spec.id), plan.heartbeat_ttl);
-                    if engine.send(Command::Probe { id: spec.id.clone(), obs, record }).await.is_err() {
+                    let beat = heartbeats.get(&spec.id);
+                    let (obs, record) = judge_heartbeat(&spec, beat.clone(), plan.heartbeat_ttl);
+                    // A worker's counters count only while its heartbeat is fresh.
+                    let worker = beat
+                        .filter(|_| !obs.endpoint_failed)
+                        .and_then(|b| b.worker.map(|w| w.totals()));
+                    if engine.send(Command::Probe { id: spec.id.clone(), obs, record, worker }).await.is_err() {
                         break;
                     }
                     continue;
@@ -217,7 +231,7 @@ pub async fn run(
                     };
                     drop(permit);
                     // The engine is gone only at shutdown: the probe in flight is lost, by design.
-                    let _ = engine.send(Command::Probe { id: spec.id.clone(), obs, record }).await;
+                    let _ = engine.send(Command::Probe { id: spec.id.clone(), obs, record, worker: None }).await;
                 });
             }
         }

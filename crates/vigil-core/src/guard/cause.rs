@@ -26,9 +26,10 @@ use std::fmt;
 pub const DEFAULT_SHARED_MIN_TARGETS: u32 = 2;
 
 /// Default local check components: the host-level checks vigil's library ships
-/// (`disk`, `fd`, `memory`, `workers`, `watchdog`, `lifecycle`) and common spellings of
-/// the same (`fds`, `mem`, `cpu`, `process`, `system`). A failure of one of these is the
-/// host's own.
+/// (`disk`, `fd`, `memory`, `workers`, `watchdog`, `lifecycle`), the controller's
+/// comparison of a queue worker with its peers (`worker:failure_rate`: a worker failing
+/// far more than its peers is its own problem), and common spellings of the same (`fds`,
+/// `mem`, `cpu`, `process`, `system`). A failure of one of these is the host's own.
 pub fn default_local_checks() -> Vec<String> {
     [
         "disk",
@@ -39,6 +40,7 @@ pub fn default_local_checks() -> Vec<String> {
         "cpu",
         "process",
         "workers",
+        "worker",
         "watchdog",
         "lifecycle",
         "system",

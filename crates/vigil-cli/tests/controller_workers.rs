@@ -1,0 +1,195 @@
+//! Queue workers judged by their peers, end to end: real `vigil::worker::Worker`s send
+//! their counters with the library's signed heartbeats to a real `vigil controller`,
+//! which compares each worker with the others of its group (`vigil_core::anomaly`) and
+//! acts on a black hole through the safety guard, and on nobody when they all fail.
+
+mod controller_support;
+
+use controller_support::*;
+use serde_json::Value;
+use std::time::Duration;
+use vigil::heartbeat::{self, HeartbeatConfig};
+use vigil::worker::Worker;
+use vigil_core::gate::GateConfig;
+
+const WORKERS: usize = 5;
+
+/// Heartbeat targets w0..w4 in group `workers`; a short anomaly window so the test
+/// judges in seconds.
+fn config() -> String {
+    let mut c = base_config(&format!(
+        "[heartbeat]\nttl = \"3s\"\nsecret = \"{HEARTBEAT_SECRET}\"\nmax_skew = \"5s\"\n\
+         [anomaly]\nwindow = \"6s\"\nbucket = \"1s\"\nmin_volume = 20\n"
+    ));
+    for i in 0..WORKERS {
+        c += &format!("[[targets]]\nid = \"w{i}\"\nheartbeat = true\ngroup = \"workers\"\n");
+    }
+    c
+}
+
+/// A worker whose local kill switch is out of the way (it would pause a worker failing
+/// everything by itself): what is tested here is the fleet-relative detection alone.
+fn gate() -> GateConfig {
+    let mut g = GateConfig::default();
+    g.kill_switch.min_messages = u64::MAX;
+    g
+}
+
+struct Fleet {
+    workers: Vec<Worker>,
+    _health: vigil::Health,
+    _beats: Vec<heartbeat::Heartbeats>,
+}
+
+async fn fleet(c: &Controller) -> Fleet {
+    let health = vigil::Health::builder().start();
+    let mut workers = Vec::new();
+    let mut beats = Vec::new();
+    for i in 0..WORKERS {
+        let id = format!("w{i}");
+        let w = Worker::start(id.clone(), &health, gate());
+        let mut hb = HeartbeatConfig::new(
+            format!("http://{}", c.addr),
+            id.clone(),
+            heartbeat_key(HEARTBEAT_SECRET, &id),
+        );
+        hb.every = Duration::from_millis(200);
+        beats.push(heartbeat::start(&health, Some(w.clone()), hb).expect("heartbeats start"));
+        workers.push(w);
+    }
+    Fleet {
+        workers,
+        _health: health,
+        _beats: beats,
+    }
+}
+
+/// The detail of a target's latest record (its standing among its peers, for a worker).
+async fn last_detail(c: &Controller, id: &str) -> String {
+    let t: Value = c.get(&format!("/api/targets/{id}")).await;
+    t["target"]["history"]
+        .as_array()
+        .and_then(|h| h.last())
+        .and_then(|r| r["detail"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// One round of ten messages per worker: `fails(worker, message)` says which fail.
+fn round(f: &Fleet, n: u64, fails: impl Fn(usize, u64) -> bool) {
+    for (i, w) in f.workers.iter().enumerate() {
+        for m in 0..10 {
+            let t = w.begin();
+            if fails(i, n * 10 + m) {
+                let _ = w.failed(t, &[]);
+            } else {
+                w.succeeded(t);
+            }
+        }
+    }
+}
+
+/// Feeds rounds every 100 ms until `done` returns Some (bounded by the helper's
+/// deadline).
+async fn feed_until<T>(
+    c: &Controller,
+    f: &Fleet,
+    what: &str,
+    fails: impl Fn(usize, u64) -> bool,
+    done: impl AsyncFn() -> Option<T>,
+) -> T {
+    let mut n = 0;
+    c.wait_for(what, || {
+        round(f, n, &fails);
+        n += 1;
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            done().await
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_hole_worker_is_found_by_its_peers_and_replaced_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Controller::start(dir.path(), &config());
+    let f = fleet(&c).await;
+    c.wait_all(WORKERS, "healthy").await;
+    // w3 fails every message; its peers one in fifty (2%).
+    let fails = |i: usize, m: u64| i == 3 || m.is_multiple_of(50);
+    let action = feed_until(&c, &f, "an action on the black hole", fails, async || {
+        c.actions().await.into_iter().next()
+    })
+    .await;
+    assert_eq!(action["target"], "w3", "{action}");
+    let event = &action["event"];
+    assert_eq!(event["peers"]["finding"]["kind"], "outlier", "{event}");
+    assert_eq!(event["peers"]["peers"]["count"], 4, "{event}");
+    let summary = event["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("worker:failure_rate") && summary.contains("100.0% failed"),
+        "the decision explains itself with the comparison: {summary}"
+    );
+    // Its peers keep passing the comparison, and nobody else is acted on.
+    feed_until(
+        &c,
+        &f,
+        "w0's record shows its standing",
+        fails,
+        async || {
+            let detail = last_detail(&c, "w0").await;
+            detail.contains("vs 4 peers").then_some(())
+        },
+    )
+    .await;
+    let acts = c.actions().await;
+    assert_eq!(
+        acts.len(),
+        1,
+        "one action, on the black hole only: {acts:#?}"
+    );
+    assert!(c.sigterm().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_every_worker_fails_nobody_is_an_outlier_and_nobody_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Controller::start(dir.path(), &config());
+    let f = fleet(&c).await;
+    c.wait_all(WORKERS, "healthy").await;
+    // A dependency outage: every worker fails every message.
+    let verdict = feed_until(
+        &c,
+        &f,
+        "the comparison sees a shared failure",
+        |_, _| true,
+        async || {
+            let detail = last_detail(&c, "w2").await;
+            detail.contains("fail together").then_some(detail)
+        },
+    )
+    .await;
+    assert!(verdict.contains("a shared cause"), "{verdict}");
+    // Judged for three more windows' worth of rounds: still nobody.
+    let mut n = 0;
+    c.wait_for("a further 3 s of rounds", || {
+        round(&f, 1000 + n, |_, _| true);
+        n += 1;
+        async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            (n >= 30).then_some(())
+        }
+    })
+    .await;
+    assert!(
+        c.actions().await.is_empty(),
+        "a shared failure replaces no one"
+    );
+    let t = c.targets().await;
+    assert!(
+        t.iter().all(|t| t["state"] == "healthy"),
+        "the workers' own health passes: {t:#?}"
+    );
+    assert!(c.sigterm().success());
+}
