@@ -62,6 +62,11 @@ pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// `send_timeout`). A client that stops reading (slow read) is disconnected after it, so
 /// it cannot hold a target connection whose body is being relayed.
 pub const DEFAULT_CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default longest quiet time of a tunnel (a WebSocket after its `101`): 1 hour,
+/// HAProxy's advice for `timeout tunnel`. A WebSocket idles for minutes between
+/// messages (and most send pings well within this); a tunnel nobody uses for an hour
+/// is closed rather than held for ever.
+pub const DEFAULT_TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Default limit on a request header: 16 KiB (HAProxy's `tune.bufsize`); larger gets 431.
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Default largest request body buffered so that the request can be retried or hedged:
@@ -175,6 +180,10 @@ pub struct TimeoutsConfig {
     /// then the connection closes. Defaults to 60s.
     #[serde(with = "humantime_serde")]
     pub client_write: Duration,
+    /// Longest time a tunnel (a WebSocket or other upgrade, after the target's `101`)
+    /// may pass no byte either way; then both sides are closed. Defaults to 1h.
+    #[serde(with = "humantime_serde")]
+    pub tunnel_idle: Duration,
 }
 
 impl Default for TimeoutsConfig {
@@ -189,6 +198,7 @@ impl Default for TimeoutsConfig {
             idle: DEFAULT_IDLE_TIMEOUT,
             client_header: DEFAULT_CLIENT_HEADER_TIMEOUT,
             client_write: DEFAULT_CLIENT_WRITE_TIMEOUT,
+            tunnel_idle: DEFAULT_TUNNEL_IDLE_TIMEOUT,
         }
     }
 }
@@ -570,6 +580,9 @@ impl LbConfig {
         }
         if self.timeouts.client_write.is_zero() {
             return Err(invalid("timeouts.client_write", "must be more than 0s"));
+        }
+        if self.timeouts.tunnel_idle.is_zero() {
+            return Err(invalid("timeouts.tunnel_idle", "must be more than 0s"));
         }
         if self.limits.max_header_bytes < 8192 {
             return Err(invalid(

@@ -21,12 +21,19 @@
 //!
 //! A client that stops reading its answer is disconnected after `timeouts.client_write`.
 //!
-//! Not done here: HTTP/2, upgrades (`Upgrade` is hop-by-hop and removed), forwarding
-//! request trailers.
+//! A valid upgrade (a GET without a body whose `Connection` names its one `Upgrade`,
+//! not `h2c`) is forwarded with `Upgrade`; the target's `101` turns the connection into
+//! a tunnel ([`crate::tunnel`]). Any other `Upgrade` is removed as hop-by-hop.
+//!
+//! Not done here: HTTP/2, forwarding request trailers.
 
 use crate::config::Underscores;
-use crate::proxy::{Answer, Proxy, ProxyTable, VIA, connection_options, hop_by_hop, is_idempotent};
-use crate::upstream::{Outgoing, OutgoingBody, ResponseHead, UpstreamResponse, poll_read_more};
+use crate::proxy::{
+    Answer, Proxy, ProxyTable, UPGRADE, VIA, connection_options, hop_by_hop, is_idempotent,
+};
+use crate::upstream::{
+    Outgoing, OutgoingBody, ResponseHead, Upgraded, UpstreamResponse, poll_read_more,
+};
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
 use smallvec::SmallVec;
@@ -69,6 +76,8 @@ struct ClientConn {
     wbuf: Vec<u8>,
     /// Longest wait for the client to take more of it.
     write_timeout: Duration,
+    /// The connection became a tunnel (and has ended as one).
+    tunneled: bool,
 }
 
 /// A request head turned into what the proxy needs; owns nothing of the read buffer.
@@ -77,6 +86,9 @@ struct Prepared {
     head_len: usize,
     /// Request line and forwarded fields (no framing fields, no final empty line).
     out_head: Vec<u8>,
+    /// A valid upgrade (WebSocket): `Connection: upgrade` and `Upgrade` are in
+    /// `out_head`, and a 101 answer turns the connection into a tunnel.
+    upgrade: bool,
     has_host: bool,
     head_request: bool,
     /// POST, PUT, PATCH: a body is part of the method, so an empty one is declared.
@@ -110,15 +122,27 @@ enum HeadRead {
     Refused(u16, String),
 }
 
-/// Serves one client connection until it closes, fails, or `shutdown` is cancelled
+/// When a client connection stops: `drain` is cancelled on SIGTERM (the connection
+/// closes between two requests), `close` when the drain time has run out (tunnels,
+/// which have no "between two requests", close then).
+#[derive(Clone, Debug, Default)]
+pub struct Stop {
+    /// Cancelled on SIGTERM.
+    pub drain: CancellationToken,
+    /// Cancelled when the drain time ran out.
+    pub close: CancellationToken,
+}
+
+/// Serves one client connection until it closes, fails, or `stop.drain` is cancelled
 /// between two requests.
 pub async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,
     proxy: Arc<Proxy>,
     settings: FrontSettings,
-    shutdown: CancellationToken,
+    stop: Stop,
 ) {
+    let shutdown = &stop.drain;
     let client_ip = peer.ip().to_string();
     let mut c = ClientConn {
         tcp,
@@ -126,12 +150,13 @@ pub async fn serve_connection(
         rbuf: BytesMut::with_capacity(IDLE_READ_RESERVE),
         wbuf: Vec::with_capacity(1024),
         write_timeout: settings.write_timeout,
+        tunneled: false,
     };
     // One timer for the connection's life, re-armed for each head.
     let mut timer = Box::pin(tokio::time::sleep(settings.header_timeout));
     loop {
         let req = match c
-            .read_head(&settings, &proxy, &client_ip, timer.as_mut(), &shutdown)
+            .read_head(&settings, &proxy, &client_ip, timer.as_mut(), shutdown)
             .await
         {
             HeadRead::Ready(req) => req,
@@ -146,8 +171,10 @@ pub async fn serve_connection(
             }
         };
         c.rbuf.advance(req.head_len);
-        match c.exchange(req, &proxy, &shutdown).await {
+        match c.exchange(req, &proxy, &stop).await {
             Ok(true) => crate::server::share_cpu(),
+            // A tunnel closed both ways already: nothing to linger for.
+            Ok(false) if c.tunneled => return,
             Ok(false) => return c.linger().await,
             Err(e) => {
                 tracing::debug!(%peer, "client connection ended: {e}");
@@ -319,12 +346,8 @@ impl ClientConn {
 
     /// Reads or streams the body, forwards, and writes the answer. `Ok(true)`: the
     /// connection can take another request.
-    async fn exchange(
-        &mut self,
-        req: Prepared,
-        proxy: &Proxy,
-        shutdown: &CancellationToken,
-    ) -> io::Result<bool> {
+    async fn exchange(&mut self, req: Prepared, proxy: &Proxy, stop: &Stop) -> io::Result<bool> {
+        let shutdown = &stop.drain;
         let table = req.table;
         // The whole exchange's deadline (`timeouts.request`), from the head's arrival.
         let deadline = table.request_timeout.map(|t| Instant::now() + t);
@@ -368,7 +391,7 @@ impl ClientConn {
             RequestBody::Length(n) => Some(n),
             _ => None,
         };
-        let out = Outgoing::new(
+        let mut out = Outgoing::new(
             req.out_head,
             req.has_host,
             req.head_request,
@@ -379,6 +402,9 @@ impl ClientConn {
             },
             req.idempotent,
         );
+        if req.upgrade {
+            out.set_upgrade();
+        }
         let (answer, body_done) = if out.is_streamed() {
             let mut reader = BodyReader {
                 tcp: &mut self.tcp,
@@ -399,6 +425,15 @@ impl ClientConn {
             (answer, true)
         };
         let keep = req.keep_alive && body_done && !shutdown.is_cancelled();
+        let answer = match answer {
+            Answer::Target(mut resp) if resp.upgraded.is_some() => {
+                let up = resp.upgraded.take().expect("checked just before");
+                self.tunnel(resp, up, &table, proxy, &pool.name, stop)
+                    .await?;
+                return Ok(false);
+            }
+            other => other,
+        };
         match answer {
             Answer::Local(code, msg) => {
                 self.write_local(code, &msg, keep, req.head_request).await?;
@@ -420,6 +455,40 @@ impl ClientConn {
                     })
             }
         }
+    }
+
+    /// Passes the target's `101` on and joins the two connections until the tunnel
+    /// ends ([`crate::tunnel`]).
+    async fn tunnel(
+        &mut self,
+        resp: UpstreamResponse,
+        mut up: Upgraded,
+        table: &ProxyTable,
+        proxy: &Proxy,
+        pool: &str,
+        stop: &Stop,
+    ) -> io::Result<()> {
+        self.wbuf.clear();
+        resp.head.write_to(&mut self.wbuf);
+        self.wbuf.extend_from_slice(b"via: ");
+        self.wbuf.extend_from_slice(VIA.as_bytes());
+        self.wbuf
+            .extend_from_slice(b"\r\nconnection: upgrade\r\n\r\n");
+        self.send_wbuf().await?;
+        self.tunneled = true;
+        let ahead = self.rbuf.split();
+        crate::tunnel::run(
+            &mut self.tcp,
+            &ahead,
+            &mut up.tcp,
+            &up.read_ahead,
+            table.tunnel_idle_timeout,
+            &stop.close,
+            &proxy.metrics,
+            pool,
+        )
+        .await;
+        Ok(())
     }
 
     /// Reads a body of `n` bytes whole, within `timeout` (and by `deadline`).
@@ -495,7 +564,7 @@ impl ClientConn {
         http10: bool,
         limits: BodyLimits,
     ) -> io::Result<(bool, Option<&'static str>)> {
-        let UpstreamResponse { head, mut body } = resp;
+        let UpstreamResponse { head, mut body, .. } = resp;
         // A body without a length: chunked to an HTTP/1.1 client, until close to 1.0.
         let rechunk = matches!(head.framing, Framing::Chunked | Framing::UntilClose);
         if rechunk && http10 {
@@ -653,12 +722,38 @@ fn split_target(target: &str) -> Option<(Option<&str>, &str)> {
     (!authority.is_empty()).then_some((Some(authority), pq))
 }
 
+/// Whether an `Upgrade` value may be tunnelled: protocol tokens (`websocket`,
+/// `foo/2`), none of them `h2c`.
+fn upgradable(value: &[u8]) -> bool {
+    let mut any = false;
+    for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+        let name = token.split(|&b| b == b'/').next().unwrap_or_default();
+        if name.is_empty()
+            || name.eq_ignore_ascii_case(b"h2c")
+            || !token
+                .iter()
+                .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~/".contains(&b))
+        {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
 /// A request head rewritten for the targets.
 #[derive(Debug)]
 pub struct Forwarded<'b> {
     /// Request line in origin form and the forwarded fields (no `Content-Length`,
     /// `Transfer-Encoding` or final empty line: [`Outgoing::new`] writes those).
     pub out_head: Vec<u8>,
+    /// The `Upgrade` value to forward (with `Connection: upgrade`), when the request is
+    /// a valid upgrade: a GET without a body, HTTP/1.1, one `Upgrade` field that
+    /// `Connection` names, and no `h2c` in it (h2c is not tunnelled: a client could
+    /// reach the target in HTTP/2 past every rule of this proxy, "h2c smuggling").
+    /// Otherwise `Upgrade` is dropped like any hop-by-hop field and the request is a
+    /// plain one.
+    pub upgrade: Option<&'b [u8]>,
     /// A `Host` field is among them.
     pub has_host: bool,
     /// The host the request is for: the absolute form's authority, else `Host`.
@@ -713,9 +808,17 @@ pub fn forwarded_head<'b>(
     }
     let mut forwarded_for: SmallVec<[&[u8]; 2]> = SmallVec::new();
     let mut underscores_dropped = 0;
+    // `Upgrade` values (hop-by-hop: only forwarded for a valid upgrade, below).
+    let mut upgrades: SmallVec<[&[u8]; 1]> = SmallVec::new();
     for f in fields {
         let name = f.name.as_bytes();
-        if hop_by_hop(name).is_some() || named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+        if let Some(i) = hop_by_hop(name) {
+            if i == UPGRADE {
+                upgrades.push(f.value);
+            }
+            continue;
+        }
+        if named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
             continue;
         }
         // `Content_Length` is CONTENT_LENGTH to a CGI-style gateway behind the target.
@@ -767,8 +870,21 @@ pub fn forwarded_head<'b>(
     out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\nvia: ");
     out.extend_from_slice(VIA.as_bytes());
     out.extend_from_slice(b"\r\n");
+    let upgrade = match upgrades.as_slice() {
+        [value]
+            if head.method == "GET"
+                && !head.http10
+                && head.body == RequestBody::None
+                && named.iter().any(|n| n.eq_ignore_ascii_case(b"upgrade"))
+                && upgradable(value) =>
+        {
+            Some(*value)
+        }
+        _ => None,
+    };
     Ok(Forwarded {
         out_head: out,
+        upgrade,
         has_host,
         // The absolute form's authority is the request's host (RFC 9112 3.2.2).
         host: authority.or(host_field),
@@ -795,9 +911,16 @@ fn prepare(
         proxy.count_dropped("underscore", fwd.underscores_dropped);
     }
     let pool = table.route(fwd.host, fwd.path).cloned();
+    let mut out_head = fwd.out_head;
+    if let Some(protocols) = fwd.upgrade {
+        out_head.extend_from_slice(b"connection: upgrade\r\nupgrade: ");
+        out_head.extend_from_slice(protocols);
+        out_head.extend_from_slice(b"\r\n");
+    }
     Ok(Prepared {
         head_len: head.len,
-        out_head: fwd.out_head,
+        out_head,
+        upgrade: fwd.upgrade.is_some(),
         has_host: fwd.has_host,
         head_request: head.method == "HEAD",
         declares_body: matches!(head.method, "POST" | "PUT" | "PATCH"),

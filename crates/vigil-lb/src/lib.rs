@@ -13,6 +13,7 @@
 //! - [`checker`]: active health checks;
 //! - [`admin`] and [`metrics`]: `/admin/targets`, `/metrics`;
 //! - [`upstream`]: pooled connections to targets;
+//! - [`tunnel`]: WebSocket and other upgrades, joined byte for byte after the `101`;
 //! - [`server`]: listeners, reload on SIGHUP, drain on SIGTERM;
 //! - [`cli`]: `vigil lb` and `vigil lb check-config`.
 #![forbid(unsafe_code)]
@@ -27,4 +28,5 @@ pub mod front;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+pub mod tunnel;
 pub mod upstream;

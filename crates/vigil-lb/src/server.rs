@@ -34,11 +34,12 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// Tick period of the pools (readmissions after ejections).
 const TICK: Duration = Duration::from_millis(100);
+/// Time tunnels get to close (a FIN each way) once the drain time ran out.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// Latency quantiles (hedge delays) are recomputed every this many ticks (1 s).
 const LATENCY_REFRESH_TICKS: u32 = 10;
 
@@ -57,6 +58,7 @@ fn proxy_table(config: &LbConfig, routes: Vec<RouteRule>) -> ProxyTable {
         connect_timeout: t.connect,
         idle_timeout: t.idle,
         underscores: config.headers.underscores,
+        tunnel_idle_timeout: t.tunnel_idle,
     }
 }
 
@@ -285,13 +287,13 @@ async fn accept_loop(
     listener: TcpListener,
     proxy: Arc<Proxy>,
     settings: FrontSettings,
-    shutdown: CancellationToken,
+    stop: front::Stop,
     connections: TaskTracker,
 ) {
     loop {
         let accepted = tokio::select! {
             biased;
-            _ = shutdown.cancelled() => return,
+            _ = stop.drain.cancelled() => return,
             a = listener.accept() => a,
         };
         let (tcp, peer) = match accepted {
@@ -310,7 +312,7 @@ async fn accept_loop(
             peer,
             proxy.clone(),
             settings,
-            shutdown.clone(),
+            stop.clone(),
         ));
     }
 }
@@ -362,9 +364,10 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
     tokio::spawn(lb.clone().tick_loop());
     let admin_task = tokio::spawn(serve_admin(admin_listener, lb.clone()));
 
-    // Cancelled on SIGTERM: listeners close, connections finish the request in hand
-    // and close.
-    let shutdown = CancellationToken::new();
+    // `drain` is cancelled on SIGTERM: listeners close, connections finish the request
+    // in hand and close; `close` when the drain time ran out: tunnels close.
+    let stop = front::Stop::default();
+    let shutdown = stop.drain.clone();
     let connections = TaskTracker::new();
     let mut parts = Vec::with_capacity(listeners.len());
     for l in listeners {
@@ -378,7 +381,7 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
     }
     let mut threads = Vec::new();
     for (k, (rt, listener)) in parts.into_iter().enumerate() {
-        let (proxy, stop, tracker) = (lb.proxy.clone(), shutdown.clone(), connections.clone());
+        let (proxy, stop, tracker) = (lb.proxy.clone(), stop.clone(), connections.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("vigil-lb-{k}"))
             .spawn(move || {
@@ -386,8 +389,9 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
                 rt.block_on(async {
                     accept_loop(listener, proxy, settings, stop, tracker.clone()).await;
                     // This runtime runs its connections' tasks: it stays until they
-                    // are done (the tracker is closed by then) or the drain time is up.
-                    let _ = tokio::time::timeout(drain_timeout, tracker.wait()).await;
+                    // are done (the tracker is closed by then) or the drain time is up
+                    // and its tunnels have had a moment to close.
+                    let _ = tokio::time::timeout(drain_timeout + CLOSE_GRACE, tracker.wait()).await;
                 });
                 rt.shutdown_timeout(Duration::from_millis(100));
             });
@@ -425,10 +429,15 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
     connections.close();
     match tokio::time::timeout(drain_timeout, connections.wait()).await {
         Ok(()) => tracing::info!("drained; exiting"),
-        Err(_) => tracing::warn!(
-            "drain timeout ({}) ran out with requests still in flight; exiting",
-            humantime::format_duration(drain_timeout)
-        ),
+        Err(_) => {
+            tracing::warn!(
+                "drain timeout ({}) ran out with requests or tunnels still open; closing \
+                 them and exiting",
+                humantime::format_duration(drain_timeout)
+            );
+            stop.close.cancel();
+            let _ = tokio::time::timeout(CLOSE_GRACE, connections.wait()).await;
+        }
     }
     for t in threads {
         let _ = t.join();

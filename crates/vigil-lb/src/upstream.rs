@@ -92,6 +92,8 @@ pub struct Outgoing {
     chunked: bool,
     /// The body is streamed from the client.
     streamed: bool,
+    /// An upgrade (WebSocket): a `101` answer is final and hands the connection over.
+    upgrade: bool,
 }
 
 /// The request body as the client sends it.
@@ -142,7 +144,15 @@ impl Outgoing {
             body,
             chunked,
             streamed,
+            upgrade: false,
         }
+    }
+
+    /// Marks the request as an upgrade (its head has `Connection: upgrade` and
+    /// `Upgrade`): a `101 Switching Protocols` answer ends the exchange and the
+    /// connection becomes the response's [`Upgraded`] tunnel.
+    pub fn set_upgrade(&mut self) {
+        self.upgrade = true;
     }
 }
 
@@ -155,6 +165,11 @@ impl Outgoing {
     /// Whether the body is streamed from the client (not buffered).
     pub fn is_streamed(&self) -> bool {
         self.streamed
+    }
+
+    /// Whether the request asks for an upgrade ([`Outgoing::set_upgrade`]).
+    pub fn is_upgrade(&self) -> bool {
+        self.upgrade
     }
 }
 
@@ -222,6 +237,17 @@ pub struct UpstreamResponse {
     pub head: ResponseHead,
     /// The body.
     pub body: UpstreamResponseBody,
+    /// After a `101` to an upgrade: the connection, no longer HTTP (never pooled).
+    pub upgraded: Option<Upgraded>,
+}
+
+/// A target connection switched to another protocol by a `101` answer.
+#[derive(Debug)]
+pub struct Upgraded {
+    /// The connection.
+    pub tcp: TcpStream,
+    /// What the target sent after its `101` head (the new protocol's first bytes).
+    pub read_ahead: Bytes,
 }
 
 /// One connection to a target, with its buffers.
@@ -617,8 +643,16 @@ impl ConnPool {
                 drop(named);
                 match parsed {
                     Ok(Some(h)) if h.status == 101 => {
-                        tracing::debug!(target_addr = %self.addr, "101 Switching Protocols to a request without Upgrade");
-                        return Err(ExchangeError::Failed(Failure::Garbage));
+                        let fields = if req.upgrade {
+                            switching_fields(&read[..h.len], base)
+                        } else {
+                            None
+                        };
+                        let Some(fields) = fields else {
+                            tracing::debug!(target_addr = %self.addr, "101 Switching Protocols to a request without Upgrade, or without its own");
+                            return Err(ExchangeError::Failed(Failure::Garbage));
+                        };
+                        return Ok(Head { h, fields, read });
                     }
                     Ok(Some(h)) if h.status < 200 => {
                         conn.rbuf = unfreeze(read.slice(h.len..));
@@ -731,6 +765,27 @@ impl ConnPool {
     ) -> Result<UpstreamResponse, Failure> {
         let Head { h, fields, read } = head;
         let after = read.slice(h.len..);
+        if h.status == 101 {
+            // Only an upgrade gets here (`read_head`): the connection is the tunnel's.
+            return Ok(UpstreamResponse {
+                head: ResponseHead {
+                    status: 101,
+                    framing: Framing::Empty,
+                    read: read.slice(..h.len),
+                    reason: h.reason,
+                    fields,
+                },
+                body: UpstreamResponseBody {
+                    state: BodyState::Ready(None),
+                    conn: None,
+                    keep_alive: false,
+                },
+                upgraded: Some(Upgraded {
+                    tcp: conn.tcp,
+                    read_ahead: after,
+                }),
+            });
+        }
         let state = match h.framing {
             Framing::Length(n) if after.len() as u64 >= n => {
                 let n = n as usize;
@@ -772,8 +827,54 @@ impl ConnPool {
                 conn,
                 keep_alive: h.keep_alive,
             },
+            upgraded: None,
         })
     }
+}
+
+/// The fields of a `101 Switching Protocols` head (`head`, at address `base`) to pass
+/// on: its `Upgrade` (which must be there: it names the protocol switched to) and the
+/// end-to-end ones (`Sec-WebSocket-Accept`); `None` without `Upgrade`. Parsed here,
+/// off the usual path, because the framing parser leaves interim heads' fields out.
+fn switching_fields(head: &[u8], base: usize) -> Option<SmallVec<[FieldSpan; 12]>> {
+    let mut raw = [httparse::EMPTY_HEADER; http1::MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut raw);
+    resp.parse(head).ok()?;
+    let named: SmallVec<[&[u8]; 2]> = resp
+        .headers
+        .iter()
+        .filter(|f| f.name.eq_ignore_ascii_case("connection"))
+        .flat_map(|f| connection_options(f.value))
+        .collect();
+    let mut fields = SmallVec::new();
+    let mut upgrade = false;
+    for f in resp.headers.iter() {
+        let name = f.name.as_bytes();
+        match hop_by_hop(name) {
+            Some(crate::proxy::UPGRADE) => upgrade = true,
+            Some(_) => continue,
+            None if named
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(name) && !n.eq_ignore_ascii_case(b"upgrade")) =>
+            {
+                continue;
+            }
+            None => {}
+        }
+        let start = name.as_ptr() as usize - base;
+        let colon = start + name.len();
+        let end = if f.value.is_empty() {
+            colon + 1
+        } else {
+            f.value.as_ptr() as usize - base + f.value.len()
+        };
+        fields.push(FieldSpan {
+            start: start as u32,
+            colon: colon as u32,
+            end: end as u32,
+        });
+    }
+    upgrade.then_some(fields)
 }
 
 /// A final response head: its framing, its fields, and everything read with it.
