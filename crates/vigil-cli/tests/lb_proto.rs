@@ -342,3 +342,294 @@ async fn sigterm_keeps_tunnels_open_until_the_drain_timeout_then_closes_them_and
         lb.log()
     );
 }
+
+// === TLS termination ===
+
+/// A test CA (rcgen) and the leaf certificates it signs, as PEM files in a directory.
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "vigil test CA");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let ca = rcgen::CertifiedIssuer::self_signed(params, key).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        Pki { dir, ca }
+    }
+
+    fn path(&self, file: &str) -> std::path::PathBuf {
+        self.dir.path().join(file)
+    }
+
+    /// Writes a fresh key and a certificate for `names` (CN the first) as
+    /// `{stem}.pem` and `{stem}.key`; returns the certificate's DER.
+    fn leaf(&self, stem: &str, names: &[&str]) -> Vec<u8> {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = rcgen::CertificateParams::new(names.clone()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, names[0].as_str());
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        std::fs::write(self.path(&format!("{stem}.pem")), cert.pem()).unwrap();
+        std::fs::write(self.path(&format!("{stem}.key")), key.serialize_pem()).unwrap();
+        cert.der().to_vec()
+    }
+
+    /// A TLS client trusting this CA, offering `alpn`.
+    fn client(&self, alpn: &[&str]) -> tokio_rustls::TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.ca.der().clone()).unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+    }
+}
+
+type TlsClient = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// A TLS connection to 127.0.0.1:`port` asking for `sni`; the certificate it got.
+async fn tls_connect(pki: &Pki, port: u16, sni: &str, alpn: &[&str]) -> (TlsClient, Vec<u8>) {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the TLS listener");
+    let name = rustls::pki_types::ServerName::try_from(sni.to_string()).unwrap();
+    let tls = tokio::time::timeout(Duration::from_secs(10), pki.client(alpn).connect(name, tcp))
+        .await
+        .expect("handshake within 10 s")
+        .unwrap_or_else(|e| panic!("TLS handshake for {sni}: {e}"));
+    let cert = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    (tls, cert)
+}
+
+/// One GET of `path` on an open HTTP/1.1 connection: status line and body.
+async fn get_on<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    c: &mut S,
+    path: &str,
+) -> (String, Vec<u8>) {
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: a.test\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let head = tokio::time::timeout(Duration::from_secs(10), take_head(c, &mut buf))
+        .await
+        .expect("an answer within 10 s")
+        .expect("a response head");
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .expect("a content-length");
+    let body = lb_support::take_exact(c, &mut buf, len).await.unwrap();
+    (head.lines().next().unwrap().to_string(), body)
+}
+
+/// `curl` with `args`: (exit code, stdout, stderr).
+async fn curl(args: &[String]) -> (i32, String, String) {
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", "--max-time", "10"])
+        .args(args)
+        .output()
+        .await
+        .expect("curl runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn wait_log(lb: &LbProcess, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !lb.log().contains(what) {
+        assert!(
+            Instant::now() < deadline,
+            "no {what:?} in the log:\n{}",
+            lb.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn tls_listener_toml(pki: &Pki, port: u16, alpn: &str) -> String {
+    format!(
+        "[tls_listeners.public]\nlisten = \"127.0.0.1:{port}\"\n{alpn}\n\
+         [[tls_listeners.public.certificates]]\ncert = \"{a}.pem\"\nkey = \"{a}.key\"\nserver_names = [\"a.test\"]\n\
+         [[tls_listeners.public.certificates]]\ncert = \"{b}.pem\"\nkey = \"{b}.key\"\nserver_names = [\"b.test\", \"*.b.test\"]\n",
+        a = pki.path("a").display(),
+        b = pki.path("b").display(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_sni_selection_and_certificates_reloaded_on_sighup_keeping_connections() {
+    let pki = Pki::new();
+    let cert_a = pki.leaf("a", &["a.test"]);
+    let cert_b = pki.leaf("b", &["b.test", "*.b.test"]);
+    let (backend, seen) = recording_backend("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+    let tls_port = lb_support::free_port();
+    let lb = LbProcess::start(&format!(
+        "{}\n[pools.web]\ntargets = [{{ addr = \"{backend}\" }}]\n[pools.web.health_check]\nenabled = false\n",
+        tls_listener_toml(&pki, tls_port, "")
+    ))
+    .await;
+
+    // curl, verifying the chain against the test CA and the name: a.test and b.test
+    // each get their own certificate.
+    let ca = pki.path("ca.pem").display().to_string();
+    for (name, path) in [
+        ("a.test", "/one"),
+        ("b.test", "/two"),
+        ("x.b.test", "/three"),
+    ] {
+        let (code, out, err) = curl(&[
+            "--cacert".into(),
+            ca.clone(),
+            "--resolve".into(),
+            format!("{name}:{tls_port}:127.0.0.1"),
+            "-w".into(),
+            " %{http_code} %{http_version}".into(),
+            format!("https://{name}:{tls_port}{path}"),
+        ])
+        .await;
+        assert_eq!(
+            (code, out.as_str()),
+            (0, "ok 200 1.1"),
+            "{name}: {err}\n{}",
+            lb.log()
+        );
+    }
+    // No SNI (an IP address) or a name no certificate lists: the first certificate.
+    for url in [
+        format!("https://127.0.0.1:{tls_port}/"),
+        format!("https://c.test:{tls_port}/"),
+    ] {
+        let (code, out, err) = curl(&[
+            "-vk".into(),
+            "--resolve".into(),
+            format!("c.test:{tls_port}:127.0.0.1"),
+            url.clone(),
+        ])
+        .await;
+        assert_eq!((code, out.as_str()), (0, "ok"), "{url}: {err}");
+        assert!(
+            err.contains("CN=a.test"),
+            "{url}: the default certificate: {err}"
+        );
+    }
+    // The target hears it came over TLS.
+    let heads = seen.lock().unwrap().clone();
+    assert!(
+        heads.iter().all(|h| h
+            .to_ascii_lowercase()
+            .contains("x-forwarded-proto: https\r\n")),
+        "{heads:?}"
+    );
+
+    // A keep-alive connection opened before the reload.
+    let (mut kept, got) = tls_connect(&pki, tls_port, "a.test", &["http/1.1"]).await;
+    assert_eq!(got, cert_a);
+    assert_eq!(get_on(&mut kept, "/before").await.1, b"ok");
+    let (_, got) = tls_connect(&pki, tls_port, "b.test", &["http/1.1"]).await;
+    assert_eq!(got, cert_b, "SNI b.test picks b's certificate");
+
+    // New certificates for a.test: SIGHUP; new handshakes get them, the open
+    // connection goes on.
+    let new_a = pki.leaf("a", &["a.test"]);
+    assert_ne!(new_a, cert_a);
+    lb.signal("HUP");
+    wait_log(&lb, "configuration reloaded").await;
+    let (_, got) = tls_connect(&pki, tls_port, "a.test", &["http/1.1"]).await;
+    assert_eq!(
+        got, new_a,
+        "a handshake after the reload gets the new certificate"
+    );
+    let (status, body) = get_on(&mut kept, "/after").await;
+    assert_eq!(
+        (status.as_str(), body.as_slice()),
+        ("HTTP/1.1 200 OK", &b"ok"[..])
+    );
+
+    // A broken key: the reload is rejected, the running certificates stay.
+    std::fs::write(pki.path("a.key"), "-----BEGIN PRIVATE KEY-----\nnope\n").unwrap();
+    lb.signal("HUP");
+    wait_log(&lb, "reload rejected").await;
+    assert!(
+        lb.log()
+            .contains("tls_listeners.public.certificates[0].key"),
+        "{}",
+        lb.log()
+    );
+    let (_, got) = tls_connect(&pki, tls_port, "a.test", &["http/1.1"]).await;
+    assert_eq!(got, new_a);
+    assert_eq!(get_on(&mut kept, "/still").await.1, b"ok");
+    let m = metrics(&lb).await;
+    assert!(
+        sample(&m, "vigil_lb_tls_handshakes_total{result=\"ok\"}").unwrap_or(0.0) >= 8.0,
+        "{m}"
+    );
+}
+
+#[test]
+fn check_config_reads_the_certificates_and_names_the_bad_key() {
+    let pki = Pki::new();
+    pki.leaf("a", &["a.test"]);
+    pki.leaf("b", &["b.test"]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("lb.toml");
+    let write = |extra: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "{}\n[pools.web]\ntargets = [{{ addr = \"127.0.0.1:1\" }}]\n{extra}",
+                tls_listener_toml(&pki, 1, "")
+            ),
+        )
+        .unwrap();
+    };
+    let check = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+            .args(["lb", "check-config", "-c"])
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    write("");
+    let out = check();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(pki.path("b.key")).unwrap();
+    let out = check();
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("key `tls_listeners.public.certificates[1].key`") && err.contains("b.key"),
+        "{err}"
+    );
+    // A key that is not the certificate's.
+    pki.leaf("c", &["c.test"]);
+    std::fs::copy(pki.path("c.key"), pki.path("b.key")).unwrap();
+    let out = check();
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("certificates[1].key"), "{err}");
+}

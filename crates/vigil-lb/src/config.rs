@@ -118,6 +118,8 @@ pub struct LbConfig {
     pub headers: HeadersConfig,
     /// Routing rules, tried in order; the first match wins.
     pub routes: Vec<RouteConfig>,
+    /// Listeners that terminate TLS (HTTPS), by name, each with its certificates.
+    pub tls_listeners: BTreeMap<String, TlsListenerConfig>,
     /// Pools of targets, by name.
     pub pools: BTreeMap<String, PoolSection>,
 }
@@ -133,6 +135,7 @@ impl Default for LbConfig {
             limits: LimitsConfig::default(),
             headers: HeadersConfig::default(),
             routes: Vec::new(),
+            tls_listeners: BTreeMap::new(),
             pools: BTreeMap::new(),
         }
     }
@@ -248,6 +251,50 @@ pub enum Underscores {
     Forward,
     /// Answer 400 (counted the same way).
     Reject,
+}
+
+/// Default ALPN protocols of a TLS listener, in the server's order of preference.
+pub const DEFAULT_ALPN: [&str; 1] = ["http/1.1"];
+
+/// A listener that terminates TLS: requests arriving on it are routed like the plain
+/// listener's (`X-Forwarded-Proto: https`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsListenerConfig {
+    /// Address to listen on (required; a restart is needed to change it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Protocols offered in the TLS handshake (ALPN), in order of preference:
+    /// `http/1.1`. Defaults to `["http/1.1"]`.
+    pub alpn: Vec<String>,
+    /// Certificates, chosen by the name the client asks for (SNI); the first is the
+    /// default (no SNI, or a name no certificate lists). At least one.
+    pub certificates: Vec<CertificateConfig>,
+}
+
+impl Default for TlsListenerConfig {
+    fn default() -> Self {
+        TlsListenerConfig {
+            listen: None,
+            alpn: DEFAULT_ALPN.iter().map(|s| s.to_string()).collect(),
+            certificates: Vec::new(),
+        }
+    }
+}
+
+/// A certificate chain and its private key (PEM files; a relative path is relative to
+/// the configuration file's directory), and the server names it is chosen for.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CertificateConfig {
+    /// PEM file of the certificate chain, the server's certificate first (required).
+    pub cert: PathBuf,
+    /// PEM file of its private key (PKCS#8, PKCS#1 or SEC1; required).
+    pub key: PathBuf,
+    /// Names (SNI) this certificate is chosen for: `api.example.com`, or
+    /// `*.example.com` for one label below. Empty: only as the listener's default (when
+    /// it is the first). Defaults to empty.
+    pub server_names: Vec<String>,
 }
 
 /// One routing rule: requests whose host and path match go to `pool`.
@@ -628,6 +675,7 @@ impl LbConfig {
                 ));
             }
         }
+        self.validate_tls()?;
         for (name, pool) in &self.pools {
             let key = |k: &str| format!("pools.{name}.{k}");
             if pool.targets.is_empty() {
@@ -697,6 +745,76 @@ impl LbConfig {
         Ok(())
     }
 }
+
+impl LbConfig {
+    /// The `[tls_listeners.<name>]` part of [`LbConfig::validate`] (files are read later,
+    /// by `crate::tls::load`).
+    fn validate_tls(&self) -> Result<(), Invalid> {
+        let mut addrs = vec![self.listen, self.admin_listen];
+        for (i, l) in &self.tls_listeners {
+            let key = |k: &str| format!("tls_listeners.{i}.{k}");
+            let Some(addr) = l.listen else {
+                return Err(invalid(
+                    format!("tls_listeners.{i}"),
+                    "missing key `listen`: the address of this TLS listener",
+                ));
+            };
+            if addrs.contains(&addr) {
+                return Err(invalid(
+                    key("listen"),
+                    format!("{addr} is already listen, admin_listen or another TLS listener"),
+                ));
+            }
+            addrs.push(addr);
+            if l.alpn.is_empty() {
+                return Err(invalid(key("alpn"), "must offer at least one protocol"));
+            }
+            for (j, p) in l.alpn.iter().enumerate() {
+                if !SUPPORTED_ALPN.contains(&p.as_str()) {
+                    return Err(invalid(
+                        format!("tls_listeners.{i}.alpn[{j}]"),
+                        format!("{p:?} is not one of {}", SUPPORTED_ALPN.join(", ")),
+                    ));
+                }
+            }
+            if l.certificates.is_empty() {
+                return Err(invalid(
+                    key("certificates"),
+                    "a TLS listener needs at least one certificate",
+                ));
+            }
+            for (j, c) in l.certificates.iter().enumerate() {
+                let ck = |k: &str| format!("tls_listeners.{i}.certificates[{j}].{k}");
+                if c.cert.as_os_str().is_empty() {
+                    return Err(invalid(ck("cert"), "missing: the PEM file of the chain"));
+                }
+                if c.key.as_os_str().is_empty() {
+                    return Err(invalid(ck("key"), "missing: the PEM file of the key"));
+                }
+                for (k, n) in c.server_names.iter().enumerate() {
+                    let bare = n.strip_prefix("*.").unwrap_or(n);
+                    let ok = !bare.is_empty()
+                        && bare.split('.').all(|label| {
+                            !label.is_empty()
+                                && label
+                                    .bytes()
+                                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                        });
+                    if !ok {
+                        return Err(invalid(
+                            format!("tls_listeners.{i}.certificates[{j}].server_names[{k}]"),
+                            format!("{n:?} is not a DNS name or *.name"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// ALPN protocols a TLS listener can speak.
+pub const SUPPORTED_ALPN: [&str; 1] = ["http/1.1"];
 
 fn validate_addr(addr: &str) -> Result<(), String> {
     if addr.is_empty() {
@@ -1057,6 +1175,41 @@ targets = [{ addr = "localhost:9003" }]
         let e = p(&text).unwrap_err().to_string();
         assert!(
             e.contains("key `pools.web.outlier.max_ejection_percent`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tls_listeners_need_an_address_certificates_and_known_protocols() {
+        let ok = "[tls_listeners.public]\nlisten = \"127.0.0.1:8443\"\n\
+                  certificates = [{ cert = \"a.pem\", key = \"a.key\", server_names = [\"a.example\", \"*.b.example\"] }]\n";
+        let c = p(ok).unwrap();
+        assert_eq!(c.tls_listeners["public"].alpn, ["http/1.1"]);
+        let e = p(&ok.replace("listen = \"127.0.0.1:8443\"\n", "")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("key `tls_listeners.public`: missing key `listen`"),
+            "{e}"
+        );
+        let e = p(&ok.replace("8443", "8080")).unwrap_err();
+        assert!(
+            e.to_string().contains("key `tls_listeners.public.listen`"),
+            "{e}"
+        );
+        let e = p(&format!("{ok}alpn = [\"spdy/3\"]\n")).unwrap_err();
+        assert!(
+            e.to_string().contains("key `tls_listeners.public.alpn[0]`"),
+            "{e}"
+        );
+        let e = p(&ok.replace("*.b.example", "b..example")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("key `tls_listeners.public.certificates[0].server_names[1]`"),
+            "{e}"
+        );
+        let e = p(&ok.replace(", key = \"a.key\"", "")).unwrap_err();
+        assert!(
+            e.to_string().contains("certificates[0].key`: missing"),
             "{e}"
         );
     }

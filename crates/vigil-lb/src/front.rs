@@ -67,9 +67,86 @@ pub struct FrontSettings {
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
+/// A client connection: plain TCP, or TLS over it (after the handshake).
+///
+/// An enum rather than a type parameter so that [`BodyReader`], which the proxy and
+/// the upstream side take, stays one type; a branch per read or write costs nothing
+/// measurable beside the system call.
+#[derive(Debug)]
+pub enum ClientStream {
+    /// Cleartext.
+    Plain(TcpStream),
+    /// TLS (boxed: its session state is large, a plain connection should not carry it).
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl ClientStream {
+    /// Ready when a read may return something. TLS may hold decrypted bytes the socket
+    /// no longer shows, so it is always ready (a TLS connection that gave its buffers
+    /// back takes a buffer again at once: the release saves memory on plain ones only).
+    fn poll_read_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            ClientStream::Plain(tcp) => tcp.poll_read_ready(cx),
+            ClientStream::Tls(_) => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// Writes all of `buf` and flushes it (TLS keeps records until flushed).
+    async fn write_now(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.write_all(buf).await?;
+        match self {
+            ClientStream::Plain(_) => Ok(()),
+            ClientStream::Tls(t) => t.flush().await,
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for ClientStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(t) => Pin::new(t).poll_read(cx, buf),
+            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for ClientStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ClientStream::Plain(t) => Pin::new(t).poll_write(cx, buf),
+            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(t) => Pin::new(t).poll_flush(cx),
+            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(t) => Pin::new(t).poll_shutdown(cx),
+            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
 /// A client connection's socket and buffers.
 struct ClientConn {
-    tcp: TcpStream,
+    tcp: ClientStream,
     /// Bytes read and not yet used (the next request may already be here: pipelining).
     rbuf: BytesMut,
     /// The answer being written.
@@ -133,10 +210,45 @@ pub struct Stop {
     pub close: CancellationToken,
 }
 
+/// Serves a connection to a TLS listener: the handshake (within
+/// `timeouts.client_header`, as a request head), then HTTP/1.1 over it.
+pub async fn serve_tls(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    config: Arc<rustls::ServerConfig>,
+    proxy: Arc<Proxy>,
+    settings: FrontSettings,
+    stop: Stop,
+) {
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(tcp);
+    let tls = match tokio::time::timeout(settings.header_timeout, accept).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            proxy.count_handshake("error");
+            tracing::debug!(%peer, "TLS handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            proxy.count_handshake("timeout");
+            tracing::debug!(%peer, "TLS handshake not done within timeouts.client_header");
+            return;
+        }
+    };
+    proxy.count_handshake("ok");
+    serve_connection(
+        ClientStream::Tls(Box::new(tls)),
+        peer,
+        proxy,
+        settings,
+        stop,
+    )
+    .await;
+}
+
 /// Serves one client connection until it closes, fails, or `stop.drain` is cancelled
 /// between two requests.
 pub async fn serve_connection(
-    tcp: TcpStream,
+    tcp: ClientStream,
     peer: SocketAddr,
     proxy: Arc<Proxy>,
     settings: FrontSettings,
@@ -244,7 +356,8 @@ impl ClientConn {
                         return too_large(settings);
                     }
                     Ok(Some((head, fields))) => {
-                        return match prepare(&head, fields, proxy, client_ip) {
+                        let https = matches!(self.tcp, ClientStream::Tls(_));
+                        return match prepare(&head, fields, proxy, client_ip, https) {
                             Ok(p) => HeadRead::Ready(p),
                             Err((code, msg)) => HeadRead::Refused(code, msg),
                         };
@@ -502,7 +615,7 @@ impl ClientConn {
         if self.rbuf.len() < n {
             if expect_continue && self.rbuf.is_empty() {
                 self.tcp
-                    .write_all(CONTINUE)
+                    .write_now(CONTINUE)
                     .await
                     .map_err(|_| (400, "incomplete request body"))?;
             }
@@ -629,13 +742,15 @@ impl ClientConn {
     /// Writes `buf` to the client: at once when its socket takes it (the usual case, no
     /// timer), else within the write timeout.
     async fn send(&mut self, mut buf: &[u8]) -> io::Result<()> {
-        match self.tcp.try_write(buf) {
-            Ok(n) if n == buf.len() => return Ok(()),
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
+        if let ClientStream::Plain(tcp) = &self.tcp {
+            match tcp.try_write(buf) {
+                Ok(n) if n == buf.len() => return Ok(()),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
         }
-        match tokio::time::timeout(self.write_timeout, self.tcp.write_all(buf)).await {
+        match tokio::time::timeout(self.write_timeout, self.tcp.write_now(buf)).await {
             Ok(r) => r,
             Err(_) => Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -777,6 +892,18 @@ pub fn forwarded_head<'b>(
     client_ip: &str,
     underscores: Underscores,
 ) -> Result<Forwarded<'b>, (u16, String)> {
+    forwarded_head_as(head, fields, client_ip, underscores, false)
+}
+
+/// [`forwarded_head`] for a request that arrived over TLS when `https`
+/// (`X-Forwarded-Proto: https`).
+pub fn forwarded_head_as<'b>(
+    head: &http1::RequestHead<'b>,
+    fields: &[httparse::Header<'b>],
+    client_ip: &str,
+    underscores: Underscores,
+    https: bool,
+) -> Result<Forwarded<'b>, (u16, String)> {
     if head.method == "CONNECT" {
         return Err((405, "CONNECT is not supported".into()));
     }
@@ -867,7 +994,11 @@ pub fn forwarded_head<'b>(
         out.extend_from_slice(b", ");
     }
     out.extend_from_slice(client_ip.as_bytes());
-    out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\nvia: ");
+    out.extend_from_slice(if https {
+        b"\r\nx-forwarded-proto: https\r\nvia: "
+    } else {
+        b"\r\nx-forwarded-proto: http\r\nvia: "
+    });
     out.extend_from_slice(VIA.as_bytes());
     out.extend_from_slice(b"\r\n");
     let upgrade = match upgrades.as_slice() {
@@ -899,14 +1030,16 @@ fn prepare(
     fields: &[httparse::Header<'_>],
     proxy: &Proxy,
     client_ip: &str,
+    https: bool,
 ) -> Result<Prepared, (u16, String)> {
     // One configuration for the whole request, from routing to the last attempt.
     let table = proxy.table.load_full();
-    let fwd = forwarded_head(head, fields, client_ip, table.underscores).inspect_err(|e| {
-        if e.0 == 400 && table.underscores == Underscores::Reject {
-            proxy.count_dropped("underscore", 1);
-        }
-    })?;
+    let fwd =
+        forwarded_head_as(head, fields, client_ip, table.underscores, https).inspect_err(|e| {
+            if e.0 == 400 && table.underscores == Underscores::Reject {
+                proxy.count_dropped("underscore", 1);
+            }
+        })?;
     if fwd.underscores_dropped > 0 {
         proxy.count_dropped("underscore", fwd.underscores_dropped);
     }
@@ -945,7 +1078,7 @@ enum Remaining {
 /// A client's request body, read as the target connection sends it on (too large to
 /// buffer, or of unknown length). Borrowed from the client connection for one request.
 pub struct BodyReader<'c> {
-    tcp: &'c mut TcpStream,
+    tcp: &'c mut ClientStream,
     rbuf: &'c mut BytesMut,
     state: Remaining,
     /// `100 Continue` is owed to the client before reading.
@@ -991,7 +1124,7 @@ impl BodyReader<'_> {
             }
             if self.continue_due {
                 self.continue_due = false;
-                if let Err(e) = self.tcp.write_all(CONTINUE).await {
+                if let Err(e) = self.tcp.write_now(CONTINUE).await {
                     return Some(Err(e));
                 }
             }

@@ -15,6 +15,7 @@
 //! - [`upstream`]: pooled connections to targets;
 //! - [`tunnel`]: WebSocket and other upgrades, joined byte for byte after the `101`;
 //! - [`server`]: listeners, reload on SIGHUP, drain on SIGTERM;
+//! - [`tls`]: TLS termination, certificates by SNI, reloaded on SIGHUP;
 //! - [`cli`]: `vigil lb` and `vigil lb check-config`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -28,5 +29,6 @@ pub mod front;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+pub mod tls;
 pub mod tunnel;
 pub mod upstream;

@@ -15,6 +15,7 @@
 //! | `vigil_lb_tunnels_open` | pool | tunnels open now |
 //! | `vigil_lb_tunnels_closed_total` | pool, reason | tunnels closed: `closed` (by the peers), `idle` (`timeouts.tunnel_idle`), `drain` (the drain time ran out after SIGTERM), `error` |
 //! | `vigil_lb_tunnel_bytes_total` | pool, direction | bytes through tunnels, `to_target` or `to_client`, counted as they move |
+//! | `vigil_lb_tls_handshakes_total` | result | TLS handshakes on the TLS listeners: `ok`, `error` (no common protocol, a bad client hello, a reset), `timeout` (`timeouts.client_header`) |
 //! | `vigil_lb_request_fields_dropped_total` | reason | client request header fields not forwarded (`underscore`: a name with `_`, dropped or refused per `headers.underscores`) |
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -105,6 +106,13 @@ pub struct TunnelCloseLabels {
     pub reason: String,
 }
 
+/// Labels of the TLS handshake counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    /// ok, error, timeout.
+    pub result: String,
+}
+
 /// Every metric, registered in one registry.
 pub struct Metrics {
     registry: Registry,
@@ -136,6 +144,8 @@ pub struct Metrics {
     pub tunnels_closed: Family<TunnelCloseLabels, Counter>,
     /// Bytes through tunnels, by direction.
     pub tunnel_bytes: Family<TunnelBytesLabels, Counter>,
+    /// TLS handshakes by result.
+    pub tls_handshakes: Family<HandshakeLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -211,8 +221,15 @@ impl Metrics {
             "Bytes through tunnels, by direction",
             tunnel_bytes.clone(),
         );
+        let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
+        registry.register(
+            "tls_handshakes",
+            "TLS handshakes on the TLS listeners, by result",
+            tls_handshakes.clone(),
+        );
         Metrics {
             registry: root,
+            tls_handshakes,
             tunnels,
             tunnels_open,
             tunnels_closed,

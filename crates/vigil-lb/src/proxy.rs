@@ -549,6 +549,16 @@ impl Proxy {
             .inc();
     }
 
+    /// Counts a TLS handshake by how it ended (ok, error, timeout).
+    pub fn count_handshake(&self, result: &str) {
+        self.metrics
+            .tls_handshakes
+            .get_or_create(&crate::metrics::HandshakeLabels {
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
     /// Counts `n` client request fields not forwarded, for `reason`.
     pub fn count_dropped(&self, reason: &str, n: u32) {
         self.metrics

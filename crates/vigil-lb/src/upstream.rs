@@ -354,8 +354,8 @@ impl Conn {
 
 /// Reads what the socket has into `buf` (0: closed). A short read tells tokio the socket
 /// is drained, so the next read waits for epoll without a system call.
-pub(crate) fn poll_read_more(
-    tcp: &mut TcpStream,
+pub(crate) fn poll_read_more<S: tokio::io::AsyncRead + Unpin>(
+    tcp: &mut S,
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
