@@ -510,7 +510,8 @@ async fn https_with_sni_selection_and_certificates_reloaded_on_sighup_keeping_co
         .await;
         assert_eq!(
             (code, out.as_str()),
-            (0, "ok 200 1.1"),
+            // HTTP/2: ALPN offers h2 first, and curl takes it.
+            (0, "ok 200 2"),
             "{name}: {err}\n{}",
             lb.log()
         );
@@ -632,4 +633,245 @@ fn check_config_reads_the_certificates_and_names_the_bad_key() {
     assert_eq!(out.status.code(), Some(78));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("certificates[1].key"), "{err}");
+}
+
+// === HTTP/2 and gRPC ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_speaks_http2_in_cleartext_and_over_tls_to_an_http1_target() {
+    let pki = Pki::new();
+    pki.leaf("a", &["a.test"]);
+    pki.leaf("b", &["b.test"]);
+    let (backend, seen) =
+        recording_backend("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-from: target\r\n\r\nok").await;
+    let tls_port = lb_support::free_port();
+    let lb = LbProcess::start(&format!(
+        "{}\n[pools.web]\ntargets = [{{ addr = \"{backend}\" }}]\n[pools.web.health_check]\nenabled = false\n",
+        tls_listener_toml(&pki, tls_port, "")
+    ))
+    .await;
+    let ca = pki.path("ca.pem").display().to_string();
+    let fmt = "-w".to_string();
+    let what = " %{http_code} %{http_version}".to_string();
+    // Cleartext with prior knowledge (h2c). One URL per curl: curl 7.88 fails its
+    // second transfer on a reused prior-knowledge connection ("Error in the HTTP2
+    // framing layer") before sending anything; several streams on one connection are
+    // the gRPC test's (tonic reuses its connection).
+    for path in ["/h2c/1", "/h2c/2"] {
+        let (code, out, err) = curl(&[
+            "--http2-prior-knowledge".into(),
+            fmt.clone(),
+            what.clone(),
+            format!("http://127.0.0.1:{}{path}", lb.port),
+        ])
+        .await;
+        assert_eq!((code, out.as_str()), (0, "ok 200 2"), "{err}\n{}", lb.log());
+    }
+    // Over TLS, HTTP/2 chosen by ALPN; a POST with a body too.
+    let (code, out, err) = curl(&[
+        "--http2".into(),
+        "--cacert".into(),
+        ca.clone(),
+        "--resolve".into(),
+        format!("a.test:{tls_port}:127.0.0.1"),
+        "-D".into(),
+        "-".into(),
+        "--data-binary".into(),
+        "hello".into(),
+        fmt.clone(),
+        what.clone(),
+        format!("https://a.test:{tls_port}/tls/post"),
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}\n{}", lb.log());
+    assert!(out.starts_with("HTTP/2 200"), "{out}");
+    assert!(
+        out.contains("x-from: target") && out.contains("via: 1.1 vigil"),
+        "{out}"
+    );
+    assert!(out.ends_with("ok 200 2"), "{out}");
+    // An HTTP/1.1 client on the same TLS listener still gets HTTP/1.1.
+    let (code, out, _) = curl(&[
+        "--http1.1".into(),
+        "--cacert".into(),
+        ca.clone(),
+        "--resolve".into(),
+        format!("a.test:{tls_port}:127.0.0.1"),
+        fmt.clone(),
+        what.clone(),
+        format!("https://a.test:{tls_port}/tls/h1"),
+    ])
+    .await;
+    assert_eq!((code, out.as_str()), (0, "ok 200 1.1"));
+    let heads = seen.lock().unwrap().clone();
+    assert_eq!(heads.len(), 4, "{heads:?}");
+    let lower: Vec<String> = heads.iter().map(|h| h.to_ascii_lowercase()).collect();
+    assert!(
+        lower[0].starts_with("get /h2c/1 http/1.1\r\n"),
+        "{}",
+        heads[0]
+    );
+    assert!(
+        lower[0].contains("x-forwarded-proto: http\r\n"),
+        "{}",
+        heads[0]
+    );
+    assert!(
+        lower[2].starts_with("post /tls/post http/1.1\r\n")
+            && lower[2].contains("host: a.test:")
+            && lower[2].contains("content-length: 5\r\n")
+            && lower[2].contains("x-forwarded-proto: https\r\n"),
+        "{}",
+        heads[2]
+    );
+}
+
+/// A gRPC server with the standard health service (tonic-health); its reporter.
+async fn grpc_backend() -> (SocketAddr, tonic_health::server::HealthReporter) {
+    let (reporter, service) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    reporter
+        .set_service_status("vigil.Test", tonic_health::ServingStatus::Serving)
+        .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await
+    });
+    (addr, reporter)
+}
+
+async fn admin_state(lb: &LbProcess, pool: &str) -> (String, String) {
+    let v: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{}/admin/targets", lb.admin))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let t = &v["pools"][pool]["targets"][0];
+    (
+        t["state"].as_str().unwrap_or_default().to_string(),
+        t.to_string(),
+    )
+}
+
+async fn wait_state(lb: &LbProcess, pool: &str, want: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (state, all) = admin_state(lb, pool).await;
+        if state == want {
+            return all;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "target never {want}: {all}\nlog:\n{}",
+            lb.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_client_calls_a_grpc_target_through_the_balancer_judged_by_grpc_checks() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let (backend, reporter) = grpc_backend().await;
+    let lb = LbProcess::start(&format!(
+        "[pools.grpc]\nprotocol = \"h2\"\nslow_start_window = \"0s\"\n\
+         targets = [{{ addr = \"{backend}\" }}]\n\
+         [pools.grpc.health_check]\ntype = \"grpc\"\ninterval = \"100ms\"\ntimeout = \"1s\"\n\
+         healthy_threshold = 1\nunhealthy_threshold = 2\n"
+    ))
+    .await;
+    let detail = wait_state(&lb, "grpc", "healthy").await;
+    assert!(detail.contains("gRPC SERVING"), "{detail}");
+
+    // tonic's client, HTTP/2 with prior knowledge to the balancer's plain listener.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", lb.port))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect to vigil lb");
+    let mut client = HealthClient::new(channel);
+    // Unary, answered with data and trailers (grpc-status 0).
+    for service in ["", "vigil.Test"] {
+        let status = client
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap_or_else(|s| panic!("Check({service:?}) through vigil: {s}\n{}", lb.log()))
+            .into_inner()
+            .status;
+        assert_eq!(
+            status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
+    }
+    // An error is a trailers-only answer: its grpc-status arrives.
+    let e = client
+        .check(HealthCheckRequest {
+            service: "no.Such".into(),
+        })
+        .await
+        .expect_err("an unknown service");
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
+
+    // Server streaming (Watch): the first status, then a change, through the balancer.
+    let mut watch = client
+        .watch(HealthCheckRequest {
+            service: "vigil.Test".into(),
+        })
+        .await
+        .expect("Watch through vigil")
+        .into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(10), watch.message())
+        .await
+        .expect("a first status")
+        .expect("a message")
+        .expect("not the end");
+    assert_eq!(first.status, 1, "SERVING");
+    reporter
+        .set_service_status("vigil.Test", tonic_health::ServingStatus::NotServing)
+        .await;
+    let next = tokio::time::timeout(Duration::from_secs(10), watch.message())
+        .await
+        .expect("the change streamed")
+        .expect("a message")
+        .expect("not the end");
+    assert_eq!(next.status, 2, "NOT_SERVING");
+
+    // The active gRPC check feeds the pool policy: NOT_SERVING for the whole server
+    // takes the target out, SERVING brings it back.
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    let detail = wait_state(&lb, "grpc", "unhealthy").await;
+    assert!(detail.contains("gRPC NOT_SERVING"), "{detail}");
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    wait_state(&lb, "grpc", "healthy").await;
+    let m = metrics(&lb).await;
+    let target =
+        format!("vigil_lb_requests_total{{pool=\"grpc\",target=\"{backend}\",code=\"200\"}}");
+    assert!(sample(&m, &target).unwrap_or(0.0) >= 4.0, "{m}");
+}
+
+#[tokio::test]
+async fn a_grpc_check_of_a_service_the_server_does_not_know_fails() {
+    let (backend, _reporter) = grpc_backend().await;
+    let lb = LbProcess::start(&format!(
+        "[pools.grpc]\nprotocol = \"h2\"\ntargets = [{{ addr = \"{backend}\" }}]\n\
+         [pools.grpc.health_check]\ntype = \"grpc\"\ngrpc_service = \"no.Such\"\n\
+         interval = \"100ms\"\nhealthy_threshold = 1\nunhealthy_threshold = 1\n"
+    ))
+    .await;
+    let detail = wait_state(&lb, "grpc", "unhealthy").await;
+    assert!(detail.contains("grpc-status 5"), "NOT_FOUND: {detail}");
 }

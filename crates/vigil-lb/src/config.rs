@@ -254,7 +254,7 @@ pub enum Underscores {
 }
 
 /// Default ALPN protocols of a TLS listener, in the server's order of preference.
-pub const DEFAULT_ALPN: [&str; 1] = ["http/1.1"];
+pub const DEFAULT_ALPN: [&str; 2] = ["h2", "http/1.1"];
 
 /// A listener that terminates TLS: requests arriving on it are routed like the plain
 /// listener's (`X-Forwarded-Proto: https`).
@@ -264,8 +264,8 @@ pub struct TlsListenerConfig {
     /// Address to listen on (required; a restart is needed to change it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
-    /// Protocols offered in the TLS handshake (ALPN), in order of preference:
-    /// `http/1.1`. Defaults to `["http/1.1"]`.
+    /// Protocols offered in the TLS handshake (ALPN), in order of preference: `h2`,
+    /// `http/1.1`. Defaults to `["h2", "http/1.1"]`.
     pub alpn: Vec<String>,
     /// Certificates, chosen by the name the client asks for (SNI); the first is the
     /// default (no SNI, or a name no certificate lists). At least one.
@@ -345,12 +345,38 @@ impl Default for TargetConfig {
     }
 }
 
+/// The protocol spoken to a pool's targets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Protocol {
+    /// HTTP/1.1 (keep-alive, pooled connections). Defaults to this.
+    #[default]
+    Http1,
+    /// HTTP/2 in cleartext with prior knowledge (one multiplexed connection per target
+    /// and worker): gRPC services, whose trailers HTTP/1.1 cannot carry.
+    H2,
+}
+
+/// The kind of active health check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckType {
+    /// GET `path` over HTTP/1.1. Defaults to this.
+    #[default]
+    Http,
+    /// gRPC health v1 `Check` (`grpc.health.v1.Health/Check`) over HTTP/2 cleartext:
+    /// passes on `SERVING`.
+    Grpc,
+}
+
 /// A pool of targets and its policies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolSection {
     /// The targets.
     pub targets: Vec<TargetConfig>,
+    /// `http1` or `h2` (cleartext, prior knowledge) to the targets. Defaults to `http1`.
+    pub protocol: Protocol,
     /// `p2c`, `round-robin` or `least-request`. Defaults to `p2c`.
     pub balance: Balance,
     /// Fail open (route to all) when the healthy fraction falls below this. Defaults
@@ -386,6 +412,7 @@ impl Default for PoolSection {
         let core = PoolConfig::default();
         PoolSection {
             targets: Vec::new(),
+            protocol: Protocol::Http1,
             balance: Balance::P2c,
             panic_threshold: core.panic_threshold,
             panic_exit_margin: core.panic_exit_margin,
@@ -432,6 +459,13 @@ pub struct HealthCheckConfig {
     /// Whether to check at all; without checks every target is assumed healthy and only
     /// outlier detection removes targets. Defaults to true.
     pub enabled: bool,
+    /// `http` (GET `path`) or `grpc` (gRPC health v1 `Check` of `grpc_service`).
+    /// Defaults to `http`.
+    #[serde(rename = "type")]
+    pub check_type: CheckType,
+    /// With `type = "grpc"`: the service asked about; empty asks about the whole
+    /// server. Defaults to empty.
+    pub grpc_service: String,
     /// Path to GET. Defaults to `/readyz`.
     pub path: String,
     /// Time between checks of one target. Defaults to 2s.
@@ -461,6 +495,8 @@ impl Default for HealthCheckConfig {
     fn default() -> Self {
         HealthCheckConfig {
             enabled: true,
+            check_type: CheckType::Http,
+            grpc_service: String::new(),
             path: DEFAULT_HEALTH_PATH.to_string(),
             interval: DEFAULT_HEALTH_INTERVAL,
             jitter: DEFAULT_HEALTH_JITTER,
@@ -814,7 +850,7 @@ impl LbConfig {
 }
 
 /// ALPN protocols a TLS listener can speak.
-pub const SUPPORTED_ALPN: [&str; 1] = ["http/1.1"];
+pub const SUPPORTED_ALPN: [&str; 2] = ["h2", "http/1.1"];
 
 fn validate_addr(addr: &str) -> Result<(), String> {
     if addr.is_empty() {
@@ -1184,7 +1220,7 @@ targets = [{ addr = "localhost:9003" }]
         let ok = "[tls_listeners.public]\nlisten = \"127.0.0.1:8443\"\n\
                   certificates = [{ cert = \"a.pem\", key = \"a.key\", server_names = [\"a.example\", \"*.b.example\"] }]\n";
         let c = p(ok).unwrap();
-        assert_eq!(c.tls_listeners["public"].alpn, ["http/1.1"]);
+        assert_eq!(c.tls_listeners["public"].alpn, ["h2", "http/1.1"]);
         let e = p(&ok.replace("listen = \"127.0.0.1:8443\"\n", "")).unwrap_err();
         assert!(
             e.to_string()

@@ -66,6 +66,9 @@ pub struct FrontSettings {
 }
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+/// How the HTTP/2 connection preface starts (RFC 9113 3.4): a request line httparse
+/// refuses (version 2.0), so it is looked for only when a first head fails to parse.
+const H2_PREFACE_START: &[u8] = b"PRI * HTTP/2.0\r\n";
 
 /// A client connection: plain TCP, or TLS over it (after the handshake).
 ///
@@ -158,27 +161,27 @@ struct ClientConn {
 }
 
 /// A request head turned into what the proxy needs; owns nothing of the read buffer.
-struct Prepared {
+pub(crate) struct Prepared {
     /// Bytes of the head in the read buffer.
-    head_len: usize,
+    pub(crate) head_len: usize,
     /// Request line and forwarded fields (no framing fields, no final empty line).
-    out_head: Vec<u8>,
+    pub(crate) out_head: Vec<u8>,
     /// A valid upgrade (WebSocket): `Connection: upgrade` and `Upgrade` are in
     /// `out_head`, and a 101 answer turns the connection into a tunnel.
-    upgrade: bool,
-    has_host: bool,
-    head_request: bool,
+    pub(crate) upgrade: bool,
+    pub(crate) has_host: bool,
+    pub(crate) head_request: bool,
     /// POST, PUT, PATCH: a body is part of the method, so an empty one is declared.
-    declares_body: bool,
-    idempotent: bool,
-    body: RequestBody,
-    keep_alive: bool,
-    http10: bool,
-    expect_continue: bool,
+    pub(crate) declares_body: bool,
+    pub(crate) idempotent: bool,
+    pub(crate) body: RequestBody,
+    pub(crate) keep_alive: bool,
+    pub(crate) http10: bool,
+    pub(crate) expect_continue: bool,
     /// The matching route's pool, or none (404).
-    pool: Option<Arc<crate::balancer::PoolRt>>,
+    pub(crate) pool: Option<Arc<crate::balancer::PoolRt>>,
     /// The configuration it was routed by.
-    table: Arc<ProxyTable>,
+    pub(crate) table: Arc<ProxyTable>,
 }
 
 /// Time limits on relaying a response body.
@@ -197,6 +200,9 @@ enum HeadRead {
     Closed,
     /// Refused: status and message; the connection closes after the answer.
     Refused(u16, String),
+    /// The HTTP/2 connection preface (cleartext, prior knowledge): the connection is
+    /// HTTP/2's.
+    H2,
 }
 
 /// When a client connection stops: `drain` is cancelled on SIGTERM (the connection
@@ -235,6 +241,9 @@ pub async fn serve_tls(
         }
     };
     proxy.count_handshake("ok");
+    if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+        return crate::front_h2::serve_h2(tls, peer, proxy, settings, stop, true).await;
+    }
     serve_connection(
         ClientStream::Tls(Box::new(tls)),
         peer,
@@ -266,13 +275,26 @@ pub async fn serve_connection(
     };
     // One timer for the connection's life, re-armed for each head.
     let mut timer = Box::pin(tokio::time::sleep(settings.header_timeout));
+    let mut first = true;
     loop {
         let req = match c
-            .read_head(&settings, &proxy, &client_ip, timer.as_mut(), shutdown)
+            .read_head(
+                &settings,
+                &proxy,
+                &client_ip,
+                timer.as_mut(),
+                shutdown,
+                first,
+            )
             .await
         {
             HeadRead::Ready(req) => req,
             HeadRead::Closed => return,
+            HeadRead::H2 => {
+                let ClientConn { tcp, rbuf, .. } = c;
+                let io = crate::front_h2::Prefixed::new(rbuf.freeze(), tcp);
+                return crate::front_h2::serve_h2(io, peer, proxy, settings, stop, false).await;
+            }
             HeadRead::Refused(code, msg) => {
                 proxy.count_local("none", code);
                 tracing::debug!(%peer, code, "request refused: {msg}");
@@ -282,6 +304,7 @@ pub async fn serve_connection(
                 return;
             }
         };
+        first = false;
         c.rbuf.advance(req.head_len);
         match c.exchange(req, &proxy, &stop).await {
             Ok(true) => crate::server::share_cpu(),
@@ -337,6 +360,7 @@ impl ClientConn {
         client_ip: &str,
         mut timer: Pin<&mut Sleep>,
         shutdown: &CancellationToken,
+        first: bool,
     ) -> HeadRead {
         let mut armed = false;
         let (mut releasing, mut head_due) = (false, Instant::now());
@@ -374,6 +398,15 @@ impl ClientConn {
                     }
                     Err(e @ RequestError::UnsupportedTransferCoding) => {
                         return HeadRead::Refused(501, e.to_string());
+                    }
+                    // Only as a connection's first bytes, and only in cleartext (over
+                    // TLS, HTTP/2 is chosen by ALPN).
+                    Err(RequestError::Syntax(_))
+                        if first
+                            && matches!(self.tcp, ClientStream::Plain(_))
+                            && self.rbuf.starts_with(H2_PREFACE_START) =>
+                    {
+                        return HeadRead::H2;
                     }
                     Err(e) => return HeadRead::Refused(400, e.to_string()),
                 }
@@ -520,13 +553,15 @@ impl ClientConn {
         }
         let (answer, body_done) = if out.is_streamed() {
             let mut reader = BodyReader {
-                tcp: &mut self.tcp,
-                rbuf: &mut self.rbuf,
-                state: match length {
-                    Some(n) => Remaining::Length(n),
-                    None => Remaining::Chunked(ChunkedDecoder::new()),
+                src: BodySource::H1 {
+                    tcp: &mut self.tcp,
+                    rbuf: &mut self.rbuf,
+                    state: match length {
+                        Some(n) => Remaining::Length(n),
+                        None => Remaining::Chunked(ChunkedDecoder::new()),
+                    },
+                    continue_due: req.expect_continue,
                 },
-                continue_due: req.expect_continue,
                 idle_timeout: table.client_body_timeout,
             };
             let answer = proxy
@@ -1025,7 +1060,7 @@ pub fn forwarded_head_as<'b>(
 }
 
 /// Turns a parsed head into the request the targets get, and finds its route.
-fn prepare(
+pub(crate) fn prepare(
     head: &http1::RequestHead<'_>,
     fields: &[httparse::Header<'_>],
     proxy: &Proxy,
@@ -1076,44 +1111,94 @@ enum Remaining {
 }
 
 /// A client's request body, read as the target connection sends it on (too large to
-/// buffer, or of unknown length). Borrowed from the client connection for one request.
+/// buffer, or of unknown length). Borrowed from the client connection for one request
+/// (HTTP/1.1), or owning the request's HTTP/2 stream.
 pub struct BodyReader<'c> {
-    tcp: &'c mut ClientStream,
-    rbuf: &'c mut BytesMut,
-    state: Remaining,
-    /// `100 Continue` is owed to the client before reading.
-    continue_due: bool,
+    src: BodySource<'c>,
     /// Longest wait for more of the body.
     idle_timeout: Duration,
 }
 
-impl BodyReader<'_> {
+enum BodySource<'c> {
+    H1 {
+        tcp: &'c mut ClientStream,
+        rbuf: &'c mut BytesMut,
+        state: Remaining,
+        /// `100 Continue` is owed to the client before reading.
+        continue_due: bool,
+    },
+    /// `None` once read to the end or handed over ([`BodyReader::take_h2`]).
+    H2(Option<h2::RecvStream>),
+}
+
+impl<'c> BodyReader<'c> {
+    /// The body of an HTTP/2 request.
+    pub(crate) fn h2(recv: h2::RecvStream, idle_timeout: Duration) -> BodyReader<'c> {
+        BodyReader {
+            src: BodySource::H2(Some(recv)),
+            idle_timeout,
+        }
+    }
+
+    /// The HTTP/2 stream itself, for a target that takes the body while it answers
+    /// (an HTTP/2 target: gRPC streams both ways at once); `None` for HTTP/1.1.
+    pub fn take_h2(&mut self) -> Option<h2::RecvStream> {
+        match &mut self.src {
+            BodySource::H2(recv) => recv.take(),
+            BodySource::H1 { .. } => None,
+        }
+    }
+
     /// The next piece of the body (decoded from chunks), or `None` at its end.
     pub async fn next_data(&mut self) -> Option<io::Result<Bytes>> {
+        let idle_timeout = self.idle_timeout;
+        let (tcp, rbuf, state, continue_due) = match &mut self.src {
+            BodySource::H1 {
+                tcp,
+                rbuf,
+                state,
+                continue_due,
+            } => (tcp, rbuf, state, continue_due),
+            BodySource::H2(slot) => {
+                let recv = slot.as_mut()?;
+                return match tokio::time::timeout(idle_timeout, recv.data()).await {
+                    Ok(Some(Ok(data))) => {
+                        let _ = recv.flow_control().release_capacity(data.len());
+                        Some(Ok(data))
+                    }
+                    Ok(Some(Err(e))) => Some(Err(io::Error::other(e))),
+                    Ok(None) => {
+                        *slot = None;
+                        None
+                    }
+                    Err(_) => Some(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client's request body stalled",
+                    ))),
+                };
+            }
+        };
         loop {
-            match &mut self.state {
+            match state {
                 Remaining::Done => return None,
                 Remaining::Length(0) => {
-                    self.state = Remaining::Done;
+                    *state = Remaining::Done;
                     return None;
                 }
-                Remaining::Length(left) if !self.rbuf.is_empty() => {
-                    let n = self
-                        .rbuf
-                        .len()
-                        .min(usize::try_from(*left).unwrap_or(usize::MAX));
+                Remaining::Length(left) if !rbuf.is_empty() => {
+                    let n = rbuf.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
                     *left -= n as u64;
-                    return Some(Ok(self.rbuf.split_to(n).freeze()));
+                    return Some(Ok(rbuf.split_to(n).freeze()));
                 }
-                Remaining::Chunked(dec) if !self.rbuf.is_empty() => match dec.decode(self.rbuf) {
+                Remaining::Chunked(dec) if !rbuf.is_empty() => match dec.decode(rbuf) {
                     Ok((_, Decoded::Data(r))) => {
-                        self.rbuf.advance(r.start);
-                        return Some(Ok(self.rbuf.split_to(r.len()).freeze()));
+                        rbuf.advance(r.start);
+                        return Some(Ok(rbuf.split_to(r.len()).freeze()));
                     }
-                    Ok((n, Decoded::NeedMore)) => self.rbuf.advance(n),
+                    Ok((n, Decoded::NeedMore)) => rbuf.advance(n),
                     Ok((n, Decoded::End)) => {
-                        self.rbuf.advance(n);
-                        self.state = Remaining::Done;
+                        rbuf.advance(n);
+                        *state = Remaining::Done;
                         return None;
                     }
                     Err(e) => {
@@ -1122,14 +1207,14 @@ impl BodyReader<'_> {
                 },
                 _ => {}
             }
-            if self.continue_due {
-                self.continue_due = false;
-                if let Err(e) = self.tcp.write_now(CONTINUE).await {
+            if *continue_due {
+                *continue_due = false;
+                if let Err(e) = tcp.write_now(CONTINUE).await {
                     return Some(Err(e));
                 }
             }
-            let more = std::future::poll_fn(|cx| poll_read_more(self.tcp, self.rbuf, cx));
-            match tokio::time::timeout(self.idle_timeout, more).await {
+            let more = std::future::poll_fn(|cx| poll_read_more(&mut **tcp, rbuf, cx));
+            match tokio::time::timeout(idle_timeout, more).await {
                 Ok(Ok(0)) => {
                     return Some(Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -1150,7 +1235,10 @@ impl BodyReader<'_> {
 
     /// True once the body was read to its end (the next request can follow).
     pub fn is_done(&self) -> bool {
-        matches!(self.state, Remaining::Done)
+        match &self.src {
+            BodySource::H1 { state, .. } => matches!(state, Remaining::Done),
+            BodySource::H2(recv) => recv.is_none(),
+        }
     }
 }
 

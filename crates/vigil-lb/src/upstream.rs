@@ -167,6 +167,16 @@ impl Outgoing {
         self.streamed
     }
 
+    /// Request line and fields as every attempt sends them (no final empty line).
+    pub fn head_bytes(&self) -> &[u8] {
+        &self.head
+    }
+
+    /// The buffered body (empty when there is none or it is streamed).
+    pub fn buffered_body(&self) -> Bytes {
+        self.body.clone()
+    }
+
     /// Whether the request asks for an upgrade ([`Outgoing::set_upgrade`]).
     pub fn is_upgrade(&self) -> bool {
         self.upgrade
@@ -197,13 +207,70 @@ pub struct ResponseHead {
 }
 
 impl ResponseHead {
+    /// A head made from a status and fields that did not arrive as HTTP/1.1 (an
+    /// HTTP/2 answer): written out once as HTTP/1.1 text, spans into it.
+    pub fn synthesize<'a>(
+        status: u16,
+        fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+        framing: Framing,
+    ) -> ResponseHead {
+        let mut text = Vec::with_capacity(256);
+        let mut spans = SmallVec::new();
+        for (name, value) in fields {
+            if hop_by_hop(name).is_some() {
+                continue;
+            }
+            let start = text.len();
+            text.extend_from_slice(name);
+            let colon = text.len();
+            text.extend_from_slice(b": ");
+            text.extend_from_slice(value);
+            // Past 4 GiB of fields the rest is left out (spans are 32-bit).
+            let Ok(end) = u32::try_from(text.len()) else {
+                break;
+            };
+            spans.push(FieldSpan {
+                start: start as u32,
+                colon: colon as u32,
+                end,
+            });
+            text.extend_from_slice(b"\r\n");
+        }
+        ResponseHead {
+            status,
+            framing,
+            read: Bytes::from(text),
+            reason: 0..0,
+            fields: spans,
+        }
+    }
+
+    /// Each field as (name, value).
+    pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.fields.iter().map(|f| {
+            (
+                &self.read[f.start as usize..f.colon as usize],
+                self.read[f.colon as usize + 1..f.end as usize].trim_ascii(),
+            )
+        })
+    }
+
     /// Appends the status line and the fields, each line with its end (no empty line).
     pub fn write_to(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"HTTP/1.1 ");
         let code = itoa_status(self.status);
         out.extend_from_slice(&code);
         out.push(b' ');
-        out.extend_from_slice(&self.read[self.reason.clone()]);
+        if self.reason.is_empty() {
+            // An answer that had no reason phrase (HTTP/2): the usual one.
+            let reason = http::StatusCode::from_u16(self.status)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+                .unwrap_or("");
+            out.extend_from_slice(reason.as_bytes());
+        } else {
+            out.extend_from_slice(&self.read[self.reason.clone()]);
+        }
         out.extend_from_slice(b"\r\n");
         for f in &self.fields {
             out.extend_from_slice(&self.read[f.start as usize..f.end as usize]);
@@ -239,6 +306,26 @@ pub struct UpstreamResponse {
     pub body: UpstreamResponseBody,
     /// After a `101` to an upgrade: the connection, no longer HTTP (never pooled).
     pub upgraded: Option<Upgraded>,
+}
+
+impl UpstreamResponse {
+    /// An HTTP/2 answer: its head, and its body read from `body` (data, then trailers).
+    pub fn from_h2(status: u16, headers: &http::HeaderMap, body: h2::RecvStream) -> Self {
+        let end = body.is_end_stream();
+        UpstreamResponse {
+            head: ResponseHead::from_h2(status, headers, end),
+            body: UpstreamResponseBody {
+                state: if end {
+                    BodyState::Ready(None)
+                } else {
+                    BodyState::H2(body, false)
+                },
+                conn: None,
+                keep_alive: false,
+            },
+            upgraded: None,
+        }
+    }
 }
 
 /// A target connection switched to another protocol by a `101` answer.
@@ -384,6 +471,10 @@ pub struct ConnPool {
     idle: Box<[Mutex<Vec<Idle>>]>,
     /// Idle connections kept per worker.
     idle_cap: usize,
+    /// Whether the target speaks HTTP/2 (`protocol = "h2"`; set on reload).
+    h2: std::sync::atomic::AtomicBool,
+    /// Its HTTP/2 connections, one per worker.
+    h2_conns: crate::upstream_h2::H2Conns,
 }
 
 /// The time limits of one attempt.
@@ -417,7 +508,14 @@ impl ConnPool {
             sock: addr.parse().ok(),
             idle: (0..workers).map(|_| Mutex::new(Vec::new())).collect(),
             idle_cap: (MAX_IDLE_PER_TARGET / workers).max(MIN_IDLE_PER_WORKER),
+            h2: std::sync::atomic::AtomicBool::new(false),
+            h2_conns: crate::upstream_h2::H2Conns::new(addr, workers),
         })
+    }
+
+    /// Speak HTTP/2 (prior knowledge) to this target from now on, or HTTP/1.1.
+    pub fn set_h2(&self, h2: bool) {
+        self.h2.store(h2, Ordering::Relaxed);
     }
 
     /// Idle connections now.
@@ -510,6 +608,10 @@ impl ConnPool {
         mut streamed: Option<&mut BodyReader<'_>>,
         t: AttemptTimeouts,
     ) -> Result<UpstreamResponse, Failure> {
+        if self.h2.load(Ordering::Relaxed) {
+            let worker = WORKER.with(Cell::get);
+            return self.h2_conns.send(worker, req, host, streamed, t).await;
+        }
         loop {
             let (mut conn, reused) = match self.checkout(t.idle) {
                 Some(c) => (c, true),
@@ -904,6 +1006,8 @@ enum BodyState {
     Chunked(ChunkedDecoder),
     /// Until the target closes.
     UntilClose,
+    /// An HTTP/2 stream: data, then trailers (true once the data ended).
+    H2(h2::RecvStream, bool),
 }
 
 /// A target's response body, read as it is polled; gives its connection back to the
@@ -953,6 +1057,25 @@ impl Body for UpstreamResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = self.get_mut();
+        if let BodyState::H2(recv, data_done) = &mut this.state {
+            if !*data_done {
+                match ready!(recv.poll_data(cx)) {
+                    Some(Ok(data)) => {
+                        let _ = recv.flow_control().release_capacity(data.len());
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    Some(Err(e)) => return this.fail(io::Error::other(e)),
+                    None => *data_done = true,
+                }
+            }
+            return match ready!(recv.poll_trailers(cx)) {
+                Ok(trailers) => {
+                    this.state = BodyState::Ready(None);
+                    Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))))
+                }
+                Err(e) => this.fail(io::Error::other(e)),
+            };
+        }
         loop {
             let conn = match &mut this.state {
                 BodyState::Ready(b) => return Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
