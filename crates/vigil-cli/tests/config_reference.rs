@@ -441,6 +441,10 @@ pool = "<name>"
 
 [pools."<name>"]
 targets = [{ addr = "127.0.0.1:9001", zone = "a" }]
+
+[tls_listeners."<name>"]
+listen = "127.0.0.1:8443"
+certificates = [{ cert = "a.pem", key = "a.key" }]
 "#;
 
 fn lb_parse(what: &str, text: &str) -> vigil_lb::config::LbConfig {

@@ -275,7 +275,11 @@ impl PoolRt {
         let mut targets = BTreeMap::new();
         for t in &section.targets {
             pool.add_target(t.addr.clone(), spec(t), now);
-            targets.insert(t.addr.clone(), Arc::new(TargetRt::new(name, &t.addr)));
+            let target = Arc::new(TargetRt::new(name, &t.addr));
+            target
+                .conns
+                .set_h2(section.protocol == crate::config::Protocol::H2);
+            targets.insert(t.addr.clone(), target);
         }
         let duration = metrics
             .duration
@@ -323,7 +327,9 @@ impl PoolRt {
             for t in &section.targets {
                 targets
                     .entry(t.addr.clone())
-                    .or_insert_with(|| Arc::new(TargetRt::new(&self.name, &t.addr)));
+                    .or_insert_with(|| Arc::new(TargetRt::new(&self.name, &t.addr)))
+                    .conns
+                    .set_h2(section.protocol == crate::config::Protocol::H2);
             }
         }
         *self.budget.lock().expect("budget lock") = RetryBudget::new(section.retries.budget);

@@ -9,7 +9,7 @@
 //! transitions, not every probe.
 
 use crate::balancer::PoolRt;
-use crate::config::{HealthCheckConfig, StatusSet};
+use crate::config::{CheckType, HealthCheckConfig, StatusSet};
 use crate::metrics::CheckLabels;
 use crate::proxy::ErrorChain;
 use bytes::Bytes;
@@ -40,6 +40,15 @@ pub async fn probe(
     expected: &StatusSet,
 ) -> Verdict {
     let fail = |detail: String| Verdict { ok: false, detail };
+    if hc.check_type == CheckType::Grpc {
+        return match tokio::time::timeout(hc.timeout, grpc_probe(addr, &hc.grpc_service)).await {
+            Ok(v) => v,
+            Err(_) => fail(format!(
+                "no gRPC health answer within {}",
+                humantime::format_duration(hc.timeout)
+            )),
+        };
+    }
     let req = match Request::get(format!("http://{addr}{}", hc.path))
         .header(header::USER_AGENT, "vigil-lb health check")
         .header(header::ACCEPT, "application/health+json, */*")
@@ -105,6 +114,188 @@ pub async fn probe(
             humantime::format_duration(hc.timeout)
         )),
     }
+}
+
+/// gRPC health v1 `ServingStatus` values (grpc/health/v1/health.proto).
+const SERVING: u64 = 1;
+
+/// One gRPC health v1 `Check` of `service` ("" = the whole server) on a fresh HTTP/2
+/// connection (cleartext, prior knowledge), as grpc-health-probe does: passes on
+/// `SERVING`; `NOT_SERVING`, `SERVICE_UNKNOWN`, a non-zero `grpc-status` (5, NOT_FOUND,
+/// for a service the server does not know) or anything not gRPC fails.
+///
+/// The two messages are written and read by hand: `HealthCheckRequest` is one string
+/// (field 1) and `HealthCheckResponse` one enum (field 1); a protobuf runtime and
+/// generated code (tonic-health) would be more code in the balancer than this.
+pub async fn grpc_probe(addr: &str, service: &str) -> Verdict {
+    match grpc_check(addr, service).await {
+        Ok(SERVING) => Verdict {
+            ok: true,
+            detail: "gRPC SERVING".into(),
+        },
+        Ok(status) => Verdict {
+            ok: false,
+            detail: format!("gRPC {}", serving_status_name(status)),
+        },
+        Err(detail) => Verdict { ok: false, detail },
+    }
+}
+
+fn serving_status_name(status: u64) -> String {
+    match status {
+        0 => "UNKNOWN".into(),
+        1 => "SERVING".into(),
+        2 => "NOT_SERVING".into(),
+        3 => "SERVICE_UNKNOWN".into(),
+        n => format!("status {n}"),
+    }
+}
+
+/// The `ServingStatus` the target answered, or what went wrong.
+async fn grpc_check(addr: &str, service: &str) -> Result<u64, String> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect failed: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    let (send, conn) = h2::client::handshake(tcp)
+        .await
+        .map_err(|e| format!("HTTP/2 handshake failed: {e}"))?;
+    let exchange = async move {
+        let mut send = send.ready().await.map_err(|e| e.to_string())?;
+        let req = Request::post(format!("http://{addr}/grpc.health.v1.Health/Check"))
+            .header(header::CONTENT_TYPE, "application/grpc")
+            .header(header::TE, "trailers")
+            .header(header::USER_AGENT, "vigil-lb health check")
+            .body(())
+            .map_err(|e| e.to_string())?;
+        let (answer, mut stream) = send
+            .send_request(req, false)
+            .map_err(|e| format!("request failed: {e}"))?;
+        stream
+            .send_data(grpc_frame(&health_check_request(service)), true)
+            .map_err(|e| format!("request failed: {e}"))?;
+        let resp = answer.await.map_err(|e| format!("request failed: {e}"))?;
+        if resp.status() != http::StatusCode::OK {
+            return Err(format!(
+                "HTTP {}, not a gRPC answer",
+                resp.status().as_u16()
+            ));
+        }
+        let headers = resp.headers().clone();
+        let mut body = resp.into_body();
+        let mut data = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.map_err(|e| format!("answer broke: {e}"))?;
+            let _ = body.flow_control().release_capacity(chunk.len());
+            data.extend_from_slice(&chunk);
+            if data.len() > MAX_REPORT_BYTES {
+                return Err("answer too large for a health check".into());
+            }
+        }
+        let trailers = body.trailers().await.map_err(|e| e.to_string())?;
+        // A trailers-only answer (an error) carries grpc-status in its headers.
+        let status_of = |m: &http::HeaderMap| {
+            m.get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let code = trailers
+            .as_ref()
+            .and_then(status_of)
+            .or_else(|| status_of(&headers))
+            .ok_or("no grpc-status in the answer")?;
+        if code != "0" {
+            let msg = trailers
+                .as_ref()
+                .and_then(|t| t.get("grpc-message"))
+                .or_else(|| headers.get("grpc-message"))
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            return Err(format!("grpc-status {code} {msg}").trim_end().to_string());
+        }
+        health_check_status(&data)
+    };
+    // The connection is driven beside the exchange and dropped with it.
+    tokio::select! {
+        biased;
+        r = exchange => r,
+        c = conn => Err(match c {
+            Ok(()) => "the connection closed before the answer".into(),
+            Err(e) => format!("connection failed: {e}"),
+        }),
+    }
+}
+
+/// A `HealthCheckRequest { service }` message.
+fn health_check_request(service: &str) -> Vec<u8> {
+    let mut m = Vec::with_capacity(service.len() + 6);
+    if !service.is_empty() {
+        m.push(0x0a); // field 1, length-delimited
+        put_varint(&mut m, service.len() as u64);
+        m.extend_from_slice(service.as_bytes());
+    }
+    m
+}
+
+/// A gRPC length-prefixed message: not compressed, 4-byte big-endian length.
+fn grpc_frame(message: &[u8]) -> Bytes {
+    let mut f = Vec::with_capacity(message.len() + 5);
+    f.push(0);
+    f.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    f.extend_from_slice(message);
+    Bytes::from(f)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn varint(b: &[u8]) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    for (i, &byte) in b.iter().enumerate().take(10) {
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((v, i + 1));
+        }
+    }
+    None
+}
+
+/// The `status` of a framed `HealthCheckResponse` (0, UNKNOWN, when absent: proto3's
+/// default); unknown fields are skipped.
+fn health_check_status(framed: &[u8]) -> Result<u64, String> {
+    let bad = || "not a HealthCheckResponse".to_string();
+    let [0, a, b, c, d, msg @ ..] = framed else {
+        return Err(bad());
+    };
+    let len = u32::from_be_bytes([*a, *b, *c, *d]) as usize;
+    let mut m = msg.get(..len).ok_or_else(bad)?;
+    let mut status = 0;
+    while !m.is_empty() {
+        let (key, n) = varint(m).ok_or_else(bad)?;
+        m = &m[n..];
+        match key & 7 {
+            0 => {
+                let (v, n) = varint(m).ok_or_else(bad)?;
+                if key >> 3 == 1 {
+                    status = v;
+                }
+                m = &m[n..];
+            }
+            2 => {
+                let (l, n) = varint(m).ok_or_else(bad)?;
+                m = m.get(n + l as usize..).ok_or_else(bad)?;
+            }
+            5 => m = m.get(4..).ok_or_else(bad)?,
+            1 => m = m.get(8..).ok_or_else(bad)?,
+            _ => return Err(bad()),
+        }
+    }
+    Ok(status)
 }
 
 /// A client for checks: no pooling, so every check opens a fresh connection.
@@ -177,4 +368,33 @@ fn pool_metrics(pool: &PoolRt, addr: &str, ok: bool) {
             result: if ok { "pass" } else { "fail" }.into(),
         })
         .inc();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_check_messages_are_encoded_and_decoded_as_protobuf() {
+        assert_eq!(health_check_request(""), b"");
+        assert_eq!(health_check_request("svc.A"), b"\x0a\x05svc.A");
+        assert_eq!(&grpc_frame(b"ab")[..], b"\x00\x00\x00\x00\x02ab");
+        // status = SERVING (field 1, varint 1).
+        assert_eq!(health_check_status(&grpc_frame(b"\x08\x01")), Ok(1));
+        assert_eq!(health_check_status(&grpc_frame(b"\x08\x02")), Ok(2));
+        // Absent: proto3's default, UNKNOWN; an unknown string field is skipped.
+        assert_eq!(health_check_status(&grpc_frame(b"")), Ok(0));
+        assert_eq!(
+            health_check_status(&grpc_frame(b"\x12\x01x\x08\x01")),
+            Ok(1)
+        );
+        assert!(
+            health_check_status(b"\x01\x00\x00\x00\x00").is_err(),
+            "compressed"
+        );
+        assert!(
+            health_check_status(&grpc_frame(b"\x08")).is_err(),
+            "truncated"
+        );
+    }
 }

@@ -43,7 +43,15 @@ enum Command {
 /// Runs `vigil lb`.
 pub fn run(args: Args) -> ExitCode {
     match args.command {
-        Some(Command::CheckConfig) => match config::load(&args.config) {
+        Some(Command::CheckConfig) => match config::load(&args.config)
+            .map_err(|e| e.to_string())
+            .and_then(|c| {
+                crate::tls::install_crypto_provider();
+                // Certificates too, as `nginx -t` reads them.
+                crate::tls::load(&c, crate::server::config_dir(&args.config))
+                    .map(|_| c)
+                    .map_err(|e| format!("{}: {e}", args.config.display()))
+            }) {
             Ok(c) => {
                 let targets: usize = c.pools.values().map(|p| p.targets.len()).sum();
                 println!(

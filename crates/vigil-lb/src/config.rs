@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use vigil_core::Invalid;
 use vigil_core::outlier::OutlierConfig;
@@ -63,6 +63,11 @@ pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// `send_timeout`). A client that stops reading (slow read) is disconnected after it, so
 /// it cannot hold a target connection whose body is being relayed.
 pub const DEFAULT_CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default longest quiet time of a tunnel (a WebSocket after its `101`): 1 hour,
+/// HAProxy's advice for `timeout tunnel`. A WebSocket idles for minutes between
+/// messages (and most send pings well within this); a tunnel nobody uses for an hour
+/// is closed rather than held for ever.
+pub const DEFAULT_TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Default limit on a request header: 16 KiB (HAProxy's `tune.bufsize`); larger gets 431.
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Default largest request body buffered so that the request can be retried or hedged:
@@ -114,6 +119,8 @@ pub struct LbConfig {
     pub headers: HeadersConfig,
     /// Routing rules, tried in order; the first match wins.
     pub routes: Vec<RouteConfig>,
+    /// Listeners that terminate TLS (HTTPS), by name, each with its certificates.
+    pub tls_listeners: BTreeMap<String, TlsListenerConfig>,
     /// Pools of targets, by name.
     pub pools: BTreeMap<String, PoolSection>,
 }
@@ -129,6 +136,7 @@ impl Default for LbConfig {
             limits: LimitsConfig::default(),
             headers: HeadersConfig::default(),
             routes: Vec::new(),
+            tls_listeners: BTreeMap::new(),
             pools: BTreeMap::new(),
         }
     }
@@ -176,6 +184,10 @@ pub struct TimeoutsConfig {
     /// then the connection closes. Defaults to 60s.
     #[serde(with = "humantime_serde")]
     pub client_write: Duration,
+    /// Longest time a tunnel (a WebSocket or other upgrade, after the target's `101`)
+    /// may pass no byte either way; then both sides are closed. Defaults to 1h.
+    #[serde(with = "humantime_serde")]
+    pub tunnel_idle: Duration,
 }
 
 impl Default for TimeoutsConfig {
@@ -190,6 +202,7 @@ impl Default for TimeoutsConfig {
             idle: DEFAULT_IDLE_TIMEOUT,
             client_header: DEFAULT_CLIENT_HEADER_TIMEOUT,
             client_write: DEFAULT_CLIENT_WRITE_TIMEOUT,
+            tunnel_idle: DEFAULT_TUNNEL_IDLE_TIMEOUT,
         }
     }
 }
@@ -241,6 +254,50 @@ pub enum Underscores {
     Reject,
 }
 
+/// Default ALPN protocols of a TLS listener, in the server's order of preference.
+pub const DEFAULT_ALPN: [&str; 2] = ["h2", "http/1.1"];
+
+/// A listener that terminates TLS: requests arriving on it are routed like the plain
+/// listener's (`X-Forwarded-Proto: https`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsListenerConfig {
+    /// Address to listen on (required; a restart is needed to change it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Protocols offered in the TLS handshake (ALPN), in order of preference: `h2`,
+    /// `http/1.1`. Defaults to `["h2", "http/1.1"]`.
+    pub alpn: Vec<String>,
+    /// Certificates, chosen by the name the client asks for (SNI); the first is the
+    /// default (no SNI, or a name no certificate lists). At least one.
+    pub certificates: Vec<CertificateConfig>,
+}
+
+impl Default for TlsListenerConfig {
+    fn default() -> Self {
+        TlsListenerConfig {
+            listen: None,
+            alpn: DEFAULT_ALPN.iter().map(|s| s.to_string()).collect(),
+            certificates: Vec::new(),
+        }
+    }
+}
+
+/// A certificate chain and its private key (PEM files; a relative path is relative to
+/// the configuration file's directory), and the server names it is chosen for.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CertificateConfig {
+    /// PEM file of the certificate chain, the server's certificate first (required).
+    pub cert: PathBuf,
+    /// PEM file of its private key (PKCS#8, PKCS#1 or SEC1; required).
+    pub key: PathBuf,
+    /// Names (SNI) this certificate is chosen for: `api.example.com`, or
+    /// `*.example.com` for one label below. Empty: only as the listener's default (when
+    /// it is the first). Defaults to empty.
+    pub server_names: Vec<String>,
+}
+
 /// One routing rule: requests whose host and path match go to `pool`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -289,12 +346,38 @@ impl Default for TargetConfig {
     }
 }
 
+/// The protocol spoken to a pool's targets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Protocol {
+    /// HTTP/1.1 (keep-alive, pooled connections). Defaults to this.
+    #[default]
+    Http1,
+    /// HTTP/2 in cleartext with prior knowledge (one multiplexed connection per target
+    /// and worker): gRPC services, whose trailers HTTP/1.1 cannot carry.
+    H2,
+}
+
+/// The kind of active health check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckType {
+    /// GET `path` over HTTP/1.1. Defaults to this.
+    #[default]
+    Http,
+    /// gRPC health v1 `Check` (`grpc.health.v1.Health/Check`) over HTTP/2 cleartext:
+    /// passes on `SERVING`.
+    Grpc,
+}
+
 /// A pool of targets and its policies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolSection {
     /// The targets.
     pub targets: Vec<TargetConfig>,
+    /// `http1` or `h2` (cleartext, prior knowledge) to the targets. Defaults to `http1`.
+    pub protocol: Protocol,
     /// `p2c`, `round-robin` or `least-request`. Defaults to `p2c`.
     pub balance: Balance,
     /// Fail open (route to all) when the healthy fraction falls below this. Defaults
@@ -330,6 +413,7 @@ impl Default for PoolSection {
         let core = PoolConfig::default();
         PoolSection {
             targets: Vec::new(),
+            protocol: Protocol::Http1,
             balance: Balance::P2c,
             panic_threshold: core.panic_threshold,
             panic_exit_margin: core.panic_exit_margin,
@@ -376,6 +460,13 @@ pub struct HealthCheckConfig {
     /// Whether to check at all; without checks every target is assumed healthy and only
     /// outlier detection removes targets. Defaults to true.
     pub enabled: bool,
+    /// `http` (GET `path`) or `grpc` (gRPC health v1 `Check` of `grpc_service`).
+    /// Defaults to `http`.
+    #[serde(rename = "type")]
+    pub check_type: CheckType,
+    /// With `type = "grpc"`: the service asked about; empty asks about the whole
+    /// server. Defaults to empty.
+    pub grpc_service: String,
     /// Path to GET. Defaults to `/readyz`.
     pub path: String,
     /// Time between checks of one target. Defaults to 2s.
@@ -405,6 +496,8 @@ impl Default for HealthCheckConfig {
     fn default() -> Self {
         HealthCheckConfig {
             enabled: true,
+            check_type: CheckType::Http,
+            grpc_service: String::new(),
             path: DEFAULT_HEALTH_PATH.to_string(),
             interval: DEFAULT_HEALTH_INTERVAL,
             jitter: DEFAULT_HEALTH_JITTER,
@@ -560,6 +653,9 @@ impl LbConfig {
         if self.timeouts.client_write.is_zero() {
             return Err(invalid("timeouts.client_write", "must be more than 0s"));
         }
+        if self.timeouts.tunnel_idle.is_zero() {
+            return Err(invalid("timeouts.tunnel_idle", "must be more than 0s"));
+        }
         if self.limits.max_header_bytes < 8192 {
             return Err(invalid(
                 "limits.max_header_bytes",
@@ -604,6 +700,7 @@ impl LbConfig {
                 ));
             }
         }
+        self.validate_tls()?;
         for (name, pool) in &self.pools {
             let key = |k: &str| format!("pools.{name}.{k}");
             if pool.targets.is_empty() {
@@ -669,6 +766,76 @@ impl LbConfig {
         Ok(())
     }
 }
+
+impl LbConfig {
+    /// The `[tls_listeners.<name>]` part of [`LbConfig::validate`] (files are read later,
+    /// by `crate::tls::load`).
+    fn validate_tls(&self) -> Result<(), Invalid> {
+        let mut addrs = vec![self.listen, self.admin_listen];
+        for (i, l) in &self.tls_listeners {
+            let key = |k: &str| format!("tls_listeners.{i}.{k}");
+            let Some(addr) = l.listen else {
+                return Err(invalid(
+                    format!("tls_listeners.{i}"),
+                    "missing key `listen`: the address of this TLS listener",
+                ));
+            };
+            if addrs.contains(&addr) {
+                return Err(invalid(
+                    key("listen"),
+                    format!("{addr} is already listen, admin_listen or another TLS listener"),
+                ));
+            }
+            addrs.push(addr);
+            if l.alpn.is_empty() {
+                return Err(invalid(key("alpn"), "must offer at least one protocol"));
+            }
+            for (j, p) in l.alpn.iter().enumerate() {
+                if !SUPPORTED_ALPN.contains(&p.as_str()) {
+                    return Err(invalid(
+                        format!("tls_listeners.{i}.alpn[{j}]"),
+                        format!("{p:?} is not one of {}", SUPPORTED_ALPN.join(", ")),
+                    ));
+                }
+            }
+            if l.certificates.is_empty() {
+                return Err(invalid(
+                    key("certificates"),
+                    "a TLS listener needs at least one certificate",
+                ));
+            }
+            for (j, c) in l.certificates.iter().enumerate() {
+                let ck = |k: &str| format!("tls_listeners.{i}.certificates[{j}].{k}");
+                if c.cert.as_os_str().is_empty() {
+                    return Err(invalid(ck("cert"), "missing: the PEM file of the chain"));
+                }
+                if c.key.as_os_str().is_empty() {
+                    return Err(invalid(ck("key"), "missing: the PEM file of the key"));
+                }
+                for (k, n) in c.server_names.iter().enumerate() {
+                    let bare = n.strip_prefix("*.").unwrap_or(n);
+                    let ok = !bare.is_empty()
+                        && bare.split('.').all(|label| {
+                            !label.is_empty()
+                                && label
+                                    .bytes()
+                                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                        });
+                    if !ok {
+                        return Err(invalid(
+                            format!("tls_listeners.{i}.certificates[{j}].server_names[{k}]"),
+                            format!("{n:?} is not a DNS name or *.name"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// ALPN protocols a TLS listener can speak.
+pub const SUPPORTED_ALPN: [&str; 2] = ["h2", "http/1.1"];
 
 fn validate_addr(addr: &str) -> Result<(), String> {
     if addr.is_empty() {
@@ -832,6 +999,41 @@ targets = [{ addr = "localhost:9003" }]
         let e = p(&text).unwrap_err().to_string();
         assert!(
             e.contains("key `pools.web.outlier.max_ejection_percent`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tls_listeners_need_an_address_certificates_and_known_protocols() {
+        let ok = "[tls_listeners.public]\nlisten = \"127.0.0.1:8443\"\n\
+                  certificates = [{ cert = \"a.pem\", key = \"a.key\", server_names = [\"a.example\", \"*.b.example\"] }]\n";
+        let c = p(ok).unwrap();
+        assert_eq!(c.tls_listeners["public"].alpn, ["h2", "http/1.1"]);
+        let e = p(&ok.replace("listen = \"127.0.0.1:8443\"\n", "")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("key `tls_listeners.public`: missing key `listen`"),
+            "{e}"
+        );
+        let e = p(&ok.replace("8443", "8080")).unwrap_err();
+        assert!(
+            e.to_string().contains("key `tls_listeners.public.listen`"),
+            "{e}"
+        );
+        let e = p(&format!("{ok}alpn = [\"spdy/3\"]\n")).unwrap_err();
+        assert!(
+            e.to_string().contains("key `tls_listeners.public.alpn[0]`"),
+            "{e}"
+        );
+        let e = p(&ok.replace("*.b.example", "b..example")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("key `tls_listeners.public.certificates[0].server_names[1]`"),
+            "{e}"
+        );
+        let e = p(&ok.replace(", key = \"a.key\"", "")).unwrap_err();
+        assert!(
+            e.to_string().contains("certificates[0].key`: missing"),
             "{e}"
         );
     }

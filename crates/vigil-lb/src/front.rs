@@ -21,12 +21,19 @@
 //!
 //! A client that stops reading its answer is disconnected after `timeouts.client_write`.
 //!
-//! Not done here: HTTP/2, upgrades (`Upgrade` is hop-by-hop and removed), forwarding
-//! request trailers.
+//! A valid upgrade (a GET without a body whose `Connection` names its one `Upgrade`,
+//! not `h2c`) is forwarded with `Upgrade`; the target's `101` turns the connection into
+//! a tunnel ([`crate::tunnel`]). Any other `Upgrade` is removed as hop-by-hop.
+//!
+//! Not done here: HTTP/2, forwarding request trailers.
 
 use crate::config::Underscores;
-use crate::proxy::{Answer, Proxy, ProxyTable, VIA, connection_options, hop_by_hop, is_idempotent};
-use crate::upstream::{Outgoing, OutgoingBody, ResponseHead, UpstreamResponse, poll_read_more};
+use crate::proxy::{
+    Answer, Proxy, ProxyTable, UPGRADE, VIA, connection_options, hop_by_hop, is_idempotent,
+};
+use crate::upstream::{
+    Outgoing, OutgoingBody, ResponseHead, Upgraded, UpstreamResponse, poll_read_more,
+};
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
 use smallvec::SmallVec;
@@ -59,37 +66,122 @@ pub struct FrontSettings {
 }
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+/// How the HTTP/2 connection preface starts (RFC 9113 3.4): a request line httparse
+/// refuses (version 2.0), so it is looked for only when a first head fails to parse.
+const H2_PREFACE_START: &[u8] = b"PRI * HTTP/2.0\r\n";
+
+/// A client connection: plain TCP, or TLS over it (after the handshake).
+///
+/// An enum rather than a type parameter so that [`BodyReader`], which the proxy and
+/// the upstream side take, stays one type; a branch per read or write costs nothing
+/// measurable beside the system call.
+#[derive(Debug)]
+pub enum ClientStream {
+    /// Cleartext.
+    Plain(TcpStream),
+    /// TLS (boxed: its session state is large, a plain connection should not carry it).
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl ClientStream {
+    /// Ready when a read may return something. TLS may hold decrypted bytes the socket
+    /// no longer shows, so it is always ready (a TLS connection that gave its buffers
+    /// back takes a buffer again at once: the release saves memory on plain ones only).
+    fn poll_read_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            ClientStream::Plain(tcp) => tcp.poll_read_ready(cx),
+            ClientStream::Tls(_) => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// Writes all of `buf` and flushes it (TLS keeps records until flushed).
+    async fn write_now(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.write_all(buf).await?;
+        match self {
+            ClientStream::Plain(_) => Ok(()),
+            ClientStream::Tls(t) => t.flush().await,
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for ClientStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(t) => Pin::new(t).poll_read(cx, buf),
+            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for ClientStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ClientStream::Plain(t) => Pin::new(t).poll_write(cx, buf),
+            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(t) => Pin::new(t).poll_flush(cx),
+            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(t) => Pin::new(t).poll_shutdown(cx),
+            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
 
 /// A client connection's socket and buffers.
 struct ClientConn {
-    tcp: TcpStream,
+    tcp: ClientStream,
     /// Bytes read and not yet used (the next request may already be here: pipelining).
     rbuf: BytesMut,
     /// The answer being written.
     wbuf: Vec<u8>,
     /// Longest wait for the client to take more of it.
     write_timeout: Duration,
+    /// The connection became a tunnel (and has ended as one).
+    tunneled: bool,
 }
 
 /// A request head turned into what the proxy needs; owns nothing of the read buffer.
-struct Prepared {
+pub(crate) struct Prepared {
     /// Bytes of the head in the read buffer.
-    head_len: usize,
+    pub(crate) head_len: usize,
     /// Request line and forwarded fields (no framing fields, no final empty line).
-    out_head: Vec<u8>,
-    has_host: bool,
-    head_request: bool,
+    pub(crate) out_head: Vec<u8>,
+    /// A valid upgrade (WebSocket): `Connection: upgrade` and `Upgrade` are in
+    /// `out_head`, and a 101 answer turns the connection into a tunnel.
+    pub(crate) upgrade: bool,
+    pub(crate) has_host: bool,
+    pub(crate) head_request: bool,
     /// POST, PUT, PATCH: a body is part of the method, so an empty one is declared.
-    declares_body: bool,
-    idempotent: bool,
-    body: RequestBody,
-    keep_alive: bool,
-    http10: bool,
-    expect_continue: bool,
+    pub(crate) declares_body: bool,
+    pub(crate) idempotent: bool,
+    pub(crate) body: RequestBody,
+    pub(crate) keep_alive: bool,
+    pub(crate) http10: bool,
+    pub(crate) expect_continue: bool,
     /// The matching route's pool, or none (404).
-    pool: Option<Arc<crate::balancer::PoolRt>>,
+    pub(crate) pool: Option<Arc<crate::balancer::PoolRt>>,
     /// The configuration it was routed by.
-    table: Arc<ProxyTable>,
+    pub(crate) table: Arc<ProxyTable>,
 }
 
 /// Time limits on relaying a response body.
@@ -108,17 +200,70 @@ enum HeadRead {
     Closed,
     /// Refused: status and message; the connection closes after the answer.
     Refused(u16, String),
+    /// The HTTP/2 connection preface (cleartext, prior knowledge): the connection is
+    /// HTTP/2's.
+    H2,
 }
 
-/// Serves one client connection until it closes, fails, or `shutdown` is cancelled
+/// When a client connection stops: `drain` is cancelled on SIGTERM (the connection
+/// closes between two requests), `close` when the drain time has run out (tunnels,
+/// which have no "between two requests", close then).
+#[derive(Clone, Debug, Default)]
+pub struct Stop {
+    /// Cancelled on SIGTERM.
+    pub drain: CancellationToken,
+    /// Cancelled when the drain time ran out.
+    pub close: CancellationToken,
+}
+
+/// Serves a connection to a TLS listener: the handshake (within
+/// `timeouts.client_header`, as a request head), then HTTP/1.1 over it.
+pub async fn serve_tls(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    config: Arc<rustls::ServerConfig>,
+    proxy: Arc<Proxy>,
+    settings: FrontSettings,
+    stop: Stop,
+) {
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(tcp);
+    let tls = match tokio::time::timeout(settings.header_timeout, accept).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            proxy.count_handshake("error");
+            tracing::debug!(%peer, "TLS handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            proxy.count_handshake("timeout");
+            tracing::debug!(%peer, "TLS handshake not done within timeouts.client_header");
+            return;
+        }
+    };
+    proxy.count_handshake("ok");
+    if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+        return crate::front_h2::serve_h2(tls, peer, proxy, settings, stop, true).await;
+    }
+    serve_connection(
+        ClientStream::Tls(Box::new(tls)),
+        peer,
+        proxy,
+        settings,
+        stop,
+    )
+    .await;
+}
+
+/// Serves one client connection until it closes, fails, or `stop.drain` is cancelled
 /// between two requests.
 pub async fn serve_connection(
-    tcp: TcpStream,
+    tcp: ClientStream,
     peer: SocketAddr,
     proxy: Arc<Proxy>,
     settings: FrontSettings,
-    shutdown: CancellationToken,
+    stop: Stop,
 ) {
+    let shutdown = &stop.drain;
     let client_ip = peer.ip().to_string();
     let mut c = ClientConn {
         tcp,
@@ -126,16 +271,30 @@ pub async fn serve_connection(
         rbuf: BytesMut::with_capacity(IDLE_READ_RESERVE),
         wbuf: Vec::with_capacity(1024),
         write_timeout: settings.write_timeout,
+        tunneled: false,
     };
     // One timer for the connection's life, re-armed for each head.
     let mut timer = Box::pin(tokio::time::sleep(settings.header_timeout));
+    let mut first = true;
     loop {
         let req = match c
-            .read_head(&settings, &proxy, &client_ip, timer.as_mut(), &shutdown)
+            .read_head(
+                &settings,
+                &proxy,
+                &client_ip,
+                timer.as_mut(),
+                shutdown,
+                first,
+            )
             .await
         {
             HeadRead::Ready(req) => req,
             HeadRead::Closed => return,
+            HeadRead::H2 => {
+                let ClientConn { tcp, rbuf, .. } = c;
+                let io = crate::front_h2::Prefixed::new(rbuf.freeze(), tcp);
+                return crate::front_h2::serve_h2(io, peer, proxy, settings, stop, false).await;
+            }
             HeadRead::Refused(code, msg) => {
                 proxy.count_local("none", code);
                 tracing::debug!(%peer, code, "request refused: {msg}");
@@ -145,9 +304,12 @@ pub async fn serve_connection(
                 return;
             }
         };
+        first = false;
         c.rbuf.advance(req.head_len);
-        match c.exchange(req, &proxy, &shutdown).await {
+        match c.exchange(req, &proxy, &stop).await {
             Ok(true) => crate::server::share_cpu(),
+            // A tunnel closed both ways already: nothing to linger for.
+            Ok(false) if c.tunneled => return,
             Ok(false) => return c.linger().await,
             Err(e) => {
                 tracing::debug!(%peer, "client connection ended: {e}");
@@ -198,6 +360,7 @@ impl ClientConn {
         client_ip: &str,
         mut timer: Pin<&mut Sleep>,
         shutdown: &CancellationToken,
+        first: bool,
     ) -> HeadRead {
         let mut armed = false;
         let (mut releasing, mut head_due) = (false, Instant::now());
@@ -217,7 +380,8 @@ impl ClientConn {
                         return too_large(settings);
                     }
                     Ok(Some((head, fields))) => {
-                        return match prepare(&head, fields, proxy, client_ip) {
+                        let https = matches!(self.tcp, ClientStream::Tls(_));
+                        return match prepare(&head, fields, proxy, client_ip, https) {
                             Ok(p) => HeadRead::Ready(p),
                             Err((code, msg)) => HeadRead::Refused(code, msg),
                         };
@@ -234,6 +398,15 @@ impl ClientConn {
                     }
                     Err(e @ RequestError::UnsupportedTransferCoding) => {
                         return HeadRead::Refused(501, e.to_string());
+                    }
+                    // Only as a connection's first bytes, and only in cleartext (over
+                    // TLS, HTTP/2 is chosen by ALPN).
+                    Err(RequestError::Syntax(_))
+                        if first
+                            && matches!(self.tcp, ClientStream::Plain(_))
+                            && self.rbuf.starts_with(H2_PREFACE_START) =>
+                    {
+                        return HeadRead::H2;
                     }
                     Err(e) => return HeadRead::Refused(400, e.to_string()),
                 }
@@ -319,12 +492,8 @@ impl ClientConn {
 
     /// Reads or streams the body, forwards, and writes the answer. `Ok(true)`: the
     /// connection can take another request.
-    async fn exchange(
-        &mut self,
-        req: Prepared,
-        proxy: &Proxy,
-        shutdown: &CancellationToken,
-    ) -> io::Result<bool> {
+    async fn exchange(&mut self, req: Prepared, proxy: &Proxy, stop: &Stop) -> io::Result<bool> {
+        let shutdown = &stop.drain;
         let table = req.table;
         // The whole exchange's deadline (`timeouts.request`), from the head's arrival.
         let deadline = table.request_timeout.map(|t| Instant::now() + t);
@@ -368,7 +537,7 @@ impl ClientConn {
             RequestBody::Length(n) => Some(n),
             _ => None,
         };
-        let out = Outgoing::new(
+        let mut out = Outgoing::new(
             req.out_head,
             req.has_host,
             req.head_request,
@@ -379,15 +548,20 @@ impl ClientConn {
             },
             req.idempotent,
         );
+        if req.upgrade {
+            out.set_upgrade();
+        }
         let (answer, body_done) = if out.is_streamed() {
             let mut reader = BodyReader {
-                tcp: &mut self.tcp,
-                rbuf: &mut self.rbuf,
-                state: match length {
-                    Some(n) => Remaining::Length(n),
-                    None => Remaining::Chunked(ChunkedDecoder::new()),
+                src: BodySource::H1 {
+                    tcp: &mut self.tcp,
+                    rbuf: &mut self.rbuf,
+                    state: match length {
+                        Some(n) => Remaining::Length(n),
+                        None => Remaining::Chunked(ChunkedDecoder::new()),
+                    },
+                    continue_due: req.expect_continue,
                 },
-                continue_due: req.expect_continue,
                 idle_timeout: table.client_body_timeout,
             };
             let answer = proxy
@@ -399,6 +573,15 @@ impl ClientConn {
             (answer, true)
         };
         let keep = req.keep_alive && body_done && !shutdown.is_cancelled();
+        let answer = match answer {
+            Answer::Target(mut resp) if resp.upgraded.is_some() => {
+                let up = resp.upgraded.take().expect("checked just before");
+                self.tunnel(resp, up, &table, proxy, &pool.name, stop)
+                    .await?;
+                return Ok(false);
+            }
+            other => other,
+        };
         match answer {
             Answer::Local(code, msg) => {
                 self.write_local(code, &msg, keep, req.head_request).await?;
@@ -422,6 +605,40 @@ impl ClientConn {
         }
     }
 
+    /// Passes the target's `101` on and joins the two connections until the tunnel
+    /// ends ([`crate::tunnel`]).
+    async fn tunnel(
+        &mut self,
+        resp: UpstreamResponse,
+        mut up: Upgraded,
+        table: &ProxyTable,
+        proxy: &Proxy,
+        pool: &str,
+        stop: &Stop,
+    ) -> io::Result<()> {
+        self.wbuf.clear();
+        resp.head.write_to(&mut self.wbuf);
+        self.wbuf.extend_from_slice(b"via: ");
+        self.wbuf.extend_from_slice(VIA.as_bytes());
+        self.wbuf
+            .extend_from_slice(b"\r\nconnection: upgrade\r\n\r\n");
+        self.send_wbuf().await?;
+        self.tunneled = true;
+        let ahead = self.rbuf.split();
+        crate::tunnel::run(
+            &mut self.tcp,
+            &ahead,
+            &mut up.tcp,
+            &up.read_ahead,
+            table.tunnel_idle_timeout,
+            &stop.close,
+            &proxy.metrics,
+            pool,
+        )
+        .await;
+        Ok(())
+    }
+
     /// Reads a body of `n` bytes whole, within `timeout` (and by `deadline`).
     async fn read_body(
         &mut self,
@@ -433,7 +650,7 @@ impl ClientConn {
         if self.rbuf.len() < n {
             if expect_continue && self.rbuf.is_empty() {
                 self.tcp
-                    .write_all(CONTINUE)
+                    .write_now(CONTINUE)
                     .await
                     .map_err(|_| (400, "incomplete request body"))?;
             }
@@ -495,7 +712,7 @@ impl ClientConn {
         http10: bool,
         limits: BodyLimits,
     ) -> io::Result<(bool, Option<&'static str>)> {
-        let UpstreamResponse { head, mut body } = resp;
+        let UpstreamResponse { head, mut body, .. } = resp;
         // A body without a length: chunked to an HTTP/1.1 client, until close to 1.0.
         let rechunk = matches!(head.framing, Framing::Chunked | Framing::UntilClose);
         if rechunk && http10 {
@@ -560,13 +777,15 @@ impl ClientConn {
     /// Writes `buf` to the client: at once when its socket takes it (the usual case, no
     /// timer), else within the write timeout.
     async fn send(&mut self, mut buf: &[u8]) -> io::Result<()> {
-        match self.tcp.try_write(buf) {
-            Ok(n) if n == buf.len() => return Ok(()),
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
+        if let ClientStream::Plain(tcp) = &self.tcp {
+            match tcp.try_write(buf) {
+                Ok(n) if n == buf.len() => return Ok(()),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
         }
-        match tokio::time::timeout(self.write_timeout, self.tcp.write_all(buf)).await {
+        match tokio::time::timeout(self.write_timeout, self.tcp.write_now(buf)).await {
             Ok(r) => r,
             Err(_) => Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -653,12 +872,38 @@ fn split_target(target: &str) -> Option<(Option<&str>, &str)> {
     (!authority.is_empty()).then_some((Some(authority), pq))
 }
 
+/// Whether an `Upgrade` value may be tunnelled: protocol tokens (`websocket`,
+/// `foo/2`), none of them `h2c`.
+fn upgradable(value: &[u8]) -> bool {
+    let mut any = false;
+    for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+        let name = token.split(|&b| b == b'/').next().unwrap_or_default();
+        if name.is_empty()
+            || name.eq_ignore_ascii_case(b"h2c")
+            || !token
+                .iter()
+                .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~/".contains(&b))
+        {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
 /// A request head rewritten for the targets.
 #[derive(Debug)]
 pub struct Forwarded<'b> {
     /// Request line in origin form and the forwarded fields (no `Content-Length`,
     /// `Transfer-Encoding` or final empty line: [`Outgoing::new`] writes those).
     pub out_head: Vec<u8>,
+    /// The `Upgrade` value to forward (with `Connection: upgrade`), when the request is
+    /// a valid upgrade: a GET without a body, HTTP/1.1, one `Upgrade` field that
+    /// `Connection` names, and no `h2c` in it (h2c is not tunnelled: a client could
+    /// reach the target in HTTP/2 past every rule of this proxy, "h2c smuggling").
+    /// Otherwise `Upgrade` is dropped like any hop-by-hop field and the request is a
+    /// plain one.
+    pub upgrade: Option<&'b [u8]>,
     /// A `Host` field is among them.
     pub has_host: bool,
     /// The host the request is for: the absolute form's authority, else `Host`.
@@ -681,6 +926,18 @@ pub fn forwarded_head<'b>(
     fields: &[httparse::Header<'b>],
     client_ip: &str,
     underscores: Underscores,
+) -> Result<Forwarded<'b>, (u16, String)> {
+    forwarded_head_as(head, fields, client_ip, underscores, false)
+}
+
+/// [`forwarded_head`] for a request that arrived over TLS when `https`
+/// (`X-Forwarded-Proto: https`).
+pub fn forwarded_head_as<'b>(
+    head: &http1::RequestHead<'b>,
+    fields: &[httparse::Header<'b>],
+    client_ip: &str,
+    underscores: Underscores,
+    https: bool,
 ) -> Result<Forwarded<'b>, (u16, String)> {
     if head.method == "CONNECT" {
         return Err((405, "CONNECT is not supported".into()));
@@ -713,9 +970,17 @@ pub fn forwarded_head<'b>(
     }
     let mut forwarded_for: SmallVec<[&[u8]; 2]> = SmallVec::new();
     let mut underscores_dropped = 0;
+    // `Upgrade` values (hop-by-hop: only forwarded for a valid upgrade, below).
+    let mut upgrades: SmallVec<[&[u8]; 1]> = SmallVec::new();
     for f in fields {
         let name = f.name.as_bytes();
-        if hop_by_hop(name).is_some() || named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+        if let Some(i) = hop_by_hop(name) {
+            if i == UPGRADE {
+                upgrades.push(f.value);
+            }
+            continue;
+        }
+        if named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
             continue;
         }
         // `Content_Length` is CONTENT_LENGTH to a CGI-style gateway behind the target.
@@ -764,11 +1029,28 @@ pub fn forwarded_head<'b>(
         out.extend_from_slice(b", ");
     }
     out.extend_from_slice(client_ip.as_bytes());
-    out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\nvia: ");
+    out.extend_from_slice(if https {
+        b"\r\nx-forwarded-proto: https\r\nvia: "
+    } else {
+        b"\r\nx-forwarded-proto: http\r\nvia: "
+    });
     out.extend_from_slice(VIA.as_bytes());
     out.extend_from_slice(b"\r\n");
+    let upgrade = match upgrades.as_slice() {
+        [value]
+            if head.method == "GET"
+                && !head.http10
+                && head.body == RequestBody::None
+                && named.iter().any(|n| n.eq_ignore_ascii_case(b"upgrade"))
+                && upgradable(value) =>
+        {
+            Some(*value)
+        }
+        _ => None,
+    };
     Ok(Forwarded {
         out_head: out,
+        upgrade,
         has_host,
         // The absolute form's authority is the request's host (RFC 9112 3.2.2).
         host: authority.or(host_field),
@@ -778,26 +1060,35 @@ pub fn forwarded_head<'b>(
 }
 
 /// Turns a parsed head into the request the targets get, and finds its route.
-fn prepare(
+pub(crate) fn prepare(
     head: &http1::RequestHead<'_>,
     fields: &[httparse::Header<'_>],
     proxy: &Proxy,
     client_ip: &str,
+    https: bool,
 ) -> Result<Prepared, (u16, String)> {
     // One configuration for the whole request, from routing to the last attempt.
     let table = proxy.table.load_full();
-    let fwd = forwarded_head(head, fields, client_ip, table.underscores).inspect_err(|e| {
-        if e.0 == 400 && table.underscores == Underscores::Reject {
-            proxy.count_dropped("underscore", 1);
-        }
-    })?;
+    let fwd =
+        forwarded_head_as(head, fields, client_ip, table.underscores, https).inspect_err(|e| {
+            if e.0 == 400 && table.underscores == Underscores::Reject {
+                proxy.count_dropped("underscore", 1);
+            }
+        })?;
     if fwd.underscores_dropped > 0 {
         proxy.count_dropped("underscore", fwd.underscores_dropped);
     }
     let pool = table.route(fwd.host, fwd.path).cloned();
+    let mut out_head = fwd.out_head;
+    if let Some(protocols) = fwd.upgrade {
+        out_head.extend_from_slice(b"connection: upgrade\r\nupgrade: ");
+        out_head.extend_from_slice(protocols);
+        out_head.extend_from_slice(b"\r\n");
+    }
     Ok(Prepared {
         head_len: head.len,
-        out_head: fwd.out_head,
+        out_head,
+        upgrade: fwd.upgrade.is_some(),
         has_host: fwd.has_host,
         head_request: head.method == "HEAD",
         declares_body: matches!(head.method, "POST" | "PUT" | "PATCH"),
@@ -820,44 +1111,94 @@ enum Remaining {
 }
 
 /// A client's request body, read as the target connection sends it on (too large to
-/// buffer, or of unknown length). Borrowed from the client connection for one request.
+/// buffer, or of unknown length). Borrowed from the client connection for one request
+/// (HTTP/1.1), or owning the request's HTTP/2 stream.
 pub struct BodyReader<'c> {
-    tcp: &'c mut TcpStream,
-    rbuf: &'c mut BytesMut,
-    state: Remaining,
-    /// `100 Continue` is owed to the client before reading.
-    continue_due: bool,
+    src: BodySource<'c>,
     /// Longest wait for more of the body.
     idle_timeout: Duration,
 }
 
-impl BodyReader<'_> {
+enum BodySource<'c> {
+    H1 {
+        tcp: &'c mut ClientStream,
+        rbuf: &'c mut BytesMut,
+        state: Remaining,
+        /// `100 Continue` is owed to the client before reading.
+        continue_due: bool,
+    },
+    /// `None` once read to the end or handed over ([`BodyReader::take_h2`]).
+    H2(Option<h2::RecvStream>),
+}
+
+impl<'c> BodyReader<'c> {
+    /// The body of an HTTP/2 request.
+    pub(crate) fn h2(recv: h2::RecvStream, idle_timeout: Duration) -> BodyReader<'c> {
+        BodyReader {
+            src: BodySource::H2(Some(recv)),
+            idle_timeout,
+        }
+    }
+
+    /// The HTTP/2 stream itself, for a target that takes the body while it answers
+    /// (an HTTP/2 target: gRPC streams both ways at once); `None` for HTTP/1.1.
+    pub fn take_h2(&mut self) -> Option<h2::RecvStream> {
+        match &mut self.src {
+            BodySource::H2(recv) => recv.take(),
+            BodySource::H1 { .. } => None,
+        }
+    }
+
     /// The next piece of the body (decoded from chunks), or `None` at its end.
     pub async fn next_data(&mut self) -> Option<io::Result<Bytes>> {
+        let idle_timeout = self.idle_timeout;
+        let (tcp, rbuf, state, continue_due) = match &mut self.src {
+            BodySource::H1 {
+                tcp,
+                rbuf,
+                state,
+                continue_due,
+            } => (tcp, rbuf, state, continue_due),
+            BodySource::H2(slot) => {
+                let recv = slot.as_mut()?;
+                return match tokio::time::timeout(idle_timeout, recv.data()).await {
+                    Ok(Some(Ok(data))) => {
+                        let _ = recv.flow_control().release_capacity(data.len());
+                        Some(Ok(data))
+                    }
+                    Ok(Some(Err(e))) => Some(Err(io::Error::other(e))),
+                    Ok(None) => {
+                        *slot = None;
+                        None
+                    }
+                    Err(_) => Some(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client's request body stalled",
+                    ))),
+                };
+            }
+        };
         loop {
-            match &mut self.state {
+            match state {
                 Remaining::Done => return None,
                 Remaining::Length(0) => {
-                    self.state = Remaining::Done;
+                    *state = Remaining::Done;
                     return None;
                 }
-                Remaining::Length(left) if !self.rbuf.is_empty() => {
-                    let n = self
-                        .rbuf
-                        .len()
-                        .min(usize::try_from(*left).unwrap_or(usize::MAX));
+                Remaining::Length(left) if !rbuf.is_empty() => {
+                    let n = rbuf.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
                     *left -= n as u64;
-                    return Some(Ok(self.rbuf.split_to(n).freeze()));
+                    return Some(Ok(rbuf.split_to(n).freeze()));
                 }
-                Remaining::Chunked(dec) if !self.rbuf.is_empty() => match dec.decode(self.rbuf) {
+                Remaining::Chunked(dec) if !rbuf.is_empty() => match dec.decode(rbuf) {
                     Ok((_, Decoded::Data(r))) => {
-                        self.rbuf.advance(r.start);
-                        return Some(Ok(self.rbuf.split_to(r.len()).freeze()));
+                        rbuf.advance(r.start);
+                        return Some(Ok(rbuf.split_to(r.len()).freeze()));
                     }
-                    Ok((n, Decoded::NeedMore)) => self.rbuf.advance(n),
+                    Ok((n, Decoded::NeedMore)) => rbuf.advance(n),
                     Ok((n, Decoded::End)) => {
-                        self.rbuf.advance(n);
-                        self.state = Remaining::Done;
+                        rbuf.advance(n);
+                        *state = Remaining::Done;
                         return None;
                     }
                     Err(e) => {
@@ -866,14 +1207,14 @@ impl BodyReader<'_> {
                 },
                 _ => {}
             }
-            if self.continue_due {
-                self.continue_due = false;
-                if let Err(e) = self.tcp.write_all(CONTINUE).await {
+            if *continue_due {
+                *continue_due = false;
+                if let Err(e) = tcp.write_now(CONTINUE).await {
                     return Some(Err(e));
                 }
             }
-            let more = std::future::poll_fn(|cx| poll_read_more(self.tcp, self.rbuf, cx));
-            match tokio::time::timeout(self.idle_timeout, more).await {
+            let more = std::future::poll_fn(|cx| poll_read_more(&mut **tcp, rbuf, cx));
+            match tokio::time::timeout(idle_timeout, more).await {
                 Ok(Ok(0)) => {
                     return Some(Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -894,7 +1235,10 @@ impl BodyReader<'_> {
 
     /// True once the body was read to its end (the next request can follow).
     pub fn is_done(&self) -> bool {
-        matches!(self.state, Remaining::Done)
+        match &self.src {
+            BodySource::H1 { state, .. } => matches!(state, Remaining::Done),
+            BodySource::H2(recv) => recv.is_none(),
+        }
     }
 }
 

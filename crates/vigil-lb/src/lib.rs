@@ -9,11 +9,14 @@
 //!   events logged with their cause;
 //! - [`front`]: the client side, a lean HTTP/1.1 server (parse once, forward raw
 //!   field lines);
+//! - [`front_h2`]: HTTP/2 from clients (TLS ALPN `h2`, cleartext prior knowledge);
 //! - [`proxy`]: the data path: retries, hedging, timeouts, outlier reporting;
 //! - [`checker`]: active health checks;
 //! - [`admin`] and [`metrics`]: `/admin/targets`, `/metrics`;
-//! - [`upstream`]: pooled connections to targets;
+//! - [`upstream`]: pooled connections to targets; [`upstream_h2`]: HTTP/2 to gRPC targets;
+//! - [`tunnel`]: WebSocket and other upgrades, joined byte for byte after the `101`;
 //! - [`server`]: listeners, reload on SIGHUP, drain on SIGTERM;
+//! - [`tls`]: TLS termination, certificates by SNI, reloaded on SIGHUP;
 //! - [`cli`]: `vigil lb` and `vigil lb check-config`.
 
 pub mod admin;
@@ -22,7 +25,11 @@ pub mod checker;
 pub mod cli;
 pub mod config;
 pub mod front;
+pub mod front_h2;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+pub mod tls;
+pub mod tunnel;
 pub mod upstream;
+pub mod upstream_h2;

@@ -11,6 +11,11 @@
 //! | `vigil_lb_retries_denied_total` | pool | retries the budget refused |
 //! | `vigil_lb_health_checks_total` | pool, target, result | active checks by result (pass, fail) |
 //! | `vigil_lb_timeouts_total` | pool, kind | timeouts by kind: `per_try` (an attempt, retried if it may be), `response_header` (the client's wait for a head: 504), `send` (the target took none of the request: 504), `response_body` (the body stalled after its head: connection cut), `request` (the overall deadline: 504 before the head, cut after) |
+//! | `vigil_lb_tunnels_total` | pool | tunnels opened (a `101` to a WebSocket or other upgrade) |
+//! | `vigil_lb_tunnels_open` | pool | tunnels open now |
+//! | `vigil_lb_tunnels_closed_total` | pool, reason | tunnels closed: `closed` (by the peers), `idle` (`timeouts.tunnel_idle`), `drain` (the drain time ran out after SIGTERM), `error` |
+//! | `vigil_lb_tunnel_bytes_total` | pool, direction | bytes through tunnels, `to_target` or `to_client`, counted as they move |
+//! | `vigil_lb_tls_handshakes_total` | result | TLS handshakes on the TLS listeners: `ok`, `error` (no common protocol, a bad client hello, a reset), `timeout` (`timeouts.client_header`) |
 //! | `vigil_lb_request_fields_dropped_total` | reason | client request header fields not forwarded (`underscore`: a name with `_`, dropped or refused per `headers.underscores`) |
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -83,6 +88,31 @@ pub struct DropLabels {
     pub reason: String,
 }
 
+/// Labels of the tunnel byte counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TunnelBytesLabels {
+    /// Pool name.
+    pub pool: String,
+    /// `to_target` or `to_client`.
+    pub direction: String,
+}
+
+/// Labels of the closed-tunnel counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TunnelCloseLabels {
+    /// Pool name.
+    pub pool: String,
+    /// closed, idle, drain, error.
+    pub reason: String,
+}
+
+/// Labels of the TLS handshake counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    /// ok, error, timeout.
+    pub result: String,
+}
+
 /// Every metric, registered in one registry.
 pub struct Metrics {
     registry: Registry,
@@ -106,6 +136,16 @@ pub struct Metrics {
     pub fields_dropped: Family<DropLabels, Counter>,
     /// Timeouts by kind.
     pub timeouts: Family<TimeoutLabels, Counter>,
+    /// Tunnels opened.
+    pub tunnels: Family<PoolLabels, Counter>,
+    /// Tunnels open now.
+    pub tunnels_open: Family<PoolLabels, Gauge>,
+    /// Tunnels closed, by reason.
+    pub tunnels_closed: Family<TunnelCloseLabels, Counter>,
+    /// Bytes through tunnels, by direction.
+    pub tunnel_bytes: Family<TunnelBytesLabels, Counter>,
+    /// TLS handshakes by result.
+    pub tls_handshakes: Family<HandshakeLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -161,8 +201,39 @@ impl Metrics {
             "Client request header fields not forwarded",
             fields_dropped.clone(),
         );
+        let tunnels = Family::<PoolLabels, Counter>::default();
+        registry.register(
+            "tunnels",
+            "Tunnels opened (101 to an upgrade)",
+            tunnels.clone(),
+        );
+        let tunnels_open = Family::<PoolLabels, Gauge>::default();
+        registry.register("tunnels_open", "Tunnels open now", tunnels_open.clone());
+        let tunnels_closed = Family::<TunnelCloseLabels, Counter>::default();
+        registry.register(
+            "tunnels_closed",
+            "Tunnels closed, by reason",
+            tunnels_closed.clone(),
+        );
+        let tunnel_bytes = Family::<TunnelBytesLabels, Counter>::default();
+        registry.register(
+            "tunnel_bytes",
+            "Bytes through tunnels, by direction",
+            tunnel_bytes.clone(),
+        );
+        let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
+        registry.register(
+            "tls_handshakes",
+            "TLS handshakes on the TLS listeners, by result",
+            tls_handshakes.clone(),
+        );
         Metrics {
             registry: root,
+            tls_handshakes,
+            tunnels,
+            tunnels_open,
+            tunnels_closed,
+            tunnel_bytes,
             requests,
             duration,
             target_up,

@@ -58,6 +58,8 @@ pub struct ProxyTable {
     pub idle_timeout: Duration,
     /// What is done with request fields whose name has an underscore.
     pub underscores: crate::config::Underscores,
+    /// Longest quiet time of a tunnel (after a `101`).
+    pub tunnel_idle_timeout: Duration,
 }
 
 /// A compiled routing rule.
@@ -194,6 +196,9 @@ const HOP_BY_HOP: [&[u8]; 9] = [
     b"proxy-connection",
 ];
 
+/// The index of `Upgrade` in [`HOP_BY_HOP`].
+pub(crate) const UPGRADE: usize = 4;
+
 /// The index of the field name `name` (any case) in [`HOP_BY_HOP`]; 0 is `Connection`.
 /// Lengths are compared first, so most names cost a few integer comparisons.
 pub(crate) fn hop_by_hop(name: &[u8]) -> Option<usize> {
@@ -302,10 +307,12 @@ impl Proxy {
         let overall = deadline.map_or(header_due, |d| d.min(header_due));
         // Serialised once; every attempt (retry, hedge) sends the same bytes.
         let out = Arc::new(out);
-        let hedge_delay = (section.hedge.enabled && idempotent && buffered).then(|| {
-            pool.latency
-                .hedge_delay(section.hedge.min_delay, section.hedge.max_delay)
-        });
+        // An upgrade is never sent twice at once: each copy would open a tunnel.
+        let hedge_delay = (section.hedge.enabled && idempotent && buffered && !out.is_upgrade())
+            .then(|| {
+                pool.latency
+                    .hedge_delay(section.hedge.min_delay, section.hedge.max_delay)
+            });
         // One timer per request serves the hedge delay and every attempt's
         // response-header deadline: it is re-armed for the earliest of them.
         let mut hedge_at = hedge_delay.map(|d| tokio::time::Instant::now() + d);
@@ -538,6 +545,16 @@ impl Proxy {
             .get_or_create(&crate::metrics::TimeoutLabels {
                 pool: pool.to_string(),
                 kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a TLS handshake by how it ended (ok, error, timeout).
+    pub fn count_handshake(&self, result: &str) {
+        self.metrics
+            .tls_handshakes
+            .get_or_create(&crate::metrics::HandshakeLabels {
+                result: result.to_string(),
             })
             .inc();
     }

@@ -15,6 +15,7 @@ use crate::config::{self, LbConfig};
 use crate::front::{self, FrontSettings};
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyTable, RouteRule};
+use crate::tls::{self, TlsSlot};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http_body_util::Empty;
@@ -34,11 +35,12 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// Tick period of the pools (readmissions after ejections).
 const TICK: Duration = Duration::from_millis(100);
+/// Time tunnels get to close (a FIN each way) once the drain time ran out.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// Latency quantiles (hedge delays) are recomputed every this many ticks (1 s).
 const LATENCY_REFRESH_TICKS: u32 = 10;
 
@@ -57,6 +59,7 @@ fn proxy_table(config: &LbConfig, routes: Vec<RouteRule>) -> ProxyTable {
         connect_timeout: t.connect,
         idle_timeout: t.idle,
         underscores: config.headers.underscores,
+        tunnel_idle_timeout: t.tunnel_idle,
     }
 }
 
@@ -69,11 +72,14 @@ pub struct Lb {
     config: Mutex<LbConfig>,
     checks: Mutex<Option<watch::Sender<()>>>,
     check_client: Client<HttpConnector, Empty<Bytes>>,
+    /// Each TLS listener's configuration (certificates), swapped on reload.
+    tls: Vec<TlsSlot>,
 }
 
 impl Lb {
     /// Builds the balancer and starts its health checks (call inside a runtime).
-    pub fn start(config: LbConfig) -> Arc<Lb> {
+    /// `tls`: the TLS listeners' configurations ([`tls::load`] of `config`).
+    pub fn start(config: LbConfig, tls: Vec<Arc<rustls::ServerConfig>>) -> Arc<Lb> {
         let metrics = Arc::new(Metrics::new());
         let proxy = Arc::new(Proxy {
             table: ArcSwap::from_pointee(proxy_table(&config, Vec::new())),
@@ -87,6 +93,10 @@ impl Lb {
             pools: ArcSwap::from_pointee(BTreeMap::new()),
             config: Mutex::new(config.clone()),
             checks: Mutex::new(None),
+            tls: tls
+                .into_iter()
+                .map(|sc| Arc::new(ArcSwap::new(sc)))
+                .collect(),
         });
         lb.apply(config);
         lb
@@ -158,13 +168,19 @@ impl Lb {
         self.pools.load_full()
     }
 
-    /// Reads, validates and applies `path`; a bad file keeps the running configuration.
+    /// Reads, validates and applies `path`, certificates included; a bad file (or
+    /// certificate) keeps the running configuration.
     pub fn reload(&self, path: &Path) {
-        match config::load(path) {
+        let loaded = config::load(path).map_err(|e| e.to_string()).and_then(|c| {
+            tls::load(&c, config_dir(path))
+                .map(|t| (c, t))
+                .map_err(|e| format!("{}: {e}", path.display()))
+        });
+        match loaded {
             Err(e) => {
                 tracing::error!("reload rejected, the running configuration stays: {e}");
             }
-            Ok(new) => {
+            Ok((new, tls)) => {
                 {
                     let cur = self.config.lock().expect("config lock");
                     if cur.listen != new.listen
@@ -179,6 +195,33 @@ impl Lb {
                              timeouts.client_write and limits.max_header_bytes take effect \
                              only after a restart"
                         );
+                    }
+                    let addrs = |c: &LbConfig| -> Vec<_> {
+                        c.tls_listeners
+                            .iter()
+                            .map(|(n, l)| (n.clone(), l.listen))
+                            .collect()
+                    };
+                    if addrs(&cur) != addrs(&new) {
+                        tracing::warn!(
+                            "tls_listeners: listeners added, removed or moved take effect only \
+                             after a restart; the certificates of the others are reloaded"
+                        );
+                    }
+                    // New handshakes get the new certificates; open connections keep
+                    // the session they have.
+                    let new_tls: BTreeMap<&String, _> = new
+                        .tls_listeners
+                        .iter()
+                        .zip(tls)
+                        .map(|((n, l), sc)| (n, (l, sc)))
+                        .collect();
+                    for (slot, (name, old)) in self.tls.iter().zip(&cur.tls_listeners) {
+                        if let Some((l, sc)) = new_tls.get(name)
+                            && l.listen == old.listen
+                        {
+                            slot.store(sc.clone());
+                        }
                     }
                 }
                 self.apply(new);
@@ -215,6 +258,14 @@ impl Lb {
 /// the tick loop, the admin listener, signals. Traffic that saturates the workers
 /// cannot delay a health check into a false failure.
 pub fn run(config: LbConfig, path: PathBuf) -> u8 {
+    tls::install_crypto_provider();
+    let tls = match tls::load(&config, config_dir(&path)) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
+            return crate::cli::EXIT_BAD_CONFIG;
+        }
+    };
     let workers = match config.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -227,7 +278,7 @@ pub fn run(config: LbConfig, path: PathBuf) -> u8 {
             return 1;
         }
     };
-    let code = rt.block_on(serve(config, path, workers));
+    let code = rt.block_on(serve(config, tls, path, workers));
     rt.shutdown_timeout(Duration::from_secs(1));
     code
 }
@@ -267,31 +318,44 @@ fn listeners(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::
     Ok(out)
 }
 
-/// A worker thread's runtime with its listener registered in it: everything that can
-/// fail, done before any worker starts.
-fn worker_parts(
-    std_listener: std::net::TcpListener,
-) -> std::io::Result<(tokio::runtime::Runtime, TcpListener)> {
-    let rt = current_thread_runtime()?;
-    let listener = {
-        let _in_rt = rt.enter();
-        TcpListener::from_std(std_listener)?
-    };
-    Ok((rt, listener))
+/// The directory relative paths in the configuration file at `path` start from.
+pub fn config_dir(path: &Path) -> &Path {
+    path.parent().unwrap_or(Path::new("."))
 }
 
-/// Accepts connections until `shutdown`, serving each in a task of this runtime.
+/// A worker's listener: its socket, and its TLS configuration if it terminates TLS.
+type WorkerListener = (TcpListener, Option<TlsSlot>);
+
+/// A worker thread's runtime with its listeners registered in it: everything that can
+/// fail, done before any worker starts.
+fn worker_parts(
+    std_listeners: Vec<(std::net::TcpListener, Option<TlsSlot>)>,
+) -> std::io::Result<(tokio::runtime::Runtime, Vec<WorkerListener>)> {
+    let rt = current_thread_runtime()?;
+    let listeners = {
+        let _in_rt = rt.enter();
+        std_listeners
+            .into_iter()
+            .map(|(l, tls)| Ok((TcpListener::from_std(l)?, tls)))
+            .collect::<std::io::Result<Vec<_>>>()?
+    };
+    Ok((rt, listeners))
+}
+
+/// Accepts connections until `shutdown`, serving each in a task of this runtime (TLS
+/// ones after their handshake, in that task).
 async fn accept_loop(
     listener: TcpListener,
+    tls: Option<TlsSlot>,
     proxy: Arc<Proxy>,
     settings: FrontSettings,
-    shutdown: CancellationToken,
+    stop: front::Stop,
     connections: TaskTracker,
 ) {
     loop {
         let accepted = tokio::select! {
             biased;
-            _ = shutdown.cancelled() => return,
+            _ = stop.drain.cancelled() => return,
             a = listener.accept() => a,
         };
         let (tcp, peer) = match accepted {
@@ -305,24 +369,54 @@ async fn accept_loop(
         };
         let _ = tcp.set_nodelay(true);
         share_cpu();
-        connections.spawn(front::serve_connection(
-            tcp,
-            peer,
-            proxy.clone(),
-            settings,
-            shutdown.clone(),
-        ));
+        match &tls {
+            None => connections.spawn(front::serve_connection(
+                front::ClientStream::Plain(tcp),
+                peer,
+                proxy.clone(),
+                settings,
+                stop.clone(),
+            )),
+            Some(slot) => connections.spawn(front::serve_tls(
+                tcp,
+                peer,
+                slot.load_full(),
+                proxy.clone(),
+                settings,
+                stop.clone(),
+            )),
+        };
     }
 }
 
-async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
-    let listeners = match listeners(config.listen, workers) {
-        Ok(l) => l,
+async fn serve(
+    config: LbConfig,
+    tls: Vec<Arc<rustls::ServerConfig>>,
+    path: PathBuf,
+    workers: usize,
+) -> u8 {
+    // Per worker: the plain listener's socket, then each TLS listener's.
+    let mut per_worker: Vec<Vec<std::net::TcpListener>> = match listeners(config.listen, workers) {
+        Ok(l) => l.into_iter().map(|l| vec![l]).collect(),
         Err(e) => {
             tracing::error!("cannot listen on {} (key `listen`): {e}", config.listen);
             return 1;
         }
     };
+    for (i, l) in &config.tls_listeners {
+        let addr = l.listen.expect("validated: a TLS listener has an address");
+        match listeners(addr, workers) {
+            Ok(ls) => {
+                for (w, l) in per_worker.iter_mut().zip(ls) {
+                    w.push(l);
+                }
+            }
+            Err(e) => {
+                tracing::error!("cannot listen on {addr} (key `tls_listeners.{i}.listen`): {e}");
+                return 1;
+            }
+        }
+    }
     let admin_listener = match TcpListener::bind(config.admin_listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -358,17 +452,20 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
         workers,
         "vigil lb started"
     );
-    let lb = Lb::start(config);
+    let lb = Lb::start(config, tls);
     tokio::spawn(lb.clone().tick_loop());
     let admin_task = tokio::spawn(serve_admin(admin_listener, lb.clone()));
 
-    // Cancelled on SIGTERM: listeners close, connections finish the request in hand
-    // and close.
-    let shutdown = CancellationToken::new();
+    // `drain` is cancelled on SIGTERM: listeners close, connections finish the request
+    // in hand and close; `close` when the drain time ran out: tunnels close.
+    let stop = front::Stop::default();
+    let shutdown = stop.drain.clone();
     let connections = TaskTracker::new();
-    let mut parts = Vec::with_capacity(listeners.len());
-    for l in listeners {
-        match worker_parts(l) {
+    let mut parts = Vec::with_capacity(per_worker.len());
+    for ls in per_worker {
+        // The plain listener has no TLS; the others are the TLS listeners in order.
+        let slots = std::iter::once(None).chain(lb.tls.iter().cloned().map(Some));
+        match worker_parts(ls.into_iter().zip(slots).collect()) {
             Ok(p) => parts.push(p),
             Err(e) => {
                 tracing::error!("cannot start a worker ({workers} asked for, key `workers`): {e}");
@@ -377,17 +474,33 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
         }
     }
     let mut threads = Vec::new();
-    for (k, (rt, listener)) in parts.into_iter().enumerate() {
-        let (proxy, stop, tracker) = (lb.proxy.clone(), shutdown.clone(), connections.clone());
+    for (k, (rt, worker_listeners)) in parts.into_iter().enumerate() {
+        let (proxy, stop, tracker) = (lb.proxy.clone(), stop.clone(), connections.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("vigil-lb-{k}"))
             .spawn(move || {
                 crate::upstream::set_worker(k);
                 rt.block_on(async {
-                    accept_loop(listener, proxy, settings, stop, tracker.clone()).await;
+                    let loops: Vec<_> = worker_listeners
+                        .into_iter()
+                        .map(|(listener, tls)| {
+                            tokio::spawn(accept_loop(
+                                listener,
+                                tls,
+                                proxy.clone(),
+                                settings,
+                                stop.clone(),
+                                tracker.clone(),
+                            ))
+                        })
+                        .collect();
+                    for l in loops {
+                        let _ = l.await;
+                    }
                     // This runtime runs its connections' tasks: it stays until they
-                    // are done (the tracker is closed by then) or the drain time is up.
-                    let _ = tokio::time::timeout(drain_timeout, tracker.wait()).await;
+                    // are done (the tracker is closed by then) or the drain time is up
+                    // and its tunnels have had a moment to close.
+                    let _ = tokio::time::timeout(drain_timeout + CLOSE_GRACE, tracker.wait()).await;
                 });
                 rt.shutdown_timeout(Duration::from_millis(100));
             });
@@ -425,10 +538,15 @@ async fn serve(config: LbConfig, path: PathBuf, workers: usize) -> u8 {
     connections.close();
     match tokio::time::timeout(drain_timeout, connections.wait()).await {
         Ok(()) => tracing::info!("drained; exiting"),
-        Err(_) => tracing::warn!(
-            "drain timeout ({}) ran out with requests still in flight; exiting",
-            humantime::format_duration(drain_timeout)
-        ),
+        Err(_) => {
+            tracing::warn!(
+                "drain timeout ({}) ran out with requests or tunnels still open; closing \
+                 them and exiting",
+                humantime::format_duration(drain_timeout)
+            );
+            stop.close.cancel();
+            let _ = tokio::time::timeout(CLOSE_GRACE, connections.wait()).await;
+        }
     }
     for t in threads {
         let _ = t.join();

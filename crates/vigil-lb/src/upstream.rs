@@ -92,6 +92,8 @@ pub struct Outgoing {
     chunked: bool,
     /// The body is streamed from the client.
     streamed: bool,
+    /// An upgrade (WebSocket): a `101` answer is final and hands the connection over.
+    upgrade: bool,
 }
 
 /// The request body as the client sends it.
@@ -142,7 +144,15 @@ impl Outgoing {
             body,
             chunked,
             streamed,
+            upgrade: false,
         }
+    }
+
+    /// Marks the request as an upgrade (its head has `Connection: upgrade` and
+    /// `Upgrade`): a `101 Switching Protocols` answer ends the exchange and the
+    /// connection becomes the response's [`Upgraded`] tunnel.
+    pub fn set_upgrade(&mut self) {
+        self.upgrade = true;
     }
 }
 
@@ -155,6 +165,21 @@ impl Outgoing {
     /// Whether the body is streamed from the client (not buffered).
     pub fn is_streamed(&self) -> bool {
         self.streamed
+    }
+
+    /// Request line and fields as every attempt sends them (no final empty line).
+    pub fn head_bytes(&self) -> &[u8] {
+        &self.head
+    }
+
+    /// The buffered body (empty when there is none or it is streamed).
+    pub fn buffered_body(&self) -> Bytes {
+        self.body.clone()
+    }
+
+    /// Whether the request asks for an upgrade ([`Outgoing::set_upgrade`]).
+    pub fn is_upgrade(&self) -> bool {
+        self.upgrade
     }
 }
 
@@ -182,13 +207,70 @@ pub struct ResponseHead {
 }
 
 impl ResponseHead {
+    /// A head made from a status and fields that did not arrive as HTTP/1.1 (an
+    /// HTTP/2 answer): written out once as HTTP/1.1 text, spans into it.
+    pub fn synthesize<'a>(
+        status: u16,
+        fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+        framing: Framing,
+    ) -> ResponseHead {
+        let mut text = Vec::with_capacity(256);
+        let mut spans = SmallVec::new();
+        for (name, value) in fields {
+            if hop_by_hop(name).is_some() {
+                continue;
+            }
+            let start = text.len();
+            text.extend_from_slice(name);
+            let colon = text.len();
+            text.extend_from_slice(b": ");
+            text.extend_from_slice(value);
+            // Past 4 GiB of fields the rest is left out (spans are 32-bit).
+            let Ok(end) = u32::try_from(text.len()) else {
+                break;
+            };
+            spans.push(FieldSpan {
+                start: start as u32,
+                colon: colon as u32,
+                end,
+            });
+            text.extend_from_slice(b"\r\n");
+        }
+        ResponseHead {
+            status,
+            framing,
+            read: Bytes::from(text),
+            reason: 0..0,
+            fields: spans,
+        }
+    }
+
+    /// Each field as (name, value).
+    pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.fields.iter().map(|f| {
+            (
+                &self.read[f.start as usize..f.colon as usize],
+                self.read[f.colon as usize + 1..f.end as usize].trim_ascii(),
+            )
+        })
+    }
+
     /// Appends the status line and the fields, each line with its end (no empty line).
     pub fn write_to(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"HTTP/1.1 ");
         let code = itoa_status(self.status);
         out.extend_from_slice(&code);
         out.push(b' ');
-        out.extend_from_slice(&self.read[self.reason.clone()]);
+        if self.reason.is_empty() {
+            // An answer that had no reason phrase (HTTP/2): the usual one.
+            let reason = http::StatusCode::from_u16(self.status)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+                .unwrap_or("");
+            out.extend_from_slice(reason.as_bytes());
+        } else {
+            out.extend_from_slice(&self.read[self.reason.clone()]);
+        }
         out.extend_from_slice(b"\r\n");
         for f in &self.fields {
             out.extend_from_slice(&self.read[f.start as usize..f.end as usize]);
@@ -222,6 +304,37 @@ pub struct UpstreamResponse {
     pub head: ResponseHead,
     /// The body.
     pub body: UpstreamResponseBody,
+    /// After a `101` to an upgrade: the connection, no longer HTTP (never pooled).
+    pub upgraded: Option<Upgraded>,
+}
+
+impl UpstreamResponse {
+    /// An HTTP/2 answer: its head, and its body read from `body` (data, then trailers).
+    pub fn from_h2(status: u16, headers: &http::HeaderMap, body: h2::RecvStream) -> Self {
+        let end = body.is_end_stream();
+        UpstreamResponse {
+            head: ResponseHead::from_h2(status, headers, end),
+            body: UpstreamResponseBody {
+                state: if end {
+                    BodyState::Ready(None)
+                } else {
+                    BodyState::H2(body, false)
+                },
+                conn: None,
+                keep_alive: false,
+            },
+            upgraded: None,
+        }
+    }
+}
+
+/// A target connection switched to another protocol by a `101` answer.
+#[derive(Debug)]
+pub struct Upgraded {
+    /// The connection.
+    pub tcp: TcpStream,
+    /// What the target sent after its `101` head (the new protocol's first bytes).
+    pub read_ahead: Bytes,
 }
 
 /// One connection to a target, with its buffers.
@@ -328,8 +441,8 @@ impl Conn {
 
 /// Reads what the socket has into `buf` (0: closed). A short read tells tokio the socket
 /// is drained, so the next read waits for epoll without a system call.
-pub(crate) fn poll_read_more(
-    tcp: &mut TcpStream,
+pub(crate) fn poll_read_more<S: tokio::io::AsyncRead + Unpin>(
+    tcp: &mut S,
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
@@ -358,6 +471,10 @@ pub struct ConnPool {
     idle: Box<[Mutex<Vec<Idle>>]>,
     /// Idle connections kept per worker.
     idle_cap: usize,
+    /// Whether the target speaks HTTP/2 (`protocol = "h2"`; set on reload).
+    h2: std::sync::atomic::AtomicBool,
+    /// Its HTTP/2 connections, one per worker.
+    h2_conns: crate::upstream_h2::H2Conns,
 }
 
 /// The time limits of one attempt.
@@ -391,7 +508,14 @@ impl ConnPool {
             sock: addr.parse().ok(),
             idle: (0..workers).map(|_| Mutex::new(Vec::new())).collect(),
             idle_cap: (MAX_IDLE_PER_TARGET / workers).max(MIN_IDLE_PER_WORKER),
+            h2: std::sync::atomic::AtomicBool::new(false),
+            h2_conns: crate::upstream_h2::H2Conns::new(addr, workers),
         })
+    }
+
+    /// Speak HTTP/2 (prior knowledge) to this target from now on, or HTTP/1.1.
+    pub fn set_h2(&self, h2: bool) {
+        self.h2.store(h2, Ordering::Relaxed);
     }
 
     /// Idle connections now.
@@ -484,6 +608,10 @@ impl ConnPool {
         mut streamed: Option<&mut BodyReader<'_>>,
         t: AttemptTimeouts,
     ) -> Result<UpstreamResponse, Failure> {
+        if self.h2.load(Ordering::Relaxed) {
+            let worker = WORKER.with(Cell::get);
+            return self.h2_conns.send(worker, req, host, streamed, t).await;
+        }
         loop {
             let (mut conn, reused) = match self.checkout(t.idle) {
                 Some(c) => (c, true),
@@ -617,8 +745,16 @@ impl ConnPool {
                 drop(named);
                 match parsed {
                     Ok(Some(h)) if h.status == 101 => {
-                        tracing::debug!(target_addr = %self.addr, "101 Switching Protocols to a request without Upgrade");
-                        return Err(ExchangeError::Failed(Failure::Garbage));
+                        let fields = if req.upgrade {
+                            switching_fields(&read[..h.len], base)
+                        } else {
+                            None
+                        };
+                        let Some(fields) = fields else {
+                            tracing::debug!(target_addr = %self.addr, "101 Switching Protocols to a request without Upgrade, or without its own");
+                            return Err(ExchangeError::Failed(Failure::Garbage));
+                        };
+                        return Ok(Head { h, fields, read });
                     }
                     Ok(Some(h)) if h.status < 200 => {
                         conn.rbuf = unfreeze(read.slice(h.len..));
@@ -731,6 +867,27 @@ impl ConnPool {
     ) -> Result<UpstreamResponse, Failure> {
         let Head { h, fields, read } = head;
         let after = read.slice(h.len..);
+        if h.status == 101 {
+            // Only an upgrade gets here (`read_head`): the connection is the tunnel's.
+            return Ok(UpstreamResponse {
+                head: ResponseHead {
+                    status: 101,
+                    framing: Framing::Empty,
+                    read: read.slice(..h.len),
+                    reason: h.reason,
+                    fields,
+                },
+                body: UpstreamResponseBody {
+                    state: BodyState::Ready(None),
+                    conn: None,
+                    keep_alive: false,
+                },
+                upgraded: Some(Upgraded {
+                    tcp: conn.tcp,
+                    read_ahead: after,
+                }),
+            });
+        }
         let state = match h.framing {
             Framing::Length(n) if after.len() as u64 >= n => {
                 let n = n as usize;
@@ -772,8 +929,54 @@ impl ConnPool {
                 conn,
                 keep_alive: h.keep_alive,
             },
+            upgraded: None,
         })
     }
+}
+
+/// The fields of a `101 Switching Protocols` head (`head`, at address `base`) to pass
+/// on: its `Upgrade` (which must be there: it names the protocol switched to) and the
+/// end-to-end ones (`Sec-WebSocket-Accept`); `None` without `Upgrade`. Parsed here,
+/// off the usual path, because the framing parser leaves interim heads' fields out.
+fn switching_fields(head: &[u8], base: usize) -> Option<SmallVec<[FieldSpan; 12]>> {
+    let mut raw = [httparse::EMPTY_HEADER; http1::MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut raw);
+    resp.parse(head).ok()?;
+    let named: SmallVec<[&[u8]; 2]> = resp
+        .headers
+        .iter()
+        .filter(|f| f.name.eq_ignore_ascii_case("connection"))
+        .flat_map(|f| connection_options(f.value))
+        .collect();
+    let mut fields = SmallVec::new();
+    let mut upgrade = false;
+    for f in resp.headers.iter() {
+        let name = f.name.as_bytes();
+        match hop_by_hop(name) {
+            Some(crate::proxy::UPGRADE) => upgrade = true,
+            Some(_) => continue,
+            None if named
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(name) && !n.eq_ignore_ascii_case(b"upgrade")) =>
+            {
+                continue;
+            }
+            None => {}
+        }
+        let start = name.as_ptr() as usize - base;
+        let colon = start + name.len();
+        let end = if f.value.is_empty() {
+            colon + 1
+        } else {
+            f.value.as_ptr() as usize - base + f.value.len()
+        };
+        fields.push(FieldSpan {
+            start: start as u32,
+            colon: colon as u32,
+            end: end as u32,
+        });
+    }
+    upgrade.then_some(fields)
 }
 
 /// A final response head: its framing, its fields, and everything read with it.
@@ -803,6 +1006,8 @@ enum BodyState {
     Chunked(ChunkedDecoder),
     /// Until the target closes.
     UntilClose,
+    /// An HTTP/2 stream: data, then trailers (true once the data ended).
+    H2(h2::RecvStream, bool),
 }
 
 /// A target's response body, read as it is polled; gives its connection back to the
@@ -852,6 +1057,25 @@ impl Body for UpstreamResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = self.get_mut();
+        if let BodyState::H2(recv, data_done) = &mut this.state {
+            if !*data_done {
+                match ready!(recv.poll_data(cx)) {
+                    Some(Ok(data)) => {
+                        let _ = recv.flow_control().release_capacity(data.len());
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    Some(Err(e)) => return this.fail(io::Error::other(e)),
+                    None => *data_done = true,
+                }
+            }
+            return match ready!(recv.poll_trailers(cx)) {
+                Ok(trailers) => {
+                    this.state = BodyState::Ready(None);
+                    Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))))
+                }
+                Err(e) => this.fail(io::Error::other(e)),
+            };
+        }
         loop {
             let conn = match &mut this.state {
                 BodyState::Ready(b) => return Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
