@@ -427,11 +427,30 @@ struct ListQuery {
     limit: Option<usize>,
 }
 
+impl ListQuery {
+    /// The rows asked for: `limit` (default 50) from 1 to 1,000. A limit outside that is
+    /// refused with a 422 naming it, not silently clamped (a client asking for 5,000 rows
+    /// and getting 1,000 would think it had them all).
+    fn limit(&self) -> Result<usize, BadParam> {
+        match self.limit {
+            None => Ok(DEFAULT_LIMIT),
+            Some(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+            Some(n) => Err(bad_param(
+                "limit",
+                format!("must be a whole number from 1 to {MAX_LIMIT}, got {n}"),
+            )),
+        }
+    }
+}
+
 async fn decisions(
     State(st): State<AppState>,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
-    let limit = q.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT);
+    let limit = match q.limit() {
+        Ok(n) => n,
+        Err(bad) => return Ok(bad.into_response()),
+    };
     let rows = st
         .store
         .call(move |s| s.decisions(q.target.as_deref(), limit))
@@ -444,7 +463,10 @@ async fn actions(
     State(st): State<AppState>,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
-    let limit = q.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT);
+    let limit = match q.limit() {
+        Ok(n) => n,
+        Err(bad) => return Ok(bad.into_response()),
+    };
     let rows = st
         .store
         .call(move |s| s.actions(limit))
@@ -1065,6 +1087,23 @@ mod tests {
                     .starts_with(&format!("{param}: ")),
                 "{q}: {v}"
             );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_decision_or_action_limit_out_of_range_is_a_422_not_a_silent_clamp() {
+        let (base, _engine, _dir) = serve(fleet()).await;
+        for list in ["decisions", "actions"] {
+            for q in ["?limit=0", "?limit=5000"] {
+                let r = reqwest::get(format!("{base}/api/{list}{q}")).await.unwrap();
+                assert_eq!(r.status(), 422, "{list}{q}");
+                let v: serde_json::Value = r.json().await.unwrap();
+                assert_eq!(v["parameter"], "limit", "{list}{q}: {v}");
+            }
+            for q in ["", "?limit=1000"] {
+                let r = reqwest::get(format!("{base}/api/{list}{q}")).await.unwrap();
+                assert_eq!(r.status(), 200, "{list}{q}");
+            }
         }
     }
 
