@@ -197,6 +197,8 @@ pub struct Running {
     pub health: Health,
     /// Which store is in use: `postgres` or `sqlite`.
     pub store_kind: &'static str,
+    /// Why the store is SQLite although a PostgreSQL URL was given.
+    pub store_fallback: Option<String>,
     /// Where the agent-check responder listens, if started.
     pub agent_addr: Option<SocketAddr>,
     /// Where the gRPC health server listens, if started.
@@ -422,6 +424,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
         health_addr: reserved.local_addr(),
         health,
         store_kind: store.kind(),
+        store_fallback: store.fallback_reason().map(str::to_string),
         agent_addr: agent.as_ref().map(|a| a.local_addr()),
         grpc_addr: grpc.as_ref().map(|g| g.0),
         grpc: grpc.map(|(_, stop, task)| (stop, task)),

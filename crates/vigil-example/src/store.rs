@@ -18,6 +18,11 @@ use tokio_postgres::NoTls;
 /// connect in milliseconds; a second means it is not there.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long startup keeps trying a PostgreSQL that answers slowly (a busy machine, a
+/// database still starting) before falling back to SQLite. A refused connection (nothing
+/// listens) falls back at once: waiting would not change it.
+pub const STARTUP_WINDOW: Duration = Duration::from_secs(10);
+
 /// The table the example owns (prefixed: the `test` database is shared).
 pub const TABLE: &str = "vigil_example_items";
 
@@ -72,6 +77,7 @@ pub struct Store {
     backend: Backend,
     down: AtomicBool,
     brownout_ms: AtomicU64,
+    fallback: Option<String>,
 }
 
 impl Store {
@@ -79,20 +85,47 @@ impl Store {
     /// is unreachable (or the URL is not a PostgreSQL URL), opens the SQLite file at
     /// `sqlite_path` instead and logs why, once.
     pub async fn open(url: &str, sqlite_path: PathBuf) -> anyhow::Result<Store> {
-        match Self::open_postgres(url).await {
-            Ok(store) => Ok(store),
+        let config = match url.parse::<tokio_postgres::Config>() {
+            Ok(config) => config,
             Err(e) => {
-                tracing::info!(
-                    %url, error = %e, sqlite = %sqlite_path.display(),
-                    "PostgreSQL unreachable: using a local SQLite file instead"
-                );
-                Self::open_sqlite(sqlite_path).await
+                let e = anyhow::Error::from(e).context("not a PostgreSQL URL");
+                return Self::fall_back(url, sqlite_path, e).await;
+            }
+        };
+        let deadline = tokio::time::Instant::now() + STARTUP_WINDOW;
+        let mut attempt = 1u32;
+        loop {
+            match Self::open_postgres(url, config.clone()).await {
+                Ok(store) => return Ok(store),
+                Err(e) if !refused(&e) && tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(
+                        url = %redact(url), error = %e, attempt,
+                        "PostgreSQL did not answer: trying again"
+                    );
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(250 * u64::from(attempt))).await;
+                }
+                Err(e) => return Self::fall_back(url, sqlite_path, e).await,
             }
         }
     }
 
-    async fn open_postgres(url: &str) -> anyhow::Result<Store> {
-        let mut config: tokio_postgres::Config = url.parse()?;
+    async fn fall_back(url: &str, sqlite_path: PathBuf, e: anyhow::Error) -> anyhow::Result<Store> {
+        tracing::info!(
+            url = %redact(url), error = %format!("{e:#}"), sqlite = %sqlite_path.display(),
+            "PostgreSQL unreachable: using a local SQLite file instead"
+        );
+        let mut store = Self::open_sqlite(sqlite_path).await?;
+        store.fallback = Some(format!("{e:#}"));
+        Ok(store)
+    }
+
+    /// Why the store is SQLite although a PostgreSQL URL was given (None when it is not).
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+
+    async fn open_postgres(url: &str, mut config: tokio_postgres::Config) -> anyhow::Result<Store> {
         config.connect_timeout(CONNECT_TIMEOUT);
         // Same user, but a port nobody listens on.
         let broken = {
@@ -127,6 +160,7 @@ impl Store {
             },
             down: AtomicBool::new(false),
             brownout_ms: AtomicU64::new(0),
+            fallback: None,
         })
     }
 
@@ -154,6 +188,7 @@ impl Store {
             },
             down: AtomicBool::new(false),
             brownout_ms: AtomicU64::new(0),
+            fallback: None,
         })
     }
 
@@ -365,6 +400,15 @@ async fn connect_pg(config: &tokio_postgres::Config) -> Result<tokio_postgres::C
         }
     });
     Ok(client)
+}
+
+/// Whether opening PostgreSQL failed because nothing listens there: trying again within
+/// the startup window would not help.
+fn refused(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
 }
 
 /// An error and its sources on one line ("error connecting to server: Connection refused").

@@ -38,6 +38,18 @@ struct Svc {
     _dir: tempfile::TempDir,
 }
 
+/// A service on the machine's PostgreSQL: these tests are about that database, so a
+/// fallback to SQLite is a failure with its reason, not a test of the wrong store.
+async fn start_pg() -> Svc {
+    let s = start_with(PG).await;
+    assert_eq!(
+        s.running.store_kind, "postgres",
+        "the machine runs PostgreSQL; the service fell back because: {:?}",
+        s.running.store_fallback
+    );
+    s
+}
+
 async fn start_with(db: &str) -> Svc {
     let dir = tempfile::tempdir().unwrap();
     let running = start(config(dir.path(), db)).await.unwrap();
@@ -116,11 +128,7 @@ fn check_status(body: &str, check: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_come_from_postgres_and_every_check_passes() {
-    let s = start_with(PG).await;
-    assert_eq!(
-        s.running.store_kind, "postgres",
-        "the machine runs PostgreSQL"
-    );
+    let s = start_pg().await;
     s.ready_and_passing().await;
     let (code, body) = s.get(&format!("{}/items/7", s.app)).await;
     assert_eq!(code, 200);
@@ -136,7 +144,7 @@ async fn reads_come_from_postgres_and_every_check_passes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_down_warns_and_reads_come_from_the_cache() {
-    let s = start_with(PG).await;
+    let s = start_pg().await;
     s.ready_and_passing().await;
     s.post("/fault/dependency?on=true").await;
 
@@ -174,7 +182,7 @@ async fn database_down_warns_and_reads_come_from_the_cache() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_down_with_nothing_cached_fails_readiness() {
-    let s = start_with(PG).await;
+    let s = start_pg().await;
     s.ready_and_passing().await;
     s.post("/fault/dependency?on=true").await;
     s.post("/fault/cache/clear").await;
@@ -195,7 +203,7 @@ async fn database_down_with_nothing_cached_fails_readiness() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_fault_fails_readiness_until_cleared() {
-    let s = start_with(PG).await;
+    let s = start_pg().await;
     s.ready_and_passing().await;
     s.post("/fault/disk?on=true").await;
     let (_, body) = s
@@ -215,7 +223,7 @@ async fn disk_fault_fails_readiness_until_cleared() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn brownout_slows_real_queries_and_warns() {
-    let s = start_with(PG).await;
+    let s = start_pg().await;
     s.ready_and_passing().await;
     s.post("/fault/brownout?ms=300").await;
     let started = Instant::now();
@@ -239,7 +247,7 @@ async fn brownout_slows_real_queries_and_warns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flap_takes_the_database_down_and_up_again() {
-    let s = start_with(PG).await;
+    let s = start_pg().await;
     s.ready_and_passing().await;
     s.post("/fault/flap?on=true&period_ms=700").await;
     let url = format!("{}/health", s.health);
@@ -255,8 +263,15 @@ async fn flap_takes_the_database_down_and_up_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn falls_back_to_sqlite_when_postgres_is_unreachable() {
+    let started = Instant::now();
     let s = start_with("postgres://postgres@127.0.0.1:1/test").await;
     assert_eq!(s.running.store_kind, "sqlite");
+    let reason = s.running.store_fallback.clone().unwrap_or_default();
+    assert!(reason.contains("refused"), "the reason is kept: {reason:?}");
+    assert!(
+        started.elapsed() < vigil_example::store::STARTUP_WINDOW,
+        "a refused connection falls back at once, without the startup retries"
+    );
     s.ready_and_passing().await;
     let (code, body) = s.get(&format!("{}/items/42", s.app)).await;
     assert_eq!(code, 200);
