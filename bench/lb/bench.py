@@ -177,11 +177,10 @@ def start_vigil(tmp, vigil):
     return p
 
 
-def start_haproxy(tmp):
-    conf = os.path.join(tmp, "haproxy.cfg")
+def haproxy_config(port=PORTS["haproxy"]):
+    """HAProxy's settings for these runs (also bench/lb/instructions.py's)."""
     servers = "\n".join(f"  server b{i} 127.0.0.1:{p}" for i, p in enumerate(BACKEND_PORTS))
-    with open(conf, "w") as f:
-        f.write(f"""
+    return f"""
 global
   nbthread {WORKERS}
   maxconn {MAXCONN}
@@ -196,7 +195,7 @@ defaults
   option redispatch 1
   retry-on conn-failure empty-response response-timeout
 frontend fe
-  bind 127.0.0.1:{PORTS['haproxy']}
+  bind 127.0.0.1:{port}
   default_backend be
 backend be
   balance {HAPROXY_BALANCE[BALANCE]}
@@ -204,22 +203,26 @@ backend be
   option httpchk GET /readyz
   default-server check inter 1s fall 3 rise 2
 {servers}
-""")
+"""
+
+
+def start_haproxy(tmp):
+    conf = os.path.join(tmp, "haproxy.cfg")
+    with open(conf, "w") as f:
+        f.write(haproxy_config())
     p = subprocess.Popen(on(0, ["haproxy", "-db", "-f", conf]), stdout=subprocess.DEVNULL,
                          stderr=open(os.path.join(tmp, "haproxy.log"), "w"))
     time.sleep(2.5)
     return p
 
 
-def start_nginx(tmp):
-    d = os.path.join(tmp, "nginx-proxy")
-    os.makedirs(d, exist_ok=True)
-    conf = os.path.join(d, "nginx.conf")
+def nginx_config(d, port=PORTS["nginx"], master=True):
+    """nginx's settings for these runs, files under `d` (also bench/lb/instructions.py's:
+    there without a master process, so that the one process valgrind runs serves)."""
     servers = "\n".join(f"    server 127.0.0.1:{p} max_fails=1 fail_timeout=10s;"
                         for p in BACKEND_PORTS)
-    with open(conf, "w") as f:
-        f.write(f"""
-daemon off; worker_processes {WORKERS};
+    return f"""
+daemon off; worker_processes {WORKERS};{"" if master else " master_process off;"}
 pid {d}/nginx.pid; error_log {d}/error.log warn;
 events {{ worker_connections {MAXCONN}; }}
 http {{
@@ -232,7 +235,7 @@ http {{
     keepalive 128;
   }}
   server {{
-    listen 127.0.0.1:{PORTS['nginx']};
+    listen 127.0.0.1:{port};
     location / {{
       proxy_pass http://be;
       proxy_http_version 1.1;
@@ -244,7 +247,15 @@ http {{
     }}
   }}
 }}
-""")
+"""
+
+
+def start_nginx(tmp):
+    d = os.path.join(tmp, "nginx-proxy")
+    os.makedirs(d, exist_ok=True)
+    conf = os.path.join(d, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(nginx_config(d))
     p = subprocess.Popen(on(0, ["nginx", "-p", d, "-c", conf, "-e", f"{d}/error.log"]),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.5)

@@ -34,6 +34,7 @@ pub mod judge;
 pub mod outlier;
 pub mod pool;
 pub mod report;
+pub mod retry;
 pub mod rollout;
 pub mod status;
 pub mod thresholds;

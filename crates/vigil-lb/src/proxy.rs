@@ -33,6 +33,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::futures::OwnedNotified;
 use vigil_core::outlier::RequestOutcome;
+use vigil_core::retry::{self, AttemptEnd, Retry, Trigger};
 
 /// What the proxy needs from the current configuration, per request.
 pub struct ProxyTable {
@@ -143,16 +144,21 @@ impl Failure {
         }
     }
 
-    pub(crate) fn name(self) -> &'static str {
+    /// The end of the attempt as the retry rules see it (`vigil_core::retry`).
+    pub(crate) fn end(self) -> AttemptEnd {
         match self {
-            Failure::Connect => "connect",
-            Failure::Reset => "reset",
-            Failure::Garbage => "garbage",
-            Failure::Timeout => "timeout",
-            Failure::SendStall => "send",
-            Failure::Deadline => "request",
-            Failure::Client(_) => "client",
+            Failure::Connect => AttemptEnd::Connect,
+            Failure::Reset => AttemptEnd::Reset,
+            Failure::Garbage => AttemptEnd::Garbage,
+            Failure::Timeout => AttemptEnd::Timeout,
+            Failure::SendStall => AttemptEnd::SendStall,
+            Failure::Deadline => AttemptEnd::Deadline,
+            Failure::Client(_) => AttemptEnd::Client,
         }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        self.end().name()
     }
 }
 
@@ -298,21 +304,28 @@ impl Proxy {
         let mut attempts: SmallVec<[Attempt<'a>; 2]> = SmallVec::new();
         let mut retries = 0u32;
         let mut last_failure: Option<(Failure, String)>;
-        let buffered = streamed.is_none();
-        let idempotent = out.is_idempotent();
-        // May go again to another target after this one may have seen it.
-        let resend_ok = buffered && (idempotent || section.retries.methods == RetryMethods::All);
+        let replay = retry::Replay {
+            buffered: streamed.is_none(),
+            idempotent: out.is_idempotent(),
+            all_methods: section.retries.methods == RetryMethods::All,
+            upgrade: out.is_upgrade(),
+        };
         // The client's wait for a response header, every attempt included.
         let header_due = tokio::time::Instant::now() + table.response_header_timeout;
         let overall = deadline.map_or(header_due, |d| d.min(header_due));
+        // Where the request stands, for the retry rules (vigil_core::retry).
+        let progress = |retries| retry::Progress {
+            retries,
+            max_retries: section.retries.max_retries,
+            time_left: tokio::time::Instant::now() < overall,
+            hedging: section.hedge.enabled,
+        };
         // Serialised once; every attempt (retry, hedge) sends the same bytes.
         let out = Arc::new(out);
-        // An upgrade is never sent twice at once: each copy would open a tunnel.
-        let hedge_delay = (section.hedge.enabled && idempotent && buffered && !out.is_upgrade())
-            .then(|| {
-                pool.latency
-                    .hedge_delay(section.hedge.min_delay, section.hedge.max_delay)
-            });
+        let hedge_delay = replay.hedgeable(section.hedge.enabled).then(|| {
+            pool.latency
+                .hedge_delay(section.hedge.min_delay, section.hedge.max_delay)
+        });
         // One timer per request serves the hedge delay and every attempt's
         // response-header deadline: it is re-armed for the earliest of them.
         let mut hedge_at = hedge_delay.map(|d| tokio::time::Instant::now() + d);
@@ -455,19 +468,9 @@ impl Proxy {
                         self.count_timeout(&pool.name, kind);
                     }
                     last_failure = Some((f, a.target.addr.clone()));
-                    let retryable = buffered
-                        && match f {
-                            Failure::Connect => true,
-                            Failure::Reset => resend_ok,
-                            // A frozen target: another may answer in the time left.
-                            Failure::Timeout | Failure::SendStall => {
-                                resend_ok && tokio::time::Instant::now() < overall
-                            }
-                            Failure::Garbage | Failure::Client(_) | Failure::Deadline => false,
-                        };
-                    if retryable
-                        && retries < section.retries.max_retries
-                        && self.withdraw(pool, f.name())
+                    if let Retry::Go(reason) =
+                        retry::decide(&replay, Trigger::Failed(f.end()), &progress(retries))
+                        && self.withdraw(pool, reason)
                     {
                         retries += 1;
                         tracing::debug!(pool = %pool.name, target_id = %a.target.addr, failure = f.name(), "retrying on another target");
@@ -483,9 +486,9 @@ impl Proxy {
                     // The target was ejected or went unhealthy while this request waits
                     // on it: an idempotent request moves now rather than waiting for a
                     // target we already believe broken.
-                    if resend_ok
-                        && retries < section.retries.max_retries
-                        && self.withdraw(pool, "ejected")
+                    if let Retry::Go(reason) =
+                        retry::decide(&replay, Trigger::TargetLeft, &progress(retries))
+                        && self.withdraw(pool, reason)
                     {
                         retries += 1;
                         let before = attempts.len();
@@ -497,7 +500,12 @@ impl Proxy {
                     }
                 }
                 Event::Hedge => {
-                    if attempts.len() == 1 && self.withdraw(pool, "hedge") {
+                    let due = Trigger::HedgeDue {
+                        in_flight: attempts.len(),
+                    };
+                    if let Retry::Go(reason) = retry::decide(&replay, due, &progress(retries))
+                        && self.withdraw(pool, reason)
+                    {
                         start_attempt(&mut tried, &mut attempts);
                     }
                 }
