@@ -94,9 +94,14 @@ pub async fn probe(
             Ok(b) => b.to_bytes(),
             Err(e) => return fail(format!("HTTP {code}, body unreadable: {e}")),
         };
-        // vigil-core's one judge (its doc has the rule table); the configured
-        // `expected_statuses` must also hold.
-        let j = vigil_core::judge(code, content_type.as_deref(), &body);
+        // vigil-core's one judge (its doc has the rule table); `health_json = true`
+        // demands a health answer, and the configured `expected_statuses` must also hold.
+        let j = vigil_core::judge(
+            vigil_core::Answers::HealthJson,
+            code,
+            content_type.as_deref(),
+            &body,
+        );
         let mut detail = j.detail.clone();
         if !status_ok {
             detail.push_str(&format!("; expected {expected_list}"));
