@@ -220,6 +220,9 @@ type Verdict = (Status, Option<HealthReport>, Option<String>);
 /// the rule table); an *invalid* answer is an error (exit 3).
 fn judge(code: u16, content_type: &str, body: &[u8]) -> Result<Verdict, String> {
     let j = vigil_core::judge(
+        // A health endpoint is what `vigil check` checks: anything else is invalid
+        // (exit 3), whatever a controller configured for plain status would say.
+        vigil_core::Answers::HealthJson,
         code,
         (!content_type.is_empty()).then_some(content_type),
         body,

@@ -583,3 +583,113 @@ async fn a_target_with_its_own_interval_is_probed_at_it() {
     );
     drop(c);
 }
+
+/// A config for ordinary web servers (no health endpoint, no zone): `probe` keys and
+/// the guard's grace as given.
+fn plain_fleet(sites: &[vigil_testkit::Backend], probe: &str, grace: &str) -> String {
+    let mut cfg = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\n[probe]\ninterval = \"200ms\"\ntimeout = \"1s\"\n{probe}\n[guard]\ngrace = \"{grace}\"\nmin_failing = \"1s\"\n"
+    );
+    for (i, s) in sites.iter().enumerate() {
+        cfg.push_str(&format!(
+            "[[targets]]\nid = \"site-{i}\"\nurl = \"http://{}\"\n",
+            s.addr()
+        ));
+    }
+    cfg
+}
+
+/// The JSON log lines of `c` whose message is `message`.
+fn log_lines(c: &Controller, message: &str) -> Vec<Value> {
+    c.logs()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["message"] == message)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_web_servers_are_judged_by_their_status_and_a_wrong_path_is_logged_at_once() {
+    let sites: Vec<_> = (0..3)
+        .map(|i| vigil_testkit::Backend::start_plain(&format!("site-{i}")))
+        .collect();
+    // The default path (/health) on servers without it, in the default 60 s grace:
+    // each target's first failure is logged with its reason within seconds.
+    let dir = tempfile::tempdir().unwrap();
+    let c = Controller::start(dir.path(), &plain_fleet(&sites, "", "60s"));
+    let failed = c
+        .wait_for("a 'probe failed' line per target", || async {
+            let l = log_lines(&c, "probe failed");
+            (l.len() >= 3).then_some(l)
+        })
+        .await;
+    for (i, line) in failed.iter().enumerate() {
+        let reason = line["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.starts_with("HTTP 404") && reason.contains("is the path right?"),
+            "{line}"
+        );
+        assert!(
+            line["probe"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with("/health"),
+            "{line}"
+        );
+        assert_eq!(line["level"], "INFO", "{line}");
+        if i == 0 {
+            let t = c
+                .get(&format!(
+                    "/api/targets/{}",
+                    line["target_id"].as_str().unwrap()
+                ))
+                .await;
+            assert_eq!(t["target"]["state"], "grace", "still in grace: {t}");
+        }
+    }
+    // Failing again is not logged again.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(log_lines(&c, "probe failed").len(), 3, "{}", c.logs());
+    drop(c);
+
+    // On a path they serve, plain statuses are health answers by default.
+    let dir = tempfile::tempdir().unwrap();
+    let c = Controller::start(dir.path(), &plain_fleet(&sites, "path = \"/\"", "0s"));
+    c.wait_all(3, "healthy").await;
+    let t = c.get("/api/targets/site-0").await;
+    assert_eq!(t["target"]["last_probe"]["status"], 200, "{t}");
+    drop(c);
+
+    // Demanding health+json fails them as garbage: the fleet freezes, and no message
+    // names a zone they are not in.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = plain_fleet(&sites, "path = \"/\"\nanswers = \"health+json\"", "0s");
+    let c = Controller::start(dir.path(), &cfg);
+    c.wait_all(3, "unhealthy").await;
+    let g = c
+        .wait_for("the fleet frozen", || async {
+            let g = c.guard().await;
+            (g["frozen"] == true).then_some(g)
+        })
+        .await;
+    let t = c.get("/api/targets/site-1").await;
+    let detail = t["target"]["last_probe"]["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("garbage health response: HTTP 200"),
+        "{detail}"
+    );
+    let logs = c.logs();
+    for line in logs.lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+        assert!(v["zone"] != "", "a log line names the empty zone: {line}");
+        let text = line.replace("zone-wide", "");
+        assert!(
+            !text.contains("zone  ") && !text.contains("zone :") && !text.contains("zone \""),
+            "a log line names the empty zone: {line}"
+        );
+    }
+    assert!(
+        logs.contains("fleet frozen: fleet-wide failure: "),
+        "{logs}\n{g}"
+    );
+}

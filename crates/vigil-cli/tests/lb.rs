@@ -1008,3 +1008,146 @@ async fn request_bodies_small_and_streamed_reach_the_target_intact() {
         );
     }
 }
+
+/// The `vigil lb` TOML block of the README's "The load balancer" section, for these
+/// targets, without its listen addresses (the harness sets them).
+fn readme_quick_start(targets: &[SocketAddr]) -> String {
+    let readme = include_str!("../../../README.md");
+    let section = readme
+        .split("### The load balancer")
+        .nth(1)
+        .expect("the README has a load balancer section");
+    let block = section
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a TOML block in it");
+    let mut toml: String = block
+        .lines()
+        .filter(|l| !l.starts_with("listen") && !l.starts_with("admin_listen"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    for (i, t) in targets.iter().enumerate() {
+        let placeholder = format!("10.0.0.{}:80", i + 1);
+        assert!(toml.contains(&placeholder), "{toml}");
+        toml = toml.replace(&placeholder, &t.to_string());
+    }
+    toml
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_quick_start_serves_plain_web_servers() {
+    let sites = [
+        Backend::start_plain("site-1"),
+        Backend::start_plain("site-2"),
+    ];
+    let config = readme_quick_start(&[sites[0].addr(), sites[1].addr()]);
+    let lb = Lb::start(&config).await;
+    lb.wait_all_in_service("api").await;
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        let r = lb.http.get(lb.url("/")).send().await.expect("proxied");
+        assert_eq!(r.status(), 200, "log:\n{}", lb.log());
+        let body = r.text().await.unwrap();
+        seen.extend(
+            ["site-1", "site-2"]
+                .into_iter()
+                .filter(|s| body.contains(s)),
+        );
+    }
+    assert_eq!(seen.len(), 2, "both sites serve");
+    let log = lb.log();
+    assert!(
+        !log.contains("failing open") && !log.contains("ERROR"),
+        "a healthy quick start logs no fail-open:\n{log}"
+    );
+}
+
+#[test]
+fn check_config_warns_when_a_target_answers_404_on_the_default_check_path() {
+    let sites = [
+        Backend::start_plain("site-1"),
+        Backend::start_plain("site-2"),
+    ];
+    let service = Backend::start("svc");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("lb.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[routes]]\npath_prefix = \"/svc/\"\npool = \"svc\"\n[[routes]]\npath_prefix = \"/other/\"\npool = \"other\"\n[[routes]]\npool = \"site\"\n[pools.site]\ntargets = [{{ addr = \"{}\" }}, {{ addr = \"{}\" }}]\n[pools.svc]\ntargets = [{{ addr = \"{}\" }}]\n[pools.other]\ntargets = [{{ addr = \"{}\" }}]\nhealth_check.path = \"/x\"\n",
+            sites[0].addr(),
+            sites[1].addr(),
+            service.addr(),
+            sites[0].addr()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["lb", "check-config", "-c"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "a warning, not an error: {err}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("ok (3 pools, 4 targets, 3 routes)"),
+        "{out:?}"
+    );
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warning:")).collect();
+    assert_eq!(warnings.len(), 1, "only the plain sites on /readyz: {err}");
+    assert!(
+        warnings[0].contains("pool site: 2 of 2 targets")
+            && warnings[0].contains("answer 404 to GET /readyz"),
+        "{err}"
+    );
+    assert!(
+        err.contains("[pools.site.health_check]\n  path = \"/\""),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_counts_every_target_and_a_404_on_the_default_path_says_why() {
+    // A plain site fails its checks on /readyz (404) while the other target's first
+    // check is still waiting for an answer: 1 unhealthy, 1 unknown.
+    let site = Backend::start_plain("site");
+    let frozen = Backend::start("frozen");
+    frozen.set_health_mode(Mode::Freeze);
+    let lb = Lb::start(&format!(
+        "[pools.api]\n{}\n[pools.api.health_check]\ninterval = \"100ms\"\njitter = 0.0\ntimeout = \"60s\"\nunhealthy_threshold = 2\n",
+        targets_toml(&[&site, &frozen])
+    ))
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let line = loop {
+        let log = lb.log();
+        if let Some(l) = log.lines().find(|l| l.contains("failing open")) {
+            break l.to_string();
+        }
+        assert!(Instant::now() < deadline, "no fail-open; log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert!(
+        line.contains(
+            "pool api: 0/2 healthy (1 not checked yet, left out of the fraction) < 50% panic threshold"
+        ),
+        "{line}"
+    );
+    let reason = lb.admin_targets().await["pools"]["api"]["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["addr"] == site.addr().to_string())
+        .map(|t| {
+            t["last_check"]["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .unwrap();
+    assert!(
+        reason.starts_with("HTTP 404") && reason.contains("default health_check.path"),
+        "{reason}"
+    );
+}

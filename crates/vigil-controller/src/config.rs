@@ -8,6 +8,7 @@ use std::time::Duration;
 use vigil_core::Invalid;
 use vigil_core::anomaly::AnomalyConfig;
 use vigil_core::guard::GuardConfig;
+use vigil_core::judge::Answers;
 
 /// Default listen address: loopback only, so a fresh install exposes nothing; 9400 is
 /// free in the Prometheus exporter port registry's neighbourhood.
@@ -29,6 +30,10 @@ pub const DEFAULT_PROBE_CONCURRENCY: usize = 512;
 /// Default health path: `/health`, the deep (dependency) health endpoint of vigil's
 /// library; the controller judges deep health, load balancers use `/readyz`.
 pub const DEFAULT_PROBE_PATH: &str = "/health";
+/// Default rule for what counts as a health answer: `plain-status`, so a fleet of
+/// ordinary servers (no health+json endpoint) is judged by its status codes, 2xx-3xx
+/// pass, instead of failing as a whole on its first probes and freezing the guard.
+pub const DEFAULT_PROBE_ANSWERS: Answers = Answers::PlainStatus;
 /// Default largest health body read: vigil-core's `MAX_REPORT_BYTES` (64 KiB).
 pub const DEFAULT_MAX_BODY: usize = vigil_core::report::MAX_REPORT_BYTES;
 /// Default heartbeat TTL: 30 s, three missed 10 s heartbeats.
@@ -121,6 +126,11 @@ pub struct ProbeConfig {
     pub concurrency: usize,
     /// Path of the deep-health endpoint. Defaults to `/health`.
     pub path: String,
+    /// What counts as a health answer (`vigil_core::judge`'s rule table):
+    /// `plain-status` judges an answer that is not health+json by its status code
+    /// (2xx-3xx pass, else fail); `health+json` fails such answers as garbage. A
+    /// health+json body decides either way. Defaults to `plain-status`.
+    pub answers: Answers,
     /// Largest body read. Defaults to 64 KiB.
     pub max_body: usize,
     /// Recent probes kept per target for the API. Defaults to 10.
@@ -139,6 +149,7 @@ impl Default for ProbeConfig {
             jitter: DEFAULT_PROBE_JITTER,
             concurrency: DEFAULT_PROBE_CONCURRENCY,
             path: DEFAULT_PROBE_PATH.to_string(),
+            answers: DEFAULT_PROBE_ANSWERS,
             max_body: DEFAULT_MAX_BODY,
             history: DEFAULT_HISTORY,
             keep_alive: DEFAULT_KEEP_ALIVE,

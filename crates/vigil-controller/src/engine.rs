@@ -237,6 +237,8 @@ struct TargetRuntime {
     /// Display state ("" until first computed).
     state: &'static str,
     history: History,
+    /// Its last probe failed (the next failure is not logged again).
+    last_failed: bool,
 }
 
 type Reply = (
@@ -440,6 +442,7 @@ impl Engine {
                     }),
                     state: "",
                     history: History::default(),
+                    last_failed: false,
                 },
             );
         }
@@ -611,6 +614,28 @@ impl Engine {
                         record.detail.push_str(&v.to_string());
                     }
                 }
+                // The first failure of a streak, with its reason, at once: the guard's
+                // verdicts wait out the grace period and the thresholds, and a fleet
+                // probed on a path it does not serve should say so in its first
+                // seconds, not only in the API.
+                if !record.ok && !rt.last_failed {
+                    let probed = if rt.spec.heartbeat {
+                        "its heartbeat".to_string()
+                    } else {
+                        format!(
+                            "{}{}",
+                            rt.spec.url.trim_end_matches('/'),
+                            self.config.probe.path
+                        )
+                    };
+                    tracing::info!(
+                        target_id = %id,
+                        probe = %probed,
+                        reason = %record.detail,
+                        "probe failed"
+                    );
+                }
+                rt.last_failed = !record.ok;
                 self.metrics
                     .probe(&rt.up, record.ok, record.duration_ms / 1000.0);
                 rt.history.push(record, self.config.probe.history);
@@ -838,7 +863,10 @@ impl Engine {
                     zone: spec.zone.clone(),
                 };
                 self.op(op, Some(id));
-                if known.is_none() {
+                if known.is_none() && spec.zone.is_empty() {
+                    // No zone is not a zone named "".
+                    tracing::info!(target_id = %id, "target added");
+                } else if known.is_none() {
                     tracing::info!(target_id = %id, zone = %spec.zone, "target added");
                 }
             }
@@ -852,6 +880,7 @@ impl Engine {
                         spec: spec.clone(),
                         state: "",
                         history: History::default(),
+                        last_failed: false,
                     },
                 );
             }

@@ -10,6 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use vigil_core::guard::Observation;
 use vigil_core::http1::{self, ChunkedDecoder, Decoded, Framing};
+use vigil_core::judge::Answers;
 
 /// Idle pooled connections are dropped after this long: longer than any sane probe
 /// interval would keep every connection warm forever on a 10 s interval; 90 s matches
@@ -95,9 +96,11 @@ impl Failure {
     }
 }
 
-/// A response read in full: status, body, and whether the connection may be reused.
+/// A response read in full: status, `Content-Type`, body, and whether the connection
+/// may be reused.
 struct Answer {
     status: u16,
+    content_type: Option<String>,
     body: Vec<u8>,
     reusable: bool,
 }
@@ -126,7 +129,8 @@ impl Prober {
         self.pool.lock().expect("pool lock").idle.len()
     }
 
-    /// Probes `base` + `path`. Never fails: every failure is an observation.
+    /// Probes `base` + `path`, judging the answer by the rules of `answers`. Never
+    /// fails: every failure is an observation.
     pub async fn probe(
         &self,
         target: &str,
@@ -134,9 +138,10 @@ impl Prober {
         uri: http::Uri,
         timeout: Duration,
         max_body: usize,
+        answers: Answers,
     ) -> (Observation, ProbeRecord) {
         let started = Instant::now();
-        let result = tokio::time::timeout(timeout, self.fetch(&uri, max_body)).await;
+        let result = tokio::time::timeout(timeout, self.fetch(&uri, max_body, answers)).await;
         let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
         let mut record = ProbeRecord {
             at_ms: crate::clock::wall_ms(),
@@ -156,19 +161,30 @@ impl Prober {
                 format!("timed out after {}", humantime::format_duration(timeout)),
             ),
             Ok(Err(e)) => fail(&mut record, e),
-            Ok(Ok((status, body))) => {
+            Ok(Ok(answer)) => {
+                let status = answer.status;
                 record.status = Some(status);
-                // vigil-core's one judge (its doc has the rule table). The prober asks
-                // for health+json (`Accept`), so the body is judged as declared so: a
-                // body that is not health+json is a garbage answer, an empty 2xx a
-                // status-only pass; any 4xx-5xx with a report is a fail.
-                let j = vigil_core::judge(status, Some(vigil_core::HEALTH_JSON), &body);
+                // vigil-core's one judge (its doc has the rule table), by the configured
+                // `probe.answers`: with `plain-status` (the default) a server without a
+                // health endpoint is judged by its code, 2xx-3xx pass; with
+                // `health+json` an answer that is not a health answer is garbage. Any
+                // 4xx-5xx with a report is a fail either way.
+                let j = vigil_core::judge(
+                    answers,
+                    status,
+                    answer.content_type.as_deref(),
+                    &answer.body,
+                );
                 record.health = j.report.as_ref().map(|r| r.status);
                 let obs = j.observation(target, zone);
                 if j.invalid {
                     record.detail = format!("garbage health response: {}", j.detail);
-                } else if obs.endpoint_failed {
+                } else if obs.endpoint_failed && j.report.is_some() {
                     record.detail = format!("{}: fail without a failing check", j.detail);
+                } else if obs.endpoint_failed {
+                    // A plain status failing: "HTTP 503", "HTTP 404, not a health
+                    // answer: a plain 4xx fails (is the path right?)".
+                    record.detail = j.detail;
                 } else if !obs.failing_checks.is_empty() {
                     record.detail = format!("failing: {}", obs.failing_checks.join(", "));
                 }
@@ -193,7 +209,12 @@ impl Prober {
         (Observation::endpoint_failure(target, zone), record)
     }
 
-    async fn fetch(&self, uri: &http::Uri, max_body: usize) -> Result<(u16, Vec<u8>), String> {
+    async fn fetch(
+        &self,
+        uri: &http::Uri,
+        max_body: usize,
+        answers: Answers,
+    ) -> Result<Answer, String> {
         if uri.scheme_str() != Some("http") {
             return Err(format!("only http:// URLs are probed, not {uri}"));
         }
@@ -220,11 +241,11 @@ impl Prober {
             Some(s) => s,
             None => connect(authority.host(), authority.port_u16().unwrap_or(80)).await?,
         };
-        let answer = match exchange(&mut stream, request.as_bytes(), max_body).await {
+        let answer = match exchange(&mut stream, request.as_bytes(), max_body, answers).await {
             Err(f) if f.stale && reused => {
                 // The pooled connection was closed under us: once more, fresh.
                 stream = connect(authority.host(), authority.port_u16().unwrap_or(80)).await?;
-                exchange(&mut stream, request.as_bytes(), max_body).await
+                exchange(&mut stream, request.as_bytes(), max_body, answers).await
             }
             other => other,
         }
@@ -232,7 +253,7 @@ impl Prober {
         if self.keep_alive && answer.reusable {
             self.checkin(key, stream);
         }
-        Ok((answer.status, answer.body))
+        Ok(answer)
     }
 
     /// An idle connection to `key` that is still open, if the pool has one.
@@ -319,11 +340,15 @@ fn too_large(max_body: usize) -> Failure {
     Failure::new(format!("health body larger than {max_body} bytes"))
 }
 
-/// One request and its response on `stream`.
+/// One request and its response on `stream`. A body over `max_body` fails the probe,
+/// unless plain statuses are answers and the body does not say it is JSON: then an
+/// ordinary page too large to read (an application's `/`) is judged by its code, and
+/// its connection is closed rather than read to the end.
 async fn exchange(
     stream: &mut TcpStream,
     request: &[u8],
     max_body: usize,
+    answers: Answers,
 ) -> Result<Answer, Failure> {
     stream
         .write_all(request)
@@ -337,6 +362,7 @@ async fn exchange(
         .map_err(|e| Failure::stale(format!("reading the response: {e}")))?;
     let mut buf: Vec<u8> = Vec::with_capacity(FIRST_READ);
     let framing_error = |e: http1::FramingError| Failure::new(e.to_string());
+    let mut content_type: Option<String> = None;
     // Framing rules (HEAD/1xx/204/304, Transfer-Encoding over Content-Length, ...) are
     // vigil-core's, shared with the load balancer's client.
     let head = 'read: loop {
@@ -353,7 +379,12 @@ async fn exchange(
             });
         }
         loop {
-            match http1::parse_response(&buf, false, |_, _| {}).map_err(framing_error)? {
+            let fields = |name: &str, value: &[u8]| {
+                if name.eq_ignore_ascii_case("content-type") {
+                    content_type = Some(String::from_utf8_lossy(value).into_owned());
+                }
+            };
+            match http1::parse_response(&buf, false, fields).map_err(framing_error)? {
                 None if buf.len() > MAX_HEAD => {
                     return Err(Failure::new(format!(
                         "response head larger than {MAX_HEAD} bytes"
@@ -372,23 +403,39 @@ async fn exchange(
         }
     };
     let start = head.len;
+    let status = head.status;
+    let skip_large = answers == Answers::PlainStatus
+        && !content_type
+            .as_deref()
+            .is_some_and(|c| c.to_ascii_lowercase().contains("json"));
+    let unread = |content_type| Answer {
+        status,
+        content_type,
+        body: Vec::new(),
+        reusable: false,
+    };
     match head.framing {
         Framing::Empty => Ok(Answer {
-            status: head.status,
+            status,
+            content_type,
             body: Vec::new(),
             reusable: head.keep_alive && buf.len() == start,
         }),
         Framing::Length(len) => {
-            let len = usize::try_from(len)
-                .ok()
-                .filter(|&l| l <= max_body)
-                .ok_or_else(|| too_large(max_body))?;
+            let Some(len) = usize::try_from(len).ok().filter(|&l| l <= max_body) else {
+                return if skip_large {
+                    Ok(unread(content_type))
+                } else {
+                    Err(too_large(max_body))
+                };
+            };
             fill(stream, &mut buf, start + len).await?;
             let reusable = head.keep_alive && buf.len() == start + len;
             buf.truncate(start + len);
             buf.drain(..start);
             Ok(Answer {
-                status: head.status,
+                status,
+                content_type,
                 body: buf,
                 reusable,
             })
@@ -401,13 +448,18 @@ async fn exchange(
                 match what {
                     Decoded::Data(r) => {
                         if r.len() > max_body - body.len() {
-                            return Err(too_large(max_body));
+                            return if skip_large {
+                                Ok(unread(content_type))
+                            } else {
+                                Err(too_large(max_body))
+                            };
                         }
                         body.extend_from_slice(&buf[pos + r.start..pos + r.end]);
                     }
                     Decoded::End => {
                         return Ok(Answer {
-                            status: head.status,
+                            status,
+                            content_type,
                             body,
                             reusable: head.keep_alive && buf.len() == pos + used,
                         });
@@ -426,7 +478,11 @@ async fn exchange(
         Framing::UntilClose => {
             loop {
                 if buf.len() - start > max_body {
-                    return Err(too_large(max_body));
+                    return if skip_large {
+                        Ok(unread(content_type))
+                    } else {
+                        Err(too_large(max_body))
+                    };
                 }
                 if read_more(stream, &mut buf).await? == 0 {
                     break;
@@ -434,7 +490,8 @@ async fn exchange(
             }
             buf.drain(..start);
             Ok(Answer {
-                status: head.status,
+                status,
+                content_type,
                 body: buf,
                 reusable: false,
             })
@@ -465,9 +522,16 @@ mod tests {
     }
 
     async fn probe(p: &Prober, uri: &http::Uri, max_body: usize) -> ProbeRecord {
-        p.probe("t", "z", uri.clone(), Duration::from_secs(5), max_body)
-            .await
-            .1
+        p.probe(
+            "t",
+            "z",
+            uri.clone(),
+            Duration::from_secs(5),
+            max_body,
+            Answers::HealthJson,
+        )
+        .await
+        .1
     }
 
     #[tokio::test]
@@ -587,13 +651,31 @@ mod tests {
             usize::MAX,
         )
         .await;
-        let (obs, r) = p.probe("t", "z", uri, Duration::from_secs(5), 65536).await;
+        let (obs, r) = p
+            .probe(
+                "t",
+                "z",
+                uri,
+                Duration::from_secs(5),
+                65536,
+                Answers::HealthJson,
+            )
+            .await;
         assert!(!r.ok && obs.endpoint_failed, "{}", r.detail);
         assert!(r.detail.contains("counting fail"), "{}", r.detail);
         // A 500 with a failing report names its failing check (it used to be garbage).
         let body = r#"{"status":"fail","checks":{"disk:free":[{"status":"fail"}]}}"#;
         let (uri, _) = serve(answer("500 Internal Server Error", body), usize::MAX).await;
-        let (obs, r) = p.probe("t", "z", uri, Duration::from_secs(5), 65536).await;
+        let (obs, r) = p
+            .probe(
+                "t",
+                "z",
+                uri,
+                Duration::from_secs(5),
+                65536,
+                Answers::HealthJson,
+            )
+            .await;
         assert_eq!(obs.failing_checks, ["disk:free"], "{}", r.detail);
     }
 
@@ -625,7 +707,14 @@ mod tests {
             .unwrap();
         let p = Prober::new(true);
         let (_, r) = p
-            .probe("t", "z", uri.clone(), Duration::from_millis(200), 65536)
+            .probe(
+                "t",
+                "z",
+                uri.clone(),
+                Duration::from_millis(200),
+                65536,
+                Answers::PlainStatus,
+            )
             .await;
         assert!(!r.ok);
         assert!(r.detail.contains("timed out"), "{}", r.detail);
@@ -633,5 +722,49 @@ mod tests {
         let r = probe(&p, &uri, 65536).await;
         assert!(!r.ok);
         assert!(r.detail.contains("request failed"), "{}", r.detail);
+    }
+
+    /// A plain server's answers, judged as `probe.answers` says.
+    async fn plain(p: &Prober, answer: String, answers: Answers) -> (Observation, ProbeRecord) {
+        let (uri, _) = serve(answer, usize::MAX).await;
+        p.probe("t", "", uri, Duration::from_secs(5), 1000, answers)
+            .await
+    }
+
+    fn page(status: &str, body: &str) -> String {
+        format!(
+            "HTTP/1.1 {status}\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    #[tokio::test]
+    async fn plain_statuses_are_answers_unless_health_json_is_demanded() {
+        let p = Prober::new(true);
+        let ok = page("200 OK", "<h1>Welcome</h1>");
+        let (obs, r) = plain(&p, ok.clone(), Answers::PlainStatus).await;
+        assert!(obs.is_ok() && r.ok, "a plain 200 page passes: {r:?}");
+        let (_, r) = plain(&p, ok, Answers::HealthJson).await;
+        assert!(
+            !r.ok && r.detail.contains("garbage health response"),
+            "{r:?}"
+        );
+        let missing = page("404 Not Found", "<h1>Not Found</h1>");
+        let (obs, r) = plain(&p, missing, Answers::PlainStatus).await;
+        assert!(!r.ok && obs.endpoint_failed);
+        assert_eq!(
+            r.detail,
+            "HTTP 404, not a health answer: a plain 4xx fails (is the path right?)"
+        );
+        // A page larger than max_body (1000 here) is judged by its code, not read.
+        let big = page("200 OK", &"x".repeat(5000));
+        let (_, r) = plain(&p, big.clone(), Answers::PlainStatus).await;
+        assert!(r.ok, "a large plain page passes by its code: {r:?}");
+        let (_, r) = plain(&p, big, Answers::HealthJson).await;
+        assert!(r.detail.contains("larger than 1000 bytes"), "{r:?}");
+        // A health+json body decides in either mode.
+        let report = r#"{"status":"fail","checks":{"disk:free":[{"status":"fail"}]}}"#;
+        let (obs, _) = plain(&p, with_length(report), Answers::PlainStatus).await;
+        assert_eq!(obs.failing_checks, ["disk:free"]);
     }
 }

@@ -223,10 +223,11 @@ pub async fn run(
                     p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
                 };
                 let (prober, engine) = (prober.clone(), engine.clone());
-                let (timeout, max_body) = (plan.probe.timeout, plan.probe.max_body);
+                let (timeout, max_body, answers) =
+                    (plan.probe.timeout, plan.probe.max_body, plan.probe.answers);
                 tasks.spawn(async move {
                     let (obs, record) = match uri {
-                        Some(uri) => prober.probe(&spec.id, &spec.zone, uri, timeout, max_body).await,
+                        Some(uri) => prober.probe(&spec.id, &spec.zone, uri, timeout, max_body, answers).await,
                         None => Prober::bad_url(&spec.id, &spec.zone, &spec.url),
                     };
                     drop(permit);

@@ -39,7 +39,7 @@
 //!    The freeze's reason says what the evidence shows ([`FreezeEvidence`]): how many of
 //!    the unhealthy targets fail which check, local or dependency, or fail as a whole
 //!    ("fleet-wide failure: 11/20 unhealthy (cap 30%): 8 of 11 fail disk:free (local),
-//!    2 fail postgres:query (dependency), 1 endpoint down; most fail local checks at
+//!    2 fail postgres:query (dependency), 1 fail as a whole; most fail local checks at
 //!    once: a common cause (a deploy, a config, a load pattern), not a shared
 //!    dependency"), and names a shared dependency only when most of them fail it.
 //!
@@ -708,8 +708,8 @@ pub struct CheckTally {
 pub enum LikelyCause {
     /// Most of the unhealthy targets fail the same dependency check.
     SharedDependency,
-    /// Most of them fail as a whole (refused, timed out): the network, the checker, a
-    /// zone.
+    /// Most of them fail as a whole (refused, timed out, a plain 404 or 503): the
+    /// network, the checker, its probe path, a zone.
     Unreachable,
     /// Most of them fail local checks at once: a common cause, not independent hosts.
     LocalAtOnce,
@@ -796,9 +796,9 @@ impl FreezeEvidence {
         }
         if self.endpoint_failed > 0 {
             parts.push(if parts.is_empty() {
-                format!("{} of {unhealthy} unreachable", self.endpoint_failed)
+                format!("{} of {unhealthy} fail as a whole", self.endpoint_failed)
             } else {
-                format!("{} unreachable", self.endpoint_failed)
+                format!("{} fail as a whole", self.endpoint_failed)
             });
         }
         if self.recovering > 0 {
@@ -816,11 +816,11 @@ impl FreezeEvidence {
             (LikelyCause::SharedDependency, _) => {
                 write!(f, "; likely the shared dependency {shared}")
             }
-            (LikelyCause::Unreachable, None) => {
-                f.write_str("; most are unreachable: likely the network or the checker itself")
-            }
+            (LikelyCause::Unreachable, None) => f.write_str(
+                "; most fail as a whole (no answer, or a failing answer naming no check): likely the network, the checker itself, or a probe path they do not serve (their probes say which)",
+            ),
             (LikelyCause::Unreachable, Some(_)) => f.write_str(
-                "; most are unreachable: likely a zone outage or a network partition",
+                "; most fail as a whole (no answer, or a failing answer naming no check): likely a zone outage or a network partition",
             ),
             (LikelyCause::LocalAtOnce, _) => f.write_str(
                 "; most fail local checks at once: a common cause (a deploy, a config, a load pattern), not a shared dependency",
@@ -1139,32 +1139,42 @@ impl Index {
             return;
         }
         let sick = u32::from(t.unhealthy());
+        // Targets without a zone (`""`) are in no zone: only the fleet counts them, so
+        // no zone named "" is ever frozen or blamed.
+        let zoned = !t.zone.is_empty();
         if t.unhealthy() {
             self.tally.apply(cause, t, add);
-            let z = self.zone_tally.entry(t.zone.clone()).or_default();
-            z.apply(cause, t, add);
-            if z.is_empty() {
-                self.zone_tally.remove(&*t.zone);
+            if zoned {
+                let z = self.zone_tally.entry(t.zone.clone()).or_default();
+                z.apply(cause, t, add);
+                if z.is_empty() {
+                    self.zone_tally.remove(&*t.zone);
+                }
             }
         }
         let failing = u32::from(t.failing());
-        let zone = self.zones.entry(t.zone.clone()).or_default();
         if add {
             self.total += 1;
             self.unhealthy += sick;
             self.failing += failing;
-            zone.0 += 1;
-            zone.1 += sick;
-            zone.2 += failing;
         } else {
             self.total -= 1;
             self.unhealthy -= sick;
             self.failing -= failing;
-            zone.0 -= 1;
-            zone.1 -= sick;
-            zone.2 -= failing;
-            if zone.0 == 0 {
-                self.zones.remove(&*t.zone);
+        }
+        if zoned {
+            let zone = self.zones.entry(t.zone.clone()).or_default();
+            if add {
+                zone.0 += 1;
+                zone.1 += sick;
+                zone.2 += failing;
+            } else {
+                zone.0 -= 1;
+                zone.1 -= sick;
+                zone.2 -= failing;
+                if zone.0 == 0 {
+                    self.zones.remove(&*t.zone);
+                }
             }
         }
         if t.last_ok == Some(false) {
@@ -1706,7 +1716,10 @@ impl SafetyGuard {
         }
         let old = std::mem::take(&mut self.state.frozen);
         for f in &old {
-            if !want.iter().any(|(s, _, _)| *s == f.scope) {
+            // A freeze of the zone "" (restored from before targets without a zone
+            // were left out of the zones) ends without a word: it never was a zone.
+            let nameless = f.scope == FreezeScope::Zone(String::new());
+            if !nameless && !want.iter().any(|(s, _, _)| *s == f.scope) {
                 let (total, unhealthy) = match &f.scope {
                     FreezeScope::Fleet => (self.index.total, self.index.unhealthy),
                     FreezeScope::Zone(z) => {

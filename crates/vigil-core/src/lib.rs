@@ -41,7 +41,7 @@ pub mod thresholds;
 pub mod time;
 
 pub use invalid::Invalid;
-pub use judge::{Judgement, judge};
+pub use judge::{Answers, Judgement, judge};
 pub use report::{CheckResult, HEALTH_JSON, HealthReport, ParseError};
 pub use status::{Criticality, Status};
 pub use thresholds::{Health, Thresholds, ThresholdsConfig, Transition};

@@ -336,6 +336,9 @@ pub enum PoolEvent<K> {
         healthy: usize,
         /// Targets with a verdict (the denominator).
         known: usize,
+        /// Every target of the pool, unknown ones included (for the log line: a pool of
+        /// two with one unknown is "0/2 healthy (1 not checked yet)", not "0/1").
+        total: usize,
         /// The panic threshold.
         threshold: f64,
         /// The fraction the pool had to reach to leave (threshold + exit margin).
@@ -395,11 +398,13 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
                 entered: true,
                 healthy,
                 known,
+                total,
                 threshold,
                 ..
             } => write!(
                 f,
-                "pool {pool}: {healthy}/{known} healthy < {}% panic threshold: failing open (routing to all targets)",
+                "pool {pool}: {} < {}% panic threshold: failing open (routing to all targets)",
+                Counts(*healthy, *known, *total),
                 percent(*threshold)
             ),
             PoolEvent::FailOpen {
@@ -407,6 +412,7 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
                 entered: false,
                 healthy,
                 known,
+                total,
                 threshold,
                 exit_level,
                 dwell,
@@ -414,7 +420,8 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
             } => {
                 write!(
                     f,
-                    "pool {pool}: {healthy}/{known} healthy >= {}% (panic threshold {}% + margin) for {}: fail-open ended",
+                    "pool {pool}: {} >= {}% (panic threshold {}% + margin) for {}: fail-open ended",
+                    Counts(*healthy, *known, *total),
                     percent(*exit_level),
                     percent(*threshold),
                     humantime::format_duration(*dwell)
@@ -429,6 +436,26 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
                 Ok(())
             }
         }
+    }
+}
+
+/// Healthy targets out of every target, saying how many are left out of the fraction
+/// for want of a verdict: `1/4 healthy`, `0/2 healthy (1 not checked yet, left out of
+/// the fraction)`.
+struct Counts(usize, usize, usize);
+
+impl fmt::Display for Counts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Counts(healthy, known, total) = *self;
+        write!(f, "{healthy}/{total} healthy")?;
+        if total > known {
+            write!(
+                f,
+                " ({} not checked yet, left out of the fraction)",
+                total - known
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -808,11 +835,13 @@ impl<K: Ord + Clone> Pool<K> {
         // A hair of tolerance: 3/5 must count as 60%, whatever the rounding of 0.5 + 0.1.
         let below = known > 0 && (healthy as f64) < threshold * known as f64;
         let above = (healthy as f64) >= exit_level * known as f64 - 1e-9;
+        let total = self.members.len();
         let event = |entered, dwell, ramp| PoolEvent::FailOpen {
             pool: self.name.clone(),
             entered,
             healthy,
             known,
+            total,
             threshold,
             exit_level,
             dwell,

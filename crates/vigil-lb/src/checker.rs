@@ -9,7 +9,7 @@
 //! transitions, not every probe.
 
 use crate::balancer::PoolRt;
-use crate::config::{CheckType, HealthCheckConfig, StatusSet};
+use crate::config::{CheckType, DEFAULT_HEALTH_PATH, HealthCheckConfig, LbConfig, StatusSet};
 use crate::metrics::CheckLabels;
 use crate::proxy::ErrorChain;
 use bytes::Bytes;
@@ -30,6 +30,18 @@ pub struct Verdict {
     pub ok: bool,
     /// What it saw, for logs and `/admin/targets`.
     pub detail: String,
+    /// The HTTP status of the answer, when an HTTP check got one.
+    pub code: Option<u16>,
+}
+
+/// What a check of the default path ([`DEFAULT_HEALTH_PATH`]) answered with 404 adds to
+/// its detail: the most likely reason (a server without `/readyz`, such as a plain web
+/// server) and the fix, where a reader of the log or of `/admin/targets` looks.
+pub const DEFAULT_PATH_404_HINT: &str = "/readyz is the default health_check.path (vigil's library serves it); a server without it needs the path it serves, e.g. path = \"/\"";
+
+/// Whether `hc` checks the default path and `code` says the target does not have it.
+pub fn default_path_missing(hc: &HealthCheckConfig, code: Option<u16>) -> bool {
+    hc.check_type == CheckType::Http && hc.path == DEFAULT_HEALTH_PATH && code == Some(404)
 }
 
 /// Checks one target once.
@@ -39,7 +51,11 @@ pub async fn probe(
     hc: &HealthCheckConfig,
     expected: &StatusSet,
 ) -> Verdict {
-    let fail = |detail: String| Verdict { ok: false, detail };
+    let fail = |detail: String| Verdict {
+        ok: false,
+        detail,
+        code: None,
+    };
     if hc.check_type == CheckType::Grpc {
         return match tokio::time::timeout(hc.timeout, grpc_probe(addr, &hc.grpc_service)).await {
             Ok(v) => v,
@@ -72,14 +88,22 @@ pub async fn probe(
         let code = resp.status().as_u16();
         let status_ok = expected.contains(code);
         let expected_list = hc.expected_statuses.join(",");
+        let answered = |ok: bool, mut detail: String| {
+            if !ok && default_path_missing(hc, Some(code)) {
+                detail.push_str("; ");
+                detail.push_str(DEFAULT_PATH_404_HINT);
+            }
+            Verdict {
+                ok,
+                detail,
+                code: Some(code),
+            }
+        };
         if !hc.health_json {
             return if status_ok {
-                Verdict {
-                    ok: true,
-                    detail: format!("HTTP {code}"),
-                }
+                answered(true, format!("HTTP {code}"))
             } else {
-                fail(format!("HTTP {code}, expected {expected_list}"))
+                answered(false, format!("HTTP {code}, expected {expected_list}"))
             };
         }
         let content_type = resp
@@ -92,20 +116,22 @@ pub async fn probe(
             .await
         {
             Ok(b) => b.to_bytes(),
-            Err(e) => return fail(format!("HTTP {code}, body unreadable: {e}")),
+            Err(e) => return answered(false, format!("HTTP {code}, body unreadable: {e}")),
         };
-        // vigil-core's one judge (its doc has the rule table); the configured
-        // `expected_statuses` must also hold.
-        let j = vigil_core::judge(code, content_type.as_deref(), &body);
+        // vigil-core's one judge (its doc has the rule table); `health_json = true`
+        // demands a health answer, and the configured `expected_statuses` must also hold.
+        let j = vigil_core::judge(
+            vigil_core::Answers::HealthJson,
+            code,
+            content_type.as_deref(),
+            &body,
+        );
         let mut detail = j.detail.clone();
         if !status_ok {
             detail.push_str(&format!("; expected {expected_list}"));
         }
-        Verdict {
-            // Degraded (warn) stays in service: it still serves something useful.
-            ok: status_ok && j.is_serving(),
-            detail,
-        }
+        // Degraded (warn) stays in service: it still serves something useful.
+        answered(status_ok && j.is_serving(), detail)
     };
     match tokio::time::timeout(hc.timeout, work).await {
         Ok(v) => v,
@@ -132,12 +158,18 @@ pub async fn grpc_probe(addr: &str, service: &str) -> Verdict {
         Ok(SERVING) => Verdict {
             ok: true,
             detail: "gRPC SERVING".into(),
+            code: None,
         },
         Ok(status) => Verdict {
             ok: false,
             detail: format!("gRPC {}", serving_status_name(status)),
+            code: None,
         },
-        Err(detail) => Verdict { ok: false, detail },
+        Err(detail) => Verdict {
+            ok: false,
+            detail,
+            code: None,
+        },
     }
 }
 
@@ -357,6 +389,66 @@ pub fn spawn_checks(
             })
         })
         .collect()
+}
+
+/// `check-config`'s look at the network: checks every target once in each pool that
+/// checks the default path over HTTP, and returns a warning for each pool where some
+/// target answers 404 there (a plain web server has no `/readyz`, and would never be
+/// healthy). Targets that do not answer say nothing: they may simply be down now.
+pub fn default_path_warnings(config: &LbConfig) -> Vec<String> {
+    let pools: Vec<_> = config
+        .pools
+        .iter()
+        .filter(|(_, p)| {
+            let hc = &p.health_check;
+            hc.enabled && hc.check_type == CheckType::Http && hc.path == DEFAULT_HEALTH_PATH
+        })
+        .collect();
+    if pools.is_empty() {
+        return Vec::new();
+    }
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return vec![format!("cannot check the targets: no runtime: {e}")],
+    };
+    rt.block_on(async {
+        let mut warnings = Vec::new();
+        for (name, pool) in pools {
+            let hc = &pool.health_check;
+            let expected = StatusSet::parse(&hc.expected_statuses).expect("validated config");
+            let client = check_client(hc.timeout);
+            let mut checks = tokio::task::JoinSet::new();
+            for t in &pool.targets {
+                let (client, hc, expected, addr) =
+                    (client.clone(), hc.clone(), expected.clone(), t.addr.clone());
+                checks.spawn(async move {
+                    let v = probe(&client, &addr, &hc, &expected).await;
+                    (addr, v)
+                });
+            }
+            let mut missing: Vec<String> = checks
+                .join_all()
+                .await
+                .into_iter()
+                .filter(|(_, v)| default_path_missing(hc, v.code))
+                .map(|(addr, _)| addr)
+                .collect();
+            if missing.is_empty() {
+                continue;
+            }
+            missing.sort();
+            warnings.push(format!(
+                "pool {name}: {} of {} targets ({}) answer 404 to GET {DEFAULT_HEALTH_PATH}, the default health check path: they would never be healthy. vigil's library serves {DEFAULT_HEALTH_PATH}; for servers without it set the path they serve:\n  [pools.{name}.health_check]\n  path = \"/\"",
+                missing.len(),
+                pool.targets.len(),
+                missing.join(", ")
+            ));
+        }
+        warnings
+    })
 }
 
 fn pool_metrics(pool: &PoolRt, addr: &str, ok: bool) {

@@ -36,7 +36,8 @@ pub struct Args {
 #[derive(clap::Subcommand, Debug)]
 enum Command {
     /// Validate a configuration file and exit: 0 when valid, 78 (with the file, line and
-    /// key of the problem) when not.
+    /// key of the problem) when not. Pools checking the default path (/readyz) have
+    /// each target checked once: a 404 there is a warning on stderr.
     CheckConfig,
 }
 
@@ -53,6 +54,10 @@ pub fn run(args: Args) -> ExitCode {
                     .map_err(|e| format!("{}: {e}", args.config.display()))
             }) {
             Ok(c) => {
+                // A warning, not an error: the file is valid, the targets may change.
+                for w in crate::checker::default_path_warnings(&c) {
+                    eprintln!("{}: warning: {w}", args.config.display());
+                }
                 let targets: usize = c.pools.values().map(|p| p.targets.len()).sum();
                 println!(
                     "{}: ok ({} pools, {} targets, {} routes)",

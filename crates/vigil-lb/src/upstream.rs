@@ -1219,21 +1219,31 @@ mod tests {
         // More than tokio's cooperative budget (128 readiness polls per task poll):
         // readiness must not read "pending" for the rest, or closed ones would stay.
         const N: usize = 200;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let closer = std::thread::spawn(move || {
-            let conns: Vec<_> = (0..N).map(|_| listener.accept().unwrap().0).collect();
-            drop(conns); // the target closes every one of them
-        });
-        let pool = ConnPool::new(&addr);
+        // Nothing here waits on the wall clock, so a busy machine only makes it slower
+        // (it used to connect 200 times against a backlog of 128 with a 1 s timeout
+        // while another thread accepted, then sleep 200 ms for the FINs): each connect
+        // is paired with its accept, so the backlog never holds more than one, and the
+        // connect timeout is a minute, never reached.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let pool = ConnPool::new(&listener.local_addr().unwrap().to_string());
+        let mut conns = Vec::with_capacity(N);
+        let mut accepted = Vec::with_capacity(N);
         for _ in 0..N {
-            let conn = pool.connect(SECOND).await.unwrap();
-            pool.checkin(conn);
+            let (conn, peer) = tokio::join!(pool.connect(MINUTE), listener.accept());
+            conns.push(conn.unwrap());
+            accepted.push(peer.unwrap().0);
         }
-        closer.join().unwrap();
+        drop(accepted); // the target closes every one of them
+        // The reactor has seen each FIN once each connection reads as readable (which
+        // does not consume the readiness the pass below looks at).
+        for c in &conns {
+            c.tcp.readable().await.unwrap();
+        }
+        for c in conns {
+            pool.checkin(c);
+        }
         assert_eq!(pool.idle_count(), N);
-        // Let the reactor see every FIN, then one pass from this one task poll.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // One pass, from one task poll.
         pool.evict_idle(MINUTE);
         assert_eq!(pool.idle_count(), 0, "closed connections left in the pool");
     }

@@ -11,6 +11,10 @@
 //!   SIGSTOPped process), or a delay;
 //! - [`Backend::kill`] closes the listener and every open connection, like a crash.
 //!
+//! [`Backend::start_plain`] is an ordinary web server instead (an nginx serving a site):
+//! no health endpoint at all, `/` answers `200` with an HTML page and every other path
+//! `404` with one.
+//!
 //! [`scripted_server`] answers every request with the same raw bytes, for HTTP clients'
 //! unit tests (the lb's upstream client, the controller's prober).
 
@@ -36,7 +40,9 @@ pub enum Mode {
     Ok,
     /// This status code, with the backend's name as the body.
     Status(u16),
-    /// Bytes that are not HTTP, then the connection closes.
+    /// Bytes that are not HTTP, then the connection closes. As a health mode
+    /// (`set_health_mode`): a `200` declared `application/health+json` whose body is
+    /// not, a garbage health answer by any rule.
     Garbage,
     /// Read the request, never answer (the connection stays open).
     Freeze,
@@ -54,6 +60,8 @@ struct State {
     /// A check whose status flips on every `/readyz` or `/health` answer, starting
     /// with the given status (a target that flaps every probe, whatever the timing).
     flapping: Option<(String, Status)>,
+    /// An ordinary web server: no health endpoints (see [`Backend::start_plain`]).
+    plain: bool,
 }
 
 /// A real HTTP backend on 127.0.0.1 with a port of its own.
@@ -74,12 +82,25 @@ impl Backend {
 
     /// Starts a backend on a given address (e.g. to restart a killed one on its port).
     pub fn start_on(name: &str, addr: SocketAddr) -> Backend {
+        Self::start_with(name, addr, false)
+    }
+
+    /// Starts an ordinary web server named `name`, with no health endpoint: `/`
+    /// answers `200` with an HTML page, every other path (`/health`, `/readyz` too)
+    /// `404` with one. Requests for `/` count as application requests, the others as
+    /// health requests when their path is a health path.
+    pub fn start_plain(name: &str) -> Backend {
+        Self::start_with(name, "127.0.0.1:0".parse().expect("valid address"), true)
+    }
+
+    fn start_with(name: &str, addr: SocketAddr, plain: bool) -> Backend {
         let state = Arc::new(Mutex::new(State {
             name: name.to_string(),
             mode: Mode::Ok,
             health_mode: Mode::Ok,
             checks: BTreeMap::new(),
             flapping: None,
+            plain,
         }));
         let requests = Arc::new(AtomicU64::new(0));
         let health_requests = Arc::new(AtomicU64::new(0));
@@ -256,18 +277,34 @@ async fn handle(
 ) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let is_health = matches!(path.as_str(), "/readyz" | "/health" | "/healthz" | "/livez");
-    let mode = {
+    let (mode, plain) = {
         let st = state.lock().expect("state lock");
+        let plain = st.plain.then(|| st.name.clone());
         if is_health {
-            st.health_mode.clone()
+            (st.health_mode.clone(), plain)
         } else {
-            st.mode.clone()
+            (st.mode.clone(), plain)
         }
     };
     if is_health {
         health_requests.fetch_add(1, Ordering::Relaxed);
     } else {
         requests.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(name) = plain {
+        let (code, body) = if path == "/" {
+            (200, format!("<html><body><h1>{name}</h1></body></html>"))
+        } else {
+            (
+                404,
+                "<html><body><h1>404 Not Found</h1></body></html>".into(),
+            )
+        };
+        return Response::builder()
+            .status(code)
+            .header("content-type", "text/html; charset=utf-8")
+            .body(Full::new(Bytes::from(body)))
+            .expect("valid response");
     }
     match mode {
         Mode::Freeze => std::future::pending::<()>().await,
@@ -279,6 +316,13 @@ async fn handle(
     } else if is_health && matches!(mode, Mode::Ok | Mode::Delay(_)) {
         let (c, b) = health_answer(state, &path);
         (c, b, vigil_core::HEALTH_JSON)
+    } else if is_health && mode == Mode::Garbage {
+        let name = state.lock().expect("state lock").name.clone();
+        (
+            200,
+            format!("{name}: not health+json"),
+            vigil_core::HEALTH_JSON,
+        )
     } else {
         let name = state.lock().expect("state lock").name.clone();
         match mode {
@@ -370,6 +414,20 @@ mod tests {
             std::net::TcpStream::connect(addr).is_err(),
             "a killed backend must refuse connections"
         );
+    }
+
+    #[test]
+    fn a_plain_site_has_a_page_and_no_health_endpoint() {
+        let b = Backend::start_plain("site");
+        let r = get(b.addr(), "/");
+        assert!(
+            r.starts_with("HTTP/1.1 200") && r.contains("text/html"),
+            "{r}"
+        );
+        for path in ["/health", "/readyz", "/x"] {
+            assert!(get(b.addr(), path).starts_with("HTTP/1.1 404"), "{path}");
+        }
+        assert_eq!((b.requests(), b.health_requests()), (2, 2));
     }
 
     #[test]

@@ -113,7 +113,10 @@ async fn dependency() -> SocketAddr {
                 )
             }),
         )
-        .route("/garbage", get(|| async { "<html>not health</html>" }))
+        .route(
+            "/garbage",
+            get(|| async { ([("content-type", "text/html")], "<html>not health</html>") }),
+        )
         .route(
             "/hang",
             get(|| async {
@@ -202,6 +205,15 @@ async fn http_get_maps_a_health_json_status() {
         "{}",
         output(&garbage)
     );
+
+    // A status-only endpoint (text/plain "ok") passes, as with `vigil check`, the
+    // balancer and the controller: the one judge reads the real Content-Type.
+    let plain = HttpGet::new(&format!("http://{addr}/ok"))
+        .unwrap()
+        .health_json()
+        .check()
+        .await;
+    assert_eq!(plain.status, Status::Pass, "{}", output(&plain));
 }
 
 #[tokio::test]

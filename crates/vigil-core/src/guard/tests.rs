@@ -128,7 +128,7 @@ fn fleet_above_cap_freezes_with_a_loud_reason_and_unfreezes_when_it_drops() {
     let reason = st.reasons[0].to_string();
     assert_eq!(
         reason,
-        "fleet-wide failure: 7/10 unhealthy (cap 30%): 7 of 7 unreachable; most are unreachable: likely the network or the checker itself"
+        "fleet-wide failure: 7/10 unhealthy (cap 30%): 7 of 7 fail as a whole; most fail as a whole (no answer, or a failing answer naming no check): likely the network, the checker itself, or a probe path they do not serve (their probes say which)"
     );
     // The first of them reaches N before its peers count as unhealthy: it waits on the
     // eager count (peers failing right now), then the freeze holds everyone.
@@ -214,6 +214,62 @@ fn a_zone_above_cap_freezes_only_that_zone() {
             .to_string()
             .starts_with("zone-wide failure in zone a: 2/4 unhealthy")
     );
+}
+
+#[test]
+fn targets_without_a_zone_are_in_no_zone_and_no_zone_is_named_for_them() {
+    let mut g = SafetyGuard::new(cfg());
+    // Four targets without a zone, one in zone "b": three of the four fail as a whole.
+    let zone = |i: usize| if i == 4 { "b" } else { "" };
+    let mut all = Vec::new();
+    for s in (0..60).step_by(10) {
+        for i in 0..5 {
+            let obs = if i < 3 {
+                Observation::endpoint_failure(id(i), zone(i))
+            } else {
+                Observation::pass(id(i), zone(i))
+            };
+            all.extend(g.observe(Time::from_secs(s), &obs));
+        }
+    }
+    let st = g.status(Time::from_secs(60));
+    assert!(st.fleet_frozen, "3/5 is above the cap: {st:?}");
+    assert_eq!(
+        st.freezes.iter().map(|f| &f.scope).collect::<Vec<_>>(),
+        [&FreezeScope::Fleet],
+        "targets without a zone freeze the fleet, never a zone \"\""
+    );
+    let said: Vec<String> = g
+        .drain_events()
+        .iter()
+        .map(ToString::to_string)
+        .chain(all.iter().map(ToString::to_string))
+        .chain(st.reasons.iter().map(ToString::to_string))
+        .collect();
+    assert!(
+        said.iter()
+            .all(|m| !m.contains("zone ") || m.contains("zone b")),
+        "a message names an empty zone: {said:#?}"
+    );
+    // A freeze of zone "" restored from an older state ends without an event naming it.
+    let mut state = g.state().clone();
+    state.frozen.push(Freeze {
+        scope: FreezeScope::Zone(String::new()),
+        ..state.frozen[0].clone()
+    });
+    let mut g = SafetyGuard::restore(g.config().clone(), state);
+    for i in 0..5 {
+        g.observe(Time::from_secs(70), &Observation::pass(id(i), zone(i)));
+    }
+    let st = g.status(Time::from_secs(70));
+    assert!(
+        !st.freezes
+            .iter()
+            .any(|f| f.scope == FreezeScope::Zone(String::new())),
+        "{st:?}"
+    );
+    let ev: Vec<String> = g.drain_events().iter().map(ToString::to_string).collect();
+    assert!(ev.iter().all(|e| !e.starts_with("zone ")), "{ev:?}");
 }
 
 #[test]
@@ -878,7 +934,7 @@ fn freeze_reason_names_the_failing_checks_and_says_shared_dependency_only_on_evi
     let reason = g.status(Time::from_secs(30)).reasons[0].to_string();
     assert_eq!(
         reason,
-        "fleet-wide failure: 11/20 unhealthy (cap 30%): 8 of 11 fail disk:free (local), 2 fail postgres:query (dependency), 1 unreachable; most fail local checks at once: a common cause (a deploy, a config, a load pattern), not a shared dependency"
+        "fleet-wide failure: 11/20 unhealthy (cap 30%): 8 of 11 fail disk:free (local), 2 fail postgres:query (dependency), 1 fail as a whole; most fail local checks at once: a common cause (a deploy, a config, a load pattern), not a shared dependency"
     );
     assert!(!reason.contains("likely the shared dependency"));
 

@@ -162,6 +162,37 @@ fn fails_open_below_the_panic_threshold_and_recovers() {
 }
 
 /// Ten targets, all healthy at t=2, checks deciding at once (thresholds of 1).
+#[test]
+fn fail_open_counts_every_target_and_says_which_are_not_checked_yet() {
+    // Two new targets: the first fails its checks before the second has a verdict.
+    let mut p = Pool::new("api", no_hysteresis());
+    p.add_target("a", TargetSpec::default(), Time::ZERO);
+    p.add_target("b", TargetSpec::default(), Time::ZERO);
+    let ev = fail(&mut p, "a", 1);
+    let fo: Vec<String> = ev
+        .iter()
+        .filter(|e| matches!(e, PoolEvent::FailOpen { .. }))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        fo,
+        [
+            "pool api: 0/2 healthy (1 not checked yet, left out of the fraction) < 50% panic threshold: failing open (routing to all targets)"
+        ],
+        "a pool of two is never \"0/1 healthy\""
+    );
+    // b passes its checks: 1 of 2 in service, both with a verdict.
+    let ev: Vec<String> = (4..6)
+        .flat_map(|s| p.observe_probe(&"b", secs(s), true, "HTTP 200"))
+        .filter(|e| matches!(e, PoolEvent::FailOpen { .. }))
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(
+        ev,
+        ["pool api: 1/2 healthy >= 50% (panic threshold 50% + margin) for 0s: fail-open ended"]
+    );
+}
+
 fn pool_of_ten(config: PoolConfig) -> Pool<usize> {
     let mut p = Pool::new(
         "api",

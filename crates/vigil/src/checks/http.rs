@@ -97,9 +97,12 @@ impl HttpGet {
     }
 
     /// Reads the body as health+json and reports its status, judged by vigil-core's one
-    /// judge ([`vigil_core::judge`](mod@vigil_core::judge)): on 2xx the body's status (a dependency that says
-    /// `warn` makes this check warn); any 4xx-5xx fails (a 503 saying `pass` too); a
-    /// body that is not health+json fails, naming what is wrong.
+    /// judge ([`vigil_core::judge`](mod@vigil_core::judge)) demanding a health answer
+    /// (`Answers::HealthJson`): on 2xx the body's status (a dependency that says `warn`
+    /// makes this check warn); any 4xx-5xx fails (a 503 saying `pass` too); a page that
+    /// is not health+json fails, naming what is wrong; a status-only 2xx (empty or
+    /// `text/plain`) passes, as it does for `vigil check`, the balancer and the
+    /// controller.
     pub fn health_json(mut self) -> Self {
         self.expect = Expect::HealthJson;
         self
@@ -111,7 +114,8 @@ impl HttpGet {
         self
     }
 
-    async fn exchange(&self) -> Result<(StatusCode, Bytes), String> {
+    /// The answer's status, `Content-Type` and body.
+    async fn exchange(&self) -> Result<(StatusCode, Option<String>, Bytes), String> {
         let request = Request::get(self.uri.clone())
             .header(
                 header::USER_AGENT,
@@ -129,12 +133,17 @@ impl HttpGet {
             .await
             .map_err(|e| format!("GET {}: {}", self.uri, error_chain(&e)))?;
         let status = response.status();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let body = Limited::new(response.into_body(), MAX_REPORT_BYTES)
             .collect()
             .await
             .map_err(|e| format!("GET {}: reading body: {e}", self.uri))?
             .to_bytes();
-        Ok((status, body))
+        Ok((status, content_type, body))
     }
 }
 
@@ -155,7 +164,7 @@ impl Check for HttpGet {
         let started = Instant::now();
         let result = tokio::time::timeout(self.timeout, self.exchange()).await;
         let ms = (started.elapsed().as_secs_f64() * 1000.0 * 100.0).round() / 100.0;
-        let (code, body) = match result {
+        let (code, content_type, body) = match result {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => return Observation::fail(e).with_observed(ms, "ms"),
             Err(_) => {
@@ -182,11 +191,16 @@ impl Check for HttpGet {
                 Status::Fail,
                 format!("GET {}: {code} in {ms} ms, expected {want}", self.uri),
             ),
-            // vigil-core's one judge (its doc has the rule table): the body's status on
-            // 2xx, fail on any 4xx-5xx (a 503 saying pass too), and a body that is not
-            // health+json fails.
+            // vigil-core's one judge (its doc has the rule table), demanding a health
+            // answer: the body's status on 2xx, fail on any 4xx-5xx (a 503 saying pass
+            // too), and a body that is not health+json fails.
             Expect::HealthJson => {
-                let j = vigil_core::judge(code.as_u16(), Some(vigil_core::HEALTH_JSON), &body);
+                let j = vigil_core::judge(
+                    vigil_core::Answers::HealthJson,
+                    code.as_u16(),
+                    content_type.as_deref(),
+                    &body,
+                );
                 (
                     j.status,
                     format!("GET {}: {} in {ms} ms", self.uri, j.detail),
