@@ -945,8 +945,13 @@ per = "10m"
 
 [actuator]
 kind = "log"
+
+# The balancer's pools on the same page as the guard.
+[dashboard]
+balancers = ["http://127.0.0.1:{lb_admin}"]
 {targets}"#,
         ctl = ports.controller,
+        lb_admin = ports.lb_admin,
         data = controller_dir(dir, run).display(),
     );
     std::fs::write(dir.join("fleet.toml"), cfg).context("writing fleet.toml")

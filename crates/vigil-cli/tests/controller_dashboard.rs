@@ -11,6 +11,7 @@
 //! screenshot is left in the test's target tmp dir (`dashboard-500.png`) to look at.
 
 mod controller_support;
+mod lb_support;
 
 use base64::Engine as _;
 use controller_support::*;
@@ -585,4 +586,88 @@ per = "10m"
         m["banner"], false,
         "no store-error banner while the store works"
     );
+}
+
+/// The one page shows the whole system: the balancers' pools (in service, unhealthy,
+/// ejected, fail-open with its reason) beside the guard, a balancer that cannot be read
+/// with its error, and that the `log` actuator is a dry run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_the_balancers_pools_beside_the_guard_and_says_dry_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = backends(3);
+    let addrs: Vec<String> = bs
+        .iter()
+        .map(|b| format!("{{ addr = \"{}\" }}", b.addr()))
+        .collect();
+    let lb = lb_support::LbProcess::start(&format!(
+        "[pools.web]\ntargets = [{}]\n[pools.web.health_check]\ninterval = \"200ms\"\ntimeout = \"300ms\"\nhealthy_threshold = 1\nunhealthy_threshold = 2\n",
+        addrs.join(", ")
+    ))
+    .await;
+    let nobody = lb_support::free_port();
+    let extra = format!(
+        "[dashboard]\nbalancers = [\"http://127.0.0.1:{}\", \"http://127.0.0.1:{nobody}\"]\n",
+        lb.admin
+    );
+    let c = Controller::start(dir.path(), &(base_config(&extra) + &targets_toml(&bs)));
+    c.wait_all(3, "healthy").await;
+
+    // The controller reads the balancer every 2 s: await the row, then change the pool.
+    let live = c.url("/dashboard/live");
+    let client = reqwest::Client::new();
+    let fetch = |url: String| {
+        let client = client.clone();
+        async move { client.get(url).send().await.unwrap().text().await.unwrap() }
+    };
+    let row = |html: &str| -> Option<String> {
+        let at = html.find("data-pool=\"web\"")?;
+        let end = html[at..].find("</tr>")? + at;
+        Some(html[at..end].to_string())
+    };
+    let cells = |row: &str| -> Vec<String> {
+        row.split("<td class=\"n\">")
+            .skip(1)
+            .map(|c| c[..c.find('<').unwrap()].to_string())
+            .collect()
+    };
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let html = fetch(live.clone()).await;
+        if row(&html).is_some_and(|r| cells(&r) == ["3", "0", "0", "0"]) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no pool row with 3 in service: {html}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bs[0].set_health_mode(vigil_testkit::Mode::Status(503));
+    loop {
+        let html = fetch(live.clone()).await;
+        if row(&html).is_some_and(|r| cells(&r) == ["2", "1", "0", "0"]) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the unhealthy target never showed: {html}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let url = c.url("/");
+    let (dom, console) = tokio::task::spawn_blocking(move || load(&url))
+        .await
+        .unwrap();
+    check_console(&console);
+    let pools = element(&dom, "section", "balancers");
+    let web = row(pools).expect("the web pool's row in the browser's DOM");
+    assert_eq!(cells(&web), ["2", "1", "0", "0"], "{web}");
+    assert!(web.contains("healthy targets only"), "{web}");
+    assert!(
+        pools.contains(&format!("127.0.0.1:{nobody}")) && pools.contains("cannot be read"),
+        "an unreadable balancer is shown with its error: {pools}"
+    );
+    let dry = element(&dom, "div", "dry-run");
+    assert!(dry.contains("Dry run"), "{dry}");
 }

@@ -85,6 +85,10 @@ pub struct AppState {
     pub store_health: Arc<crate::store::StoreHealth>,
     /// The fleet as the engine last published it.
     pub views: FleetViews,
+    /// The configuration in force (the dashboard says when the actuator is a dry run).
+    pub config: watch::Receiver<Arc<crate::config::ControllerConfig>>,
+    /// The balancers' pools as last read (`[dashboard] balancers`).
+    pub balancers: crate::balancers::BalancerViews,
 }
 
 /// How heartbeats are verified: the secret their keys derive from, the replay window.
@@ -893,10 +897,15 @@ async fn dashboard_data(st: &AppState) -> Result<(Arc<FleetView>, dashboard::Rec
             Ok(dashboard::Recent {
                 decisions: s.decisions(None, dashboard::RECENT_DECISIONS)?,
                 actions: s.actions(dashboard::RECENT_ACTIONS)?,
+                balancers: Arc::default(),
+                dry_run: false,
             })
         })
         .await
         .map_err(unavailable)?;
+    let mut recent = recent;
+    recent.balancers = st.balancers.load_full();
+    recent.dry_run = st.config.borrow().actuator.kind == crate::config::ActuatorKind::Log;
     // The view after the store's records: a decision the view shows acted on is
     // already in them.
     Ok((st.views.load(), recent))
@@ -984,6 +993,8 @@ mod tests {
             })),
             store_health: Arc::new(Default::default()),
             views: FleetViews::new(view),
+            config: watch::channel(Arc::new(crate::config::ControllerConfig::default())).1,
+            balancers: Arc::default(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

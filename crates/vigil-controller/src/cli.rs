@@ -309,7 +309,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         tasks.clone(),
     ));
     tasks.spawn(watch_discovery(
-        config_rx,
+        config_rx.clone(),
         engine_tx.clone(),
         shutdown_rx.clone(),
         seen,
@@ -320,6 +320,12 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     if token.read().expect("token lock").is_none() {
         tracing::warn!("no api_token configured: mutating API calls are refused");
     }
+    let balancers: crate::balancers::BalancerViews = Arc::default();
+    tasks.spawn(crate::balancers::run(
+        config_rx.clone(),
+        balancers.clone(),
+        shutdown_rx.clone(),
+    ));
     let app = api::router(AppState {
         engine: engine_tx.clone(),
         store: store.clone(),
@@ -330,6 +336,8 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         heartbeat_auth: heartbeat_auth.clone(),
         store_health,
         views,
+        config: config_rx.clone(),
+        balancers,
     });
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(async move {

@@ -88,6 +88,8 @@ pub struct ControllerConfig {
     /// How queue workers (heartbeat targets that report counters) are compared with the
     /// other workers of their group: `vigil_core::anomaly`'s keys.
     pub anomaly: AnomalyConfig,
+    /// What the dashboard shows besides the controller.
+    pub dashboard: DashboardConfig,
     /// Static targets.
     pub targets: Vec<TargetConfig>,
 }
@@ -105,9 +107,19 @@ impl Default for ControllerConfig {
             discovery: None,
             store: StoreConfig::default(),
             anomaly: AnomalyConfig::default(),
+            dashboard: DashboardConfig::default(),
             targets: Vec::new(),
         }
     }
+}
+
+/// The dashboard.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DashboardConfig {
+    /// Admin addresses (`admin_listen`, as `http://host:port`) of `vigil lb` instances
+    /// whose pools the dashboard shows beside the guard. Empty by default.
+    pub balancers: Vec<String>,
 }
 
 /// Probing.
@@ -404,6 +416,18 @@ pub fn validate_targets(targets: &[TargetConfig], what: &str) -> Result<(), Inva
 impl ControllerConfig {
     /// Checks the values; the error names the bad key.
     pub fn validate(&self) -> Result<(), Invalid> {
+        for (i, url) in self.dashboard.balancers.iter().enumerate() {
+            let ok = url.starts_with("http://")
+                && url.parse::<http::Uri>().is_ok_and(|u| u.host().is_some());
+            if !ok {
+                return Err(Invalid::new(
+                    format!("dashboard.balancers[{i}]"),
+                    format!(
+                        "must be a vigil lb admin address like \"http://127.0.0.1:9101\", got {url:?}"
+                    ),
+                ));
+            }
+        }
         let p = &self.probe;
         if p.interval.is_zero() {
             return Err(Invalid::new("probe.interval", "must be longer than 0s"));

@@ -33,6 +33,10 @@ pub struct Recent {
     pub decisions: Vec<DecisionRecord>,
     /// The latest actions, newest first.
     pub actions: Vec<ActionRecord>,
+    /// The balancers' pools as last read (`[dashboard] balancers`).
+    pub balancers: std::sync::Arc<Vec<crate::balancers::BalancerView>>,
+    /// The actuator only logs (`log`): nothing is replaced.
+    pub dry_run: bool,
 }
 
 const STYLE: &str = r#"
@@ -140,6 +144,14 @@ pub fn live(fleet: &FleetView, recent: &Recent) -> Markup {
             }
         }
         (guard(fleet))
+        @if recent.dry_run {
+            div #dry-run .guard .ok {
+                strong { "Dry run: " } "the actuator is " code { "log" }
+                ": actions are decided and recorded, nothing is replaced "
+                "(set " code { "[actuator] kind" } " to webhook or exec to act)."
+            }
+        }
+        (balancers(&recent.balancers))
         (legend(fleet))
         section #attention {
             @if attention.is_empty() {
@@ -166,6 +178,34 @@ pub fn live(fleet: &FleetView, recent: &Recent) -> Markup {
             ul #events {
                 @for e in fleet.events.iter().rev() {
                     li { (rfc3339_ms(e.at_ms)) " " (e.message) }
+                }
+            }
+        }
+    }
+}
+
+/// The balancers' pools: what they route around, beside what the guard replaces.
+fn balancers(views: &[crate::balancers::BalancerView]) -> Markup {
+    html! {
+        @if !views.is_empty() {
+            section #balancers {
+                h2 { "Balancers " small { "(what they route around; the guard above decides replacements)" } }
+                table {
+                    tr { th { "balancer" } th { "pool" } th { "in service" } th { "unhealthy" }
+                         th { "ejected" } th { "not checked yet" } th { "routing" } }
+                    @for b in views {
+                        @if let Some(e) = &b.error {
+                            tr .unreadable { td { (b.url) } td colspan="6" { "cannot be read: " (e) } }
+                        }
+                        @for p in &b.pools {
+                            tr data-pool=(p.name) data-fail-open=(p.fail_open) {
+                                td { (b.url) } td { (p.name) }
+                                td .n { (p.in_service) } td .n { (p.unhealthy) }
+                                td .n { (p.ejected) } td .n { (p.unknown) }
+                                td { @if let Some(r) = &p.fail_open_reason { strong { "FAIL-OPEN: " } (r) } @else { "healthy targets only" } }
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -354,6 +394,8 @@ mod tests {
         Recent {
             decisions,
             actions: Vec::new(),
+            balancers: Default::default(),
+            dry_run: false,
         }
     }
 

@@ -18,6 +18,7 @@
 
 pub mod actuator;
 pub mod api;
+pub mod balancers;
 pub mod cli;
 pub mod clock;
 pub mod config;

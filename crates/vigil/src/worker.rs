@@ -29,9 +29,9 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use vigil_core::Time;
-use vigil_core::gate::{GateChange, WorkerGate};
 /// The gate's policy types, re-exported so a worker needs no direct vigil-core dependency.
 pub use vigil_core::gate::{Disposition, GateConfig, KillSwitchConfig};
+use vigil_core::gate::{GateChange, WorkerGate};
 
 #[cfg(feature = "nats")]
 pub mod nats;
