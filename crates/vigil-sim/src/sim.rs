@@ -533,6 +533,9 @@ pub struct Sim<'a> {
     streaks: Vec<(u32, u32)>,
     ejected_count: usize,
     weights: Vec<f64>,
+    /// Reused buffers of `feed_outcomes`.
+    runs_buf: Vec<(Option<RequestOutcome>, u64)>,
+    pos_buf: Vec<u64>,
     served_tick: Vec<u64>,
     tick_no: u64,
     // controller
@@ -716,6 +719,8 @@ impl<'a> Sim<'a> {
             streaks: vec![(0, 0); n],
             ejected_count: 0,
             weights: Vec::with_capacity(n),
+            runs_buf: Vec::new(),
+            pos_buf: Vec::new(),
             served_tick: vec![u64::MAX; n],
             tick_no: 0,
             ctl,
@@ -1267,13 +1272,17 @@ impl<'a> Sim<'a> {
         }
         // Failures against successes, then, among the failures, one kind against the
         // other: the runs of a uniformly random interleaving of the tick's outcomes.
-        let outcomes = self.interleave(failed, ok);
-        let mut runs: Vec<(Option<RequestOutcome>, u64)> = Vec::with_capacity(outcomes.len());
+        // (The buffers are reused: this runs for every server with failures, every tick.)
+        let mut runs = std::mem::take(&mut self.runs_buf);
+        runs.clear();
         if a == 0 || b == 0 {
             let kind = if a > 0 { kind_a } else { kind_b };
-            runs.extend(outcomes.iter().map(|&(f, n)| (f.then_some(kind), n)));
+            self.interleave(&mut runs, failed, ok, Some(kind), None);
         } else {
-            let kinds = self.interleave(a, b);
+            let mut outcomes = Vec::new();
+            self.interleave(&mut outcomes, failed, ok, true, false);
+            let mut kinds = Vec::new();
+            self.interleave(&mut kinds, a, b, kind_a, kind_b);
             let mut k = kinds.iter().copied();
             let mut cur = k.next().expect("a > 0");
             for (f, mut n) in outcomes {
@@ -1286,42 +1295,52 @@ impl<'a> Sim<'a> {
                         cur = k.next().expect("as many kinds as failures");
                     }
                     let take = n.min(cur.1);
-                    let kind = if cur.0 { kind_a } else { kind_b };
                     match runs.last_mut() {
-                        Some((Some(last), len)) if *last == kind => *len += take,
-                        _ => runs.push((Some(kind), take)),
+                        Some((Some(last), len)) if *last == cur.0 => *len += take,
+                        _ => runs.push((Some(cur.0), take)),
                     }
                     cur.1 -= take;
                     n -= take;
                 }
             }
         }
-        self.feed_runs(i, &runs)
+        let consumed = self.feed_runs(i, &runs);
+        self.runs_buf = runs;
+        consumed
     }
 
-    /// The run lengths `(is_first, length)` of a uniformly random interleaving of `x`
-    /// items of a first kind and `y` of a second: the minority at random positions when
-    /// it is small, item by item (without replacement) otherwise.
-    fn interleave(&mut self, x: u64, y: u64) -> Vec<(bool, u64)> {
+    /// Appends to `runs` the run lengths `(label, length)` of a uniformly random
+    /// interleaving of `x` items labelled `first` and `y` labelled `second`: the minority
+    /// at random positions when it is small, item by item (without replacement)
+    /// otherwise.
+    fn interleave<T: Copy + PartialEq>(
+        &mut self,
+        runs: &mut Vec<(T, u64)>,
+        x: u64,
+        y: u64,
+        first: T,
+        second: T,
+    ) {
         let total = x + y;
-        let mut runs: Vec<(bool, u64)> = Vec::new();
-        fn push(runs: &mut Vec<(bool, u64)>, first: bool, len: u64) {
+        let push = |runs: &mut Vec<(T, u64)>, is_first: bool, len: u64| {
             if len == 0 {
                 return;
             }
+            let label = if is_first { first } else { second };
             match runs.last_mut() {
-                Some((f, n)) if *f == first => *n += len,
-                _ => runs.push((first, len)),
+                Some((l, n)) if *l == label => *n += len,
+                _ => runs.push((label, len)),
             }
-        }
+        };
         if y == 0 {
-            push(&mut runs, true, x);
+            push(runs, true, x);
         } else if x == 0 {
-            push(&mut runs, false, y);
+            push(runs, false, y);
         } else if x.min(y) <= 256 {
             let minority_first = x <= y;
             let k = x.min(y);
-            let mut pos: Vec<u64> = Vec::with_capacity(k as usize);
+            let mut pos = std::mem::take(&mut self.pos_buf);
+            pos.clear();
             while (pos.len() as u64) < k {
                 let p = self.rng.below(total);
                 if !pos.contains(&p) {
@@ -1330,24 +1349,24 @@ impl<'a> Sim<'a> {
             }
             pos.sort_unstable();
             let mut cursor = 0u64;
-            for p in pos {
-                push(&mut runs, !minority_first, p - cursor);
-                push(&mut runs, minority_first, 1);
+            for &p in &pos {
+                push(runs, !minority_first, p - cursor);
+                push(runs, minority_first, 1);
                 cursor = p + 1;
             }
-            push(&mut runs, !minority_first, total - cursor);
+            push(runs, !minority_first, total - cursor);
+            self.pos_buf = pos;
         } else {
             let (mut x_left, mut left) = (x, total);
             while left > 0 {
-                let first = self.rng.below(left) < x_left;
-                if first {
+                let is_first = self.rng.below(left) < x_left;
+                if is_first {
                     x_left -= 1;
                 }
                 left -= 1;
-                push(&mut runs, first, 1);
+                push(runs, is_first, 1);
             }
         }
-        runs
     }
 
     /// Feeds runs of outcomes (`None`: a success) to outlier detection, only where they
