@@ -1245,6 +1245,73 @@ mod tests {
     }
 
     #[test]
+    fn retry_and_latency_keys_are_validated_with_their_names() {
+        for (src, key, line) in [
+            ("[clients]\nmax_attempts = 0\n", "clients.max_attempts", 2),
+            (
+                "[clients]\nbackoff_max = \"10m\"\n",
+                "clients.backoff_max",
+                2,
+            ),
+            (
+                "[lb.retries]\nmax_retries = 9\n",
+                "lb.retries.max_retries",
+                2,
+            ),
+            (
+                "[lb.retries]\nper_try_timeout = \"2s\"\n",
+                "lb.retries.per_try_timeout",
+                2,
+            ),
+            (
+                "[lb.retries.budget]\nwindow = \"1ms\"\n",
+                "lb.retries.budget.window",
+                2,
+            ),
+            (
+                "[fleet]\nservice_time_p99 = \"1ms\"\n",
+                "fleet.service_time_p99",
+                2,
+            ),
+            (
+                "[[faults]]\nat = \"1m\"\nkind = \"latency\"\ntarget = \"all\"\n",
+                "faults[0].latency",
+                1,
+            ),
+            (
+                "[[faults]]\nat = \"1m\"\nkind = \"surge\"\nload = 2.0\nduration = \"1m\"\nramp = \"2m\"\n",
+                "faults[0].ramp",
+                6,
+            ),
+            (
+                "[[faults]]\nat = \"1m\"\nkind = \"kill\"\ntarget = \"all\"\nramp = \"2m\"\n",
+                "faults[0].ramp",
+                5,
+            ),
+        ] {
+            let e = parse(src).expect_err(src);
+            assert_eq!(e.key.as_deref(), Some(key), "{e}");
+            assert_eq!(e.line, Some(line), "{e}");
+        }
+        let ok = "[clients]\nretry = \"backoff\"\n[lb.retries]\nmax_retries = 2\nper_try_timeout = \"500ms\"\nlimit = \"none\"\n[[faults]]\nat = \"1m\"\nkind = \"latency\"\ntarget = \"all\"\nlatency = \"2s\"\nramp = \"5m\"\n";
+        let s = parse(ok).expect("valid");
+        assert_eq!(s.config.clients.retry, ClientRetry::Backoff);
+        assert_eq!(s.config.lb.retries.limit, RetryLimit::None);
+        assert_eq!(s.config.naive().lb.retries.limit, RetryLimit::None);
+        let plain = parse("").unwrap().config;
+        assert_eq!(
+            plain.clients.retry,
+            ClientRetry::None,
+            "open-loop by default"
+        );
+        assert_eq!(
+            plain.lb.retries.max_retries, 0,
+            "no balancer retries by default"
+        );
+        assert_eq!(plain.naive().lb.retries.limit, RetryLimit::None);
+    }
+
+    #[test]
     fn targets_parse() {
         assert_eq!(TargetSet::parse("server:3"), Ok(TargetSet::Range(3, 3)));
         assert_eq!(TargetSet::parse("servers:1-4"), Ok(TargetSet::Range(1, 4)));
