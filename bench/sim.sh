@@ -59,7 +59,8 @@ command -v taskset >/dev/null && pin=(taskset -c 0)
 summary=$(mktemp)
 timing=$(mktemp)
 trap 'rm -f "$scenario" "$summary" "$timing"' EXIT
-/usr/bin/time -f '%U %S %e' -o "$timing" "${pin[@]}" ./target/release/vigil sim run "$scenario" >"$summary"
+vigil="${CARGO_TARGET_DIR:-target}/release/vigil"
+/usr/bin/time -f '%U %S %e' -o "$timing" "${pin[@]}" "$vigil" sim run "$scenario" >"$summary"
 read -r user sys wall <"$timing"
 events=$(sed -n 's/^ *events simulated *//p' "$summary" | tr -d ,)
 requests=$(sed -n 's/^ *client errors *[0-9,]* of //p' "$summary" | tr -d ,)

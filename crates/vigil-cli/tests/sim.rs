@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use vigil_sim::scenario::{ControllerMode, GuardStateStore, Switch};
+use vigil_sim::scenario::{ControllerMode, GuardStateStore, RetryLimit, Switch};
 use vigil_sim::{Policies, Scenario};
 
 fn vigil() -> Command {
@@ -170,6 +170,20 @@ fn heavy_guard_regressions_are_caught() {
         &s,
         &["controller_actions"],
         "a budget reset by a restart must show",
+    );
+}
+
+#[test]
+fn heavy_retry_budget_regression_is_caught() {
+    // A balancer whose retries have no budget keeps the retry storm going after its
+    // trigger is gone: the budget, not the other policies, is what ends it.
+    let mut s = load("retry-storm");
+    assert!(broken(&s, Policies::Vigil).is_empty(), "baseline holds");
+    s.config.lb.retries.limit = RetryLimit::None;
+    assert_breaks(
+        &s,
+        &["recover_within", "availability", "amplification"],
+        "an unbudgeted balancer must keep the fleet down",
     );
 }
 

@@ -116,6 +116,21 @@ pub const METRICS: &[(&str, &str)] = &[
     ),
     ("max_queue_backlog", "largest queue backlog, messages"),
     ("deploy_waves", "rollout waves that went out"),
+    ("client_retries", "retries the clients sent"),
+    ("lb_retries", "retries the load balancer sent"),
+    (
+        "lb_retries_denied",
+        "load-balancer retries its retry budget refused",
+    ),
+    (
+        "amplification",
+        "attempts sent to the servers per new client request",
+    ),
+    ("request_timeouts", "attempts answered after their deadline"),
+    (
+        "check_timeouts",
+        "health checks answered after their timeout",
+    ),
 ];
 
 /// The `*_within` keys.
@@ -127,6 +142,10 @@ pub const WITHIN: &[(&str, &str)] = &[
     (
         "detect_within",
         "every faulty server is out of service within this",
+    ),
+    (
+        "recover_within",
+        "after the last fault ends, the client success rate is back to 99% for good within this",
     ),
 ];
 
@@ -144,6 +163,7 @@ impl Expectation {
             Expectation::Within { key, limit } => {
                 let got = match *key {
                     "fail_open_within" => s.first_fail_open_after_fault,
+                    "recover_within" => s.recovered_after,
                     _ => {
                         if s.undetected > 0 {
                             None

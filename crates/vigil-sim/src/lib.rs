@@ -3,7 +3,7 @@
 //! The article this project follows admits that nobody has a general proof that fail-open
 //! triggers as expected under every kind of overload, partial or gray failure. `vigil
 //! sim` answers with measurements: it simulates a fleet (servers, shared dependencies, a
-//! load balancer, a central controller, open-loop clients, a queue) through a timeline
+//! load balancer, a central controller, clients that may retry, a queue) through a timeline
 //! of faults, driving **the very same** vigil-core state machines the real load balancer
 //! and controller run ([`vigil_core::pool::Pool`], [`vigil_core::outlier`],
 //! [`vigil_core::guard::SafetyGuard`], [`vigil_core::Thresholds`]), and checks the
@@ -14,13 +14,17 @@
 //! - [`scenario`]: the TOML scenario format, with errors that name file, line and key.
 //! - [`sim`]: the discrete-event engine and the models (see its docs for what is
 //!   modelled and how honestly).
+//! - [`clients`]: clients that retry, and the balancer's retries within its budget.
+//! - [`latency`]: worker time as a distribution (median and p99), and late answers.
 //! - [`expect`]: expectations such as `availability >= 0.999`.
 //! - [`summary`]: the numbers of a run, and the terminal table.
 //! - [`report`]: the self-contained HTML report.
 //! - [`cli`]: `vigil sim`.
 
 pub mod cli;
+pub mod clients;
 pub mod expect;
+pub mod latency;
 pub mod report;
 pub mod rng;
 pub mod scenario;

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use vigil_core::guard::GuardConfig;
-use vigil_core::pool::PoolConfig;
+use vigil_core::pool::{PoolConfig, RetryBudgetConfig};
 
 /// Default simulated duration: 1 h, long enough for faults, detection and recovery.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(3600);
@@ -32,11 +32,15 @@ pub const DEFAULT_ZONES: u32 = 3;
 pub const DEFAULT_WORKERS: u32 = 16;
 /// Default CPU time per request: 20 ms, so a server serves 800 requests/s.
 pub const DEFAULT_SERVICE_TIME: Duration = Duration::from_millis(20);
+/// Longest ratio of a request's p99 worker time to its median: beyond it the lognormal
+/// model's tail says more about the model than about any server.
+pub const MAX_TAIL_RATIO: u32 = 1000;
 /// Default brownout: an overloaded server loses 10% of its throughput to contention and
 /// to rejecting what it cannot queue (with load shedding; without it, far more).
 pub const DEFAULT_BROWNOUT: f64 = 0.1;
-/// Default queue bound: a server queues at most 1 s of work and sheds (503) the rest, so
-/// a queued request can still make the default client timeout.
+/// Default queue bound: a server queues what it answers in 1 s when healthy (queue wait
+/// plus its mean worker time) and sheds (503) the rest, so a queued request can still
+/// make the default client timeout.
 pub const DEFAULT_MAX_QUEUE_WAIT: Duration = Duration::from_secs(1);
 /// Default background dependency-check interval: 10 s, a predictable load on the
 /// dependency whatever the request rate.
@@ -55,6 +59,24 @@ pub const DEFAULT_FDS_USED: u32 = 2_000;
 pub const DEFAULT_LOAD: f64 = 0.5;
 /// Default client timeout: 1 s; a request waiting longer counts as an error.
 pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default client retry attempts (the first included): 3, the AWS SDKs' standard mode.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// Most client attempts a scenario may ask for.
+pub const MAX_ATTEMPTS: u32 = 10;
+/// Default backoff base: 100 ms, the AWS SDKs' (the k-th retry waits a random time up to
+/// `base x 2^(k-1)`).
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(100);
+/// Default backoff cap: 20 s, the AWS SDKs' longest backoff.
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(20);
+/// Longest backoff a scenario may ask for: pending retries are kept per tick up to this
+/// far ahead.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// Default balancer retries: 0. `vigil lb` retries twice by default; the simulator does
+/// not unless the scenario asks, so the figures of scenarios written before retries were
+/// modelled stay what they were.
+pub const DEFAULT_LB_MAX_RETRIES: u32 = 0;
+/// Most balancer retries a scenario may ask for.
+pub const MAX_LB_RETRIES: u32 = 5;
 /// Default dependency latency: 5 ms.
 pub const DEFAULT_DEP_LATENCY: Duration = Duration::from_millis(5);
 /// Default LB active-check interval: 5 s (HAProxy's `inter 2s` is tighter; 5 s is
@@ -105,7 +127,7 @@ pub struct ScenarioConfig {
     pub tick: Duration,
     /// The servers.
     pub fleet: FleetConfig,
-    /// Open-loop clients.
+    /// The clients: open-loop, or retrying.
     pub clients: ClientsConfig,
     /// Dependencies shared by the fleet.
     pub dependencies: Vec<DependencyConfig>,
@@ -173,12 +195,19 @@ pub struct FleetConfig {
     pub zones: u32,
     /// Worker threads per server. Defaults to 16.
     pub workers: u32,
-    /// CPU time per request. Defaults to 20ms.
+    /// Worker time per request: its median when `service_time_p99` is set. Defaults to
+    /// 20ms.
     #[serde(with = "humantime_serde")]
     pub service_time: Duration,
+    /// The 99th percentile of the worker time per request (lognormal between the median
+    /// and this); absent, every request takes `service_time`.
+    #[serde(default, with = "humantime_serde")]
+    pub service_time_p99: Option<Duration>,
     /// Throughput lost when overloaded (0 to 1). Defaults to 0.1.
     pub brownout: f64,
-    /// Most work a server queues; arrivals beyond it are shed with a 503. Defaults to 1s.
+    /// The queue a server keeps: as many requests as it answers in this time when
+    /// healthy (queue wait plus mean worker time); arrivals beyond are shed with a 503. A
+    /// slow server's queue holds as many, which then wait longer. Defaults to 1s.
     #[serde(with = "humantime_serde")]
     pub max_queue_wait: Duration,
     /// `reserved` or `shared` health capacity. Defaults to `reserved`.
@@ -210,6 +239,7 @@ impl Default for FleetConfig {
             zones: DEFAULT_ZONES,
             workers: DEFAULT_WORKERS,
             service_time: DEFAULT_SERVICE_TIME,
+            service_time_p99: None,
             brownout: DEFAULT_BROWNOUT,
             max_queue_wait: DEFAULT_MAX_QUEUE_WAIT,
             health_capacity: HealthCapacity::Reserved,
@@ -225,13 +255,37 @@ impl Default for FleetConfig {
 }
 
 impl FleetConfig {
-    /// Requests per second one healthy server can serve.
+    /// The worker time of a request on a healthy server.
+    pub fn service(&self) -> crate::latency::ServiceTime {
+        crate::latency::ServiceTime::new(
+            self.service_time,
+            self.service_time_p99.unwrap_or(self.service_time),
+        )
+    }
+
+    /// Requests per second one healthy server can serve: its workers over the mean
+    /// worker time.
     pub fn server_capacity(&self) -> f64 {
-        f64::from(self.workers) / self.service_time.as_secs_f64()
+        f64::from(self.workers) / self.service().mean()
     }
 }
 
-/// Open-loop clients: arrivals do not slow down when the service does.
+/// What a client does when an attempt fails (an error, or no answer within `timeout`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientRetry {
+    /// Nothing: the request failed (open-loop clients). Defaults to this.
+    #[default]
+    None,
+    /// Sends it again at once, up to `max_attempts` (the naive client).
+    Immediate,
+    /// Sends it again after an exponential backoff with full jitter, up to
+    /// `max_attempts`.
+    Backoff,
+}
+
+/// The clients. New requests arrive open-loop (their rate does not slow down when the
+/// service does); with `retry`, failed attempts come back, so load rises with failures.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClientsConfig {
@@ -239,9 +293,20 @@ pub struct ClientsConfig {
     pub load: f64,
     /// Offered load in requests/s; overrides `load` when set.
     pub rate: Option<f64>,
-    /// A request waiting longer than this fails. Defaults to 1s.
+    /// An attempt not answered within this fails. Defaults to 1s.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// `none`, `immediate` or `backoff`. Defaults to `none`.
+    pub retry: ClientRetry,
+    /// Attempts per request, the first included (with `retry`). Defaults to 3.
+    pub max_attempts: u32,
+    /// Backoff of the first retry (`backoff`): the k-th waits a random time up to
+    /// `backoff_base x 2^(k-1)`. Defaults to 100ms.
+    #[serde(with = "humantime_serde")]
+    pub backoff_base: Duration,
+    /// Longest backoff (`backoff`). Defaults to 20s.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
 }
 
 impl Default for ClientsConfig {
@@ -250,6 +315,10 @@ impl Default for ClientsConfig {
             load: DEFAULT_LOAD,
             rate: None,
             timeout: DEFAULT_CLIENT_TIMEOUT,
+            retry: ClientRetry::None,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            backoff_base: DEFAULT_BACKOFF_BASE,
+            backoff_max: DEFAULT_BACKOFF_MAX,
         }
     }
 }
@@ -350,6 +419,8 @@ pub struct LbConfig {
     /// The pool policy, exactly as `vigil lb` reads it (`panic_threshold`, `thresholds`,
     /// `outlier`, slow start).
     pub pool: PoolConfig,
+    /// The balancer's retries of failed attempts.
+    pub retries: LbRetriesConfig,
 }
 
 impl Default for LbConfig {
@@ -359,6 +430,50 @@ impl Default for LbConfig {
             interval: DEFAULT_LB_INTERVAL,
             timeout: DEFAULT_LB_TIMEOUT,
             pool: PoolConfig::default(),
+            retries: LbRetriesConfig::default(),
+        }
+    }
+}
+
+/// What bounds the balancer's retries, beyond `max_retries` per request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetryLimit {
+    /// vigil-core's `RetryBudget`: retries add at most `budget.ratio` of the requests
+    /// (plus a floor), whatever fails (vigil). Defaults to this.
+    #[default]
+    Budget,
+    /// Nothing: every failure that may be retried is, up to `max_retries` (the naive
+    /// balancer: HAProxy's `retries`, nginx's `proxy_next_upstream_tries`).
+    None,
+}
+
+/// The balancer's retries, as `vigil lb` makes them: a connect failure or a reset is
+/// retried at once, an attempt past `per_try_timeout` once the next try still fits in
+/// the client's timeout; an error answer (5xx, a shed 503) is not retried.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LbRetriesConfig {
+    /// Most retries of one request. Defaults to 0 (`vigil lb`'s default is 2).
+    pub max_retries: u32,
+    /// The time one attempt has (`timeouts.per_try` in `lb.toml`): past it, it is
+    /// abandoned (a timeout) and may be retried. Absent: an attempt has the client's
+    /// whole timeout and a timeout is not retried.
+    #[serde(default, with = "humantime_serde")]
+    pub per_try_timeout: Option<Duration>,
+    /// `budget` or `none`. Defaults to `budget`.
+    pub limit: RetryLimit,
+    /// The retry budget, exactly as `vigil lb` reads it.
+    pub budget: RetryBudgetConfig,
+}
+
+impl Default for LbRetriesConfig {
+    fn default() -> Self {
+        LbRetriesConfig {
+            max_retries: DEFAULT_LB_MAX_RETRIES,
+            per_try_timeout: None,
+            limit: RetryLimit::Budget,
+            budget: RetryBudgetConfig::default(),
         }
     }
 }
@@ -437,6 +552,10 @@ pub enum FaultKind {
     ConnBroken,
     /// Gray failure: `error_rate` of real requests fail, health checks pass.
     Gray,
+    /// The target servers' hosts slow down: every request holds its worker `latency`
+    /// longer, and health answers take `latency` longer too (a failing disk, swapping,
+    /// CPU starvation: the reserved health thread is a thread, not a faster host).
+    Latency,
     /// `dependency` returns errors at `error_rate` (1 = down), optionally only to an
     /// `affected` fraction of servers (partial failure), optionally slower by `latency`.
     Dependency,
@@ -495,9 +614,13 @@ pub struct FaultConfig {
     /// Error rate, 0 to 1 (`dependency`, `gray`, `deploy`).
     #[serde(default)]
     pub error_rate: Option<f64>,
-    /// Added latency (`dependency`).
+    /// Added latency (`dependency`, `latency`).
     #[serde(default, with = "humantime_serde")]
     pub latency: Option<Duration>,
+    /// The fault grows linearly from nothing to its full size over this (`latency`,
+    /// `dependency`, `gray`, `surge`).
+    #[serde(default, with = "humantime_serde")]
+    pub ramp: Option<Duration>,
     /// Fraction of servers a dependency fault reaches (partial failure). Defaults to 1.
     #[serde(default)]
     pub affected: Option<f64>,
@@ -732,6 +855,17 @@ impl ScenarioConfig {
             ));
         }
         nonzero(f.service_time, &["fleet", "service_time"])?;
+        if let Some(p99) = f.service_time_p99
+            && (p99 < f.service_time || p99 > f.service_time * MAX_TAIL_RATIO)
+        {
+            return Err((
+                vec![key("fleet"), key("service_time_p99")],
+                format!(
+                    "must be between fleet.service_time ({}) and {MAX_TAIL_RATIO} times it",
+                    humantime::format_duration(f.service_time)
+                ),
+            ));
+        }
         nonzero(
             f.dependency_check_interval,
             &["fleet", "dependency_check_interval"],
@@ -758,7 +892,25 @@ impl ScenarioConfig {
                 "must be 0 or more requests/s".into(),
             ));
         }
-        nonzero(self.clients.timeout, &["clients", "timeout"])?;
+        let c = &self.clients;
+        nonzero(c.timeout, &["clients", "timeout"])?;
+        if !(1..=MAX_ATTEMPTS).contains(&c.max_attempts) {
+            return Err((
+                vec![key("clients"), key("max_attempts")],
+                format!("must be between 1 and {MAX_ATTEMPTS} (the first attempt included)"),
+            ));
+        }
+        nonzero(c.backoff_base, &["clients", "backoff_base"])?;
+        if c.backoff_max < c.backoff_base || c.backoff_max > MAX_BACKOFF {
+            return Err((
+                vec![key("clients"), key("backoff_max")],
+                format!(
+                    "must be between clients.backoff_base ({}) and {}",
+                    humantime::format_duration(c.backoff_base),
+                    humantime::format_duration(MAX_BACKOFF)
+                ),
+            ));
+        }
         let mut names = std::collections::BTreeSet::new();
         for (i, d) in self.dependencies.iter().enumerate() {
             let at = |k: &str| vec![key("dependencies"), PathSeg::Index(i), key(k)];
@@ -794,6 +946,28 @@ impl ScenarioConfig {
             .pool
             .validate()
             .map_err(|m| core_error(&["lb", "pool"], m))?;
+        let r = &self.lb.retries;
+        if r.max_retries > MAX_LB_RETRIES {
+            return Err((
+                vec![key("lb"), key("retries"), key("max_retries")],
+                format!("must be at most {MAX_LB_RETRIES}"),
+            ));
+        }
+        if let Some(p) = r.per_try_timeout {
+            nonzero(p, &["lb", "retries", "per_try_timeout"])?;
+            if p > c.timeout {
+                return Err((
+                    vec![key("lb"), key("retries"), key("per_try_timeout")],
+                    format!(
+                        "must be at most clients.timeout ({}): the client is gone after it",
+                        humantime::format_duration(c.timeout)
+                    ),
+                ));
+            }
+        }
+        r.budget
+            .validate()
+            .map_err(|m| core_error(&["lb", "retries", "budget"], m))?;
         nonzero(self.controller.interval, &["controller", "interval"])?;
         nonzero(self.controller.timeout, &["controller", "timeout"])?;
         if self.controller.timeout >= self.controller.interval {
@@ -838,10 +1012,32 @@ impl FaultConfig {
             ));
         }
         match self.kind {
-            Kill | DiskFill | FdLeak | GcPauses | CheckerDies | ConnBroken | Gray => {
+            Kill | DiskFill | FdLeak | GcPauses | CheckerDies | ConnBroken | Gray | Latency => {
                 need(self.target.is_some(), "target")?;
             }
             _ => {}
+        }
+        if let Some(r) = self.ramp {
+            if !matches!(self.kind, Latency | Dependency | Gray | Surge) {
+                return Err((
+                    "ramp",
+                    "only latency, dependency, gray and surge faults ramp".into(),
+                ));
+            }
+            if r.is_zero() {
+                return Err(("ramp", "must be longer than 0s".into()));
+            }
+            if let Some(d) = self.duration
+                && r > d
+            {
+                return Err((
+                    "ramp",
+                    format!(
+                        "must be at most the fault's duration ({})",
+                        humantime::format_duration(d)
+                    ),
+                ));
+            }
         }
         if let Some(t) = &self.target {
             let set = TargetSet::parse(t).map_err(|m| ("target", m))?;
@@ -886,6 +1082,12 @@ impl FaultConfig {
                 }
             }
             Gray => need(self.error_rate.is_some(), "error_rate")?,
+            Latency => {
+                need(self.latency.is_some(), "latency")?;
+                if self.latency.is_some_and(|l| l.is_zero()) {
+                    return Err(("latency", "must be longer than 0s".into()));
+                }
+            }
             Surge => need(self.load.is_some(), "load")?,
             ZoneDown => {
                 need(self.zone.is_some(), "zone")?;
@@ -968,8 +1170,8 @@ impl FaultConfig {
 // === the naive comparison ===
 
 impl ScenarioConfig {
-    /// The same scenario with naive policies: the load balancer checks `/health` (deep)
-    /// and never fails open, the controller acts on every unhealthy verdict with no
+    /// The same scenario with naive policies: the load balancer checks `/health` (deep),
+    /// never fails open and retries without a budget, the controller acts on every unhealthy verdict with no
     /// guard, servers have no watchdog and answer health checks from the request
     /// workers, queue workers pull without checking their host, and rollouts follow a
     /// timer. Outlier detection and thresholds are kept: they are not what the article
@@ -978,6 +1180,7 @@ impl ScenarioConfig {
         let mut n = self.clone();
         n.lb.check = CheckPath::Deep;
         n.lb.pool.panic_threshold = 0.0;
+        n.lb.retries.limit = RetryLimit::None;
         if n.controller.mode != ControllerMode::Off {
             n.controller.mode = ControllerMode::Naive;
         }
@@ -1039,6 +1242,73 @@ mod tests {
         let e = parse("[lb.pool]\npanic_threshold = 1.5\n").unwrap_err();
         assert_eq!(e.key.as_deref(), Some("lb.pool.panic_threshold"), "{e}");
         assert_eq!(e.line, Some(2), "{e}");
+    }
+
+    #[test]
+    fn retry_and_latency_keys_are_validated_with_their_names() {
+        for (src, key, line) in [
+            ("[clients]\nmax_attempts = 0\n", "clients.max_attempts", 2),
+            (
+                "[clients]\nbackoff_max = \"10m\"\n",
+                "clients.backoff_max",
+                2,
+            ),
+            (
+                "[lb.retries]\nmax_retries = 9\n",
+                "lb.retries.max_retries",
+                2,
+            ),
+            (
+                "[lb.retries]\nper_try_timeout = \"2s\"\n",
+                "lb.retries.per_try_timeout",
+                2,
+            ),
+            (
+                "[lb.retries.budget]\nwindow = \"1ms\"\n",
+                "lb.retries.budget.window",
+                2,
+            ),
+            (
+                "[fleet]\nservice_time_p99 = \"1ms\"\n",
+                "fleet.service_time_p99",
+                2,
+            ),
+            (
+                "[[faults]]\nat = \"1m\"\nkind = \"latency\"\ntarget = \"all\"\n",
+                "faults[0].latency",
+                1,
+            ),
+            (
+                "[[faults]]\nat = \"1m\"\nkind = \"surge\"\nload = 2.0\nduration = \"1m\"\nramp = \"2m\"\n",
+                "faults[0].ramp",
+                6,
+            ),
+            (
+                "[[faults]]\nat = \"1m\"\nkind = \"kill\"\ntarget = \"all\"\nramp = \"2m\"\n",
+                "faults[0].ramp",
+                5,
+            ),
+        ] {
+            let e = parse(src).expect_err(src);
+            assert_eq!(e.key.as_deref(), Some(key), "{e}");
+            assert_eq!(e.line, Some(line), "{e}");
+        }
+        let ok = "[clients]\nretry = \"backoff\"\n[lb.retries]\nmax_retries = 2\nper_try_timeout = \"500ms\"\nlimit = \"none\"\n[[faults]]\nat = \"1m\"\nkind = \"latency\"\ntarget = \"all\"\nlatency = \"2s\"\nramp = \"5m\"\n";
+        let s = parse(ok).expect("valid");
+        assert_eq!(s.config.clients.retry, ClientRetry::Backoff);
+        assert_eq!(s.config.lb.retries.limit, RetryLimit::None);
+        assert_eq!(s.config.naive().lb.retries.limit, RetryLimit::None);
+        let plain = parse("").unwrap().config;
+        assert_eq!(
+            plain.clients.retry,
+            ClientRetry::None,
+            "open-loop by default"
+        );
+        assert_eq!(
+            plain.lb.retries.max_retries, 0,
+            "no balancer retries by default"
+        );
+        assert_eq!(plain.naive().lb.retries.limit, RetryLimit::None);
     }
 
     #[test]

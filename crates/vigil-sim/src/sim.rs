@@ -12,15 +12,21 @@
 //!
 //! # What is simulated, and how honestly
 //!
-//! - **Clients** are open-loop: each tick, a Poisson number of requests arrives. They are
-//!   spread over the load balancer's routing set in proportion to effective weight (what
-//!   round-robin gives; P2C's preference for less-loaded targets is not modelled).
+//! - **Clients**: each tick, a Poisson number of new requests arrives (open-loop). They
+//!   are spread over the load balancer's routing set in proportion to effective weight
+//!   (what round-robin gives; P2C's preference for less-loaded targets is not modelled).
 //!   Each request's outcome is drawn from the server's state (binomial draws over the
-//!   tick's requests, so every request counts, without an event per request).
-//! - **Servers** have worker threads and a CPU time per request, hence a capacity; a
-//!   backlog that grows when arrivals exceed it; requests older than the client timeout
-//!   fail; overload wastes a `brownout` share of capacity. GC pauses stop everything,
-//!   health answers included. Disks fill and file descriptors leak at set rates. The
+//!   tick's requests, so every request counts, without an event per request). With
+//!   client or balancer retries, failed attempts come back ([`crate::clients`]), within
+//!   vigil-core's [`RetryBudget`](vigil_core::pool::RetryBudget) for the balancer's.
+//! - **Servers** have worker threads and a worker time per request (lognormal between
+//!   its median and its p99, [`crate::latency`], plus a slow host's delay and slow
+//!   dependencies' for the requests that call them), hence a capacity; a queue that
+//!   grows when arrivals exceed it, holding what a healthy server answers within
+//!   `max_queue_wait`; answers later than the attempt's deadline are timeouts (the work
+//!   is done anyway); overload wastes a `brownout` share of capacity. GC pauses stop
+//!   everything, health answers included; a slow host slows them too. Disks fill and
+//!   file descriptors leak at set rates; some faults ramp linearly. The
 //!   background checker probes dependencies every `dependency_check_interval` (evaluated
 //!   lazily: the snapshot at any instant is a pure function of the dependency's history),
 //!   and can die, leaving a stale snapshot that only the watchdog notices.
@@ -28,8 +34,10 @@
 //!   watchdog, self-test and saturation checks with vigil-core's `Status::aggregate`;
 //!   `/health` adds the dependency snapshot with each dependency's criticality. Probes go
 //!   through the model's transport: refused when the process is down, EMFILE when fds are
-//!   exhausted, stuck behind a GC pause, and queued behind requests when health capacity
-//!   is shared; past the probe timeout they fail.
+//!   exhausted, stuck behind a GC pause, slowed by a slow host, and queued behind requests
+//!   (shed with them when the queue is full) when health capacity is shared; past the
+//!   probe timeout they fail. The background dependency check fails when the dependency
+//!   answers slower than its timeout.
 //! - **The load balancer** is vigil-core's [`Pool`] (thresholds, outlier ejection,
 //!   fail-open, slow start), fed with every probe result and request outcome that can
 //!   change its state. Elisions keep a fleet-day fast and are exact: a probe result equal
@@ -44,6 +52,8 @@
 //!   controller restarts, unless the scenario says `state = "in-memory"`. As for the
 //!   pool, passing observations of a target the guard already holds healthy are elided.
 
+use crate::clients::{Retrying, Tally};
+use crate::latency::{Mixture, ServiceTime};
 use crate::rng::{SimRng, hash_unit};
 use crate::scenario::{
     CheckPath, ControllerMode, DepCriticality, DeployGate, FaultConfig, FaultKind, GuardStateStore,
@@ -70,12 +80,18 @@ const DISK_FAIL: f64 = 0.95;
 const DISK_WARN: f64 = 0.85;
 /// File-descriptor usage at which the fd check fails.
 const FDS_FAIL: f64 = 0.95;
+/// What a probe whose answer came too late says.
+const TIMEOUT: &str = "timeout";
 /// Time a reserved health thread takes to answer.
 const RESERVED_HEALTH_LATENCY: Duration = Duration::from_millis(1);
 /// Chart resolution: samples per run.
 const SERIES_POINTS: u64 = 720;
 /// Notable events kept for the report.
 const MAX_LOG: usize = 400;
+/// A tick whose client success rate is at least this is a good one: a fleet has
+/// recovered from its last fault once every later tick is good (`recover_within`). One
+/// failed request in a hundred is the usual line between an incident and noise.
+const RECOVERED: f64 = 0.99;
 
 // === check names (health+json `component:measurement`) ===
 
@@ -274,6 +290,55 @@ impl Growth {
     }
 }
 
+/// A fault growing linearly to its full size over `len` from `start`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Ramp {
+    start: Time,
+    len: Duration,
+}
+
+impl Ramp {
+    fn new(start: Time, len: Option<Duration>) -> Option<Ramp> {
+        len.map(|len| Ramp { start, len })
+    }
+
+    /// How far the ramp is at `t`: 0 before it starts, 1 once it is over.
+    fn progress(&self, t: Time) -> f64 {
+        if t <= self.start {
+            return 0.0;
+        }
+        if self.len.is_zero() {
+            return 1.0;
+        }
+        (t.since(self.start).as_secs_f64() / self.len.as_secs_f64()).min(1.0)
+    }
+
+    /// When the ramp reaches `fraction` of its size.
+    fn reaches(&self, fraction: f64) -> Time {
+        self.start + self.len.mul_f64(fraction.clamp(0.0, 1.0))
+    }
+}
+
+/// A fault's size at a given time: `to`, reached at the end of its ramp, if any.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Ramped {
+    to: f64,
+    ramp: Option<Ramp>,
+}
+
+impl Ramped {
+    fn at(&self, t: Time) -> f64 {
+        match self.ramp {
+            None => self.to,
+            Some(r) => self.to * r.progress(t),
+        }
+    }
+
+    fn is_zero(&self) -> bool {
+        self.to == 0.0
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Gc {
     start: Time,
@@ -335,12 +400,17 @@ struct Server {
     checker_dead_at: Option<Time>,
     /// (dependency, since, until)
     conn_broken: Option<(usize, Time, Option<Time>)>,
-    gray: f64,
+    /// Share of requests failing (a gray failure).
+    gray: Ramped,
+    /// Extra worker time of every request and health answer, seconds (a slow host).
+    slow: Ramped,
     bad_version: bool,
     /// Replaced by the controller while it was up (capacity the system took out).
     replaced_while_up: bool,
     /// Arrivals exceeded capacity in the last tick (brownout).
     overloaded: bool,
+    /// Its queue was full in the last tick: it shed arrivals (503).
+    shedding: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -349,6 +419,26 @@ struct DepCond {
     extra_latency: Duration,
     affected: f64,
     key: u64,
+    /// Ramping from `from_error_rate` (and no extra latency) to the values above.
+    ramp: Option<Ramp>,
+    from_error_rate: f64,
+}
+
+impl DepCond {
+    fn error_rate_at(&self, t: Time) -> f64 {
+        match self.ramp {
+            None => self.error_rate,
+            Some(r) => {
+                self.from_error_rate + (self.error_rate - self.from_error_rate) * r.progress(t)
+            }
+        }
+    }
+
+    /// Extra latency, seconds.
+    fn extra_at(&self, t: Time) -> f64 {
+        let full = self.extra_latency.as_secs_f64();
+        self.ramp.map_or(full, |r| full * r.progress(t))
+    }
 }
 
 struct Dep {
@@ -406,6 +496,16 @@ pub struct Sim<'a> {
     heap: BinaryHeap<Scheduled>,
     /// Requests/s one server serves.
     cap_rate: f64,
+    /// A healthy server's worker time per request.
+    service: ServiceTime,
+    /// An attempt's deadline at the balancer, seconds: the per-try timeout, else the
+    /// client's.
+    deadline: f64,
+    /// This tick, a plain server's requests all take the same time, under the deadline
+    /// when they do not queue (no tail, no slow dependency).
+    tick_plain_punctual: bool,
+    /// Client and balancer retries, when the scenario has any.
+    retrying: Option<Retrying>,
     /// This tick's failure probability of plain servers' requests, when uniform.
     tick_fail_prob: Option<f64>,
     /// Requests one server serves in a tick.
@@ -419,6 +519,8 @@ pub struct Sim<'a> {
     deps: Vec<Dep>,
     zone_down: Vec<bool>,
     surge: f64,
+    /// The surge in progress: (load multiplier, ramp).
+    surge_fault: Option<(f64, Option<Ramp>)>,
     // load balancer
     pool: Pool<u32>,
     routes: RoutingSet<u32>,
@@ -431,6 +533,9 @@ pub struct Sim<'a> {
     streaks: Vec<(u32, u32)>,
     ejected_count: usize,
     weights: Vec<f64>,
+    /// Reused buffers of `feed_outcomes`.
+    runs_buf: Vec<(Option<RequestOutcome>, u64)>,
+    pos_buf: Vec<u64>,
     served_tick: Vec<u64>,
     tick_no: u64,
     // controller
@@ -451,6 +556,8 @@ pub struct Sim<'a> {
     leaving_fail_open: bool,
     // metrics
     s: Summary,
+    /// End of the last tick whose client success rate was below [`RECOVERED`].
+    last_bad_tick_end: Option<Time>,
     in_service_sum: f64,
     ticks: u64,
     series: Vec<Sample>,
@@ -488,10 +595,12 @@ impl<'a> Sim<'a> {
                 gc: None,
                 checker_dead_at: None,
                 conn_broken: None,
-                gray: 0.0,
+                gray: Ramped::default(),
+                slow: Ramped::default(),
                 bad_version: false,
                 replaced_while_up: false,
                 overloaded: false,
+                shedding: false,
             })
             .collect();
         let deps = cfg
@@ -508,6 +617,8 @@ impl<'a> Sim<'a> {
                         extra_latency: Duration::ZERO,
                         affected: 1.0,
                         key: 0,
+                        ramp: None,
+                        from_error_rate: d.error_rate,
                     },
                 )],
             })
@@ -578,6 +689,15 @@ impl<'a> Sim<'a> {
             seq: 0,
             heap: BinaryHeap::new(),
             cap_rate: cfg.fleet.server_capacity(),
+            service: cfg.fleet.service(),
+            deadline: cfg
+                .lb
+                .retries
+                .per_try_timeout
+                .unwrap_or(cfg.clients.timeout)
+                .as_secs_f64(),
+            tick_plain_punctual: true,
+            retrying: Retrying::new(cfg),
             tick_fail_prob: None,
             tick_full_cap: cfg.fleet.server_capacity() * cfg.tick.as_secs_f64(),
             rr: 0,
@@ -588,6 +708,7 @@ impl<'a> Sim<'a> {
             deps,
             zone_down: vec![false; cfg.fleet.zones as usize],
             surge: 1.0,
+            surge_fault: None,
             pool,
             routes: RoutingSet::default(),
             routes_dirty: true,
@@ -598,6 +719,8 @@ impl<'a> Sim<'a> {
             streaks: vec![(0, 0); n],
             ejected_count: 0,
             weights: Vec::with_capacity(n),
+            runs_buf: Vec::new(),
+            pos_buf: Vec::new(),
             served_tick: vec![u64::MAX; n],
             tick_no: 0,
             ctl,
@@ -613,6 +736,7 @@ impl<'a> Sim<'a> {
             fail_open_since: None,
             leaving_fail_open: false,
             s: Summary::new(cfg, seed, naive),
+            last_bad_tick_end: None,
             in_service_sum: 0.0,
             ticks: 0,
             series: Vec::new(),
@@ -749,18 +873,18 @@ impl<'a> Sim<'a> {
         self.servers[i].disk.at(now) >= 1.0
     }
 
-    /// Whether dependency `d`'s condition reaches server `i` at `t`, and its error rate
-    /// and latency there.
-    fn dep_for(&self, i: usize, d: usize, t: Time) -> (f64, Duration) {
+    /// Dependency `d` as server `i` sees it at `t`: its error rate, and its extra latency
+    /// in seconds (beyond its typical latency, which is part of the service time).
+    fn dep_for(&self, i: usize, d: usize, t: Time) -> (f64, f64) {
         let dep = &self.deps[d];
         let c = dep.cond_at(t);
         let base = dep.history[0].1;
         let reaches = c.affected >= 1.0
             || hash_unit(self.seed, &[0xDE9, d as u64, c.key, i as u64]) < c.affected;
-        let (mut err, lat) = if reaches {
-            (c.error_rate, dep.latency + c.extra_latency)
+        let (mut err, extra) = if reaches {
+            (c.error_rate_at(t), c.extra_at(t))
         } else {
-            (base.error_rate, dep.latency)
+            (base.error_rate, 0.0)
         };
         if let Some((bd, since, until)) = self.servers[i].conn_broken
             && bd == d
@@ -769,7 +893,7 @@ impl<'a> Sim<'a> {
         {
             err = 1.0;
         }
-        (err, lat)
+        (err, extra)
     }
 
     /// Whether server `i` has no fault of its own (its requests fail only through
@@ -780,13 +904,15 @@ impl<'a> Sim<'a> {
             && s.disk.rate == 0.0
             && s.disk.base < 1.0
             && s.fds.rate == 0.0
-            && s.gray == 0.0
+            && s.gray.is_zero()
+            && s.slow.is_zero()
             && !s.bad_version
             && s.conn_broken.is_none()
     }
 
     /// The failure probability of a plain server's requests at `now`, when it is the same
-    /// for every plain server (no partial dependency failure); `None` otherwise.
+    /// for every plain server (no partial dependency failure); `None` otherwise. (Slow
+    /// dependencies make requests late, not failed: see [`Sim::mixture`].)
     fn fleet_fail_prob(&self, now: Time) -> Option<f64> {
         let mut ok = 1.0;
         for dep in &self.deps {
@@ -794,17 +920,43 @@ impl<'a> Sim<'a> {
             if c.affected < 1.0 {
                 return None;
             }
-            let lat = dep.latency + c.extra_latency;
-            let err = if lat > self.cfg.clients.timeout {
-                1.0
-            } else {
-                c.error_rate
-            };
+            let err = c.error_rate_at(now);
             if err > 0.0 && dep.criticality == DepCriticality::Critical {
                 ok *= 1.0 - dep.request_fraction * err;
             }
         }
         Some((1.0 - ok).clamp(0.0, 1.0))
+    }
+
+    /// Whether a plain server's requests all take the same time at `now`, under the
+    /// attempt deadline when they do not queue.
+    fn plain_punctual(&self, now: Time) -> bool {
+        self.service.is_constant()
+            && self.service.median() <= self.deadline
+            && self
+                .deps
+                .iter()
+                .all(|d| d.cond_at(now).extra_at(now) == 0.0)
+    }
+
+    /// The worker time of server `i`'s requests at `now`: the service time, plus its
+    /// host's slowness, plus the extra latency of each dependency for the requests that
+    /// call it (a request waiting on a dependency holds its worker).
+    fn mixture(&self, i: usize, now: Time) -> Mixture {
+        let mut m = Mixture::new(self.service, self.servers[i].slow.at(now));
+        for d in 0..self.deps.len() {
+            let (_, extra) = self.dep_for(i, d, now);
+            m.split(self.deps[d].request_fraction, extra);
+        }
+        m
+    }
+
+    /// Requests/s server `i` serves at `now` (before brownout and pauses).
+    fn server_rate(&self, i: usize, now: Time) -> f64 {
+        if self.is_plain(i) && self.tick_plain_punctual {
+            return self.cap_rate;
+        }
+        f64::from(self.cfg.fleet.workers) / self.mixture(i, now).mean()
     }
 
     /// Probability that a request served by `i` at `now` fails.
@@ -818,17 +970,12 @@ impl<'a> Sim<'a> {
         if self.disk_full(i, now) {
             return 1.0;
         }
-        let mut ok = 1.0 - s.gray;
+        let mut ok = 1.0 - s.gray.at(now);
         if s.bad_version {
             ok *= 1.0 - self.deploy_error_rate();
         }
         for d in 0..self.deps.len() {
-            let (err, lat) = self.dep_for(i, d, now);
-            let err = if lat > self.cfg.clients.timeout {
-                1.0
-            } else {
-                err
-            };
+            let (err, _) = self.dep_for(i, d, now);
             if err > 0.0 && self.deps[d].criticality == DepCriticality::Critical {
                 ok *= 1.0 - self.deps[d].request_fraction * err;
             }
@@ -905,8 +1052,10 @@ impl<'a> Sim<'a> {
         }
         if deep {
             for d in 0..self.deps.len().min(32 - CHECK_DEP0 as usize) {
-                let (err, lat) = self.dep_for(i, d, last_run);
-                let failed = lat > f.dependency_check_timeout
+                let (err, extra) = self.dep_for(i, d, last_run);
+                // The check times out when the dependency answers slower than its timeout.
+                let lat = self.deps[d].latency.as_secs_f64() + extra;
+                let failed = lat > f.dependency_check_timeout.as_secs_f64()
                     || (err > 0.0
                         && hash_unit(
                             self.seed,
@@ -943,22 +1092,29 @@ impl<'a> Sim<'a> {
             return fail(Duration::ZERO, "connection reset: accept failed (EMFILE)");
         }
         let s = &self.servers[i];
+        if self.cfg.fleet.health_capacity == HealthCapacity::Shared && s.shedding {
+            // A probe is a request like any other: a full queue sheds it.
+            return fail(self.cfg.fleet.service_time, "HTTP 503 shed");
+        }
         let mut latency = s.gc.and_then(|g| g.remaining(now)).unwrap_or_default();
-        latency += match self.cfg.fleet.health_capacity {
-            HealthCapacity::Reserved => RESERVED_HEALTH_LATENCY,
-            HealthCapacity::Shared => {
-                // Behind the whole queue, drained at the (browned-out) service rate.
-                let eff = if s.overloaded {
-                    1.0 - self.cfg.fleet.brownout
-                } else {
-                    1.0
-                };
-                Duration::from_secs_f64(s.backlog as f64 / (self.capacity() * eff))
-                    + self.cfg.fleet.service_time
-            }
-        };
+        // A slow host answers health checks slowly too, on whatever thread.
+        let slow = Duration::from_secs_f64(s.slow.at(now));
+        latency += slow
+            + match self.cfg.fleet.health_capacity {
+                HealthCapacity::Reserved => RESERVED_HEALTH_LATENCY,
+                HealthCapacity::Shared => {
+                    // Behind the whole queue, drained at the (browned-out) service rate.
+                    let eff = if s.overloaded {
+                        1.0 - self.cfg.fleet.brownout
+                    } else {
+                        1.0
+                    };
+                    Duration::from_secs_f64(s.backlog as f64 / (self.server_rate(i, now) * eff))
+                        + self.cfg.fleet.service_time
+                }
+            };
         if latency > timeout {
-            return fail(timeout, "timeout");
+            return fail(timeout, TIMEOUT);
         }
         let (failing, status) = self.checks(i, now, deep);
         let ok = status != Status::Fail;
@@ -1062,6 +1218,9 @@ impl<'a> Sim<'a> {
         let iu = i as usize;
         let deep = self.cfg.lb.check == CheckPath::Deep;
         let p = self.probe(iu, now, deep, self.cfg.lb.timeout);
+        if p.detail == TIMEOUT {
+            self.s.check_timeouts += 1;
+        }
         // Exact elision: a result equal to the previous one, on a target whose verdict
         // already agrees with it, only lengthens a streak past its threshold.
         let settled = if p.ok {
@@ -1091,38 +1250,97 @@ impl<'a> Sim<'a> {
 
     /// Feeds a tick's outcomes at server `i` to outlier detection, in a random order, and
     /// returns how many outcomes happened before it was ejected (all, if it was not).
-    fn feed_outcomes(&mut self, i: u32, ok: u64, failed: u64, failure: RequestOutcome) -> u64 {
+    /// `fails` are the failures, of up to two kinds, each interleaved at random.
+    fn feed_outcomes(&mut self, i: u32, ok: u64, fails: [(RequestOutcome, u64); 2]) -> u64 {
+        let [(kind_a, a), (kind_b, b)] = fails;
+        let failed = a + b;
         let total = ok + failed;
-        if failure.is_shed() && ok == 0 {
+        if ok == 0
+            && [(kind_a, a), (kind_b, b)]
+                .iter()
+                .all(|&(k, n)| n == 0 || k.is_shed())
+        {
             // Shed answers neither count towards ejection nor reset a streak: nothing to
             // feed (vigil_core::outlier, rule 5).
             return total;
         }
         if failed == 0 {
             if ok > 0 {
-                return self.feed_runs(i, &[(false, ok)], failure);
+                return self.feed_runs(i, &[(None, ok)]);
             }
             return total;
         }
-        // The run lengths (is_failure, length) of a uniformly random interleaving of the
-        // tick's outcomes: place the minority at random positions when it is small, draw
-        // outcome by outcome (without replacement) otherwise.
-        let mut runs: Vec<(bool, u64)> = Vec::new();
-        fn push(runs: &mut Vec<(bool, u64)>, fail: bool, len: u64) {
+        // Failures against successes, then, among the failures, one kind against the
+        // other: the runs of a uniformly random interleaving of the tick's outcomes.
+        // (The buffers are reused: this runs for every server with failures, every tick.)
+        let mut runs = std::mem::take(&mut self.runs_buf);
+        runs.clear();
+        if a == 0 || b == 0 {
+            let kind = if a > 0 { kind_a } else { kind_b };
+            self.interleave(&mut runs, failed, ok, Some(kind), None);
+        } else {
+            let mut outcomes = Vec::new();
+            self.interleave(&mut outcomes, failed, ok, true, false);
+            let mut kinds = Vec::new();
+            self.interleave(&mut kinds, a, b, kind_a, kind_b);
+            let mut k = kinds.iter().copied();
+            let mut cur = k.next().expect("a > 0");
+            for (f, mut n) in outcomes {
+                if !f {
+                    runs.push((None, n));
+                    continue;
+                }
+                while n > 0 {
+                    if cur.1 == 0 {
+                        cur = k.next().expect("as many kinds as failures");
+                    }
+                    let take = n.min(cur.1);
+                    match runs.last_mut() {
+                        Some((Some(last), len)) if *last == cur.0 => *len += take,
+                        _ => runs.push((Some(cur.0), take)),
+                    }
+                    cur.1 -= take;
+                    n -= take;
+                }
+            }
+        }
+        let consumed = self.feed_runs(i, &runs);
+        self.runs_buf = runs;
+        consumed
+    }
+
+    /// Appends to `runs` the run lengths `(label, length)` of a uniformly random
+    /// interleaving of `x` items labelled `first` and `y` labelled `second`: the minority
+    /// at random positions when it is small, item by item (without replacement)
+    /// otherwise.
+    fn interleave<T: Copy + PartialEq>(
+        &mut self,
+        runs: &mut Vec<(T, u64)>,
+        x: u64,
+        y: u64,
+        first: T,
+        second: T,
+    ) {
+        let total = x + y;
+        let push = |runs: &mut Vec<(T, u64)>, is_first: bool, len: u64| {
             if len == 0 {
                 return;
             }
+            let label = if is_first { first } else { second };
             match runs.last_mut() {
-                Some((f, n)) if *f == fail => *n += len,
-                _ => runs.push((fail, len)),
+                Some((l, n)) if *l == label => *n += len,
+                _ => runs.push((label, len)),
             }
-        }
-        if ok == 0 {
-            push(&mut runs, true, failed);
-        } else if failed.min(ok) <= 256 {
-            let minority_fail = failed <= ok;
-            let k = failed.min(ok);
-            let mut pos: Vec<u64> = Vec::with_capacity(k as usize);
+        };
+        if y == 0 {
+            push(runs, true, x);
+        } else if x == 0 {
+            push(runs, false, y);
+        } else if x.min(y) <= 256 {
+            let minority_first = x <= y;
+            let k = x.min(y);
+            let mut pos = std::mem::take(&mut self.pos_buf);
+            pos.clear();
             while (pos.len() as u64) < k {
                 let p = self.rng.below(total);
                 if !pos.contains(&p) {
@@ -1131,150 +1349,196 @@ impl<'a> Sim<'a> {
             }
             pos.sort_unstable();
             let mut cursor = 0u64;
-            for p in pos {
-                push(&mut runs, !minority_fail, p - cursor);
-                push(&mut runs, minority_fail, 1);
+            for &p in &pos {
+                push(runs, !minority_first, p - cursor);
+                push(runs, minority_first, 1);
                 cursor = p + 1;
             }
-            push(&mut runs, !minority_fail, total - cursor);
+            push(runs, !minority_first, total - cursor);
+            self.pos_buf = pos;
         } else {
-            let (mut f_left, mut left) = (failed, total);
+            let (mut x_left, mut left) = (x, total);
             while left > 0 {
-                let f = self.rng.below(left) < f_left;
-                if f {
-                    f_left -= 1;
+                let is_first = self.rng.below(left) < x_left;
+                if is_first {
+                    x_left -= 1;
                 }
                 left -= 1;
-                push(&mut runs, f, 1);
+                push(runs, is_first, 1);
             }
         }
-        self.feed_runs(i, &runs, failure)
     }
 
-    /// Feeds run lengths to outlier detection, only where they can change a decision
-    /// (see [`Sim::feed_outcomes`]); returns the outcomes consumed before an ejection.
+    /// Feeds runs of outcomes (`None`: a success) to outlier detection, only where they
+    /// can change a decision (see [`Sim::feed_outcomes`]); returns the outcomes consumed
+    /// before an ejection.
     ///
-    /// Exactness: the detector's streaks are mirrored here (`streak_5xx`, `streak_gw`).
-    /// A failure run that cannot reach a threshold and is followed by a success changes
-    /// nothing (the success resets both streaks), so it is not fed. A run that can reach
-    /// one is fed until the ejection (or the refusal, reported once per streak); further
-    /// failures of that tick cannot change anything since room for an ejection only
-    /// appears at readmission, in `Pool::tick`. Outcomes of an ejected target are ignored
-    /// by the detector, so they are not fed.
-    fn feed_runs(&mut self, i: u32, runs: &[(bool, u64)], failure: RequestOutcome) -> u64 {
+    /// Exactness: the detector's streaks are mirrored here (`streaks`: errors, gateway
+    /// errors; a non-gateway error resets the latter, as in the detector). A block of
+    /// failures that cannot reach a threshold and is followed by a success changes
+    /// nothing (the success resets both streaks), so it is not fed. A block that can
+    /// reach one is fed until the ejection (or the refusal, reported once per streak);
+    /// further failures of that tick cannot change anything since room for an ejection
+    /// only appears at readmission, in `Pool::tick`; and a run on a saturated streak with
+    /// no room changes no decision either (the next error with room ejects either way).
+    /// Outcomes of an ejected target are ignored by the detector, so they are not fed.
+    fn feed_runs(&mut self, i: u32, runs: &[(Option<RequestOutcome>, u64)]) -> u64 {
         let iu = i as usize;
         let total: u64 = runs.iter().map(|r| r.1).sum();
         let oc = self.cfg.lb.pool.outlier;
         if oc.max_ejection_percent == 0 {
             return total;
         }
-        let gateway = failure.is_gateway_error();
-        let now = Self::pt(self.now);
-        let mut consumed = 0u64;
-        for (k, &(is_fail, len)) in runs.iter().enumerate() {
-            if len == 0 {
-                continue;
-            }
-            if !is_fail {
-                if self.outlier_dirty[iu] && !self.ejected[iu] {
-                    self.outlier_dirty[iu] = false;
-                    let j = self.rng.unit();
-                    let ev = self
-                        .pool
-                        .observe_request(&i, now, RequestOutcome::Response(200), j);
-                    self.pool_events(ev);
-                }
-                self.streaks[iu] = (0, 0);
-                consumed += len;
-                continue;
-            }
-            if self.ejected[iu] {
-                consumed += len;
-                continue;
-            }
-            let (s5, sg) = self.streaks[iu];
+        // Failures still needed to reach a threshold, from streaks (errors, gateway).
+        let need = |kind: RequestOutcome, (s5, sg): (u32, u32)| -> u32 {
             let need_5xx = (oc.consecutive_5xx > 0).then(|| oc.consecutive_5xx.saturating_sub(s5));
-            let need_gw = (gateway && oc.consecutive_gateway_errors > 0)
+            let need_gw = (kind.is_gateway_error() && oc.consecutive_gateway_errors > 0)
                 .then(|| oc.consecutive_gateway_errors.saturating_sub(sg));
-            let need = match (need_5xx, need_gw) {
+            match (need_5xx, need_gw) {
                 (Some(a), Some(b)) => a.min(b),
                 (Some(a), None) | (None, Some(a)) => a,
                 (None, None) => u32::MAX,
+            }
+        };
+        let advance = |kind: RequestOutcome, (s5, sg): (u32, u32), n: u64| -> (u32, u32) {
+            let n = u32::try_from(n).unwrap_or(u32::MAX);
+            (
+                s5.saturating_add(n),
+                if kind.is_gateway_error() {
+                    sg.saturating_add(n)
+                } else {
+                    0
+                },
+            )
+        };
+        let now = Self::pt(self.now);
+        let mut consumed = 0u64;
+        let mut k = 0;
+        while k < runs.len() {
+            let (kind, len) = runs[k];
+            let Some(_) = kind else {
+                if len > 0 {
+                    if self.outlier_dirty[iu] && !self.ejected[iu] {
+                        self.outlier_dirty[iu] = false;
+                        let j = self.rng.unit();
+                        let ev =
+                            self.pool
+                                .observe_request(&i, now, RequestOutcome::Response(200), j);
+                        self.pool_events(ev);
+                    }
+                    self.streaks[iu] = (0, 0);
+                }
+                consumed += len;
+                k += 1;
+                continue;
             };
-            let last = k + 1 == runs.len();
-            let reaches = u64::from(need) <= len;
-            if !reaches && !last {
+            // A block of failures: runs k..end.
+            let mut end = k;
+            while end < runs.len() && runs[end].0.is_some() {
+                end += 1;
+            }
+            let block: u64 = runs[k..end].iter().map(|r| r.1).sum();
+            if self.ejected[iu] {
+                consumed += block;
+                k = end;
+                continue;
+            }
+            let mut dry = self.streaks[iu];
+            let mut reaches = false;
+            for &(kind, len) in &runs[k..end] {
+                let kind = kind.expect("a failure run");
+                if len > 0 && u64::from(need(kind, dry)) <= len {
+                    reaches = true;
+                    break;
+                }
+                dry = advance(kind, dry, len);
+            }
+            if !reaches && end < runs.len() {
                 // Reset by the success run that follows: no effect.
-                consumed += len;
+                consumed += block;
+                k = end;
                 continue;
             }
-            // Saturated streak with no room for an ejection: feeding changes nothing.
-            let room = self.ejected_count < oc.max_ejected(self.servers.len());
-            if need == 0 && !room {
+            for &(kind, len) in &runs[k..end] {
+                let kind = kind.expect("a failure run");
+                if len == 0 {
+                    continue;
+                }
+                let need = need(kind, self.streaks[iu]);
+                let reaches = u64::from(need) <= len;
+                // Saturated streak with no room for an ejection: feeding changes nothing.
+                let room = self.ejected_count < oc.max_ejected(self.servers.len());
+                if need == 0 && !room {
+                    consumed += len;
+                    continue;
+                }
+                let feed = if reaches { u64::from(need.max(1)) } else { len };
+                self.outlier_dirty[iu] = true;
+                for f in 0..feed {
+                    let j = self.rng.unit();
+                    let ev = self.pool.observe_request(&i, now, kind, j);
+                    let ejected = ev.iter().any(|e| e.left_service() == Some(&i));
+                    self.pool_events(ev);
+                    self.streaks[iu] = advance(kind, self.streaks[iu], 1);
+                    if ejected {
+                        return consumed + f + 1;
+                    }
+                }
                 consumed += len;
-                continue;
             }
-            let feed = if reaches { u64::from(need.max(1)) } else { len };
-            self.outlier_dirty[iu] = true;
-            for f in 0..feed {
-                let j = self.rng.unit();
-                let ev = self.pool.observe_request(&i, now, failure, j);
-                let ejected = ev.iter().any(|e| e.left_service() == Some(&i));
-                self.pool_events(ev);
-                let st = &mut self.streaks[iu];
-                st.0 = st.0.saturating_add(1);
-                if gateway {
-                    st.1 = st.1.saturating_add(1);
-                }
-                if ejected {
-                    return consumed + f + 1;
-                }
-            }
-            consumed += len;
+            k = end;
         }
         total
     }
 
-    /// Serves `n` new requests at server `i` this tick. Returns (ok, failed, spilled):
-    /// spilled requests arrived after an ejection and go elsewhere.
-    fn serve(&mut self, i: u32, n: u64, feed: bool) -> (u64, u64, u64) {
+    /// Serves `n` new requests at server `i` this tick: what the balancer saw of them (and
+    /// of queued ones served now), and how many spilled (arrived after an ejection: they
+    /// go elsewhere).
+    fn serve(&mut self, i: u32, n: u64, feed: bool) -> (Tally, u64) {
         let iu = i as usize;
         let now = self.now;
         let dt = self.cfg.tick;
         let up = self.is_up(iu);
         // Fast path, the common case: a server without a fault of its own, nothing
-        // queued, under capacity, and dependencies failing nobody. Same outcome as the
-        // general path below (no draw is needed when nothing can fail).
+        // queued, under capacity, punctual, and dependencies failing nobody. Same outcome
+        // as the general path below (no draw is needed when nothing can fail).
         if up
             && self.tick_fail_prob == Some(0.0)
+            && self.tick_plain_punctual
             && self.servers[iu].backlog == 0
             && (n as f64) <= self.tick_full_cap
             && self.is_plain(iu)
         {
             self.servers[iu].overloaded = false;
+            self.servers[iu].shedding = false;
             if feed && n > 0 && self.outlier_dirty[iu] {
-                self.feed_runs(i, &[(false, n)], RequestOutcome::Response(500));
+                self.feed_runs(i, &[(None, n)]);
             }
-            return (n, 0, 0);
+            let ok = Tally {
+                ok: n,
+                ..Tally::default()
+            };
+            return (ok, 0);
         }
-        if !up {
+        let refuse = |this: &mut Self, outcome: RequestOutcome| {
             let consumed = if feed {
-                self.feed_outcomes(i, 0, n, RequestOutcome::ConnectFailure)
+                this.feed_outcomes(i, 0, [(outcome, n), (outcome, 0)])
             } else {
                 n
             };
-            return (0, consumed.min(n), n - consumed.min(n));
+            let refused = Tally {
+                refused: consumed.min(n),
+                ..Tally::default()
+            };
+            (refused, n - consumed.min(n))
+        };
+        if !up {
+            return refuse(self, RequestOutcome::ConnectFailure);
         }
         let plain = self.is_plain(iu);
         if !plain && self.fds_exhausted(iu, now) {
-            let consumed = if feed {
-                self.feed_outcomes(i, 0, n, RequestOutcome::Reset)
-            } else {
-                n
-            };
-            return (0, consumed.min(n), n - consumed.min(n));
+            return refuse(self, RequestOutcome::Reset);
         }
-        let cap_rate = self.cap_rate;
         let brownout = self.cfg.fleet.brownout;
         let paused = if plain {
             0.0
@@ -1283,16 +1547,33 @@ impl<'a> Sim<'a> {
                 .gc
                 .map_or(0.0, |g| g.paused_fraction(now, dt))
         };
+        // Capacity: the workers over the mean worker time (the same for every plain
+        // server while punctual, computed once).
+        let (cap_rate, mixture) = if plain && self.tick_plain_punctual {
+            (self.cap_rate, None)
+        } else {
+            let m = self.mixture(iu, now);
+            (f64::from(self.cfg.fleet.workers) / m.mean(), Some(m))
+        };
         let full = cap_rate * dt.as_secs_f64();
         let overloaded = n as f64 > full;
         let eff = if overloaded { 1.0 - brownout } else { 1.0 };
         // Non-negative, so `as` truncation is floor (and much cheaper).
         let cap = (full * (1.0 - paused) * eff) as u64;
-        let max_queue = (self.cfg.fleet.max_queue_wait.as_secs_f64() * cap_rate * eff) as u64;
+        // The queue holds as many requests as a healthy server answers within
+        // `max_queue_wait` (their wait plus a worker time). A slow server's queue holds as
+        // many: they wait longer.
+        let healthy_mean = self.service.mean();
+        let max_wait = (self.cfg.fleet.max_queue_wait.as_secs_f64() - healthy_mean).max(0.0);
+        let drain = cap_rate * eff;
+        let max_queue = (max_wait * self.cap_rate * eff) as u64;
         let s = &mut self.servers[iu];
         s.overloaded = overloaded;
+        // What stands beyond the bound now (it shrank with a brownout) is shed this tick.
+        let before = s.backlog.min(max_queue);
         let total = s.backlog + n;
-        // Serve what capacity allows, queue up to `max_queue_wait` of work, shed the rest.
+        // Serve what capacity allows, queue what can still be answered in time, shed the
+        // rest.
         let (served, dropped) = if total > cap {
             let waiting = total - cap;
             let dropped = waiting.saturating_sub(max_queue);
@@ -1302,39 +1583,104 @@ impl<'a> Sim<'a> {
             s.backlog = 0;
             (total, 0)
         };
+        let after = s.backlog;
+        s.shedding = dropped > 0 && paused == 0.0;
+        // Late answers: the requests served now waited from about `before` to `after`
+        // queued requests' worth of work (first in, first out), then took their worker
+        // time; past the attempt's deadline the balancer has given up on them, though
+        // the server did the work.
+        let late_p = if served == 0 {
+            0.0
+        } else {
+            let (w0, w1) = (before as f64 / drain, after as f64 / drain);
+            match mixture {
+                None => {
+                    // Constant worker time.
+                    let (lo, hi) = (w0.min(w1), w0.max(w1));
+                    let edge = self.deadline - self.service.median();
+                    if hi <= edge {
+                        0.0
+                    } else if lo > edge {
+                        1.0
+                    } else {
+                        (hi - edge) / (hi - lo)
+                    }
+                }
+                Some(m) => m.late_over(w0, w1, self.deadline),
+            }
+        };
+        let late = self.rng.binomial(served, late_p);
         let p = self.request_fail_prob(iu, now);
-        let failed = self.rng.binomial(served, p);
-        let ok = served - failed;
+        let failed = self.rng.binomial(served - late, p);
+        let ok = served - late - failed;
+        // A server that sheds answers 503 (load, never an ejection); one stopped in a GC
+        // pause answers nothing: its overflow times out at the balancer.
+        let (overflow, overflow_tally) = if paused > 0.0 {
+            (
+                RequestOutcome::Timeout,
+                Tally {
+                    timeout: dropped,
+                    ..Tally::default()
+                },
+            )
+        } else {
+            (
+                RequestOutcome::Response(503),
+                Tally {
+                    err: dropped,
+                    ..Tally::default()
+                },
+            )
+        };
+        let mut all = Tally {
+            ok,
+            err: failed,
+            refused: 0,
+            timeout: late,
+        };
+        all.add(overflow_tally);
         if !feed {
-            return (ok, failed + dropped, 0);
+            return (all, 0);
         }
         // Shed requests first (rejected on arrival), then the served mix.
         let mut consumed = 0;
         if dropped > 0 {
-            // A server that sheds answers 503 (load, never an ejection); one stopped in
-            // a GC pause answers nothing: its overflow times out at the balancer.
-            let overflow = if paused > 0.0 {
-                RequestOutcome::Timeout
-            } else {
-                RequestOutcome::Response(503)
-            };
-            consumed = self.feed_outcomes(i, 0, dropped, overflow);
+            consumed = self.feed_outcomes(i, 0, [(overflow, dropped), (overflow, 0)]);
             if consumed < dropped {
                 let spill = (served + dropped - consumed).min(n);
-                return (0, consumed, spill);
+                let kept = overflow_tally.total().min(consumed);
+                let mut t = overflow_tally;
+                t.err = t.err.min(kept);
+                t.timeout = t.timeout.min(kept);
+                return (t, spill);
             }
         }
-        let c2 = self.feed_outcomes(i, ok, failed, RequestOutcome::Response(500));
+        let c2 = self.feed_outcomes(
+            i,
+            ok,
+            [
+                (RequestOutcome::Response(500), failed),
+                (RequestOutcome::Timeout, late),
+            ],
+        );
         consumed += c2;
         let outcomes = served + dropped;
-        if c2 < ok + failed {
+        if c2 < served {
             let spill = (outcomes - consumed).min(n);
-            // Outcomes before the ejection keep the tick's success ratio.
+            // Outcomes before the ejection keep the tick's mix.
             let kept = outcomes - spill;
-            let kept_ok = ((ok as f64) * kept as f64 / outcomes.max(1) as f64).round() as u64;
-            return (kept_ok, kept - kept_ok, spill);
+            let share = |x: u64| ((x as f64) * kept as f64 / outcomes.max(1) as f64).round() as u64;
+            let kept_ok = share(ok).min(kept);
+            let kept_late = share(late).min(kept - kept_ok);
+            let t = Tally {
+                ok: kept_ok,
+                err: kept - kept_ok - kept_late,
+                refused: 0,
+                timeout: kept_late,
+            };
+            return (t, spill);
         }
-        (ok, failed + dropped, 0)
+        (all, 0)
     }
 
     fn refresh_routes(&mut self) {
@@ -1344,17 +1690,24 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Spreads `n` requests over the routing set; returns (ok, failed, spilled).
-    fn distribute(&mut self, n: u64, feed: bool) -> (u64, u64, u64) {
+    /// Spreads `n` requests over the routing set; returns what the balancer saw and how
+    /// many spilled.
+    fn distribute(&mut self, n: u64, feed: bool) -> (Tally, u64) {
         self.refresh_routes();
+        let unrouted = Tally {
+            err: n,
+            ..Tally::default()
+        };
         if self.routes.is_empty() {
-            return (0, n, 0);
+            return (unrouted, 0);
         }
         let now = Self::pt(self.now);
         // Equal weights and no slow-start ramp: round-robin, exactly (each target gets
         // n / k, and the remainder goes to the next targets in rotation, continuing
         // where the last tick stopped). Otherwise: shares in proportion to effective
-        // weight, rounded randomly (unbiased).
+        // weight, rounded randomly (unbiased; with retries, systematically from one
+        // random offset, so the shares add up to `n` exactly and every attempt sent is
+        // accounted for).
         let w0 = self.routes.routes[0].weight;
         let uniform = w0 > 0
             && self.routes.routes.iter().all(|r| {
@@ -1375,14 +1728,28 @@ impl<'a> Sim<'a> {
                 self.weights.push(w);
             }
             if total_w <= 0.0 {
-                return (0, n, 0);
+                return (unrouted, 0);
             }
         }
-        let (mut ok, mut failed, mut spill) = (0, 0, 0);
+        let systematic = (!uniform && self.retrying.is_some()).then(|| self.rng.unit());
+        let mut cum = 0.0;
+        let mut given = 0u64;
+        let mut tally = Tally::default();
+        let mut spill = 0;
         let routes = std::mem::take(&mut self.routes.routes);
         for (j, r) in routes.iter().enumerate() {
             let nj = if uniform {
                 base + u64::from((j as u64 + k - off) % k < rem)
+            } else if let Some(u) = systematic {
+                cum += n as f64 * self.weights[j] / total_w;
+                let upto = if j + 1 == routes.len() {
+                    n
+                } else {
+                    ((cum + u) as u64).min(n)
+                };
+                let nj = upto.saturating_sub(given);
+                given += nj;
+                nj
             } else {
                 let share = n as f64 * self.weights[j] / total_w;
                 (share + self.rng.unit()) as u64
@@ -1391,15 +1758,14 @@ impl<'a> Sim<'a> {
             if nj == 0 && self.servers[r.key as usize].backlog == 0 {
                 continue;
             }
-            let (o, f, s) = self.serve(r.key, nj, feed);
-            ok += o;
-            failed += f;
+            let (t, s) = self.serve(r.key, nj, feed);
+            tally.add(t);
             spill += s;
         }
         if self.routes.routes.is_empty() && !self.routes_dirty {
             self.routes.routes = routes;
         }
-        (ok, failed, spill)
+        (tally, spill)
     }
 
     fn on_tick(&mut self) {
@@ -1423,35 +1789,57 @@ impl<'a> Sim<'a> {
         self.leaving_fail_open = leaving;
         self.refresh_routes();
         self.tick_fail_prob = self.fleet_fail_prob(now);
+        self.tick_plain_punctual = self.plain_punctual(now);
+        if let Some((load, ramp)) = self.surge_fault {
+            self.surge = 1.0 + (load - 1.0) * ramp.map_or(1.0, |r| r.progress(now));
+        }
         let base =
             self.cfg.clients.rate.unwrap_or(
                 self.cfg.clients.load * self.capacity() * f64::from(self.cfg.fleet.servers),
             );
         let arrivals = self.rng.poisson(base * self.surge * dt.as_secs_f64());
-        let (mut ok, mut failed, spill) = self.distribute(arrivals, true);
+        self.s.fresh_requests += arrivals;
+        let attempts = match &mut self.retrying {
+            Some(r) => r.start_tick(Self::pt(now), arrivals),
+            None => arrivals,
+        };
+        self.s.tries += attempts;
+        let (mut tally, spill) = self.distribute(attempts, true);
         if spill > 0 {
-            let (o, f, _) = self.distribute(spill, false);
-            ok += o;
-            failed += f;
+            let (t, _) = self.distribute(spill, false);
+            tally.add(t);
         }
         // One pass over the fleet: servers out of the routing set still drain their
         // backlog; capacity counts.
-        let (mut up_total, mut replacing) = (0usize, 0usize);
+        let (mut up_total, mut replacing, mut queued) = (0usize, 0usize, 0u64);
         for i in 0..self.servers.len() {
             if self.servers[i].backlog > 0 && self.served_tick[i] != self.tick_no {
-                let (o, f, _) = self.serve(i as u32, 0, false);
-                ok += o;
-                failed += f;
+                let (t, _) = self.serve(i as u32, 0, false);
+                tally.add(t);
             }
+            queued += self.servers[i].backlog;
             if self.is_up(i) {
                 up_total += 1;
             } else if self.servers[i].life == Life::Booting && self.servers[i].replaced_while_up {
                 replacing += 1;
             }
         }
-        let requests = ok + failed;
+        self.s.request_timeouts += tally.timeout;
+        let (requests, failed) = match &mut self.retrying {
+            Some(r) => {
+                let out = r.finish_tick(Self::pt(now), &mut self.rng, tally, queued);
+                self.s.client_retries += out.client_retries;
+                self.s.lb_retries += out.lb_retries;
+                self.s.lb_retries_denied += out.lb_denied;
+                (out.succeeded + out.failed, out.failed)
+            }
+            None => (tally.total(), tally.failed()),
+        };
         self.s.requests += requests;
         self.s.client_errors += failed;
+        if requests > 0 && ((requests - failed) as f64) < RECOVERED * requests as f64 {
+            self.last_bad_tick_end = Some(now + dt);
+        }
         if self.cfg.queue.is_some() {
             self.queue_tick();
         }
@@ -1585,6 +1973,9 @@ impl<'a> Sim<'a> {
             return;
         }
         let p = self.probe(iu, now, true, self.cfg.controller.timeout);
+        if p.detail == TIMEOUT {
+            self.s.check_timeouts += 1;
+        }
         let need = self.cfg.controller.guard.thresholds.healthy_threshold + 1;
         if p.ok && self.ctl.passes_fed[iu] >= need {
             return;
@@ -1753,7 +2144,8 @@ impl<'a> Sim<'a> {
         s.gc = None;
         s.checker_dead_at = None;
         s.conn_broken = None;
-        s.gray = 0.0;
+        s.gray = Ramped::default();
+        s.slow = Ramped::default();
         s.backlog = 0;
         self.controller_meets_new_instance(iu);
         if self.servers[iu].bad_version && self.deploy_error_rate() > 0.0 {
@@ -1944,10 +2336,32 @@ impl<'a> Sim<'a> {
                 for i in targets {
                     let i = i as usize;
                     if start {
-                        self.servers[i].gray = f.error_rate.unwrap_or(1.0);
+                        self.servers[i].gray = Ramped {
+                            to: f.error_rate.unwrap_or(1.0),
+                            ramp: Ramp::new(now, f.ramp),
+                        };
                         self.harm(i, now);
                     } else {
-                        self.servers[i].gray = 0.0;
+                        self.servers[i].gray = Ramped::default();
+                        self.cure(i);
+                    }
+                }
+            }
+            FaultKind::Latency => {
+                let to = f.latency.unwrap_or_default().as_secs_f64();
+                let ramp = Ramp::new(now, f.ramp);
+                // Harm starts when answers miss the client's timeout at once.
+                let edge = self.cfg.clients.timeout.as_secs_f64() - self.service.median();
+                for i in targets {
+                    let i = i as usize;
+                    if start {
+                        self.servers[i].slow = Ramped { to, ramp };
+                        if to > edge {
+                            let at = ramp.map_or(now, |r| r.reaches(edge / to));
+                            self.harm(i, at);
+                        }
+                    } else {
+                        self.servers[i].slow = Ramped::default();
                         self.cure(i);
                     }
                 }
@@ -1960,6 +2374,8 @@ impl<'a> Sim<'a> {
                         extra_latency: f.latency.unwrap_or_default(),
                         affected: f.affected.unwrap_or(1.0),
                         key: fi as u64 + 1,
+                        ramp: Ramp::new(now, f.ramp),
+                        from_error_rate: self.deps[d].history[0].1.error_rate,
                     }
                 } else {
                     self.deps[d].history[0].1
@@ -1967,7 +2383,10 @@ impl<'a> Sim<'a> {
                 self.deps[d].history.push((now, cond));
             }
             FaultKind::Surge => {
-                self.surge = if start { f.load.unwrap_or(1.0) } else { 1.0 };
+                self.surge_fault = start.then(|| (f.load.unwrap_or(1.0), Ramp::new(now, f.ramp)));
+                if !start {
+                    self.surge = 1.0;
+                }
             }
             FaultKind::ZoneDown => {
                 let z = f.zone.unwrap_or(0) as usize;
@@ -2103,6 +2522,20 @@ impl<'a> Sim<'a> {
             self.s.detect_max = self.detect_times.iter().max().copied();
         }
         self.s.detected = self.detect_times.len() as u32;
+        // Recovery: from the end of the last fault that ended to the end of the last bad
+        // tick, if the run did not end bad.
+        let last_end = self
+            .cfg
+            .faults
+            .iter()
+            .filter_map(|f| f.duration.map(|d| Time::from_elapsed(f.at + d)))
+            .filter(|t| *t <= end)
+            .max();
+        self.s.recovered_after = last_end.and_then(|fe| match self.last_bad_tick_end {
+            Some(bad) if bad >= end => None,
+            Some(bad) => Some(bad.since(fe)),
+            None => Some(Duration::ZERO),
+        });
         self.s.mean_in_service = if self.ticks > 0 {
             self.in_service_sum / self.ticks as f64
         } else {
@@ -2204,6 +2637,169 @@ kind = "controller_restart"
         );
         assert_eq!(o.marks.len(), 6, "every fault is marked");
         assert!(o.summary.messages_delivered > 0, "the queue is consumed");
+    }
+
+    fn sim_for(src: &str) -> Scenario {
+        Scenario::parse(Path::new("t.toml"), src).expect("valid scenario")
+    }
+
+    #[test]
+    fn ramps_grow_linearly_to_their_size() {
+        let r = Ramp {
+            start: Time::from_secs(100),
+            len: Duration::from_secs(200),
+        };
+        assert_eq!(r.progress(Time::from_secs(50)), 0.0, "not before it starts");
+        assert_eq!(r.progress(Time::from_secs(100)), 0.0);
+        assert_eq!(r.progress(Time::from_secs(150)), 0.25);
+        assert_eq!(r.progress(Time::from_secs(300)), 1.0);
+        assert_eq!(r.progress(Time::from_secs(900)), 1.0, "and stays there");
+        assert_eq!(r.reaches(0.5), Time::from_secs(200));
+        let slow = Ramped {
+            to: 3.0,
+            ramp: Some(r),
+        };
+        assert_eq!(slow.at(Time::from_secs(200)), 1.5);
+        assert_eq!(
+            Ramped {
+                to: 3.0,
+                ramp: None
+            }
+            .at(Time::ZERO),
+            3.0
+        );
+        // A ramped dependency fault grows from the dependency's usual error rate.
+        let c = DepCond {
+            error_rate: 0.5,
+            extra_latency: Duration::from_secs(2),
+            affected: 1.0,
+            key: 1,
+            ramp: Some(r),
+            from_error_rate: 0.1,
+        };
+        assert!((c.error_rate_at(Time::from_secs(200)) - 0.3).abs() < 1e-12);
+        assert_eq!(c.extra_at(Time::from_secs(150)), 0.5);
+    }
+
+    #[test]
+    fn checks_time_out_when_the_answer_is_slower_than_their_timeout() {
+        let s = sim_for("[fleet]\nservers = 4\n[[dependencies]]\nname = \"db\"\n");
+        let mut sim = Sim::new(&s.config, 1, false);
+        let now = Time::from_secs(60);
+        let timeout = Duration::from_secs(2);
+        assert!(
+            sim.probe(0, now, false, timeout).ok,
+            "a healthy server answers"
+        );
+        // A host slower than the check timeout: the check times out, even on the
+        // reserved health thread.
+        sim.servers[0].slow = Ramped {
+            to: 2.5,
+            ramp: None,
+        };
+        let p = sim.probe(0, now, false, timeout);
+        assert!(!p.ok && p.endpoint_failed, "{p:?}");
+        assert_eq!((p.detail, p.latency), (TIMEOUT, timeout));
+        // Slower, but within the timeout: it answers, late.
+        sim.servers[0].slow = Ramped {
+            to: 1.5,
+            ramp: None,
+        };
+        let p = sim.probe(0, now, false, timeout);
+        assert!(p.ok, "{p:?}");
+        assert!(p.latency > Duration::from_millis(1500));
+        // The background dependency check times out against a slow database: /health
+        // fails with the dependency's check, /readyz does not notice.
+        sim.deps[0].history.push((
+            Time::ZERO,
+            DepCond {
+                error_rate: 0.0,
+                extra_latency: Duration::from_secs(3),
+                affected: 1.0,
+                key: 1,
+                ramp: None,
+                from_error_rate: 0.0,
+            },
+        ));
+        let (failing, status) = sim.checks(1, now, true);
+        assert_eq!(status, Status::Fail);
+        assert_eq!(sim.check_names(failing), vec!["db:connect".to_string()]);
+        assert_eq!(sim.checks(1, now, false).1, Status::Pass);
+    }
+
+    #[test]
+    fn slow_requests_hold_workers_and_answer_late() {
+        let s = sim_for("[fleet]\nservers = 2\nzones = 1\nbrownout = 0.0\n");
+        let mut sim = Sim::new(&s.config, 1, false);
+        sim.tick_fail_prob = Some(0.0);
+        // Healthy: 400 requests in a second, all in time.
+        let (t, _) = sim.serve(1, 400, false);
+        assert_eq!(
+            t,
+            Tally {
+                ok: 400,
+                ..Tally::default()
+            }
+        );
+        // 480 ms more per request: 16 workers serve 32 a second, the queue holds what a
+        // healthy server answers in 1 s (784 requests), the rest is shed; all late (no
+        // brownout here, to keep the figures round).
+        sim.servers[0].slow = Ramped {
+            to: 0.48,
+            ramp: None,
+        };
+        let (t, _) = sim.serve(0, 1000, false);
+        assert_eq!(t.ok + t.timeout, 32, "{t:?}");
+        assert_eq!(t.err, 1000 - 32 - 784, "shed beyond the queue: {t:?}");
+        assert_eq!(sim.servers[0].backlog, 784);
+        let (t, _) = sim.serve(0, 0, false);
+        assert_eq!(t.timeout, 32, "queued behind 24 s of work: late");
+    }
+
+    #[test]
+    fn retries_and_latency_are_deterministic_per_seed() {
+        let s = sim_for(
+            r#"
+duration = "10m"
+[fleet]
+servers = 10
+service_time_p99 = "200ms"
+max_queue_wait = "5s"
+[clients]
+retry = "backoff"
+[lb.retries]
+max_retries = 2
+per_try_timeout = "500ms"
+[[dependencies]]
+name = "db"
+request_fraction = 0.5
+[[faults]]
+at = "1m"
+kind = "latency"
+target = "servers:0-1"
+latency = "2s"
+ramp = "3m"
+[[faults]]
+at = "2m"
+kind = "dependency"
+dependency = "db"
+error_rate = 0.2
+latency = "800ms"
+ramp = "1m"
+duration = "2m"
+"#,
+        );
+        let a = run(&s.config, 3, false, &mut |_| {});
+        let b = run(&s.config, 3, false, &mut |_| {});
+        assert_eq!(a.summary, b.summary, "same seed, same numbers");
+        assert_eq!(a.series, b.series, "same seed, same timeline");
+        assert_eq!(a.log, b.log, "same seed, same events");
+        assert!(a.summary.client_retries > 0 && a.summary.lb_retries > 0);
+        assert!(a.summary.request_timeouts > 0);
+        let sum: u64 = a.series.iter().map(|x| x.requests).sum();
+        assert_eq!(sum, a.summary.requests, "the timeline adds up to the total");
+        let c = run(&s.config, 4, false, &mut |_| {});
+        assert_ne!(a.summary, c.summary, "the seed must matter");
     }
 
     #[test]

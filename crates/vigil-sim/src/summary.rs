@@ -20,10 +20,29 @@ pub struct Summary {
     pub duration: Duration,
     /// Discrete events processed (ticks, probes, faults, boots, ...).
     pub events: u64,
-    /// Client requests simulated.
+    /// Client requests that ended (a success, or a failure with no attempt left).
     pub requests: u64,
     /// Client requests that failed.
     pub client_errors: u64,
+    /// New client requests (retries excluded).
+    pub fresh_requests: u64,
+    /// Attempts sent to the servers: new requests, client retries, balancer retries.
+    pub tries: u64,
+    /// Whether the clients or the balancer retry.
+    pub has_retries: bool,
+    /// Retries the clients sent.
+    pub client_retries: u64,
+    /// Retries the balancer sent.
+    pub lb_retries: u64,
+    /// Balancer retries its retry budget refused.
+    pub lb_retries_denied: u64,
+    /// Attempts answered too late (the balancer or the client had given up).
+    pub request_timeouts: u64,
+    /// Health checks (balancer and controller) whose answer came after their timeout.
+    pub check_timeouts: u64,
+    /// From the end of the last fault to the last tick with under 99% successes (zero
+    /// when there was none); `None` when no fault ended or the run ended in such a tick.
+    pub recovered_after: Option<Duration>,
     /// Successful / all client requests (1 when there were none).
     pub availability: f64,
     /// Fewest servers in service (routed to and up) at any tick.
@@ -85,6 +104,8 @@ impl Summary {
             servers: cfg.fleet.servers,
             duration: cfg.duration,
             has_queue: cfg.queue.is_some(),
+            has_retries: cfg.clients.retry != crate::scenario::ClientRetry::None
+                || cfg.lb.retries.max_retries > 0,
             ..Summary::default()
         }
     }
@@ -125,8 +146,23 @@ impl Summary {
             }
             "max_queue_backlog" => self.max_queue_backlog as f64,
             "deploy_waves" => f64::from(self.deploy_waves),
+            "client_retries" => self.client_retries as f64,
+            "lb_retries" => self.lb_retries as f64,
+            "lb_retries_denied" => self.lb_retries_denied as f64,
+            "amplification" => self.amplification(),
+            "request_timeouts" => self.request_timeouts as f64,
+            "check_timeouts" => self.check_timeouts as f64,
             _ => return None,
         })
+    }
+
+    /// Attempts sent to the servers per new client request (1 without retries).
+    pub fn amplification(&self) -> f64 {
+        if self.fresh_requests == 0 {
+            1.0
+        } else {
+            self.tries as f64 / self.fresh_requests as f64
+        }
     }
 
     /// The rows of the terminal table and the report: (label, value).
@@ -203,6 +239,36 @@ impl Summary {
                 },
             ),
         ];
+        if self.request_timeouts > 0 || self.check_timeouts > 0 {
+            rows.push((
+                "timeouts requests / checks",
+                format!(
+                    "{} / {}",
+                    group(self.request_timeouts),
+                    group(self.check_timeouts)
+                ),
+            ));
+        }
+        if self.has_retries {
+            rows.push((
+                "retries client / lb (denied)",
+                format!(
+                    "{} / {} ({})",
+                    group(self.client_retries),
+                    group(self.lb_retries),
+                    group(self.lb_retries_denied)
+                ),
+            ));
+            rows.push((
+                "load amplification",
+                format!("{:.2}x", self.amplification()),
+            ));
+            rows.push((
+                "recovered after last fault",
+                self.recovered_after
+                    .map_or_else(|| "never".into(), format_duration),
+            ));
+        }
         if self.has_queue {
             rows.push((
                 "message failure rate",
