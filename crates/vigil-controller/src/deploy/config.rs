@@ -2,7 +2,7 @@
 //! the install and drain hooks, the store. Every default a named constant; loading names
 //! the file, line and key of any mistake (vigil-config, like `fleet.toml`).
 
-use crate::config::{ExecConfig, WebhookConfig};
+use crate::config::{DEFAULT_WEBHOOK_BACKOFF, DEFAULT_WEBHOOK_RETRIES, WebhookConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -110,29 +110,79 @@ pub enum InstallKind {
 }
 
 /// The install step.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct InstallConfig {
     /// `exec` (default) or `webhook`.
     pub kind: InstallKind,
     /// The command, when `kind = "exec"`.
-    pub exec: ExecConfig,
+    pub exec: InstallExecConfig,
     /// The webhook, when `kind = "webhook"` (signed like the controller's).
-    pub webhook: WebhookConfig,
+    pub webhook: InstallWebhookConfig,
 }
 
-impl Default for InstallConfig {
+/// The install command. The controller's `ExecConfig` with a longer default timeout
+/// (its own type: a nested table takes its defaults from its own type).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InstallExecConfig {
+    /// Program and arguments (`{host}`, `{url}`, `{zone}`, `{revision}`, `{key}`
+    /// replaced); the `VIGIL_*` variables say the same.
+    pub command: Vec<String>,
+    /// Kill the command after this long (the install failed). Defaults to 10 minutes.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for InstallExecConfig {
     fn default() -> Self {
-        InstallConfig {
-            kind: InstallKind::Exec,
-            exec: ExecConfig {
-                command: Vec::new(),
-                timeout: DEFAULT_INSTALL_TIMEOUT,
-            },
-            webhook: WebhookConfig {
-                timeout: DEFAULT_INSTALL_TIMEOUT,
-                ..WebhookConfig::default()
-            },
+        InstallExecConfig {
+            command: Vec::new(),
+            timeout: DEFAULT_INSTALL_TIMEOUT,
+        }
+    }
+}
+
+/// The install webhook: the controller's `WebhookConfig` with a longer default timeout.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InstallWebhookConfig {
+    /// `http://` URL to POST the install event to.
+    pub url: String,
+    /// HMAC-SHA256 key for the `X-Vigil-Signature` header; `VIGIL_WEBHOOK_SECRET` wins.
+    pub secret: Option<String>,
+    /// Retries after the first attempt. Defaults to 5.
+    pub retries: u32,
+    /// First backoff, doubled each retry. Defaults to 500 ms.
+    #[serde(with = "humantime_serde")]
+    pub backoff: Duration,
+    /// Timeout of one request (the receiver answers once installed). Defaults to 10
+    /// minutes.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for InstallWebhookConfig {
+    fn default() -> Self {
+        InstallWebhookConfig {
+            url: String::new(),
+            secret: None,
+            retries: DEFAULT_WEBHOOK_RETRIES,
+            backoff: DEFAULT_WEBHOOK_BACKOFF,
+            timeout: DEFAULT_INSTALL_TIMEOUT,
+        }
+    }
+}
+
+impl InstallWebhookConfig {
+    /// As the controller's webhook settings (what the shared sender takes).
+    pub fn as_webhook(&self) -> WebhookConfig {
+        WebhookConfig {
+            url: self.url.clone(),
+            secret: self.secret.clone(),
+            retries: self.retries,
+            backoff: self.backoff,
+            timeout: self.timeout,
         }
     }
 }
@@ -361,6 +411,18 @@ mod tests {
         assert_eq!(c, DeployConfig::default());
         assert_eq!(c.validate().unwrap_err().key, "install.exec.command");
         parse(MINIMAL).unwrap().validate().unwrap();
+    }
+
+    #[test]
+    fn install_timeouts_default_to_ten_minutes_when_their_table_is_given() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.install.exec.timeout, DEFAULT_INSTALL_TIMEOUT);
+        let c = parse("[install.webhook]\nurl = \"http://x\"\n").unwrap();
+        assert_eq!(c.install.webhook.timeout, DEFAULT_INSTALL_TIMEOUT);
+        assert_eq!(
+            c.install.webhook.as_webhook().timeout,
+            DEFAULT_INSTALL_TIMEOUT
+        );
     }
 
     #[test]

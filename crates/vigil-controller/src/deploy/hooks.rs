@@ -92,7 +92,7 @@ impl Hooks {
                 });
                 let label = format!("install of {} on {}", ctx.revision, ctx.host.id);
                 post_signed(
-                    &self.cfg.install.webhook,
+                    &self.cfg.install.webhook.as_webhook(),
                     &self.http,
                     key,
                     body.to_string(),
@@ -156,7 +156,7 @@ impl Hooks {
                     "idempotency_key": key,
                 });
                 post_signed(
-                    &self.cfg.install.webhook,
+                    &self.cfg.install.webhook.as_webhook(),
                     &self.http,
                     &key,
                     body.to_string(),
