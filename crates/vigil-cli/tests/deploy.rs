@@ -7,8 +7,10 @@
 //!
 //! - a good revision completes; every host ends on it; at most `fleet - floor` hosts are
 //!   ever drained at once and none is restarted in service;
-//! - a bad revision (its hosts report back failing) is halted in its first wave and
-//!   rolled back, marked bad, and a second `run` of it is refused;
+//! - a bad revision is halted in its first wave and rolled back, marked bad, and a
+//!   second `run` of it is refused, whether its hosts report back failing, never show
+//!   it (the install "worked" but the old revision still runs: the progress deadline),
+//!   or its install fails (at once);
 //! - SIGKILL of the deployer (and its hook) mid-rollout, twice (once after an install
 //!   finished but before its outcome was recorded), then `run` again: the rollout
 //!   resumes, every host ends on the revision, none is installed twice (the hook's log
@@ -223,6 +225,10 @@ impl Fleet {
                 r#"set -e
 echo "$VIGIL_HOST_ID $VIGIL_REVISION $VIGIL_IDEMPOTENCY_KEY $VIGIL_ATTEMPT" >> {d}/invocations.log
 if grep -qF " $VIGIL_IDEMPOTENCY_KEY" {d}/installs.log 2>/dev/null; then exit 0; fi
+case "$VIGIL_REVISION" in
+  stuck*) exit 0 ;;  # says installed, leaves the old revision running
+  broken*) echo "no such release: $VIGIL_REVISION" >&2; exit 1 ;;
+esac
 sleep 0.2
 echo "$VIGIL_REVISION" > {d}/want-$VIGIL_HOST_ID.tmp
 mv {d}/want-$VIGIL_HOST_ID.tmp {d}/want-$VIGIL_HOST_ID
@@ -239,25 +245,36 @@ if [ -f {d}/pause-after-install ]; then sleep 30; fi
         .unwrap();
     }
 
+    /// deploy.toml with the exec hooks.
     fn config(&self, progress_deadline: &str) -> PathBuf {
         let d = self.dir.display();
-        let mut text = format!(
-            r#"name = "web"
-store = "data/vigil.db"
-[rollout]
-min_healthy = "{MIN_HEALTHY}"
-bake = "1s"
-min_samples = 3
-progress_deadline = "{progress_deadline}"
-[probe]
-interval = "200ms"
-timeout = "1s"
-[install.exec]
+        self.config_with(
+            &format!("bake = \"1s\"\nprogress_deadline = \"{progress_deadline}\""),
+            &format!(
+                r#"[install.exec]
 command = ["sh", "{d}/install.sh"]
 timeout = "20s"
 [drain]
 kind = "exec"
 command = ["sh", "{d}/drain.sh"]
+"#
+            ),
+        )
+    }
+
+    /// deploy.toml with these `[rollout]` keys and these hook tables.
+    fn config_with(&self, rollout: &str, hooks: &str) -> PathBuf {
+        let mut text = format!(
+            r#"name = "web"
+store = "data/vigil.db"
+[rollout]
+min_healthy = "{MIN_HEALTHY}"
+min_samples = 3
+{rollout}
+[probe]
+interval = "200ms"
+timeout = "1s"
+{hooks}
 "#
         );
         for (h, zone) in self.hosts.lock().unwrap().iter().zip(ZONES) {
@@ -546,13 +563,14 @@ fn a_good_revision_rolls_out_in_waves_within_the_floor() {
     );
 }
 
-#[test]
-fn a_bad_revision_is_halted_in_its_first_wave_rolled_back_and_refused_after() {
+/// Deploys a bad `revision`: the first wave (h0, h1) must be halted and rolled back,
+/// the revision marked bad, a second run refused, the other hosts never touched.
+fn bad_revision_is_rolled_back(revision: &str, deadline: &str, installed_bad: bool) {
     let dir = tempfile::tempdir().unwrap();
     let fleet = Fleet::start(dir.path(), "v1");
-    let config = fleet.config("8s");
+    let config = fleet.config(deadline);
 
-    let code = deploy(dir.path(), &config, &["run", "--revision", "bad2"]).wait(dir.path());
+    let code = deploy(dir.path(), &config, &["run", "--revision", revision]).wait(dir.path());
     let log = fleet.log("deploy.log");
     assert_eq!(
         code,
@@ -561,20 +579,39 @@ fn a_bad_revision_is_halted_in_its_first_wave_rolled_back_and_refused_after() {
         fleet.diagnostics()
     );
     assert!(
-        log.contains("marked bad") && log.contains("rolled back"),
+        log.contains(&format!("revision {revision} marked bad")) && log.contains("rolled back"),
         "{log}"
     );
     fleet.wait_serving("v1");
     let installs = fleet.installs();
     let bad: BTreeSet<&str> = installs
         .keys()
-        .filter(|(_, r)| r == "bad2")
+        .filter(|(_, r)| r == revision)
         .map(|(h, _)| h.as_str())
         .collect();
+    let expected: BTreeSet<&str> = if installed_bad {
+        BTreeSet::from(["h0", "h1"])
+    } else {
+        BTreeSet::new()
+    };
     assert_eq!(
-        bad,
-        BTreeSet::from(["h0", "h1"]),
+        bad, expected,
         "only the first wave got the bad revision: {installs:?}"
+    );
+    let touched: BTreeSet<&str> = fleet
+        .log("invocations.log")
+        .lines()
+        .filter_map(|l| l.split(' ').next())
+        .map(|h| match h {
+            "h0" => "h0",
+            "h1" => "h1",
+            _ => "other",
+        })
+        .collect();
+    assert!(
+        !touched.contains("other"),
+        "the install hook ran only for the first wave\n{}",
+        fleet.diagnostics()
     );
     for h in ["h0", "h1"] {
         assert_eq!(
@@ -587,12 +624,33 @@ fn a_bad_revision_is_halted_in_its_first_wave_rolled_back_and_refused_after() {
 
     let s = status_json(&config);
     assert_eq!(s["phase"]["phase"], "rolled_back", "{s}");
-    assert_eq!(s["bad_revisions"], serde_json::json!(["bad2"]), "{s}");
+    assert_eq!(s["bad_revisions"], serde_json::json!([revision]), "{s}");
 
-    let (code, _, err) = deploy_output(&config, &["run", "--revision", "bad2"]);
+    let (code, _, err) = deploy_output(&config, &["run", "--revision", revision]);
     assert_eq!(code, 5, "a second run of a bad revision is refused: {err}");
     assert!(err.contains("marked bad"), "{err}");
     assert_eq!(fleet.installs(), installs, "a refused run installs nothing");
+}
+
+#[test]
+fn a_revision_whose_hosts_report_back_failing_is_rolled_back_and_refused_after() {
+    bad_revision_is_rolled_back("bad2", "8s", true);
+}
+
+#[test]
+fn a_revision_that_never_shows_up_on_its_hosts_is_rolled_back_at_the_progress_deadline() {
+    bad_revision_is_rolled_back("stuck2", "5s", false);
+}
+
+#[test]
+fn a_failed_install_rolls_back_at_once() {
+    let started = Instant::now();
+    // A 60 s deadline that is never reached: the failed install decides.
+    bad_revision_is_rolled_back("broken2", "60s", false);
+    assert!(
+        started.elapsed() < Duration::from_secs(50),
+        "the rollback did not wait for the progress deadline"
+    );
 }
 
 #[test]

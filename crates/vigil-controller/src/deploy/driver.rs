@@ -580,8 +580,15 @@ impl Driver {
                 let fits = if *revision == self.rollout.revision() {
                     matches!(step, Some(HostStep::Installing { .. }))
                 } else {
-                    matches!(self.rollout.phase(), Phase::RollingBack { .. })
-                        && matches!(step, Some(HostStep::AwaitingReport { .. }))
+                    // A rollback's reinstall runs even when its host already reports
+                    // the previous revision (it may have reported back before the
+                    // reinstall's turn): an install of the bad one that was still
+                    // landing must not win. Not after the rollback failed: a human
+                    // decides then.
+                    matches!(
+                        self.rollout.phase(),
+                        Phase::RollingBack { .. } | Phase::RolledBack { .. }
+                    )
                 };
                 (!fits).then(|| format!("{host} is no longer waiting for {revision}"))
             }
