@@ -716,3 +716,194 @@ fn a_deployer_killed_mid_rollout_resumes_without_skipping_or_repeating_a_host() 
     );
     assert_floor_kept(&fleet);
 }
+
+/// An install webhook and a drain API on loopback, as a deployment service and a
+/// balancer would run them: checks the signature, deduplicates on the idempotency key,
+/// and does what the exec hooks do (asks the supervisor for the revision, logs drains).
+fn webhook_receiver(dir: &Path, secret: &'static str) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let append = |name: &str, line: String| {
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join(name))
+                .unwrap();
+            writeln!(f, "{line}").unwrap();
+        };
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            let mut headers = BTreeMap::new();
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                let l = line.trim_end();
+                if l.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = l.split_once(':') {
+                    headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+                }
+            }
+            let len: usize = headers
+                .get("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let mut body = vec![0; len];
+            reader.read_exact(&mut body).unwrap();
+            let mut words = request.split(' ');
+            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+            let status = match (method, path) {
+                ("POST", "/install") => {
+                    let sig = headers
+                        .get("x-vigil-signature")
+                        .cloned()
+                        .unwrap_or_default();
+                    let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    let key = headers.get("idempotency-key").cloned().unwrap_or_default();
+                    if sig != vigil_controller::actuator::sign(secret.as_bytes(), &body)
+                        || key.is_empty()
+                        || event["idempotency_key"] != key.as_str()
+                    {
+                        append(
+                            "violations.log",
+                            format!("bad install request: {sig} {key} {event}"),
+                        );
+                        "401 Unauthorized"
+                    } else if event["kind"] == "install" {
+                        let (h, r) = (
+                            event["host"].as_str().unwrap_or("").to_string(),
+                            event["revision"].as_str().unwrap_or("").to_string(),
+                        );
+                        append("invocations.log", format!("{h} {r} {key}"));
+                        let done = std::fs::read_to_string(dir.join("installs.log"))
+                            .unwrap_or_default()
+                            .lines()
+                            .any(|l| l.ends_with(&format!(" {key}")));
+                        if !done {
+                            std::fs::write(dir.join(format!("want-{h}")), &r).unwrap();
+                            append("installs.log", format!("{h} {r} {key}"));
+                        }
+                        "200 OK"
+                    } else {
+                        "200 OK"
+                    }
+                }
+                ("POST", p) if p.starts_with("/drain/") => {
+                    append("drains.log", format!("drain {}", &p["/drain/".len()..]));
+                    "200 OK"
+                }
+                ("DELETE", p) if p.starts_with("/drain/") => {
+                    append("drains.log", format!("undrain {}", &p["/drain/".len()..]));
+                    "200 OK"
+                }
+                _ => "404 Not Found",
+            };
+            let _ = stream.write_all(
+                format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+        }
+    });
+    base
+}
+
+#[test]
+fn a_signed_install_webhook_and_an_http_drain_api_drive_a_rollout() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start(dir.path(), "v1");
+    let base = webhook_receiver(dir.path(), "s3cret");
+    let config = fleet.config_with(
+        "bake = \"1s\"\nprogress_deadline = \"30s\"",
+        &format!(
+            r#"[install]
+kind = "webhook"
+[install.webhook]
+url = "{base}/install"
+secret = "s3cret"
+[drain]
+kind = "http"
+url = "{base}/drain/{{host}}"
+"#
+        ),
+    );
+    let code = deploy(dir.path(), &config, &["run", "--revision", "v2"]).wait(dir.path());
+    assert_eq!(code, 0, "the rollout completes\n{}", fleet.diagnostics());
+    assert!(
+        fleet.log("violations.log").is_empty(),
+        "every install request is signed and keyed: {}",
+        fleet.log("violations.log")
+    );
+    fleet.wait_serving("v2");
+    let installs = fleet.installs();
+    assert_eq!(installs.len(), 5, "every host installed: {installs:?}");
+    assert!(installs.values().all(|n| *n == 1), "{installs:?}");
+    assert_eq!(
+        fleet.log("drains.log").lines().count(),
+        10,
+        "each host drained and undrained through the API once\n{}",
+        fleet.log("drains.log")
+    );
+    assert_floor_kept(&fleet);
+}
+
+#[test]
+fn abort_stops_a_running_rollout_between_waves() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start(dir.path(), "v1");
+    let d = fleet.dir.display().to_string();
+    // A long bake: the first wave sits baking until the abort.
+    let config = fleet.config_with(
+        "bake = \"10m\"\nprogress_deadline = \"30s\"",
+        &format!(
+            "[install.exec]\ncommand = [\"sh\", \"{d}/install.sh\"]\n[drain]\nkind = \"exec\"\ncommand = [\"sh\", \"{d}/drain.sh\"]\n"
+        ),
+    );
+    let run = deploy(dir.path(), &config, &["run", "--revision", "v2"]);
+    let started = Instant::now();
+    while status_json(&config)["phase"]["phase"] != "baking" {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the first wave never baked\n{}",
+            fleet.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (code, out, err) = deploy_output(&config, &["abort", "--reason", "the test says stop"]);
+    assert_eq!(code, 0, "abort: {out}{err}");
+    assert!(
+        out.contains("a deployer is running") && out.contains("aborted: the test says stop"),
+        "the running deployer applied it: {out}"
+    );
+    assert_eq!(
+        run.wait(dir.path()),
+        4,
+        "an aborted rollout exits 4\n{}",
+        fleet.diagnostics()
+    );
+    let installs = fleet.installs();
+    assert_eq!(
+        installs
+            .keys()
+            .map(|(h, _)| h.as_str())
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from(["h0", "h1"]),
+        "no wave after the abort: {installs:?}"
+    );
+    let (_, explain, _) = deploy_output(&config, &["explain"]);
+    assert!(
+        explain.contains("aborted by a human: the test says stop"),
+        "{explain}"
+    );
+    let (code, _, err) = deploy_output(&config, &["abort"]);
+    assert_eq!(code, 5, "nothing left to abort: {err}");
+    assert_floor_kept(&fleet);
+}

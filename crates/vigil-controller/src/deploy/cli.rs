@@ -140,6 +140,31 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 async fn verb(cfg: Arc<DeployConfig>, verb: Verb) -> ExitCode {
+    // Verbs that read or change a rollout never create the store: without one there is
+    // no rollout (and a store being created by a starting `run` is not raced).
+    if !matches!(verb, Verb::Plan { .. } | Verb::Run { .. }) && !cfg.store.exists() {
+        return match verb {
+            Verb::Status { json: true } => {
+                println!(
+                    "{}",
+                    serde_json::json!({ "deployment": cfg.name, "rollout": null })
+                );
+                ExitCode::SUCCESS
+            }
+            Verb::Status { json: false } => {
+                println!("deployment {:?}: no rollout yet", cfg.name);
+                ExitCode::SUCCESS
+            }
+            _ => {
+                eprintln!(
+                    "vigil deploy: deployment {:?} has no rollout yet (no store at {})",
+                    cfg.name,
+                    cfg.store.display()
+                );
+                ExitCode::from(EXIT_REFUSED)
+            }
+        };
+    }
     match verb {
         Verb::Plan { revision } => plan(&cfg, &revision).await,
         Verb::Run { revision } => run_rollout(cfg, revision).await,
@@ -193,14 +218,7 @@ fn fail(e: &DriveError) -> ExitCode {
 // === run ===
 
 async fn run_rollout(cfg: Arc<DeployConfig>, revision: Option<String>) -> ExitCode {
-    let db = match Db::open(&cfg.store) {
-        Ok(db) => db,
-        Err(e) => {
-            eprintln!("vigil deploy: {e}");
-            return ExitCode::from(EXIT_FAILURE);
-        }
-    };
-    let driver = match Driver::start_or_resume(cfg.clone(), db, revision.as_deref()).await {
+    let driver = match Driver::start_or_resume(cfg.clone(), revision.as_deref()).await {
         Ok(d) => d,
         Err(e) => return fail(&e),
     };

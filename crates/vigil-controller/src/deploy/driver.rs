@@ -52,14 +52,7 @@ pub struct Db(Arc<Mutex<SqliteStore>>);
 impl Db {
     /// Opens (or creates) the store file.
     pub fn open(path: &Path) -> Result<Db, StoreError> {
-        if let Some(dir) = path.parent()
-            && !dir.as_os_str().is_empty()
-        {
-            std::fs::create_dir_all(dir).map_err(|e| StoreError::Unusable {
-                path: path.display().to_string(),
-                why: format!("cannot create its directory: {e}"),
-            })?;
-        }
+        ensure_dir(path)?;
         Ok(Db(Arc::new(Mutex::new(SqliteStore::open(path)?))))
     }
 
@@ -73,6 +66,19 @@ impl Db {
         tokio::task::spawn_blocking(move || f(&mut s.lock().expect("store lock")))
             .await
             .map_err(|_| StoreError::Gone)?
+    }
+}
+
+/// Creates the directory of the store file.
+fn ensure_dir(path: &Path) -> Result<(), StoreError> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => {
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::Unusable {
+                path: path.display().to_string(),
+                why: format!("cannot create its directory: {e}"),
+            })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -261,9 +267,11 @@ impl Driver {
     /// when given). Takes the deployment's lock for as long as the driver lives.
     pub async fn start_or_resume(
         cfg: Arc<DeployConfig>,
-        db: Db,
         revision: Option<&str>,
     ) -> Result<Driver, DriveError> {
+        // The lock before the store: two deployers starting at once must not both
+        // create (or migrate) the store file.
+        ensure_dir(&cfg.store)?;
         let lock = DriverLock::try_take(&cfg.store, &cfg.name)
             .map_err(|e| DriveError::Refused(format!("cannot take the deploy lock: {e}")))?
             .ok_or_else(|| {
@@ -273,6 +281,7 @@ impl Driver {
                     DriverLock::path(&cfg.store, &cfg.name).display()
                 ))
             })?;
+        let db = Db::open(&cfg.store)?;
         let name = cfg.name.clone();
         let latest = db.call(move |s| s.latest_rollout(&name)).await?;
         let prober = Prober::new(true);
