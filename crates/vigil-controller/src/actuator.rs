@@ -239,7 +239,7 @@ async fn exec(cfg: &ExecConfig, action: &ActionRecord) -> (ActionState, String) 
 
 /// Runs `command` (program and arguments) with `env` added to its environment, stdin
 /// closed, killed after `timeout`. `Ok` when it exits 0, `Err` otherwise; both carry
-/// its exit status and the last [`EXEC_OUTPUT_KEEP`] bytes of its output. Shared by the
+/// its exit status and the last 1 KiB of its output. Shared by the
 /// controller's exec actuator and `vigil deploy`'s hooks.
 pub async fn run_command(
     command: &[String],

@@ -204,7 +204,7 @@ fn to_answer(answer: Result<vigil_core::Judgement, String>, check: Option<&str>)
     }
 }
 
-/// Probes the hosts until each reports a revision (up to [`START_PROBES`] rounds) and
+/// Probes the hosts until each reports a revision (up to 3 rounds, a probe interval apart) and
 /// returns them as the policy starts them; hosts that never do are in the error.
 pub async fn starting_hosts(
     cfg: &DeployConfig,
