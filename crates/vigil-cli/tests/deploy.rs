@@ -15,7 +15,9 @@
 //!   finished but before its outcome was recorded), then `run` again: the rollout
 //!   resumes, every host ends on the revision, none is installed twice (the hook's log
 //!   of completed installs), and the deployer re-ran only the step in flight at each
-//!   kill (the hook's log of invocations).
+//!   kill (the hook's log of invocations);
+//! - the same rollout through a signed install webhook and an HTTP drain API;
+//! - a second `run` while one drives is refused; `abort` reaches the running one.
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -877,6 +879,9 @@ fn abort_stops_a_running_rollout_between_waves() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    let (code, _, err) = deploy_output(&config, &["run", "--revision", "v2"]);
+    assert_eq!(code, 5, "one deployer per deployment: {err}");
+    assert!(err.contains("another `vigil deploy run`"), "{err}");
     let (code, out, err) = deploy_output(&config, &["abort", "--reason", "the test says stop"]);
     assert_eq!(code, 0, "abort: {out}{err}");
     assert!(

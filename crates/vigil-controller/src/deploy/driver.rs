@@ -27,6 +27,9 @@ const MAX_ROUNDS: usize = 16;
 /// How many times the initial probe of a host is tried before the rollout refuses to
 /// start without its revision (a host restarting at that moment should not stop it).
 const START_PROBES: usize = 3;
+/// How long `run` waits for the deploy lock before it refuses: longer than `status` or a
+/// direct `abort` holds it, far shorter than a running deployer does.
+pub const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// How long `abort` and `approve` wait for a running driver to apply them.
 pub const REQUEST_WAIT: Duration = Duration::from_secs(30);
 
@@ -104,6 +107,21 @@ impl DriverLock {
         let mut p = store.as_os_str().to_owned();
         p.push(format!(".deploy-{safe}.lock"));
         PathBuf::from(p)
+    }
+
+    /// Takes the lock, waiting up to [`LOCK_WAIT`] for a short holder (`status` and
+    /// `abort` hold it for a moment); None when another process still holds it.
+    pub async fn take_soon(store: &Path, name: &str) -> std::io::Result<Option<DriverLock>> {
+        let started = Instant::now();
+        loop {
+            if let Some(l) = Self::try_take(store, name)? {
+                return Ok(Some(l));
+            }
+            if started.elapsed() >= LOCK_WAIT {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Takes the lock, or returns None when another process holds it.
@@ -272,7 +290,8 @@ impl Driver {
         // The lock before the store: two deployers starting at once must not both
         // create (or migrate) the store file.
         ensure_dir(&cfg.store)?;
-        let lock = DriverLock::try_take(&cfg.store, &cfg.name)
+        let lock = DriverLock::take_soon(&cfg.store, &cfg.name)
+            .await
             .map_err(|e| DriveError::Refused(format!("cannot take the deploy lock: {e}")))?
             .ok_or_else(|| {
                 DriveError::Refused(format!(
