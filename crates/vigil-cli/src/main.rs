@@ -5,7 +5,8 @@
 //! taken, a store that cannot open); 64 a usage error (sysexits' EX_USAGE: an unknown
 //! flag, a missing argument; not clap's usual 2, which `vigil check` uses for "fail");
 //! 78 a bad configuration (EX_CONFIG). `vigil check` adds its own: 1 warn (with
-//! `--strict`), 2 fail, 3 unreachable or invalid.
+//! `--strict`), 2 fail, 3 unreachable or invalid; `vigil deploy run` too: 2 rolled back,
+//! 3 rollback failed, 4 aborted, 5 refused.
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::io::Write;
@@ -48,6 +49,9 @@ enum Command {
     Lb(vigil_lb::cli::Args),
     /// Run the fleet controller: deep health probing, a safety guard, a store, a dashboard.
     Controller(vigil_controller::cli::Args),
+    /// Roll a revision out to hosts in health-gated waves, with report-back and
+    /// automatic rollback: plan, run, status, abort, approve, clear-bad, explain.
+    Deploy(vigil_controller::deploy::cli::Args),
     /// Simulate a fleet through failures with the real policies, deterministically.
     Sim(vigil_sim::cli::Args),
     /// Run the example service (a vigil-instrumented read service); the demo starts a
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Lb(args) => vigil_lb::cli::run(args),
         Command::Controller(args) => vigil_controller::cli::run(args),
+        Command::Deploy(args) => vigil_controller::deploy::cli::run(args),
         Command::Sim(args) => vigil_sim::cli::run(args),
         Command::ExampleService(args) => vigil_example::cli::run(args),
         Command::Completions { shell } => {

@@ -9,7 +9,7 @@
 //! `Same keys as \`FILE\` \`[SECTION]\`.` under a heading reuses that section's rows.
 //!
 //! What is checked, both ways, for every file:
-//! - `vigil lb`, `vigil controller` (and its discovery file) and the library's
+//! - `vigil lb`, `vigil controller` (and its discovery file), `vigil deploy` and the library's
 //!   `CheckOptions`/`HealthConfig` derive `Serialize`: a config built by the real loader
 //!   from a small TOML (one pool, one route, one target, every optional key set) is
 //!   serialised and walked. Every key found must be documented, every documented key
@@ -36,6 +36,7 @@ const ANY_NAME: &str = "<name>";
 const LB: &str = "lb.toml";
 const FLEET: &str = "fleet.toml";
 const DISCOVERY: &str = "fleet-targets.json";
+const DEPLOY: &str = "deploy.toml";
 const CHECK_OPTIONS: &str = "CheckOptions";
 const HEALTH_CONFIG: &str = "HealthConfig";
 const SCENARIO: &str = "scenarios/*.toml";
@@ -563,6 +564,75 @@ fn every_documented_discovery_key_loads_as_json_and_toml() {
     let text = toml::to_string(&t).unwrap();
     vigil_controller::discovery::parse(Path::new("doc.toml"), &text)
         .unwrap_or_else(|e| panic!("{e}"));
+}
+
+// === vigil deploy ===
+
+/// The smallest deploy.toml with every optional key set.
+const DEPLOY_SAMPLE: &str = r#"
+[probe]
+error_rate_check = "http:errors"
+
+[install.exec]
+command = ["/bin/true"]
+
+[install.webhook]
+url = "http://127.0.0.1:9500/install"
+secret = "secret"
+
+[drain]
+command = ["/bin/true"]
+url = "http://127.0.0.1:9401/admin/targets/{host}/drain"
+token = "token"
+
+[[hosts]]
+id = "web-1"
+url = "http://127.0.0.1:8081"
+"#;
+
+fn deploy_parse(text: &str) -> vigil_controller::deploy::config::DeployConfig {
+    let c = vigil_controller::deploy::config::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    c.validate().unwrap_or_else(|e| panic!("{e}\n{text}"));
+    c
+}
+
+#[test]
+fn every_deploy_config_key_is_documented_with_its_default() {
+    let reference = reference();
+    let config = deploy_parse(DEPLOY_SAMPLE);
+    let code = leaves(&to_value(&config));
+    assert!(code.contains_key("rollout.progress_deadline"), "{code:?}");
+    assert_no_errors(compare(
+        DEPLOY,
+        rows(&reference, DEPLOY),
+        &code,
+        DEPLOY_SAMPLE,
+    ));
+    assert_defaults_are_default_impls(
+        &code,
+        &to_value(&vigil_controller::deploy::config::DeployConfig::default()),
+        DEPLOY_SAMPLE,
+    );
+}
+
+#[test]
+fn every_documented_deploy_key_loads_with_the_real_loader() {
+    let reference = reference();
+    let text = toml::to_string(&documented_table(rows(&reference, DEPLOY), "x")).unwrap();
+    deploy_parse(&text);
+}
+
+#[test]
+fn examples_deploy_toml_loads_with_the_real_loader_and_uses_only_documented_keys() {
+    let path = root().join("examples/deploy.toml");
+    let c = vigil_controller::deploy::config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.hosts.len() >= 2);
+    let v = parse_toml(&std::fs::read_to_string(&path).unwrap());
+    assert_no_errors(undocumented_keys(
+        Path::new("examples/deploy.toml"),
+        &v,
+        rows(&reference(), DEPLOY),
+    ));
 }
 
 // === the library ===

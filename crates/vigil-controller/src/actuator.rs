@@ -145,7 +145,33 @@ async fn webhook(
     http: &reqwest::Client,
     action: &ActionRecord,
 ) -> (ActionState, String) {
-    let body = action.event.to_string();
+    let label = format!("action {}", action.id);
+    match post_signed(
+        cfg,
+        http,
+        &action.idempotency_key,
+        action.event.to_string(),
+        &label,
+    )
+    .await
+    {
+        Ok(r) => (ActionState::Done, r),
+        Err(r) => (ActionState::Failed, r),
+    }
+}
+
+/// POSTs `body` (JSON) to the webhook: signed with the secret (`VIGIL_WEBHOOK_SECRET`
+/// wins over the config's) in [`SIGNATURE_HEADER`], `key` in [`IDEMPOTENCY_HEADER`],
+/// retried with doubling backoff on errors, timeouts, 408, 429 and 5xx. `Ok` with what
+/// the receiver answered, `Err` with why it gave up. `label` names the caller's work in
+/// the retry logs. Shared by the controller's actuator and `vigil deploy`'s install hook.
+pub async fn post_signed(
+    cfg: &WebhookConfig,
+    http: &reqwest::Client,
+    key: &str,
+    body: String,
+    label: &str,
+) -> Result<String, String> {
     let secret = std::env::var("VIGIL_WEBHOOK_SECRET")
         .ok()
         .filter(|s| !s.is_empty())
@@ -161,73 +187,85 @@ async fn webhook(
             .post(&cfg.url)
             .timeout(cfg.timeout)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header(IDEMPOTENCY_HEADER, &action.idempotency_key)
+            .header(IDEMPOTENCY_HEADER, key)
             .body(body.clone());
         if let Some(secret) = &secret {
             req = req.header(SIGNATURE_HEADER, sign(secret.as_bytes(), body.as_bytes()));
         }
         match req.send().await {
             Ok(resp) if resp.status().is_success() => {
-                return (
-                    ActionState::Done,
-                    format!(
-                        "webhook answered {} (attempt {})",
-                        resp.status(),
-                        attempt + 1
-                    ),
-                );
+                return Ok(format!(
+                    "webhook answered {} (attempt {})",
+                    resp.status(),
+                    attempt + 1
+                ));
             }
             Ok(resp) => {
                 let code = resp.status().as_u16();
                 last = format!("webhook answered {code}");
                 // A client error other than timeout/throttling will not get better.
                 if (400..500).contains(&code) && code != 408 && code != 429 {
-                    return (ActionState::Failed, format!("{last}; not retried"));
+                    return Err(format!("{last}; not retried"));
                 }
             }
             Err(e) => last = format!("webhook request failed: {e}"),
         }
-        tracing::warn!(action = action.id, attempt = attempt + 1, error = %last, "webhook attempt failed");
+        tracing::warn!(work = %label, attempt = attempt + 1, error = %last, "webhook attempt failed");
     }
-    (
-        ActionState::Failed,
-        format!("{last}; gave up after {} attempts", cfg.retries + 1),
-    )
+    Err(format!(
+        "{last}; gave up after {} attempts",
+        cfg.retries + 1
+    ))
 }
 
 async fn exec(cfg: &ExecConfig, action: &ActionRecord) -> (ActionState, String) {
-    let Some((program, args)) = cfg.command.split_first() else {
-        return (ActionState::Failed, "no command configured".into());
-    };
     let ev = &action.event;
     let field = |k: &str| ev[k].as_str().unwrap_or("").to_string();
+    let env = [
+        ("VIGIL_TARGET_ID", action.target.clone()),
+        ("VIGIL_TARGET_URL", field("url")),
+        ("VIGIL_TARGET_ZONE", field("zone")),
+        ("VIGIL_TARGET_GROUP", field("group")),
+        ("VIGIL_ACTION_ID", action.id.to_string()),
+        ("VIGIL_IDEMPOTENCY_KEY", action.idempotency_key.clone()),
+        ("VIGIL_REASON", field("summary")),
+        ("VIGIL_EVENT", ev.to_string()),
+    ];
+    match run_command(&cfg.command, cfg.timeout, &env).await {
+        Ok(r) => (ActionState::Done, r),
+        Err(r) => (ActionState::Failed, r),
+    }
+}
+
+/// Runs `command` (program and arguments) with `env` added to its environment, stdin
+/// closed, killed after `timeout`. `Ok` when it exits 0, `Err` otherwise; both carry
+/// its exit status and the last 1 KiB of its output. Shared by the
+/// controller's exec actuator and `vigil deploy`'s hooks.
+pub async fn run_command(
+    command: &[String],
+    timeout: Duration,
+    env: &[(&str, String)],
+) -> Result<String, String> {
+    let Some((program, args)) = command.split_first() else {
+        return Err("no command configured".into());
+    };
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
-        .env("VIGIL_TARGET_ID", &action.target)
-        .env("VIGIL_TARGET_URL", field("url"))
-        .env("VIGIL_TARGET_ZONE", field("zone"))
-        .env("VIGIL_TARGET_GROUP", field("group"))
-        .env("VIGIL_ACTION_ID", action.id.to_string())
-        .env("VIGIL_IDEMPOTENCY_KEY", &action.idempotency_key)
-        .env("VIGIL_REASON", field("summary"))
-        .env("VIGIL_EVENT", ev.to_string())
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     let child = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => return (ActionState::Failed, format!("cannot run {program:?}: {e}")),
+        Err(e) => return Err(format!("cannot run {program:?}: {e}")),
     };
-    match tokio::time::timeout(cfg.timeout, child.wait_with_output()).await {
-        Err(_) => (
-            ActionState::Failed,
-            format!(
-                "{program:?} killed after {}",
-                humantime::format_duration(cfg.timeout)
-            ),
-        ),
-        Ok(Err(e)) => (ActionState::Failed, format!("{program:?}: {e}")),
+    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Err(_) => Err(format!(
+            "{program:?} killed after {}",
+            humantime::format_duration(timeout)
+        )),
+        Ok(Err(e)) => Err(format!("{program:?}: {e}")),
         Ok(Ok(out)) => {
             let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
             text.push_str(&String::from_utf8_lossy(&out.stderr));
@@ -239,15 +277,12 @@ async fn exec(cfg: &ExecConfig, action: &ActionRecord) -> (ActionState, String) 
                 .into_iter()
                 .rev()
                 .collect();
-            let state = if out.status.success() {
-                ActionState::Done
+            let said = format!("{program:?} exited {}: {}", out.status, tail.trim());
+            if out.status.success() {
+                Ok(said)
             } else {
-                ActionState::Failed
-            };
-            (
-                state,
-                format!("{program:?} exited {}: {}", out.status, tail.trim()),
-            )
+                Err(said)
+            }
         }
     }
 }

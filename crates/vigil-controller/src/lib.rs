@@ -15,6 +15,8 @@
 //! - [`view`]: the fleet as the engine publishes it for readers (API, dashboard).
 //! - [`api`], [`dashboard`], [`metrics`]: HTTP API, server-rendered dashboard, Prometheus.
 //! - [`cli`]: `vigil controller [check-config] -c fleet.toml`.
+//! - [`deploy`]: `vigil deploy`, the driver of the rollout policy (waves, report-back,
+//!   rollback) against real hosts, its state in the same store.
 
 pub mod actuator;
 pub mod api;
@@ -23,6 +25,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod dashboard;
+pub mod deploy;
 pub mod discovery;
 pub mod engine;
 pub mod heartbeat;

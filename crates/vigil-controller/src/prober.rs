@@ -195,6 +195,30 @@ impl Prober {
         (obs, record)
     }
 
+    /// Fetches `uri` and judges the answer with vigil-core's one judge, keeping the
+    /// health+json report (its `version`, `releaseId`, checks): what `vigil deploy` reads
+    /// to see a host report back. `Err` when no answer came (refused, timed out, not
+    /// HTTP).
+    pub async fn answer(
+        &self,
+        uri: &http::Uri,
+        timeout: Duration,
+        max_body: usize,
+    ) -> Result<vigil_core::judge::Judgement, String> {
+        match tokio::time::timeout(timeout, self.fetch(uri, max_body)).await {
+            Err(_) => Err(format!(
+                "timed out after {}",
+                humantime::format_duration(timeout)
+            )),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok((status, body))) => Ok(vigil_core::judge(
+                status,
+                Some(vigil_core::HEALTH_JSON),
+                &body,
+            )),
+        }
+    }
+
     /// The observation for a target whose URL does not parse (config validation makes
     /// this unreachable for configured targets; it is a failure, never a panic).
     pub fn bad_url(target: &str, zone: &str, url: &str) -> (Observation, ProbeRecord) {

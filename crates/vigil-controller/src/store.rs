@@ -56,6 +56,31 @@
 //! by itself). Starting over is an operator's decision ([`set_aside`], the controller's
 //! `--reset-store`).
 //!
+//! ## Rollouts (`vigil deploy`)
+//!
+//! The deploy driver keeps its rollouts in the same file, in three tables of its own
+//! (migration 3), written by [`SqliteStore`]'s rollout methods (`rollouts.rs`):
+//!
+//! - `rollouts`: one row per rollout, holding the serialised
+//!   [`Rollout`](vigil_core::rollout::Rollout) (its hosts' steps, phase, bad revisions,
+//!   decisions, and the commands it produced but the driver has not taken yet), the
+//!   policy time of the last save (`clock_ms`: the driver's clock never restarts below
+//!   it), and its phase in words for listings.
+//! - `rollout_steps`: every command the driver took from the policy (drain, install,
+//!   undrain, alert), written `intended` in the *same transaction* as the state that no
+//!   longer holds it, before it runs; marked `done` or `failed` in the same transaction
+//!   as the state that took its result. `attempts` is counted (committed) before each run.
+//! - `rollout_requests`: what a human asked (`abort`, `approve`, `clear_bad`) while a
+//!   driver may be running; the driver applies it in the transaction that saves the
+//!   state it changed, and records the outcome.
+//!
+//! Invariants: the state and the steps never disagree (one transaction), so after a
+//! SIGKILL the driver reloads the state, runs the steps still `intended` again with the
+//! same idempotency key, and polls the policy for what is next: no host is skipped, and
+//! no install is started without its intent on disk. An install re-run after a crash
+//! carries the key of the first run: the install hook deduplicates on it. Rollouts and
+//! their steps are never pruned (a few rows per host per rollout).
+//!
 //! ## A later PostgreSQL backend
 //!
 //! The trait is shaped for it: one `commit` per batch (one transaction), reads that
@@ -129,6 +154,43 @@ pub const MIGRATIONS: &[&str] = &[
         part INTEGER PRIMARY KEY,
         text TEXT NOT NULL
     );",
+    // 3: `vigil deploy`'s rollouts (see the `rollouts` section of the module doc): the
+    // policy's whole state per rollout, its steps (intents, like `actions`), and the
+    // requests (abort, approve, clear a bad revision) a human left for the driver.
+    "CREATE TABLE rollouts (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        revision TEXT NOT NULL,
+        phase TEXT NOT NULL,
+        finished INTEGER NOT NULL CHECK (finished IN (0, 1)),
+        state TEXT NOT NULL,
+        clock_ms INTEGER NOT NULL,
+        started_ms INTEGER NOT NULL,
+        updated_ms INTEGER NOT NULL
+    );
+    CREATE INDEX rollouts_name ON rollouts (name, started_ms);
+    CREATE TABLE rollout_steps (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        rollout TEXT NOT NULL REFERENCES rollouts (id),
+        host TEXT,
+        command TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('intended', 'done', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        created_ms INTEGER NOT NULL,
+        finished_ms INTEGER,
+        result TEXT
+    );
+    CREATE INDEX rollout_steps_state ON rollout_steps (rollout, state);
+    CREATE TABLE rollout_requests (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('abort', 'approve', 'clear_bad')),
+        detail TEXT NOT NULL,
+        created_ms INTEGER NOT NULL,
+        applied_ms INTEGER,
+        outcome TEXT
+    );
+    CREATE INDEX rollout_requests_pending ON rollout_requests (name, applied_ms);",
 ];
 
 /// Bytes of snapshot text per row (the first part in `guard_snapshot`, the rest in
@@ -908,6 +970,9 @@ impl Store for SqliteStore {
         Ok(rows)
     }
 }
+
+mod rollouts;
+pub use rollouts::{RolloutRequest, RolloutSave, RolloutStep, StoredRollout};
 
 // === impl StoreHealth ===
 

@@ -113,6 +113,9 @@ pub struct HealthReport {
     pub status: Status,
     /// Public version of the service.
     pub version: Option<String>,
+    /// The release (deployed revision) of the service, the draft's `releaseId`: what
+    /// `vigil deploy` reads to see that a host runs a new revision.
+    pub release_id: Option<String>,
     /// Human-readable description of the service.
     pub description: Option<String>,
     /// Human-readable detail about the overall status.
@@ -205,6 +208,7 @@ impl HealthReport {
         Ok(HealthReport {
             status,
             version: opt_string(top, "$", "version")?,
+            release_id: opt_string(top, "$", "releaseId")?,
             description: opt_string(top, "$", "description")?,
             output: opt_string(top, "$", "output")?,
             checks,
@@ -218,6 +222,9 @@ impl Serialize for HealthReport {
         map.serialize_entry("status", &self.status)?;
         if let Some(v) = &self.version {
             map.serialize_entry("version", v)?;
+        }
+        if let Some(v) = &self.release_id {
+            map.serialize_entry("releaseId", v)?;
         }
         if let Some(v) = &self.description {
             map.serialize_entry("description", v)?;
@@ -424,6 +431,18 @@ mod tests {
             back.failing_checks().collect::<Vec<_>>(),
             ["postgres:connect"]
         );
+    }
+
+    #[test]
+    fn version_and_release_id_round_trip_under_their_draft_names() {
+        let report = HealthReport {
+            version: Some("1.4".into()),
+            release_id: Some("1.4.2-abc".into()),
+            ..HealthReport::default()
+        };
+        let json = report.to_json();
+        assert!(json.contains("\"releaseId\":\"1.4.2-abc\""), "{json}");
+        assert_eq!(HealthReport::parse(json.as_bytes()).unwrap(), report);
     }
 
     #[test]

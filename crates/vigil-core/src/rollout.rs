@@ -536,6 +536,11 @@ impl Rollout {
         Ok(r)
     }
 
+    /// The rollout's id (`revision@start ms`): the prefix of its idempotency keys.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
     /// The revision being deployed.
     pub fn revision(&self) -> &str {
         &self.revision

@@ -43,6 +43,11 @@ pub struct Args {
     /// PostgreSQL URL. When unreachable at start, a local SQLite file is used instead.
     #[arg(long, env = "VIGIL_EXAMPLE_DB", default_value = DEFAULT_DB)]
     pub db: String,
+    /// The revision this instance runs, reported in health+json as `releaseId` (what
+    /// `vigil deploy` reads to see a host report back). Tests "install" a revision by
+    /// restarting the service with another value. Defaults to the package version.
+    #[arg(long, env = "VIGIL_EXAMPLE_REVISION", default_value = env!("CARGO_PKG_VERSION"))]
+    pub revision: String,
     /// Instance name, shown in `/health`'s description and the SQLite file name.
     #[arg(long, env = "VIGIL_EXAMPLE_NAME", default_value = "example")]
     pub name: String,
@@ -136,6 +141,7 @@ impl Args {
             disk_warn_below: self.disk_warn_below.0,
             disk_fail_below: self.disk_fail_below,
             name: self.name,
+            revision: self.revision,
             workers,
             max_in_flight: self.max_in_flight,
             check_interval: self.check_interval,

@@ -61,6 +61,8 @@ pub struct ServiceConfig {
     pub disk_fail_below: Amount,
     /// Instance name (reported as the health description).
     pub name: String,
+    /// The revision it runs (reported as health+json's `releaseId`).
+    pub revision: String,
     /// Worker threads of the application runtime (for `/fault/freeze`).
     pub workers: usize,
     /// Application requests in flight at once before shedding.
@@ -282,6 +284,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
     let health = Health::builder()
         .description(format!("vigil example service {}", config.name))
         .version(env!("CARGO_PKG_VERSION"))
+        .release_id(config.revision.clone())
         .config(HealthConfig {
             drain_delay: config.drain_delay,
             ..HealthConfig::default()

@@ -22,6 +22,7 @@ fn config(dir: &std::path::Path, db: &str) -> ServiceConfig {
         disk_warn_below: Some(Amount::Bytes(1 << 20)),
         disk_fail_below: Amount::Bytes(1),
         name: "test".into(),
+        revision: "r1".into(),
         workers: 2,
         max_in_flight: 64,
         check_interval: Duration::from_millis(100),
@@ -276,6 +277,12 @@ async fn falls_back_to_sqlite_when_postgres_is_unreachable() {
     let (code, body) = s.get(&format!("{}/items/42", s.app)).await;
     assert_eq!(code, 200);
     assert!(body.contains(r#""served_from":"database""#), "{body}");
+    let (_, body) = s.get(&format!("{}/health", s.health)).await;
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        health["releaseId"], "r1",
+        "the configured revision is reported as releaseId: {body}"
+    );
 
     // The same degraded mode with SQLite as the dependency.
     s.post("/fault/dependency?on=true").await;

@@ -115,6 +115,7 @@ pub(crate) struct Shared {
     pub checks: Vec<Registered>,
     pub config: HealthConfig,
     pub version: Option<String>,
+    pub release_id: Option<String>,
     pub description: Option<String>,
     pub current: ArcSwap<Snapshot>,
     pub tx: watch::Sender<Arc<Snapshot>>,
@@ -250,6 +251,7 @@ impl Shared {
         let finish = |results: Vec<(String, CheckResult, Criticality)>| {
             let mut r = HealthReport::from_results(results);
             r.version = self.version.clone();
+            r.release_id = self.release_id.clone();
             r.description = self.description.clone();
             r.output = if st.stalled.is_some() {
                 Some(STALLED.into())
@@ -285,6 +287,7 @@ pub struct HealthBuilder {
     checks: Vec<Registered>,
     config: HealthConfig,
     version: Option<String>,
+    release_id: Option<String>,
     description: Option<String>,
 }
 
@@ -340,6 +343,15 @@ impl HealthBuilder {
         self
     }
 
+    /// Sets the release (deployed revision) reported in health+json as `releaseId`: the
+    /// service's configuration should pass the revision it was deployed as (a build id,
+    /// a git commit, a package version), so that `vigil deploy` sees a host report back
+    /// with the revision it just installed.
+    pub fn release_id(mut self, release: impl Into<String>) -> Self {
+        self.release_id = Some(release.into());
+        self
+    }
+
     /// Sets the service description reported in health+json.
     pub fn description(mut self, description: impl Into<String>) -> Self {
         self.description = Some(description.into());
@@ -392,6 +404,7 @@ impl HealthBuilder {
             checks: self.checks,
             config: self.config,
             version: self.version,
+            release_id: self.release_id,
             description: self.description,
             current: ArcSwap::new(placeholder),
             tx,
@@ -461,6 +474,7 @@ impl Health {
             checks: Vec::new(),
             config: HealthConfig::default(),
             version: None,
+            release_id: None,
             description: None,
         }
     }

@@ -141,6 +141,7 @@ impl Snapshot {
             });
         let mut out = HealthReport::from_results(kept);
         out.version = report.version.clone();
+        out.release_id = report.release_id.clone();
         out.description = report.description.clone();
         // A stall or a lifecycle state said so in the output; the reserved entries are
         // kept, so that output still holds.

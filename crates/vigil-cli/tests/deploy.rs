@@ -1,0 +1,914 @@
+//! `vigil deploy` against a real fleet: five example services (`vigil example-service`)
+//! on loopback, an install hook that "installs" a revision by having the service
+//! restarted with `--revision R` (it reports it back as health+json `releaseId`), and a
+//! drain hook that logs. A supervisor thread in the test owns the services: it restarts
+//! a host when the install hook asked for another revision, and records any restart of
+//! a host that is not drained at that moment (a floor violation).
+//!
+//! - a good revision completes; every host ends on it; at most `fleet - floor` hosts are
+//!   ever drained at once and none is restarted in service;
+//! - a bad revision is halted in its first wave and rolled back, marked bad, and a
+//!   second `run` of it is refused, whether its hosts report back failing, never show
+//!   it (the install "worked" but the old revision still runs: the progress deadline),
+//!   or its install fails (at once);
+//! - SIGKILL of the deployer (and its hook) mid-rollout, twice (once after an install
+//!   finished but before its outcome was recorded), then `run` again: the rollout
+//!   resumes, every host ends on the revision, none is installed twice (the hook's log
+//!   of completed installs), and the deployer re-ran only the step in flight at each
+//!   kill (the hook's log of invocations);
+//! - the same rollout through a signed install webhook and an HTTP drain API;
+//! - a second `run` while one drives is refused; `abort` reaches the running one.
+
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Generous bound for a whole rollout of five hosts on a loaded 2-core machine.
+const DEADLINE: Duration = Duration::from_secs(120);
+/// Hosts and zones: three in `a`, two in `b`.
+const ZONES: [&str; 5] = ["a", "a", "a", "b", "b"];
+/// The floor: 60% of 5 = 3 in service, so at most 2 hosts drained at once.
+const MIN_HEALTHY: &str = "60%";
+const MAX_DRAINED: usize = 2;
+
+fn vigil_bin() -> std::ffi::OsString {
+    std::env::var_os("VIGIL_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_vigil").into())
+}
+
+/// A port free now, below the kernel's ephemeral range (32768 and up by default): the
+/// services are restarted on the same port, and in the moment between two runs a port
+/// from the ephemeral range can be taken as the local port of some outgoing connection
+/// (a probe), which would keep the service from listening again.
+fn free_port() -> u16 {
+    use std::sync::atomic::AtomicU16;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let seed = (std::process::id() as u64 * 7919
+        + std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos() as u64)
+        % 10_000;
+    let _ = NEXT.compare_exchange(0, seed as u16, Ordering::SeqCst, Ordering::SeqCst);
+    loop {
+        let port = 20_000 + NEXT.fetch_add(1, Ordering::SeqCst) % 10_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+struct Host {
+    id: String,
+    port: u16,
+    revision: String,
+    child: Option<Child>,
+}
+
+/// Five example services and the supervisor that "installs" revisions on them.
+struct Fleet {
+    dir: PathBuf,
+    hosts: Arc<Mutex<Vec<Host>>>,
+    violations: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    supervisor: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Starts a host's service on `revision`; a revision named `bad*` fails its health
+/// (its disk check's floor is 100% free), as a broken build would.
+fn start_service(dir: &Path, id: &str, port: u16, revision: &str) -> Child {
+    let data = dir.join(format!("data-{id}"));
+    std::fs::create_dir_all(&data).unwrap();
+    let fail_below = if revision.starts_with("bad") {
+        "100%"
+    } else {
+        "0%"
+    };
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("service-{id}.log")))
+        .unwrap();
+    Command::new(vigil_bin())
+        .args(["example-service", "--listen", "127.0.0.1:0"])
+        .arg("--health-listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--disk-fail-below", fail_below, "--disk-warn-below", "off"])
+        .args(["--check-interval", "100ms", "--drain-delay", "0s"])
+        .args(["--workers", "1", "--name", id, "--revision", revision])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start vigil example-service")
+}
+
+/// The hosts drained now, from the drain hook's log (`drain h` / `undrain h` lines).
+fn drained_now(dir: &Path) -> BTreeSet<String> {
+    let mut drained = BTreeSet::new();
+    for line in std::fs::read_to_string(dir.join("drains.log"))
+        .unwrap_or_default()
+        .lines()
+    {
+        match line.split_once(' ') {
+            Some(("drain", h)) => {
+                drained.insert(h.to_string());
+            }
+            Some(("undrain", h)) => {
+                drained.remove(h);
+            }
+            _ => {}
+        }
+    }
+    drained
+}
+
+/// The most hosts ever drained at once, from the drain hook's log.
+fn max_drained(dir: &Path) -> usize {
+    let mut drained = BTreeSet::new();
+    let mut max = 0;
+    for line in std::fs::read_to_string(dir.join("drains.log"))
+        .unwrap_or_default()
+        .lines()
+    {
+        match line.split_once(' ') {
+            Some(("drain", h)) => {
+                drained.insert(h.to_string());
+            }
+            Some(("undrain", h)) => {
+                drained.remove(h);
+            }
+            _ => {}
+        }
+        max = max.max(drained.len());
+    }
+    max
+}
+
+impl Fleet {
+    fn start(dir: &Path, revision: &str) -> Fleet {
+        let hosts: Vec<Host> = ZONES
+            .iter()
+            .enumerate()
+            .map(|(i, _)| {
+                let id = format!("h{i}");
+                let port = free_port();
+                let child = start_service(dir, &id, port, revision);
+                Host {
+                    id,
+                    port,
+                    revision: revision.to_string(),
+                    child: Some(child),
+                }
+            })
+            .collect();
+        let hosts = Arc::new(Mutex::new(hosts));
+        let violations = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let supervisor = {
+            let (dir, hosts, violations, stop) = (
+                dir.to_path_buf(),
+                hosts.clone(),
+                violations.clone(),
+                stop.clone(),
+            );
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for h in hosts.lock().unwrap().iter_mut() {
+                        let want = std::fs::read_to_string(dir.join(format!("want-{}", h.id)))
+                            .map(|s| s.trim().to_string())
+                            .unwrap_or_default();
+                        if want.is_empty() || want == h.revision {
+                            continue;
+                        }
+                        if !drained_now(&dir).contains(&h.id) {
+                            violations.lock().unwrap().push(format!(
+                                "{} restarted onto {want} while in service (not drained)",
+                                h.id
+                            ));
+                        }
+                        if let Some(mut c) = h.child.take() {
+                            let _ = c.kill();
+                            let _ = c.wait();
+                        }
+                        h.child = Some(start_service(&dir, &h.id, h.port, &want));
+                        h.revision = want;
+                    }
+                    std::thread::sleep(Duration::from_millis(30));
+                }
+            })
+        };
+        let fleet = Fleet {
+            dir: dir.to_path_buf(),
+            hosts,
+            violations,
+            stop,
+            supervisor: Some(supervisor),
+        };
+        fleet.write_hooks();
+        fleet.wait_serving(revision);
+        fleet
+    }
+
+    /// The install and drain hooks. The install hook keeps the idempotency contract of
+    /// docs/deploy.md: a key it completed is done (exit 0, nothing installed again).
+    fn write_hooks(&self) {
+        let d = self.dir.display();
+        std::fs::write(
+            self.dir.join("install.sh"),
+            format!(
+                r#"set -e
+echo "$VIGIL_HOST_ID $VIGIL_REVISION $VIGIL_IDEMPOTENCY_KEY $VIGIL_ATTEMPT" >> {d}/invocations.log
+if grep -qF " $VIGIL_IDEMPOTENCY_KEY" {d}/installs.log 2>/dev/null; then exit 0; fi
+case "$VIGIL_REVISION" in
+  stuck*) exit 0 ;;  # says installed, leaves the old revision running
+  broken*) echo "no such release: $VIGIL_REVISION" >&2; exit 1 ;;
+esac
+sleep 0.2
+echo "$VIGIL_REVISION" > {d}/want-$VIGIL_HOST_ID.tmp
+mv {d}/want-$VIGIL_HOST_ID.tmp {d}/want-$VIGIL_HOST_ID
+echo "$VIGIL_HOST_ID $VIGIL_REVISION $VIGIL_IDEMPOTENCY_KEY" >> {d}/installs.log
+if [ -f {d}/pause-after-install ]; then sleep 30; fi
+"#
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            self.dir.join("drain.sh"),
+            format!("echo \"$VIGIL_DRAIN $VIGIL_HOST_ID\" >> {d}/drains.log\n"),
+        )
+        .unwrap();
+    }
+
+    /// deploy.toml with the exec hooks.
+    fn config(&self, progress_deadline: &str) -> PathBuf {
+        let d = self.dir.display();
+        self.config_with(
+            &format!("bake = \"1s\"\nprogress_deadline = \"{progress_deadline}\""),
+            &format!(
+                r#"[install.exec]
+command = ["sh", "{d}/install.sh"]
+timeout = "20s"
+[drain]
+kind = "exec"
+command = ["sh", "{d}/drain.sh"]
+"#
+            ),
+        )
+    }
+
+    /// deploy.toml with these `[rollout]` keys and these hook tables.
+    fn config_with(&self, rollout: &str, hooks: &str) -> PathBuf {
+        let mut text = format!(
+            r#"name = "web"
+store = "data/vigil.db"
+[rollout]
+min_healthy = "{MIN_HEALTHY}"
+min_samples = 3
+{rollout}
+[probe]
+interval = "200ms"
+timeout = "1s"
+{hooks}
+"#
+        );
+        for (h, zone) in self.hosts.lock().unwrap().iter().zip(ZONES) {
+            text.push_str(&format!(
+                "[[hosts]]\nid = \"{}\"\nurl = \"http://127.0.0.1:{}\"\nzone = \"{zone}\"\n",
+                h.id, h.port
+            ));
+        }
+        let path = self.dir.join("deploy.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Each host's health answer now: (HTTP status, releaseId).
+    fn answers(&self) -> Vec<(String, u16, String)> {
+        let ports: Vec<(String, u16)> = self
+            .hosts
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|h| (h.id.clone(), h.port))
+            .collect();
+        ports
+            .into_iter()
+            .map(|(id, port)| {
+                let (code, rev) = match http_get::health(port) {
+                    Some((code, body)) => {
+                        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                        (code, v["releaseId"].as_str().unwrap_or("").to_string())
+                    }
+                    None => (0, String::new()),
+                };
+                (id, code, rev)
+            })
+            .collect()
+    }
+
+    /// Waits until every host answers 200 with `revision`.
+    fn wait_serving(&self, revision: &str) {
+        let started = Instant::now();
+        loop {
+            let a = self.answers();
+            if a.iter()
+                .all(|(_, code, rev)| *code == 200 && rev == revision)
+            {
+                return;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "hosts never all served {revision}: {a:?}\n{}",
+                self.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(name)).unwrap_or_default()
+    }
+
+    /// Completed installs per (host, revision).
+    fn installs(&self) -> BTreeMap<(String, String), usize> {
+        let mut n = BTreeMap::new();
+        for l in self.log("installs.log").lines() {
+            let mut w = l.split(' ');
+            if let (Some(h), Some(r)) = (w.next(), w.next()) {
+                *n.entry((h.to_string(), r.to_string())).or_default() += 1;
+            }
+        }
+        n
+    }
+
+    /// Everything a failed assertion should show: the deployer's log, the hooks' logs
+    /// and the end of each service's log.
+    fn diagnostics(&self) -> String {
+        let mut out = format!(
+            "--- deploy.log\n{}\n--- installs.log\n{}\n--- invocations.log\n{}\n--- drains.log\n{}",
+            self.log("deploy.log"),
+            self.log("installs.log"),
+            self.log("invocations.log"),
+            self.log("drains.log")
+        );
+        for h in self.hosts.lock().unwrap().iter() {
+            let log = self.log(&format!("service-{}.log", h.id));
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            out.push_str(&format!(
+                "\n--- service-{}.log (last lines, newest first)\n{}",
+                h.id,
+                tail.join("\n")
+            ));
+        }
+        out
+    }
+
+    fn violations(&self) -> Vec<String> {
+        self.violations.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(s) = self.supervisor.take() {
+            let _ = s.join();
+        }
+        for h in self.hosts.lock().unwrap().iter_mut() {
+            if let Some(mut c) = h.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// A tiny blocking HTTP GET of `/health` on a port (no client runtime needed).
+mod http_get {
+    use std::io::{Read, Write};
+
+    pub fn health(port: u16) -> Option<(u16, String)> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .ok()?;
+        s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let code = text.split(' ').nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n")?.1;
+        // The body may be chunked: keep from the first `{` to the last `}`.
+        let body = body.get(body.find('{')?..=body.rfind('}')?)?.to_string();
+        Some((code, body))
+    }
+}
+
+/// A `vigil deploy` run in its own process group (so a SIGKILL takes its hook too, as
+/// a machine crash would), its stderr kept in a file.
+struct Deploy {
+    child: Child,
+}
+
+fn deploy(dir: &Path, config: &Path, args: &[&str]) -> Deploy {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("deploy.log"))
+        .unwrap();
+    let child = Command::new(vigil_bin())
+        .arg("deploy")
+        .arg("-c")
+        .arg(config)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .expect("start vigil deploy");
+    Deploy { child }
+}
+
+impl Deploy {
+    /// Waits for the exit code.
+    fn wait(mut self, dir: &Path) -> i32 {
+        let started = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s.code().unwrap_or(-1);
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "vigil deploy did not finish; its log:\n{}",
+                std::fs::read_to_string(dir.join("deploy.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL the deployer and everything it started (its hooks).
+    fn kill_group(mut self) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        rustix::process::kill_process_group(pid, rustix::process::Signal::KILL)
+            .expect("SIGKILL the deployer's group");
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Deploy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `vigil deploy ARGS` to its end: (exit code, stdout, stderr).
+fn deploy_output(config: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(vigil_bin())
+        .arg("deploy")
+        .arg("-c")
+        .arg(config)
+        .args(args)
+        .output()
+        .expect("run vigil deploy");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn status_json(config: &Path) -> Value {
+    let (code, out, err) = deploy_output(config, &["status", "--json"]);
+    assert_eq!(code, 0, "status: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("status --json: {e}: {out}"))
+}
+
+/// Waits until the hook's log of completed installs has `n` lines.
+fn wait_installs(fleet: &Fleet, n: usize) {
+    let started = Instant::now();
+    while fleet.log("installs.log").lines().count() < n {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "never {n} installs\n{}",
+            fleet.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn assert_floor_kept(fleet: &Fleet) {
+    assert!(
+        fleet.violations().is_empty(),
+        "hosts were restarted in service: {:?}",
+        fleet.violations()
+    );
+    let max = max_drained(&fleet.dir);
+    assert!(
+        max <= MAX_DRAINED,
+        "{max} hosts drained at once: the floor ({MIN_HEALTHY} of 5) allows {MAX_DRAINED}\n{}",
+        fleet.log("drains.log")
+    );
+    assert!(
+        drained_now(&fleet.dir).is_empty(),
+        "every host is back in service at the end: {:?}",
+        drained_now(&fleet.dir)
+    );
+}
+
+#[test]
+fn a_good_revision_rolls_out_in_waves_within_the_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start(dir.path(), "v1");
+    let config = fleet.config("30s");
+
+    let (code, plan, err) = deploy_output(&config, &["plan", "--revision", "v2"]);
+    assert_eq!(code, 0, "plan: {err}");
+    assert!(
+        plan.contains("wave 1 of v2: h0, h1 (2 hosts")
+            && plan.contains("wave 2 of v2: h2 (1 hosts")
+            && plan.contains("wave 3 of v2: h3, h4 (2 hosts"),
+        "the plan shows the waves, one zone at a time within the floor:\n{plan}"
+    );
+    assert!(
+        fleet.log("installs.log").is_empty() && fleet.log("drains.log").is_empty(),
+        "a plan changes nothing"
+    );
+
+    let code = deploy(dir.path(), &config, &["run", "--revision", "v2"]).wait(dir.path());
+    let log = fleet.log("deploy.log");
+    assert_eq!(code, 0, "the rollout completes\n{}", fleet.diagnostics());
+    assert!(log.contains("completed: every host runs v2"), "{log}");
+    fleet.wait_serving("v2");
+    let installs = fleet.installs();
+    assert_eq!(installs.len(), 5, "every host installed once: {installs:?}");
+    assert!(installs.values().all(|n| *n == 1), "{installs:?}");
+    assert_floor_kept(&fleet);
+
+    let s = status_json(&config);
+    assert_eq!(s["phase"]["phase"], "completed", "{s}");
+    assert_eq!(s["rollout"]["finished"], true, "{s}");
+    let (code, explain, _) = deploy_output(&config, &["explain"]);
+    assert_eq!(code, 0);
+    assert!(
+        explain.contains("wave 3 of v2") && explain.contains("passes"),
+        "explain shows the stored decisions:\n{explain}"
+    );
+}
+
+/// Deploys a bad `revision`: the first wave (h0, h1) must be halted and rolled back,
+/// the revision marked bad, a second run refused, the other hosts never touched.
+fn bad_revision_is_rolled_back(revision: &str, deadline: &str, installed_bad: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start(dir.path(), "v1");
+    let config = fleet.config(deadline);
+
+    let code = deploy(dir.path(), &config, &["run", "--revision", revision]).wait(dir.path());
+    let log = fleet.log("deploy.log");
+    assert_eq!(
+        code,
+        2,
+        "a rolled back rollout exits 2\n{}",
+        fleet.diagnostics()
+    );
+    assert!(
+        log.contains(&format!("revision {revision} marked bad")) && log.contains("rolled back"),
+        "{log}"
+    );
+    fleet.wait_serving("v1");
+    let installs = fleet.installs();
+    let bad: BTreeSet<&str> = installs
+        .keys()
+        .filter(|(_, r)| r == revision)
+        .map(|(h, _)| h.as_str())
+        .collect();
+    let expected: BTreeSet<&str> = if installed_bad {
+        BTreeSet::from(["h0", "h1"])
+    } else {
+        BTreeSet::new()
+    };
+    assert_eq!(
+        bad, expected,
+        "only the first wave got the bad revision: {installs:?}"
+    );
+    let touched: BTreeSet<&str> = fleet
+        .log("invocations.log")
+        .lines()
+        .filter_map(|l| l.split(' ').next())
+        .map(|h| match h {
+            "h0" => "h0",
+            "h1" => "h1",
+            _ => "other",
+        })
+        .collect();
+    assert!(
+        !touched.contains("other"),
+        "the install hook ran only for the first wave\n{}",
+        fleet.diagnostics()
+    );
+    for h in ["h0", "h1"] {
+        assert_eq!(
+            installs.get(&(h.to_string(), "v1".to_string())),
+            Some(&1),
+            "{h} got its previous revision back: {installs:?}"
+        );
+    }
+    assert_floor_kept(&fleet);
+
+    let s = status_json(&config);
+    assert_eq!(s["phase"]["phase"], "rolled_back", "{s}");
+    assert_eq!(s["bad_revisions"], serde_json::json!([revision]), "{s}");
+
+    let (code, _, err) = deploy_output(&config, &["run", "--revision", revision]);
+    assert_eq!(code, 5, "a second run of a bad revision is refused: {err}");
+    assert!(err.contains("marked bad"), "{err}");
+    assert_eq!(fleet.installs(), installs, "a refused run installs nothing");
+}
+
+#[test]
+fn a_revision_whose_hosts_report_back_failing_is_rolled_back_and_refused_after() {
+    bad_revision_is_rolled_back("bad2", "8s", true);
+}
+
+#[test]
+fn a_revision_that_never_shows_up_on_its_hosts_is_rolled_back_at_the_progress_deadline() {
+    bad_revision_is_rolled_back("stuck2", "5s", false);
+}
+
+#[test]
+fn a_failed_install_rolls_back_at_once() {
+    let started = Instant::now();
+    // A 60 s deadline that is never reached: the failed install decides.
+    bad_revision_is_rolled_back("broken2", "60s", false);
+    assert!(
+        started.elapsed() < Duration::from_secs(50),
+        "the rollback did not wait for the progress deadline"
+    );
+}
+
+#[test]
+fn a_deployer_killed_mid_rollout_resumes_without_skipping_or_repeating_a_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start(dir.path(), "v1");
+    let config = fleet.config("30s");
+
+    // The first kill lands after the hook installed but before it exited: the
+    // deployer has not recorded the outcome, so it must run the hook again with the
+    // same key, and the hook must not install again.
+    std::fs::write(dir.path().join("pause-after-install"), "").unwrap();
+    let d = deploy(dir.path(), &config, &["run", "--revision", "v2"]);
+    wait_installs(&fleet, 1);
+    d.kill_group();
+    std::fs::remove_file(dir.path().join("pause-after-install")).unwrap();
+    let after_first_kill = status_json(&config);
+    assert_eq!(
+        after_first_kill["rollout"]["finished"], false,
+        "killed mid-rollout: {after_first_kill}"
+    );
+
+    // Resumed by naming the same revision; killed again a little later.
+    let d = deploy(dir.path(), &config, &["run", "--revision", "v2"]);
+    wait_installs(&fleet, 3);
+    std::thread::sleep(Duration::from_millis(150));
+    d.kill_group();
+
+    // Resumed without naming it.
+    let code = deploy(dir.path(), &config, &["run"]).wait(dir.path());
+    let log = fleet.log("deploy.log");
+    assert_eq!(
+        code,
+        0,
+        "the resumed rollout completes\n{}",
+        fleet.diagnostics()
+    );
+    assert!(log.contains("resuming the rollout in progress"), "{log}");
+    fleet.wait_serving("v2");
+
+    let installs = fleet.installs();
+    assert_eq!(installs.len(), 5, "no host skipped: {installs:?}");
+    assert!(
+        installs.values().all(|n| *n == 1),
+        "no host installed twice: {installs:?}\n{}",
+        fleet.log("installs.log")
+    );
+    // The deployer itself re-runs at most the install in flight at each kill.
+    let invocations = fleet.log("invocations.log");
+    let keys: BTreeSet<&str> = invocations
+        .lines()
+        .filter_map(|l| l.split(' ').nth(2))
+        .collect();
+    assert_eq!(
+        keys.len(),
+        5,
+        "one key per host and revision:\n{invocations}"
+    );
+    let reruns = invocations.lines().count() - keys.len();
+    assert!(
+        (1..=2).contains(&reruns),
+        "{reruns} installs re-run: the one the first kill interrupted, and at most one more\n{invocations}"
+    );
+    assert_floor_kept(&fleet);
+}
+
+/// An install webhook and a drain API on loopback, as a deployment service and a
+/// balancer would run them: checks the signature, deduplicates on the idempotency key,
+/// and does what the exec hooks do (asks the supervisor for the revision, logs drains).
+fn webhook_receiver(dir: &Path, secret: &'static str) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let append = |name: &str, line: String| {
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join(name))
+                .unwrap();
+            writeln!(f, "{line}").unwrap();
+        };
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            let mut headers = BTreeMap::new();
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                let l = line.trim_end();
+                if l.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = l.split_once(':') {
+                    headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+                }
+            }
+            let len: usize = headers
+                .get("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let mut body = vec![0; len];
+            reader.read_exact(&mut body).unwrap();
+            let mut words = request.split(' ');
+            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+            let status = match (method, path) {
+                ("POST", "/install") => {
+                    let sig = headers
+                        .get("x-vigil-signature")
+                        .cloned()
+                        .unwrap_or_default();
+                    let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    let key = headers.get("idempotency-key").cloned().unwrap_or_default();
+                    if sig != vigil_controller::actuator::sign(secret.as_bytes(), &body)
+                        || key.is_empty()
+                        || event["idempotency_key"] != key.as_str()
+                    {
+                        append(
+                            "violations.log",
+                            format!("bad install request: {sig} {key} {event}"),
+                        );
+                        "401 Unauthorized"
+                    } else if event["kind"] == "install" {
+                        let (h, r) = (
+                            event["host"].as_str().unwrap_or("").to_string(),
+                            event["revision"].as_str().unwrap_or("").to_string(),
+                        );
+                        append("invocations.log", format!("{h} {r} {key}"));
+                        let done = std::fs::read_to_string(dir.join("installs.log"))
+                            .unwrap_or_default()
+                            .lines()
+                            .any(|l| l.ends_with(&format!(" {key}")));
+                        if !done {
+                            std::fs::write(dir.join(format!("want-{h}")), &r).unwrap();
+                            append("installs.log", format!("{h} {r} {key}"));
+                        }
+                        "200 OK"
+                    } else {
+                        "200 OK"
+                    }
+                }
+                ("POST", p) if p.starts_with("/drain/") => {
+                    append("drains.log", format!("drain {}", &p["/drain/".len()..]));
+                    "200 OK"
+                }
+                ("DELETE", p) if p.starts_with("/drain/") => {
+                    append("drains.log", format!("undrain {}", &p["/drain/".len()..]));
+                    "200 OK"
+                }
+                _ => "404 Not Found",
+            };
+            let _ = stream.write_all(
+                format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+        }
+    });
+    base
+}
+
+#[test]
+fn a_signed_install_webhook_and_an_http_drain_api_drive_a_rollout() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start(dir.path(), "v1");
+    let base = webhook_receiver(dir.path(), "s3cret");
+    let config = fleet.config_with(
+        "bake = \"1s\"\nprogress_deadline = \"30s\"",
+        &format!(
+            r#"[install]
+kind = "webhook"
+[install.webhook]
+url = "{base}/install"
+secret = "s3cret"
+[drain]
+kind = "http"
+url = "{base}/drain/{{host}}"
+"#
+        ),
+    );
+    let code = deploy(dir.path(), &config, &["run", "--revision", "v2"]).wait(dir.path());
+    assert_eq!(code, 0, "the rollout completes\n{}", fleet.diagnostics());
+    assert!(
+        fleet.log("violations.log").is_empty(),
+        "every install request is signed and keyed: {}",
+        fleet.log("violations.log")
+    );
+    fleet.wait_serving("v2");
+    let installs = fleet.installs();
+    assert_eq!(installs.len(), 5, "every host installed: {installs:?}");
+    assert!(installs.values().all(|n| *n == 1), "{installs:?}");
+    assert_eq!(
+        fleet.log("drains.log").lines().count(),
+        10,
+        "each host drained and undrained through the API once\n{}",
+        fleet.log("drains.log")
+    );
+    assert_floor_kept(&fleet);
+}
+
+#[test]
+fn abort_stops_a_running_rollout_between_waves() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start(dir.path(), "v1");
+    let d = fleet.dir.display().to_string();
+    // A long bake: the first wave sits baking until the abort.
+    let config = fleet.config_with(
+        "bake = \"10m\"\nprogress_deadline = \"30s\"",
+        &format!(
+            "[install.exec]\ncommand = [\"sh\", \"{d}/install.sh\"]\n[drain]\nkind = \"exec\"\ncommand = [\"sh\", \"{d}/drain.sh\"]\n"
+        ),
+    );
+    let run = deploy(dir.path(), &config, &["run", "--revision", "v2"]);
+    let started = Instant::now();
+    while status_json(&config)["phase"]["phase"] != "baking" {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the first wave never baked\n{}",
+            fleet.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (code, _, err) = deploy_output(&config, &["run", "--revision", "v2"]);
+    assert_eq!(code, 5, "one deployer per deployment: {err}");
+    assert!(err.contains("another `vigil deploy run`"), "{err}");
+    let (code, out, err) = deploy_output(&config, &["abort", "--reason", "the test says stop"]);
+    assert_eq!(code, 0, "abort: {out}{err}");
+    assert!(
+        out.contains("a deployer is running") && out.contains("aborted: the test says stop"),
+        "the running deployer applied it: {out}"
+    );
+    assert_eq!(
+        run.wait(dir.path()),
+        4,
+        "an aborted rollout exits 4\n{}",
+        fleet.diagnostics()
+    );
+    let installs = fleet.installs();
+    assert_eq!(
+        installs
+            .keys()
+            .map(|(h, _)| h.as_str())
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from(["h0", "h1"]),
+        "no wave after the abort: {installs:?}"
+    );
+    let (_, explain, _) = deploy_output(&config, &["explain"]);
+    assert!(
+        explain.contains("aborted by a human: the test says stop"),
+        "{explain}"
+    );
+    let (code, _, err) = deploy_output(&config, &["abort"]);
+    assert_eq!(code, 5, "nothing left to abort: {err}");
+    assert_floor_kept(&fleet);
+}
