@@ -205,16 +205,20 @@ impl Prober {
         timeout: Duration,
         max_body: usize,
     ) -> Result<vigil_core::judge::Judgement, String> {
-        match tokio::time::timeout(timeout, self.fetch(uri, max_body)).await {
+        // A report-back is a health+json report (its `releaseId` or `version`): the
+        // body is read as one whatever its Content-Type says.
+        let answers = Answers::HealthJson;
+        match tokio::time::timeout(timeout, self.fetch(uri, max_body, answers)).await {
             Err(_) => Err(format!(
                 "timed out after {}",
                 humantime::format_duration(timeout)
             )),
             Ok(Err(e)) => Err(e),
-            Ok(Ok((status, body))) => Ok(vigil_core::judge(
-                status,
+            Ok(Ok(a)) => Ok(vigil_core::judge(
+                answers,
+                a.status,
                 Some(vigil_core::HEALTH_JSON),
-                &body,
+                &a.body,
             )),
         }
     }
