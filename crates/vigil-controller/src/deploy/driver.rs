@@ -523,8 +523,12 @@ impl Driver {
         let attempt = step.attempts + 1;
         let revision = self.rollout.revision().to_string();
         match command {
-            Command::Drain { host } | Command::Undrain { host } => {
-                let drain = step.command["kind"] == "drain";
+            command @ (Command::Drain { .. } | Command::Undrain { .. }) => {
+                let (drain, host) = match command {
+                    Command::Drain { host } => (true, host),
+                    Command::Undrain { host } => (false, host),
+                    _ => unreachable!("matched above"),
+                };
                 let result = match self.cfg.host(&host) {
                     None => Err(format!("host {host} is not in the config any more")),
                     Some(h) => {
