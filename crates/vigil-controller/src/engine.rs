@@ -304,9 +304,7 @@ pub struct Engine {
     verdicts: BTreeMap<String, Verdict>,
 }
 
-/// The check a queue worker fails when it fails far more than its peers: local to the
-/// worker (a default local check component), so the guard treats it like a full disk.
-pub const PEER_CHECK: &str = "worker:failure_rate";
+pub use vigil_core::anomaly::PEER_CHECK;
 
 /// The guard rebuilt from what the store holds: the snapshot, then the ops after it.
 /// Returns it with the latest time it has seen and the number of ops replayed.

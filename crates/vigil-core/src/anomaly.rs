@@ -114,6 +114,11 @@ pub const DEFAULT_SIGNIFICANCE: f64 = 0.001;
 /// by member: one half. Above it the failure is shared.
 pub const DEFAULT_SHARED_FRACTION: f64 = 0.5;
 
+/// The check a queue worker fails when it fails far more than its peers, as the
+/// controller and the simulator report it to the guard: local to the worker (a default
+/// local check component), so the guard treats it like a full disk.
+pub const PEER_CHECK: &str = "worker:failure_rate";
+
 /// How members are compared with their peers. Every field has a default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -116,7 +116,9 @@ impl Default for KillSwitchConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct GateConfig {
     /// Local readiness thresholds: stop after `unhealthy_threshold` failed checks in a row
-    /// (default 1), resume after `healthy_threshold` passes (default 2).
+    /// (default 1), resume after `healthy_threshold` passes (default 2). A table that sets
+    /// one of them keeps the gate's default for the other (not the active checks' 3).
+    #[serde(deserialize_with = "readiness_over_gate_defaults")]
     pub readiness: ThresholdsConfig,
     /// The kill switch.
     pub kill_switch: KillSwitchConfig,
@@ -135,6 +137,25 @@ impl Default for GateConfig {
             poison_workers: DEFAULT_POISON_WORKERS,
         }
     }
+}
+
+/// `readiness` with the keys it sets, the gate's defaults for the others.
+fn readiness_over_gate_defaults<'de, D>(d: D) -> Result<ThresholdsConfig, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Given {
+        healthy_threshold: Option<u32>,
+        unhealthy_threshold: Option<u32>,
+    }
+    let given = Given::deserialize(d)?;
+    let def = GateConfig::default().readiness;
+    Ok(ThresholdsConfig {
+        healthy_threshold: given.healthy_threshold.unwrap_or(def.healthy_threshold),
+        unhealthy_threshold: given.unhealthy_threshold.unwrap_or(def.unhealthy_threshold),
+    })
 }
 
 impl GateConfig {

@@ -115,6 +115,10 @@ pub const METRICS: &[(&str, &str)] = &[
         "failed message deliveries / all deliveries",
     ),
     ("max_queue_backlog", "largest queue backlog, messages"),
+    (
+        "worker_pauses",
+        "times a worker gate stopped its worker pulling",
+    ),
     ("deploy_waves", "rollout waves that went out"),
     ("client_retries", "retries the clients sent"),
     ("lb_retries", "retries the load balancer sent"),

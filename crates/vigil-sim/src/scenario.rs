@@ -13,6 +13,8 @@ use crate::expect::{Expectation, parse_expectations};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use vigil_core::anomaly::AnomalyConfig;
+use vigil_core::gate::GateConfig;
 use vigil_core::guard::GuardConfig;
 use vigil_core::pool::{PoolConfig, RetryBudgetConfig};
 
@@ -377,8 +379,13 @@ pub struct QueueConfig {
     /// Time for a sick worker to fail one message. Defaults to 2ms.
     #[serde(with = "humantime_serde")]
     pub fail_time: Duration,
-    /// Whether a worker checks its own host (disk, fds) before pulling. Defaults to `on`.
+    /// Whether each worker runs vigil's worker gate (`vigil_core::gate::WorkerGate`):
+    /// it checks its own host (disk, fds) before pulling, and its kill switch pauses a
+    /// worker that fails too many messages. Defaults to `on`.
     pub gate: Switch,
+    /// The worker gate's settings, exactly as `vigil::worker` reads them (`readiness`,
+    /// `kill_switch`, `poison_workers`). Readiness is observed once per tick.
+    pub worker: GateConfig,
 }
 
 impl Default for QueueConfig {
@@ -389,6 +396,7 @@ impl Default for QueueConfig {
             process_time: DEFAULT_PROCESS_TIME,
             fail_time: DEFAULT_FAIL_TIME,
             gate: Switch::On,
+            worker: GateConfig::default(),
         }
     }
 }
@@ -519,6 +527,10 @@ pub struct ControllerConfig {
     pub state: GuardStateStore,
     /// The guard policy, exactly as `vigil controller` reads it.
     pub guard: GuardConfig,
+    /// How queue workers are compared with their peers, exactly as `vigil controller`
+    /// reads its `[anomaly]` section: a worker that fails far more than its peers fails
+    /// its probe's peer check (used when the scenario has a `[queue]`).
+    pub anomaly: AnomalyConfig,
 }
 
 impl Default for ControllerConfig {
@@ -529,6 +541,7 @@ impl Default for ControllerConfig {
             timeout: DEFAULT_CTL_TIMEOUT,
             state: GuardStateStore::Persisted,
             guard: GuardConfig::default(),
+            anomaly: AnomalyConfig::default(),
         }
     }
 }
@@ -933,6 +946,9 @@ impl ScenarioConfig {
             if q.rate < 0.0 {
                 return Err((vec![key("queue"), key("rate")], "must be 0 or more".into()));
             }
+            q.worker
+                .validate()
+                .map_err(|m| core_error(&["queue", "worker"], m))?;
         }
         nonzero(self.lb.interval, &["lb", "interval"])?;
         nonzero(self.lb.timeout, &["lb", "timeout"])?;
@@ -980,6 +996,10 @@ impl ScenarioConfig {
             .guard
             .validate()
             .map_err(|m| core_error(&["controller", "guard"], m))?;
+        self.controller
+            .anomaly
+            .validate()
+            .map_err(|m| core_error(&["controller", "anomaly"], m))?;
         for (i, fault) in self.faults.iter().enumerate() {
             fault.validate(self).map_err(|(k, m)| {
                 (

@@ -63,6 +63,8 @@ use crate::summary::Summary;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::time::Duration;
+use vigil_core::anomaly::{AnomalyDetector, Counts, PEER_CHECK};
+use vigil_core::gate::{GateChange, Pause, WorkerGate};
 use vigil_core::guard::{GuardEvent, Observation, Outcome as GuardOutcome, SafetyGuard};
 use vigil_core::outlier::{OutlierEvent, RequestOutcome};
 use vigil_core::pool::{Pool, PoolEvent, RoutingSet, TargetSpec};
@@ -99,12 +101,16 @@ const CHECK_DISK: u32 = 1 << 0;
 const CHECK_FDS: u32 = 1 << 1;
 const CHECK_WATCHDOG: u32 = 1 << 2;
 const CHECK_SELFTEST: u32 = 1 << 3;
+/// Not a check of the server: the controller's comparison of a queue worker with its
+/// peers (`vigil_core::anomaly`), which the controller adds to its probe's result.
+const CHECK_PEER: u32 = 1 << 4;
 const CHECK_DEP0: u32 = 8;
-const LOCAL_CHECK_NAMES: [&str; 4] = [
+const LOCAL_CHECK_NAMES: [&str; 5] = [
     "disk:utilization",
     "fds:utilization",
     "watchdog:freshness",
     "lifecycle:self-test",
+    PEER_CHECK,
 ];
 
 /// One sample of the run's timeline (one of about 720 buckets).
@@ -485,6 +491,11 @@ struct Controller {
     passes_fed: Vec<u32>,
     /// When a server's grace period ends (policy time).
     grace_end: Vec<Time>,
+    /// Queue workers compared with their peers, as `vigil controller` does with the
+    /// counters workers report (kept in memory there too: a restart starts afresh).
+    anomaly: AnomalyDetector,
+    /// Per server: the comparison's last verdict said outlier.
+    outlier: Vec<bool>,
 }
 
 /// One simulation run.
@@ -546,6 +557,11 @@ pub struct Sim<'a> {
     deployments: Vec<Deployment>,
     // queue
     queue_backlog: u64,
+    /// Per server: its worker gate (the library's `WorkerGate`), when the queue's gate is
+    /// on; rebuilt when the server is replaced.
+    gates: Vec<WorkerGate>,
+    /// Per server: messages this incarnation handled, and failed (what a worker reports).
+    msg_totals: Vec<Counts>,
     // detection: per server, when its harm started (pending detection)
     pending_detect: Vec<Option<Time>>,
     pending_count: usize,
@@ -650,6 +666,8 @@ impl<'a> Sim<'a> {
                 .collect(),
             passes_fed: vec![k; n],
             grace_end: vec![Time::ZERO; n],
+            anomaly: AnomalyDetector::new(cfg.controller.anomaly.clone()),
+            outlier: vec![false; n],
         };
         let mut pool = Pool::new("fleet", cfg.lb.pool);
         let warm = Time::from_elapsed(EPOCH) - Duration::from_secs(60);
@@ -729,6 +747,13 @@ impl<'a> Sim<'a> {
             dep_check_names,
             deployments: Vec::new(),
             queue_backlog: 0,
+            gates: match &cfg.queue {
+                Some(q) if q.gate == Switch::On => (0..n)
+                    .map(|_| WorkerGate::new(q.worker.clone(), Self::pt(Time::ZERO)))
+                    .collect(),
+                _ => Vec::new(),
+            },
+            msg_totals: vec![Counts::default(); n],
             pending_detect: vec![None; n],
             pending_count: 0,
             detect_times: Vec::new(),
@@ -1884,30 +1909,40 @@ impl<'a> Sim<'a> {
 
     // === queue ===
 
+    /// One tick of the queue: arrivals, then every worker whose gate lets it pull takes
+    /// a share in proportion to its speed. A worker failing a message spends `fail_time`
+    /// on it, a healthy one `process_time`: a worker that fails fast pulls more (the
+    /// black hole). A worker fails every message when its disk or fds are exhausted, and
+    /// the share a gray failure sets otherwise (its health checks pass: only the kill
+    /// switch and the controller's peer comparison can see it). Failed messages go back
+    /// to the queue.
     fn queue_tick(&mut self) {
-        let q = self.cfg.queue.as_ref().expect("checked by caller");
+        let cfg: &'a ScenarioConfig = self.cfg;
+        let q = cfg.queue.as_ref().expect("checked by caller");
         let now = self.now;
-        let dt = self.cfg.tick.as_secs_f64();
+        let dt = cfg.tick.as_secs_f64();
         let arrivals = self.rng.poisson(q.rate * dt);
         self.queue_backlog += arrivals;
-        let mut speeds: Vec<(usize, f64, bool)> = Vec::new();
+        // (server, speed, share of its messages failing)
+        let mut speeds: Vec<(usize, f64, f64)> = Vec::new();
         let mut demand = 0.0;
         for i in 0..self.servers.len() {
             if !self.is_up(i) {
                 continue;
             }
-            let sick = self.disk_full(i, now) || self.fds_exhausted(i, now);
-            if q.gate == Switch::On {
-                // The worker gate: check the host before pulling.
-                let (_, status) = self.checks(i, now, false);
-                if status == Status::Fail {
-                    continue;
-                }
+            if !self.gates.is_empty() && !self.gate_lets_pull(i, now) {
+                continue;
             }
-            let per = if sick { q.fail_time } else { q.process_time };
-            let speed = f64::from(q.threads) * dt / per.as_secs_f64();
+            let fail = if self.disk_full(i, now) || self.fds_exhausted(i, now) {
+                1.0
+            } else {
+                self.servers[i].gray.at(now).clamp(0.0, 1.0)
+            };
+            let per =
+                q.process_time.as_secs_f64() * (1.0 - fail) + q.fail_time.as_secs_f64() * fail;
+            let speed = f64::from(q.threads) * dt / per;
             demand += speed;
-            speeds.push((i, speed, sick));
+            speeds.push((i, speed, fail));
         }
         if demand <= 0.0 || self.queue_backlog == 0 {
             self.s.max_queue_backlog = self.s.max_queue_backlog.max(self.queue_backlog);
@@ -1916,20 +1951,75 @@ impl<'a> Sim<'a> {
         let take = (self.queue_backlog as f64).min(demand);
         let mut pulled_total = 0u64;
         let mut failed = 0u64;
-        for (_, speed, sick) in speeds {
+        let pnow = Self::pt(now);
+        for (i, speed, fail) in speeds {
             let share = take * speed / demand;
             let n = (share + self.rng.unit()).floor() as u64;
             let n = n.min(self.queue_backlog - pulled_total);
             pulled_total += n;
-            if sick {
-                failed += n;
+            let mut f = 0u64;
+            for _ in 0..n {
+                // Certain outcomes draw nothing: runs without gray failures keep their
+                // random sequence.
+                let ok = !(fail >= 1.0 || (fail > 0.0 && self.rng.unit() < fail));
+                f += u64::from(!ok);
+                if let Some(change) = self.gates.get_mut(i).and_then(|g| g.record(pnow, ok)) {
+                    self.gate_changed(i, change);
+                }
             }
+            failed += f;
+            let t = &mut self.msg_totals[i];
+            *t = Counts::new(t.ok + (n - f), t.failed + f);
         }
         self.s.messages_delivered += pulled_total;
         self.s.message_failures += failed;
         // Failed messages go back to the queue (redelivered after their visibility timeout).
         self.queue_backlog = self.queue_backlog - pulled_total + failed;
         self.s.max_queue_backlog = self.s.max_queue_backlog.max(self.queue_backlog);
+    }
+
+    /// Worker `i`'s gate at `now`: feeds it the host's readiness (the library feeds it
+    /// every snapshot of the local checks; here, once per tick) and its timers, and says
+    /// whether it may pull.
+    fn gate_lets_pull(&mut self, i: usize, now: Time) -> bool {
+        let (failing, status) = self.checks(i, now, false);
+        let readiness = if status == Status::Fail {
+            Err(self.check_names(failing).join(", "))
+        } else {
+            Ok(())
+        };
+        let pnow = Self::pt(now);
+        let g = &mut self.gates[i];
+        if let Some(change) = g
+            .observe_readiness(pnow, readiness)
+            .or_else(|| g.tick(pnow))
+        {
+            self.gate_changed(i, change);
+        }
+        self.gates[i].may_pull()
+    }
+
+    fn gate_changed(&mut self, i: usize, change: GateChange) {
+        let id = &self.ctl_ids[i];
+        let line = match change {
+            GateChange::Paused(Pause::Unready { reason }) => {
+                self.s.worker_pauses += 1;
+                format!("worker {id}: stops pulling: {reason}")
+            }
+            GateChange::Paused(Pause::KillSwitch { failed, of, until }) => {
+                self.s.worker_pauses += 1;
+                let pause = until.since(Self::pt(self.now));
+                format!(
+                    "worker {id}: kill switch: {failed} of {of} messages failed; paused for {}",
+                    humantime::format_duration(pause)
+                )
+            }
+            GateChange::Resumed { probation: true } => {
+                format!("worker {id}: pulls again, on probation")
+            }
+            GateChange::Resumed { probation: false } => format!("worker {id}: pulls again"),
+        };
+        self.note(line);
     }
 
     // === detection ===
@@ -1976,8 +2066,20 @@ impl<'a> Sim<'a> {
         if p.detail == TIMEOUT {
             self.s.check_timeouts += 1;
         }
+        // A queue worker reports its counters with its health; the controller compares
+        // it with its peers, and an outlier fails the peer check.
+        let mut peer = 0;
+        if self.cfg.queue.is_some() && self.cfg.controller.mode == ControllerMode::Guarded {
+            let totals = self.msg_totals[iu];
+            self.ctl
+                .anomaly
+                .record_totals(Self::pt(now), &self.ctl_ids[iu], "", totals);
+            if self.ctl.outlier[iu] {
+                peer = CHECK_PEER;
+            }
+        }
         let need = self.cfg.controller.guard.thresholds.healthy_threshold + 1;
-        if p.ok && self.ctl.passes_fed[iu] >= need {
+        if p.ok && peer == 0 && self.ctl.passes_fed[iu] >= need {
             return;
         }
         self.schedule(
@@ -1986,7 +2088,7 @@ impl<'a> Sim<'a> {
                 server: i,
                 incarnation: self.servers[iu].incarnation,
                 endpoint_failed: p.endpoint_failed,
-                failing: p.failing,
+                failing: p.failing | peer,
             },
         );
     }
@@ -2050,6 +2152,31 @@ impl<'a> Sim<'a> {
         if self.ctl.up && self.cfg.controller.mode == ControllerMode::Guarded {
             self.ctl.guard.tick(Self::pt(now));
             self.guard_events();
+            if self.cfg.queue.is_some() {
+                self.judge_workers();
+            }
+        }
+    }
+
+    /// The controller compares the queue workers with their peers (`vigil_core::anomaly`,
+    /// as `vigil controller` does each round) and notes a worker that becomes, or stops
+    /// being, an outlier.
+    fn judge_workers(&mut self) {
+        let pnow = Self::pt(self.now);
+        self.ctl.anomaly.expire(pnow);
+        for v in self.ctl.anomaly.evaluate(pnow) {
+            let Some(i) = self.ctl_ids.iter().position(|id| *id == v.member) else {
+                continue;
+            };
+            let now_outlier = v.is_outlier();
+            if now_outlier != self.ctl.outlier[i] {
+                self.ctl.outlier[i] = now_outlier;
+                self.note(if now_outlier {
+                    format!("controller: worker fails far more than its peers: {v}")
+                } else {
+                    format!("controller: worker no longer an outlier: {v}")
+                });
+            }
         }
     }
 
@@ -2147,6 +2274,11 @@ impl<'a> Sim<'a> {
         s.gray = Ramped::default();
         s.slow = Ramped::default();
         s.backlog = 0;
+        // A new worker: a fresh gate, counters from zero.
+        self.msg_totals[iu] = Counts::default();
+        if let (Some(g), Some(q)) = (self.gates.get_mut(iu), &self.cfg.queue) {
+            *g = WorkerGate::new(q.worker.clone(), Self::pt(now));
+        }
         self.controller_meets_new_instance(iu);
         if self.servers[iu].bad_version && self.deploy_error_rate() > 0.0 {
             self.harm(iu, now);
@@ -2193,6 +2325,8 @@ impl<'a> Sim<'a> {
                 g
             }
         };
+        self.ctl.anomaly = AnomalyDetector::new(self.cfg.controller.anomaly.clone());
+        self.ctl.outlier = vec![false; n];
         for i in 0..n {
             self.ctl.naive[i] = Thresholds::new_unknown(self.cfg.controller.guard.thresholds, pnow);
             self.ctl.passes_fed[i] = 0;
@@ -2641,6 +2775,76 @@ kind = "controller_restart"
 
     fn sim_for(src: &str) -> Scenario {
         Scenario::parse(Path::new("t.toml"), src).expect("valid scenario")
+    }
+
+    /// Ten queue workers; `faults` appended.
+    fn queue_scenario(controller: &str, faults: &str) -> Scenario {
+        sim_for(&format!(
+            "duration = \"20m\"\n[fleet]\nservers = 10\n[clients]\nrate = 0.0\n\
+             [queue]\nrate = 100.0\n[controller]\nmode = \"{controller}\"\n{faults}"
+        ))
+    }
+
+    #[test]
+    fn the_kill_switch_alone_pauses_a_black_hole_for_longer_and_longer() {
+        // Controller off: only the worker's own gate can see a failure its checks pass.
+        let s = queue_scenario(
+            "off",
+            "[[faults]]\nat = \"2m\"\nkind = \"gray\"\ntarget = \"server:3\"\nerror_rate = 1.0\n",
+        );
+        let o = run(&s.config, 1, false, &mut |_| {});
+        let naive = run(&s.config.naive(), 1, true, &mut |_| {});
+        let rate = o.summary.metric("message_failure_rate").unwrap();
+        let naive_rate = naive.summary.metric("message_failure_rate").unwrap();
+        // 18 minutes of black hole: pauses of 1, 2, 4, 8 minutes, each after a probation
+        // of 10 messages; never pulling freely again.
+        assert!(
+            (3..=6).contains(&o.summary.worker_pauses),
+            "pauses doubling, not toggling: {}",
+            o.summary.worker_pauses
+        );
+        assert!(rate < 0.01, "vigil {rate}");
+        assert!(naive_rate > 0.5, "naive {naive_rate}");
+        assert!(
+            o.log
+                .iter()
+                .any(|(_, l)| l.contains("kill switch") && l.contains("server-0003")),
+            "the log says which worker paused and why"
+        );
+        assert_eq!(o.summary.controller_actions, 0);
+    }
+
+    #[test]
+    fn workers_failing_alike_are_not_outliers_and_nobody_is_replaced() {
+        // Every worker fails 30% of its messages: a shared cause (a bad dependency), not
+        // a sick worker. The peer comparison finds nobody; the kill switches pause them
+        // all (locally), and the controller replaces none.
+        let s = queue_scenario(
+            "guarded",
+            "[[faults]]\nat = \"2m\"\nkind = \"gray\"\ntarget = \"all\"\nerror_rate = 0.3\n",
+        );
+        let o = run(&s.config, 1, false, &mut |_| {});
+        assert_eq!(o.summary.controller_actions, 0, "{:?}", o.log);
+        assert!(
+            !o.log
+                .iter()
+                .any(|(_, l)| l.contains("far more than its peers")),
+            "nobody is an outlier"
+        );
+        // The same fault on one worker: it is the outlier, and only it is replaced.
+        let s = queue_scenario(
+            "guarded",
+            "[[faults]]\nat = \"2m\"\nkind = \"gray\"\ntarget = \"server:6\"\nerror_rate = 0.3\n",
+        );
+        let o = run(&s.config, 1, false, &mut |_| {});
+        assert_eq!(o.summary.controller_actions, 1, "{:?}", o.log);
+        assert!(
+            o.log
+                .iter()
+                .any(|(_, l)| l.contains("far more than its peers") && l.contains("server-0006")),
+            "{:?}",
+            o.log
+        );
     }
 
     #[test]

@@ -88,6 +88,8 @@ pub struct Summary {
     pub message_failures: u64,
     /// Largest queue backlog.
     pub max_queue_backlog: u64,
+    /// Times a worker gate stopped its worker pulling (readiness or kill switch).
+    pub worker_pauses: u32,
     /// Rollout waves that went out.
     pub deploy_waves: u32,
     /// Rollouts halted and rolled back.
@@ -145,6 +147,7 @@ impl Summary {
                 }
             }
             "max_queue_backlog" => self.max_queue_backlog as f64,
+            "worker_pauses" => f64::from(self.worker_pauses),
             "deploy_waves" => f64::from(self.deploy_waves),
             "client_retries" => self.client_retries as f64,
             "lb_retries" => self.lb_retries as f64,
@@ -280,6 +283,7 @@ impl Summary {
                 ),
             ));
             rows.push(("max queue backlog", group(self.max_queue_backlog)));
+            rows.push(("worker pauses", self.worker_pauses.to_string()));
         }
         if self.deploy_waves > 0 || self.rollbacks > 0 {
             rows.push((

@@ -230,3 +230,19 @@ fn config_errors_name_the_key() {
         (50, DEFAULT_KILL_TRIP_RATE)
     );
 }
+
+#[test]
+fn a_readiness_table_setting_one_threshold_keeps_the_gates_default_for_the_other() {
+    // Setting only `healthy_threshold` used to bring the active checks' unhealthy
+    // threshold (3) with it: the worker then kept pulling through two failed checks.
+    let c: GateConfig = toml::from_str("[readiness]\nhealthy_threshold = 4\n").unwrap();
+    assert_eq!(c.readiness.healthy_threshold, 4);
+    assert_eq!(c.readiness.unhealthy_threshold, 1, "the gate's default");
+    let c: GateConfig = toml::from_str("[readiness]\nunhealthy_threshold = 2\n").unwrap();
+    assert_eq!(c.readiness.healthy_threshold, 2);
+    assert_eq!(c.readiness.unhealthy_threshold, 2);
+    let c: GateConfig = toml::from_str("").unwrap();
+    assert_eq!(c, GateConfig::default());
+    let e = toml::from_str::<GateConfig>("[readiness]\nhealthy = 4\n").unwrap_err();
+    assert!(e.to_string().contains("healthy"), "{e}");
+}
