@@ -142,6 +142,8 @@ fn parse_reference(text: &str) -> Result<Reference, String> {
     let mut reference = Reference::new();
     let mut file: Option<String> = None;
     let mut section = String::new();
+    // Arrays of tables (`[[x]]`) of the current file, whose sub-tables are `x[].y`.
+    let mut arrays = std::collections::BTreeSet::<String>::new();
     let mut in_table = false;
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
@@ -149,9 +151,19 @@ fn parse_reference(text: &str) -> Result<Reference, String> {
         if let Some(h) = line.strip_prefix("## ") {
             file = code_spans(h).last().map(|s| s.to_string());
             section.clear();
+            arrays.clear();
             in_table = false;
         } else if let Some(h) = line.strip_prefix("### ") {
             section = section_of(h);
+            // `[faults.rollout]` after `[[faults]]`: a table inside each array entry.
+            if let Some((head, rest)) = section.split_once('.')
+                && arrays.contains(head)
+            {
+                section = format!("{head}[].{rest}");
+            }
+            if let Some(array) = section.strip_suffix("[]") {
+                arrays.insert(array.to_string());
+            }
             in_table = false;
         } else if let Some(rest) = line.strip_prefix("Same keys as ") {
             let [from_file, from_section] = code_spans(rest)[..] else {

@@ -144,6 +144,26 @@ impl<'de> Deserialize<'de> for Floor {
     }
 }
 
+impl fmt::Display for Floor {
+    /// As the config writes it: `8` or `75%`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Floor::Count(c) => write!(f, "{c}"),
+            Floor::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+impl fmt::Display for Zones {
+    /// As the config writes it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Zones::OneAtATime => "one-at-a-time",
+            Zones::Any => "any",
+        })
+    }
+}
+
 /// How waves treat zones.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -528,7 +548,7 @@ impl Rollout {
         r.decide(
             now,
             format!(
-                "rollout of {revision} to {n} hosts; floor {floor} in service ({:?}), zones {:?}",
+                "rollout of {revision} to {n} hosts; floor {floor} in service (min_healthy {}), zones {}",
                 r.config.min_healthy, r.config.zones
             ),
         );

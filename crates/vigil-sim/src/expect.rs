@@ -120,6 +120,7 @@ pub const METRICS: &[(&str, &str)] = &[
         "times a worker gate stopped its worker pulling",
     ),
     ("deploy_waves", "rollout waves that went out"),
+    ("rollbacks", "rollouts that failed and rolled back"),
     ("client_retries", "retries the clients sent"),
     ("lb_retries", "retries the load balancer sent"),
     (

@@ -17,6 +17,7 @@ use vigil_core::anomaly::AnomalyConfig;
 use vigil_core::gate::GateConfig;
 use vigil_core::guard::GuardConfig;
 use vigil_core::pool::{PoolConfig, RetryBudgetConfig};
+use vigil_core::rollout::RolloutConfig;
 
 /// Default simulated duration: 1 h, long enough for faults, detection and recovery.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(3600);
@@ -576,8 +577,10 @@ pub enum FaultKind {
     Surge,
     /// Every server of `zone` dies; replacements there fail to boot until it is back.
     ZoneDown,
-    /// A new version rolls out in `waves`; it fails `error_rate` of requests and its
-    /// readiness `fails` or `passes`.
+    /// A new version rolls out; it fails `error_rate` of requests and its readiness
+    /// `fails` or `passes`. With `gate = "health"` (vigil) the rollout is
+    /// `vigil_core::rollout::Rollout` with the `rollout` settings; with `gate = "none"`
+    /// (naive) it pushes `waves` on a timer.
     Deploy,
     /// The controller process restarts (down for `duration`).
     ControllerRestart,
@@ -587,11 +590,12 @@ pub enum FaultKind {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeployGate {
-    /// The next wave starts only if the last is in service; otherwise roll back. Defaults
-    /// to this.
+    /// vigil's rollout policy, `vigil_core::rollout::Rollout`, as `vigil deploy` drives
+    /// it: waves sized by the floor, one zone at a time, report-back within a progress
+    /// deadline, bake and verdict, latched rollback. Defaults to this.
     #[default]
     Health,
-    /// Waves follow a timer.
+    /// Waves (`waves`, every `wave_interval`) follow a timer, whatever happens.
     None,
 }
 
@@ -655,10 +659,15 @@ pub struct FaultConfig {
     /// Zone index (`zone_down`).
     #[serde(default)]
     pub zone: Option<u32>,
-    /// Cumulative fleet fractions per wave, e.g. `[0.1, 0.3, 1.0]` (`deploy`).
+    /// Cumulative fleet fractions per wave of the timer rollout, e.g. `[0.1, 0.3, 1.0]`
+    /// (`deploy` with `gate = "none"`, and the naive run).
     #[serde(default)]
     pub waves: Option<Vec<f64>>,
-    /// Time between waves (`deploy`).
+    /// vigil's rollout settings, exactly as `vigil deploy` reads `[rollout]` (`deploy`
+    /// with `gate = "health"`). Defaults to `vigil deploy`'s defaults.
+    #[serde(default)]
+    pub rollout: RolloutConfig,
+    /// Time between waves of the timer rollout (`deploy`).
     #[serde(default, with = "humantime_serde")]
     pub wave_interval: Option<Duration>,
     /// Whether the bad version fails readiness (`deploy`).
@@ -1121,6 +1130,9 @@ impl FaultConfig {
             Deploy => {
                 need(self.waves.is_some(), "waves")?;
                 need(self.wave_interval.is_some(), "wave_interval")?;
+                self.rollout
+                    .validate()
+                    .map_err(|e| ("rollout", format!("{}: {}", e.key, e.message)))?;
                 let waves = self.waves.as_deref().unwrap_or_default();
                 if waves.is_empty()
                     || waves.windows(2).any(|w| w[0] >= w[1])

@@ -68,6 +68,7 @@ use vigil_core::gate::{GateChange, Pause, WorkerGate};
 use vigil_core::guard::{GuardEvent, Observation, Outcome as GuardOutcome, SafetyGuard};
 use vigil_core::outlier::{OutlierEvent, RequestOutcome};
 use vigil_core::pool::{Pool, PoolEvent, RoutingSet, TargetSpec};
+use vigil_core::rollout::{Command, HostSpec, Phase, Rollout};
 use vigil_core::{Criticality, Health, Status, Thresholds, Time};
 
 /// Policy time is simulation time plus this epoch, so the fleet can be warmed up
@@ -94,6 +95,20 @@ const MAX_LOG: usize = 400;
 /// recovered from its last fault once every later tick is good (`recover_within`). One
 /// failed request in a hundred is the usual line between an incident and noise.
 const RECOVERED: f64 = 0.99;
+
+// === rollouts ===
+
+/// How often the simulated `vigil deploy` polls its rollout: once a second.
+const DEPLOY_POLL: Duration = Duration::from_secs(1);
+/// Error-rate samples fed to the rollout: every 10th poll (every 10 s per host).
+const DEPLOY_SAMPLE_EVERY: u64 = 10;
+/// The revision a `deploy` fault rolls out, and the one the fleet runs before.
+const NEW_REVISION: &str = "v2";
+const OLD_REVISION: &str = "v1";
+
+fn revision_name(new: bool) -> &'static str {
+    if new { NEW_REVISION } else { OLD_REVISION }
+}
 
 // === check names (health+json `component:measurement`) ===
 
@@ -200,6 +215,11 @@ enum Ev {
     DeployWave {
         fault: u16,
         wave: u16,
+    },
+    /// vigil's rollout policy's turn: feed it the hosts' health and error rates, carry out
+    /// its commands.
+    DeployPoll {
+        fault: u16,
     },
     ControllerUp,
 }
@@ -411,6 +431,8 @@ struct Server {
     /// Extra worker time of every request and health answer, seconds (a slow host).
     slow: Ramped,
     bad_version: bool,
+    /// Runs the revision being rolled out (bad or not).
+    new_revision: bool,
     /// Replaced by the controller while it was up (capacity the system took out).
     replaced_while_up: bool,
     /// Arrivals exceeded capacity in the last tick (brownout).
@@ -477,8 +499,16 @@ struct Probe {
 
 struct Deployment {
     fault: u16,
+    /// Timer rollout: servers `0..deployed` got the new version.
     deployed: u32,
     halted: bool,
+    /// vigil's rollout (`gate = "health"`), the policy `vigil deploy` drives.
+    rollout: Option<Box<Rollout>>,
+    /// Its decisions already noted, and the last wave counted.
+    seen_decisions: usize,
+    last_wave: Option<usize>,
+    rolling_back: bool,
+    polls: u64,
 }
 
 /// The controller's state that a restart loses (the guard's may be persisted).
@@ -614,6 +644,7 @@ impl<'a> Sim<'a> {
                 gray: Ramped::default(),
                 slow: Ramped::default(),
                 bad_version: false,
+                new_revision: false,
                 replaced_while_up: false,
                 overloaded: false,
                 shedding: false,
@@ -875,6 +906,7 @@ impl<'a> Sim<'a> {
                 incarnation,
             } => self.on_boot(server, incarnation),
             Ev::DeployWave { fault, wave } => self.on_deploy_wave(fault, wave),
+            Ev::DeployPoll { fault } => self.on_deploy_poll(fault),
             Ev::ControllerUp => self.on_controller_up(),
         }
     }
@@ -2549,18 +2581,35 @@ impl<'a> Sim<'a> {
             }
             FaultKind::Deploy => {
                 if start {
+                    let rollout = match f.gate.unwrap_or_default() {
+                        DeployGate::Health => match self.start_rollout(f) {
+                            Ok(r) => Some(Box::new(r)),
+                            Err(e) => {
+                                self.note(format!("deploy: refused: {e}"));
+                                return;
+                            }
+                        },
+                        DeployGate::None => None,
+                    };
+                    let ev = if rollout.is_some() {
+                        Ev::DeployPoll { fault: fi as u16 }
+                    } else {
+                        Ev::DeployWave {
+                            fault: fi as u16,
+                            wave: 0,
+                        }
+                    };
                     self.deployments.push(Deployment {
                         fault: fi as u16,
                         deployed: 0,
                         halted: false,
+                        rollout,
+                        seen_decisions: 0,
+                        last_wave: None,
+                        rolling_back: false,
+                        polls: 0,
                     });
-                    self.schedule(
-                        now,
-                        Ev::DeployWave {
-                            fault: fi as u16,
-                            wave: 0,
-                        },
-                    );
+                    self.schedule(now, ev);
                 }
             }
             FaultKind::ControllerRestart => {
@@ -2583,6 +2632,117 @@ impl<'a> Sim<'a> {
             .expect("validated: the dependency exists")
     }
 
+    /// vigil's rollout of fault `f`: every server a host, in its zone, on the old
+    /// revision, its health as the balancer sees it.
+    fn start_rollout(&self, f: &FaultConfig) -> Result<Rollout, vigil_core::rollout::StartError> {
+        let hosts = (0..self.servers.len())
+            .map(|i| HostSpec {
+                id: self.ctl_ids[i].clone(),
+                zone: self.zone_names[self.servers[i].zone as usize].clone(),
+                revision: revision_name(self.servers[i].new_revision).into(),
+                healthy: self.is_up(i) && self.in_service(i),
+                held: false,
+            })
+            .collect();
+        Rollout::start(f.rollout.clone(), hosts, NEW_REVISION, Self::pt(self.now))
+    }
+
+    /// One turn of vigil's rollout, every [`DEPLOY_POLL`]: the hosts' health answers (the
+    /// revision they run, and whether `/readyz` passes), their error rates every
+    /// [`DEPLOY_SAMPLE_EVERY`] turns, then its commands. Drains and installs take no
+    /// time here (an install swaps the version in place, as the timer rollout does); the
+    /// host reports back at the next turn.
+    fn on_deploy_poll(&mut self, fault: u16) {
+        let Some(di) = self.deployments.iter().position(|d| d.fault == fault) else {
+            return;
+        };
+        let Some(mut r) = self.deployments[di].rollout.take() else {
+            return;
+        };
+        let now = self.now;
+        let pnow = Self::pt(now);
+        let sample = self.deployments[di]
+            .polls
+            .is_multiple_of(DEPLOY_SAMPLE_EVERY);
+        self.deployments[di].polls += 1;
+        for i in 0..self.servers.len() {
+            let healthy = self.is_up(i) && self.checks(i, now, false).1 != Status::Fail;
+            let id = &self.ctl_ids[i];
+            r.report(
+                pnow,
+                id,
+                revision_name(self.servers[i].new_revision),
+                healthy,
+            );
+            if sample && self.is_up(i) {
+                r.sample(pnow, id, self.request_fail_prob(i, now));
+            }
+        }
+        let bad = {
+            let f = &self.cfg.faults[fault as usize];
+            f.error_rate.unwrap_or(0.0) > 0.0 || f.readiness == Some(Readiness::Fails)
+        };
+        // Drains and installs answer at once; their follow-ups come out of the next poll.
+        // Bounded: each host is drained, installed and undrained at most twice (deploy,
+        // rollback).
+        for _ in 0..8 {
+            let commands = r.poll(pnow);
+            if commands.is_empty() {
+                break;
+            }
+            for c in commands {
+                match c {
+                    Command::Drain { host } => r.drained(pnow, &host),
+                    Command::Install { host, revision, .. } => {
+                        if let Some(i) = self.ctl_ids.iter().position(|id| *id == host) {
+                            let new = revision == NEW_REVISION;
+                            self.servers[i].new_revision = new;
+                            self.servers[i].bad_version = new && bad;
+                            if new && bad {
+                                self.harm(i, now);
+                            } else {
+                                self.cure(i);
+                            }
+                        }
+                        r.installed(pnow, &host, Ok(()));
+                    }
+                    Command::Undrain { .. } => {}
+                    Command::Alert { reason } => self.note(format!("deploy: alert: {reason}")),
+                }
+            }
+        }
+        self.rollout_bookkeeping(di, &r);
+        let finished = r.is_finished();
+        self.deployments[di].rollout = Some(r);
+        if !finished {
+            self.schedule(now + DEPLOY_POLL, Ev::DeployPoll { fault });
+        }
+    }
+
+    /// Counts the rollout's waves and rollbacks, and notes its decisions.
+    fn rollout_bookkeeping(&mut self, di: usize, r: &Rollout) {
+        for d in &r.decisions()[self.deployments[di].seen_decisions..] {
+            self.note(format!("deploy: {}", d.what));
+        }
+        self.deployments[di].seen_decisions = r.decisions().len();
+        match r.phase() {
+            Phase::Deploying { wave } if self.deployments[di].last_wave != Some(*wave) => {
+                self.deployments[di].last_wave = Some(*wave);
+                self.s.deploy_waves += 1;
+                let label = format!("deploy: wave {} to {}", wave + 1, r.wave_hosts().join(", "));
+                self.decide_mark("wave", &label);
+            }
+            Phase::RollingBack { reason } if !self.deployments[di].rolling_back => {
+                self.deployments[di].rolling_back = true;
+                self.deployments[di].halted = true;
+                self.s.rollbacks += 1;
+                let label = format!("rollback: {reason}");
+                self.decide_mark("rollback", &label);
+            }
+            _ => {}
+        }
+    }
+
     fn on_deploy_wave(&mut self, fault: u16, wave: u16) {
         let f = &self.cfg.faults[fault as usize];
         let now = self.now;
@@ -2595,23 +2755,6 @@ impl<'a> Sim<'a> {
         }
         let n = self.servers.len() as u32;
         let deployed = self.deployments[di].deployed;
-        if wave > 0 && f.gate.unwrap_or_default() == DeployGate::Health {
-            let out = (0..deployed as usize)
-                .filter(|&i| !self.in_service(i) || !self.is_up(i))
-                .count();
-            if out > 0 {
-                self.deployments[di].halted = true;
-                self.s.rollbacks += 1;
-                self.note(format!(
-                    "deploy: wave {wave} held: {out}/{deployed} servers of the previous waves out of service; rolling back"
-                ));
-                for i in 0..deployed as usize {
-                    self.servers[i].bad_version = false;
-                    self.cure(i);
-                }
-                return;
-            }
-        }
         let Some(frac) = waves.get(wave as usize) else {
             return;
         };
@@ -2619,6 +2762,7 @@ impl<'a> Sim<'a> {
         let bad = f.error_rate.unwrap_or(0.0) > 0.0 || f.readiness == Some(Readiness::Fails);
         for i in deployed as usize..upto as usize {
             self.servers[i].bad_version = bad;
+            self.servers[i].new_revision = true;
             if bad {
                 self.harm(i, now);
             }
@@ -2775,6 +2919,56 @@ kind = "controller_restart"
 
     fn sim_for(src: &str) -> Scenario {
         Scenario::parse(Path::new("t.toml"), src).expect("valid scenario")
+    }
+
+    /// Twenty servers in two zones, a `deploy` fault at 2m with `extra` keys and a rollout
+    /// of waves of at most 4 hosts, 1 minute of bake.
+    fn deploy_scenario(extra: &str) -> Scenario {
+        sim_for(&format!(
+            "duration = \"40m\"\n[fleet]\nservers = 20\nzones = 2\n\
+             [[faults]]\nat = \"2m\"\nkind = \"deploy\"\nwaves = [0.5, 1.0]\n\
+             wave_interval = \"5m\"\n{extra}\n\
+             [faults.rollout]\nmax_wave = 4\nbake = \"1m\"\nprogress_deadline = \"2m\"\n"
+        ))
+    }
+
+    #[test]
+    fn a_good_revision_rolls_out_in_floor_sized_waves_one_zone_at_a_time() {
+        let s = deploy_scenario("error_rate = 0.0\nreadiness = \"passes\"");
+        let o = run(&s.config, 1, false, &mut |_| {});
+        // 20 hosts, at most 4 per wave, a wave never spans the two zones of 10: 3 waves
+        // per zone.
+        assert_eq!(o.summary.deploy_waves, 6, "{:#?}", o.log);
+        assert_eq!(o.summary.rollbacks, 0);
+        assert!(
+            o.log
+                .iter()
+                .any(|(_, l)| l.contains("completed") || l.contains("every host runs")),
+            "{:#?}",
+            o.log
+        );
+        assert_eq!(o.summary.client_errors, 0);
+    }
+
+    #[test]
+    fn a_revision_failing_requests_behind_a_passing_readiness_is_rolled_back_by_its_error_rate() {
+        // /readyz passes, 20% of requests fail: only the rollout's error-rate samples see
+        // it, during the bake of the first wave.
+        let s = deploy_scenario("error_rate = 0.2\nreadiness = \"passes\"");
+        let o = run(&s.config, 1, false, &mut |_| {});
+        assert_eq!(o.summary.deploy_waves, 1, "{:#?}", o.log);
+        assert_eq!(o.summary.rollbacks, 1, "{:#?}", o.log);
+        assert!(
+            o.log
+                .iter()
+                .any(|(_, l)| l.contains("deploy:") && l.contains("error rate")),
+            "the log says why: {:#?}",
+            o.log
+        );
+        // The timer rollout pushes both waves.
+        let naive = run(&s.config.naive(), 1, true, &mut |_| {});
+        assert_eq!(naive.summary.deploy_waves, 2);
+        assert!(naive.summary.client_errors > 10 * o.summary.client_errors.max(1));
     }
 
     /// Ten queue workers; `faults` appended.

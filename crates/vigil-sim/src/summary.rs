@@ -149,6 +149,7 @@ impl Summary {
             "max_queue_backlog" => self.max_queue_backlog as f64,
             "worker_pauses" => f64::from(self.worker_pauses),
             "deploy_waves" => f64::from(self.deploy_waves),
+            "rollbacks" => f64::from(self.rollbacks),
             "client_retries" => self.client_retries as f64,
             "lb_retries" => self.lb_retries as f64,
             "lb_retries_denied" => self.lb_retries_denied as f64,
