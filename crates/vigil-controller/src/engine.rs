@@ -779,7 +779,7 @@ impl Engine {
         self.config_targets = config.targets.iter().cloned().map(Arc::new).collect();
         self.config = config.clone();
         self.discovery_pending &= config.discovery.is_some();
-        if !config.discovery.as_ref().is_some_and(|d| d.aws.is_some()) {
+        if config.discovery.as_ref().is_none_or(|d| d.aws.is_none()) {
             // Auto Scaling discovery turned off: its targets go.
             self.aws_pending = false;
             self.aws_discovered = Vec::new();
