@@ -636,6 +636,20 @@ mod tests {
             );
         }
         assert!(bad("[[targets]]\nid = \"a\"\nurl = \"https://x\"") == "targets[0].url");
+        assert!(bad("[discovery]\npoll = \"1s\"") == "discovery.path");
+        assert!(bad("[discovery.aws]\ngroups = []") == "discovery.aws.groups");
+        assert!(
+            bad(
+                "[discovery.aws]\ngroups = [\"g\"]\nurl = \"http://{ip}\"\n[aws]\nregion = \"eu-west-1\""
+            ) == "discovery.aws.url"
+        );
+        assert!(bad("[aws]\nendpoint = \"ftp://x\"") == "aws.endpoint");
+        assert!(bad("[aws]\nregion = \"EU West\"") == "aws.region");
+        assert!(
+            bad(
+                "[actuator]\nkind = \"aws-autoscaling\"\n[aws]\nregion = \"eu-west-1\"\ndeadline = \"0s\""
+            ) == "aws.deadline"
+        );
         assert!(
             bad(
                 "[[targets]]\nid = \"a\"\nurl = \"http://x\"\n[[targets]]\nid = \"a\"\nurl = \"http://y\""
