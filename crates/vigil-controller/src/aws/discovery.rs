@@ -305,8 +305,14 @@ pub async fn run(
                         }
                     };
                 }
+                // A listing retried against a failing API can take `[aws] deadline`:
+                // a shutdown does not wait for it.
                 let outcome = match &client {
-                    Some((_, c)) => list_targets(c, d).await,
+                    Some((_, c)) => tokio::select! {
+                        biased;
+                        _ = shutdown.changed() => return,
+                        r = list_targets(c, d) => r,
+                    },
                     None => Err("no AWS client".to_string()),
                 };
                 match outcome {
