@@ -15,11 +15,26 @@ command -v wrk >/dev/null 2>&1 || need+=(wrk)
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 # promtool (package prometheus) checks every /metrics endpoint.
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# The AWS Auto Scaling tests (crates/vigil-cli/tests/controller_aws.rs) run against moto
+# in server mode, a local AWS API (PyPI). Debian's own Python refuses pip installs
+# outside a venv (PEP 668) unless told otherwise.
+if ! command -v moto_server >/dev/null 2>&1 && ! python3 -c 'import moto.server' >/dev/null 2>&1; then
+  echo "installing moto[server] (pip)"
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  fi
+  python3 -m pip install -q 'moto[server]' 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages 'moto[server]'
 fi
 
 if command -v pg_isready >/dev/null 2>&1 && ! pg_isready -h 127.0.0.1 -p 5432 -q; then

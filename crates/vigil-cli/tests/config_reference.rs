@@ -506,6 +506,16 @@ command = ["/bin/true"]
 [discovery]
 path = "fleet-targets.json"
 
+[discovery.aws]
+groups = ["web-prod"]
+
+[aws]
+region = "eu-west-1"
+profile = "vigil"
+endpoint = "http://127.0.0.1:5000"
+autoscaling_endpoint = "https://vpce-0abc-autoscaling.eu-west-1.vpce.amazonaws.com"
+ec2_endpoint = "https://vpce-0abc-ec2.eu-west-1.vpce.amazonaws.com"
+
 [[targets]]
 id = "web-1"
 url = "http://127.0.0.1:8081"

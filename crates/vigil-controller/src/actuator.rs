@@ -1,16 +1,21 @@
 //! Actuators: what happens when the guard acts. `log` (a dry run, the default),
-//! `webhook` (a signed JSON POST, retried with backoff, with an idempotency key) and
-//! `exec` (a command with the target in its environment, under a timeout).
+//! `webhook` (a signed JSON POST, retried with backoff, with an idempotency key),
+//! `exec` (a command with the target in its environment, under a timeout) and
+//! `aws-autoscaling` (the instance's Auto Scaling group replaces it:
+//! [`crate::aws::actuator`]).
 //!
 //! Besides replacements (event kind `replace`), the guard raises freeze alerts (kind
 //! `alert`, see [`crate::engine::ALERT`]): the webhook delivers them, `log` logs them,
-//! `exec` never runs for one.
+//! `exec` and `aws-autoscaling` never run for one.
 //!
 //! Every action reaching here was committed to the store as `intended` first; the
 //! runner counts the attempt in the store before running and marks the outcome after.
 
+use crate::aws::client::Client as AwsClient;
 use crate::clock::wall_ms;
-use crate::config::{ActuatorConfig, ActuatorKind, ExecConfig, WebhookConfig};
+use crate::config::{
+    ActuatorConfig, ActuatorKind, AwsConfig, ControllerConfig, ExecConfig, WebhookConfig,
+};
 use crate::metrics::Metrics;
 use crate::store::{ActionRecord, ActionState, StoreHandle};
 use hmac::{Hmac, Mac};
@@ -39,20 +44,40 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
+/// What an action runs with: the actuator's settings, and an AWS client for
+/// `aws-autoscaling` (or why there is none).
+struct Tools {
+    http: reqwest::Client,
+    aws: Option<Result<AwsClient, String>>,
+}
+
 /// Runs actions as they come, each on its own task (they are rare: the budget says so).
+/// `config`: the controller's config in force (its `[actuator]` and `[aws]`).
 pub async fn run(
     mut rx: mpsc::UnboundedReceiver<ActionRecord>,
-    config: watch::Receiver<Arc<ActuatorConfig>>,
+    config: watch::Receiver<Arc<ControllerConfig>>,
     store: StoreHandle,
     metrics: Arc<Metrics>,
     tasks: tokio_util::task::TaskTracker,
 ) {
     let http = reqwest::Client::builder()
         .build()
-        .expect("a reqwest client without TLS builds");
+        .expect("a reqwest client with the default settings builds");
+    // The AWS client of the `[aws]` it was built from, rebuilt when that changes.
+    let mut aws: Option<(AwsConfig, Result<AwsClient, String>)> = None;
     while let Some(action) = rx.recv().await {
-        let cfg = config.borrow().clone();
-        let (store, http, metrics) = (store.clone(), http.clone(), metrics.clone());
+        let full = config.borrow().clone();
+        let cfg = Arc::new(full.actuator.clone());
+        if full.actuator.kind == ActuatorKind::AwsAutoscaling
+            && aws.as_ref().is_none_or(|(c, _)| *c != full.aws)
+        {
+            aws = Some((full.aws.clone(), AwsClient::new(&full.aws)));
+        }
+        let tools = Tools {
+            http: http.clone(),
+            aws: aws.as_ref().map(|(_, c)| c.clone()),
+        };
+        let (store, metrics) = (store.clone(), metrics.clone());
         tasks.spawn(async move {
             let id = action.id;
             // Not running an action whose attempt could not be counted: the intent
@@ -73,7 +98,7 @@ pub async fn run(
                 }
                 tokio::time::sleep(ATTEMPT_RETRY_EVERY).await;
             }
-            let (state, result) = execute(&cfg, &http, &action).await;
+            let (state, result) = execute(&cfg, &tools, &action).await;
             metrics.action(state);
             let r = result.clone();
             match store
@@ -92,9 +117,10 @@ pub async fn run(
 
 async fn execute(
     cfg: &ActuatorConfig,
-    http: &reqwest::Client,
+    tools: &Tools,
     action: &ActionRecord,
 ) -> (ActionState, String) {
+    let http = &tools.http;
     if action.event["kind"] == crate::engine::ALERT {
         return alert(cfg, http, action).await;
     }
@@ -111,13 +137,21 @@ async fn execute(
         }
         ActuatorKind::Webhook => webhook(&cfg.webhook, http, action).await,
         ActuatorKind::Exec => exec(&cfg.exec, action).await,
+        ActuatorKind::AwsAutoscaling => match &tools.aws {
+            Some(Ok(client)) => crate::aws::actuator::act(client, &cfg.aws, action).await,
+            Some(Err(e)) => (ActionState::Failed, format!("no AWS client: {e}")),
+            None => (
+                ActionState::Failed,
+                "no AWS client: the actuator changed while the action was queued".into(),
+            ),
+        },
     }
 }
 
 /// A freeze alert (event kind `alert`): a human should decide. The webhook delivers it
 /// like a replacement (signed, retried, same idempotency rule: receivers tell the two
-/// apart by `kind`); `log` logs it; `exec` does not run for it, because an exec command
-/// is written to replace the target it is given and an alert has none.
+/// apart by `kind`); `log` logs it; `exec` and `aws-autoscaling` do not run for it,
+/// because they replace the target they are given and an alert has none.
 async fn alert(
     cfg: &ActuatorConfig,
     http: &reqwest::Client,
@@ -130,11 +164,16 @@ async fn alert(
             tracing::error!(action = action.id, key = %action.idempotency_key, summary = %summary, "ALERT: a human should decide (the log actuator only logs)");
             (ActionState::Done, "alert logged".into())
         }
-        ActuatorKind::Exec => {
-            tracing::error!(action = action.id, summary = %summary, "ALERT: a human should decide (not sent: the exec actuator runs only for replacements)");
+        ActuatorKind::Exec | ActuatorKind::AwsAutoscaling => {
+            let name = if cfg.kind == ActuatorKind::Exec {
+                "exec"
+            } else {
+                "aws-autoscaling"
+            };
+            tracing::error!(action = action.id, summary = %summary, "ALERT: a human should decide (not sent: the {name} actuator runs only for replacements)");
             (
                 ActionState::Done,
-                "alert not sent: the exec actuator runs only for replacements".into(),
+                format!("alert not sent: the {name} actuator runs only for replacements"),
             )
         }
     }
@@ -378,7 +417,7 @@ mod tests {
             fail: fail.clone(),
         }));
         let (tx, rx) = mpsc::unbounded_channel();
-        let (_config_tx, config) = watch::channel(Arc::new(ActuatorConfig::default()));
+        let (_config_tx, config) = watch::channel(Arc::new(ControllerConfig::default()));
         let tasks = tokio_util::task::TaskTracker::new();
         tokio::spawn(run(
             rx,

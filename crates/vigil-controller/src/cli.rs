@@ -114,12 +114,14 @@ fn check_config(path: &Path) -> ExitCode {
         }
     };
     let mut discovered = 0;
-    if let Some(d) = &cfg.discovery {
-        match discovery::read(&d.path).and_then(|t| {
+    if let Some(d) = &cfg.discovery
+        && let Some(file) = d.file()
+    {
+        match discovery::read(file).and_then(|t| {
             cfg.heartbeat
                 .check_targets(&t, "targets")
                 .map(|()| t)
-                .map_err(|e| format!("{}: {e}", d.path.display()))
+                .map_err(|e| format!("{}: {e}", file.display()))
         }) {
             Ok(t) => discovered = t.len(),
             Err(e) => {
@@ -128,8 +130,19 @@ fn check_config(path: &Path) -> ExitCode {
             }
         }
     }
+    let groups = cfg
+        .discovery
+        .as_ref()
+        .and_then(|d| d.aws.as_ref())
+        .map(|a| {
+            format!(
+                ", Auto Scaling groups {} listed at run time",
+                a.groups.join(", ")
+            )
+        })
+        .unwrap_or_default();
     println!(
-        "{}: ok ({} targets, {} discovered, actuator {:?}, listen {})",
+        "{}: ok ({} targets, {} discovered{groups}, actuator {:?}, listen {})",
         path.display(),
         cfg.targets.len(),
         discovered,
@@ -227,7 +240,6 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         heartbeat_ttl: cfg.heartbeat.ttl,
     }));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let (actuator_tx, actuator_rx) = watch::channel(Arc::new(cfg.actuator.clone()));
     let (config_tx, config_rx) = watch::channel(cfg.clone());
 
     let (mut engine, report) = Engine::recover(
@@ -255,8 +267,12 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     // What start-up read of the discovery file (its hash, good or bad) is handed to
     // the watcher: a change made after this read is one it has not seen, whenever it
     // comes (the watcher's first poll compares against it).
-    let (discovered, seen) = match &cfg.discovery {
-        Some(d) => match std::fs::read_to_string(&d.path) {
+    let (discovered, seen) = match cfg
+        .discovery
+        .as_ref()
+        .and_then(|d| d.file().map(|f| (d, f)))
+    {
+        Some((d, _)) => match std::fs::read_to_string(&d.path) {
             Ok(text) => {
                 let seen = Some((d.path.clone(), text_hash(&text)));
                 match parse_discovery(&cfg, &d.path, &text) {
@@ -294,7 +310,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     let heartbeats = Arc::new(Heartbeats::default());
     tasks.spawn(crate::actuator::run(
         actions_rx,
-        actuator_rx,
+        config_rx.clone(),
         store.clone(),
         metrics.clone(),
         tasks.clone(),
@@ -313,6 +329,11 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         engine_tx.clone(),
         shutdown_rx.clone(),
         seen,
+    ));
+    tasks.spawn(crate::aws::discovery::run(
+        config_rx.clone(),
+        engine_tx.clone(),
+        shutdown_rx.clone(),
     ));
 
     let heartbeat_auth = Arc::new(RwLock::new(HeartbeatAuth::of(&cfg)));
@@ -371,7 +392,6 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
                         let new = Arc::new(new);
                         *token.write().expect("token lock") = new.effective_token();
                         *heartbeat_auth.write().expect("heartbeat auth lock") = HeartbeatAuth::of(&new);
-                        let _ = actuator_tx.send(Arc::new(new.actuator.clone()));
                         let _ = config_tx.send(new.clone());
                         if engine_tx.send(Command::Reconfigure(new.clone())).await.is_err() {
                             break;
@@ -459,7 +479,11 @@ async fn watch_discovery(
     // its own).
     let mut unreadable_reported = true;
     loop {
-        let d = config.borrow_and_update().discovery.clone();
+        let d = config
+            .borrow_and_update()
+            .discovery
+            .clone()
+            .filter(|d| d.file().is_some());
         let poll = d.as_ref().map_or(Duration::from_secs(1), |d| d.poll);
         if let Some(d) = d {
             match std::fs::read_to_string(&d.path) {

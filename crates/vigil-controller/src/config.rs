@@ -10,6 +10,8 @@ use vigil_core::anomaly::AnomalyConfig;
 use vigil_core::guard::GuardConfig;
 use vigil_core::judge::Answers;
 
+pub use crate::aws::config::{AwsActMode, AwsActuatorConfig, AwsConfig, AwsDiscoveryConfig};
+
 /// Default listen address: loopback only, so a fresh install exposes nothing; 9400 is
 /// free in the Prometheus exporter port registry's neighbourhood.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
@@ -81,8 +83,10 @@ pub struct ControllerConfig {
     pub guard: GuardConfig,
     /// What happens when the guard acts.
     pub actuator: ActuatorConfig,
-    /// A watched file listing more targets.
+    /// A watched file, or Auto Scaling groups, listing more targets.
     pub discovery: Option<DiscoveryConfig>,
+    /// How AWS is reached (the `aws-autoscaling` actuator, `[discovery.aws]`).
+    pub aws: AwsConfig,
     /// Store tuning.
     pub store: StoreConfig,
     /// How queue workers (heartbeat targets that report counters) are compared with the
@@ -105,6 +109,7 @@ impl Default for ControllerConfig {
             guard: GuardConfig::default(),
             actuator: ActuatorConfig::default(),
             discovery: None,
+            aws: AwsConfig::default(),
             store: StoreConfig::default(),
             anomaly: AnomalyConfig::default(),
             dashboard: DashboardConfig::default(),
@@ -236,18 +241,23 @@ pub enum ActuatorKind {
     Webhook,
     /// Run a command.
     Exec,
+    /// Ask the instance's AWS Auto Scaling group to replace it (`[actuator.aws]`).
+    #[serde(rename = "aws-autoscaling")]
+    AwsAutoscaling,
 }
 
 /// The actuator.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ActuatorConfig {
-    /// `log` (default), `webhook` or `exec`.
+    /// `log` (default), `webhook`, `exec` or `aws-autoscaling`.
     pub kind: ActuatorKind,
     /// Settings of the webhook actuator.
     pub webhook: WebhookConfig,
     /// Settings of the exec actuator.
     pub exec: ExecConfig,
+    /// Settings of the aws-autoscaling actuator.
+    pub aws: AwsActuatorConfig,
 }
 
 /// Webhook actuator.
@@ -300,16 +310,19 @@ impl Default for ExecConfig {
     }
 }
 
-/// A watched discovery file.
+/// Discovery: a watched file, Auto Scaling groups, or both.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DiscoveryConfig {
     /// The file: `.json` (an array of targets, or `{"targets": [...]}`) or `.toml`
-    /// (`[[targets]]`). Relative paths are relative to the config file.
+    /// (`[[targets]]`). Relative paths are relative to the config file. Required
+    /// unless `aws` is set.
     pub path: PathBuf,
     /// How often it is checked for changes. Defaults to 2 s.
     #[serde(with = "humantime_serde")]
     pub poll: Duration,
+    /// Targets from AWS Auto Scaling groups.
+    pub aws: Option<AwsDiscoveryConfig>,
 }
 
 impl Default for DiscoveryConfig {
@@ -317,7 +330,15 @@ impl Default for DiscoveryConfig {
         DiscoveryConfig {
             path: PathBuf::new(),
             poll: DEFAULT_DISCOVERY_POLL,
+            aws: None,
         }
+    }
+}
+
+impl DiscoveryConfig {
+    /// The discovery file, if one is configured.
+    pub fn file(&self) -> Option<&Path> {
+        (!self.path.as_os_str().is_empty()).then_some(self.path.as_path())
     }
 }
 
@@ -497,10 +518,21 @@ impl ControllerConfig {
                     ));
                 }
             }
+            ActuatorKind::AwsAutoscaling => {}
         }
+        let aws_discovery = self.discovery.as_ref().and_then(|d| d.aws.as_ref());
+        if let Some(a) = aws_discovery {
+            a.validate().map_err(|e| e.within("discovery.aws"))?;
+        }
+        self.aws
+            .validate(self.actuator.kind == ActuatorKind::AwsAutoscaling || aws_discovery.is_some())
+            .map_err(|e| e.within("aws"))?;
         if let Some(d) = &self.discovery {
-            if d.path.as_os_str().is_empty() {
-                return Err(Invalid::new("discovery.path", "must name a file"));
+            if d.path.as_os_str().is_empty() && d.aws.is_none() {
+                return Err(Invalid::new(
+                    "discovery.path",
+                    "must name a file (or set [discovery.aws])",
+                ));
             }
             if d.poll.is_zero() {
                 return Err(Invalid::new("discovery.poll", "must be longer than 0s"));
@@ -543,6 +575,7 @@ pub fn load(path: &Path) -> Result<ControllerConfig, ConfigError> {
     }
     if let Some(d) = &mut config.discovery
         && d.path.is_relative()
+        && d.file().is_some()
     {
         d.path = base.join(&d.path);
     }
@@ -603,6 +636,20 @@ mod tests {
             );
         }
         assert!(bad("[[targets]]\nid = \"a\"\nurl = \"https://x\"") == "targets[0].url");
+        assert!(bad("[discovery]\npoll = \"1s\"") == "discovery.path");
+        assert!(bad("[discovery.aws]\ngroups = []") == "discovery.aws.groups");
+        assert!(
+            bad(
+                "[discovery.aws]\ngroups = [\"g\"]\nurl = \"http://{ip}\"\n[aws]\nregion = \"eu-west-1\""
+            ) == "discovery.aws.url"
+        );
+        assert!(bad("[aws]\nendpoint = \"ftp://x\"") == "aws.endpoint");
+        assert!(bad("[aws]\nregion = \"EU West\"") == "aws.region");
+        assert!(
+            bad(
+                "[actuator]\nkind = \"aws-autoscaling\"\n[aws]\nregion = \"eu-west-1\"\ndeadline = \"0s\""
+            ) == "aws.deadline"
+        );
         assert!(
             bad(
                 "[[targets]]\nid = \"a\"\nurl = \"http://x\"\n[[targets]]\nid = \"a\"\nurl = \"http://y\""

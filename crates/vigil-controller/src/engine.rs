@@ -102,6 +102,8 @@ pub enum Source {
     Config,
     /// The discovery file.
     Discovery,
+    /// Auto Scaling groups (`[discovery.aws]`).
+    Aws,
 }
 
 /// A message to the engine.
@@ -257,6 +259,8 @@ pub struct Engine {
     config: Arc<ControllerConfig>,
     config_targets: Vec<Arc<TargetConfig>>,
     discovered: Vec<Arc<TargetConfig>>,
+    /// The last good list from Auto Scaling groups.
+    aws_discovered: Vec<Arc<TargetConfig>>,
     /// By id (the same shared string as the target's metric labels).
     runtime: BTreeMap<Arc<str>, TargetRuntime>,
     events: VecDeque<EventInfo>,
@@ -289,6 +293,8 @@ pub struct Engine {
     /// Discovery is configured but no good list has been read since start: targets
     /// the guard knows are kept (see [`Engine::initial_targets`]).
     discovery_pending: bool,
+    /// The same for Auto Scaling groups: configured, no list read since start.
+    aws_pending: bool,
     /// Where readers find the fleet.
     views: FleetViews,
     /// When the published view was built.
@@ -387,6 +393,7 @@ impl Engine {
             config: config.clone(),
             config_targets: Vec::new(),
             discovered: Vec::new(),
+            aws_discovered: Vec::new(),
             runtime: BTreeMap::new(),
             events: VecDeque::new(),
             batch: Batch::default(),
@@ -404,6 +411,7 @@ impl Engine {
             targets_pending: false,
             events_since_flush: 0,
             discovery_pending: false,
+            aws_pending: false,
             views: FleetViews::new(FleetView::empty()),
             last_publish: Instant::now(),
             view_dirty: true,
@@ -483,7 +491,20 @@ impl Engine {
         self.config_targets = shared(config);
         self.discovery_pending = discovered.is_none();
         self.discovered = shared(discovered.unwrap_or_default());
+        // Auto Scaling groups are listed by their poller once running: until its
+        // first good list, the targets the store knows are kept as for a file.
+        self.aws_pending = self
+            .config
+            .discovery
+            .as_ref()
+            .is_some_and(|d| d.aws.is_some());
         self.apply_targets();
+        if self.aws_pending {
+            tracing::info!(
+                kept = self.kept_targets(),
+                "the targets the store knows keep their guard state, unprobed, until the Auto Scaling groups are listed"
+            );
+        }
         if self.discovery_pending {
             let kept = self.kept_targets();
             if kept > 0 {
@@ -502,6 +523,7 @@ impl Engine {
             .config_targets
             .iter()
             .chain(&self.discovered)
+            .chain(&self.aws_discovered)
             .map(|t| t.id.as_str())
             .collect();
         self.runtime
@@ -663,6 +685,10 @@ impl Engine {
                         self.discovered = targets;
                         self.discovery_pending = false;
                     }
+                    Source::Aws => {
+                        self.aws_discovered = targets;
+                        self.aws_pending = false;
+                    }
                 }
                 if self.failing.is_some() {
                     self.targets_pending = true;
@@ -751,6 +777,11 @@ impl Engine {
         self.config_targets = config.targets.iter().cloned().map(Arc::new).collect();
         self.config = config.clone();
         self.discovery_pending &= config.discovery.is_some();
+        if config.discovery.as_ref().is_none_or(|d| d.aws.is_none()) {
+            // Auto Scaling discovery turned off: its targets go.
+            self.aws_pending = false;
+            self.aws_discovered = Vec::new();
+        }
         if self.failing.is_some() {
             // Applied with the next successful commit (`retry_store`).
             self.targets_pending = true;
@@ -777,8 +808,11 @@ impl Engine {
         // Sorted by id, sharing the sources' `Arc`s (no copy of any id): a stable sort
         // keeps a discovered entry before the config's entry of the same id, and the
         // later one wins.
-        let mut all: Vec<(Arc<TargetConfig>, Source)> =
-            Vec::with_capacity(self.discovered.len() + self.config_targets.len());
+        let mut all: Vec<(Arc<TargetConfig>, Source)> = Vec::with_capacity(
+            self.aws_discovered.len() + self.discovered.len() + self.config_targets.len(),
+        );
+        // Later sources win a duplicate id: Auto Scaling, the file, the config.
+        all.extend(self.aws_discovered.iter().map(|t| (t.clone(), Source::Aws)));
         all.extend(
             self.discovered
                 .iter()
@@ -802,7 +836,7 @@ impl Engine {
                 _ => merged.push(t),
             }
         }
-        let pending = self.discovery_pending;
+        let pending = self.discovery_pending || self.aws_pending;
         let guard = &self.guard;
         let now = self.clock.now();
         // While the discovery file has not been read right since start, a target the

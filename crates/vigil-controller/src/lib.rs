@@ -11,7 +11,10 @@
 //! - [`history`]: each target's recent probes, packed, for the API.
 //! - [`store`]: the `Store` trait and its SQLite implementation (snapshot + op log,
 //!   decision log, action intents).
-//! - [`actuator`]: log, webhook (HMAC-signed, retried, idempotent), exec.
+//! - [`actuator`]: log, webhook (HMAC-signed, retried, idempotent), exec, and
+//!   [`aws`]'s Auto Scaling actuator.
+//! - [`aws`]: AWS Auto Scaling: the actuator, discovery from groups, a Query API
+//!   client (SigV4), credentials.
 //! - [`view`]: the fleet as the engine publishes it for readers (API, dashboard).
 //! - [`api`], [`dashboard`], [`metrics`]: HTTP API, server-rendered dashboard, Prometheus.
 //! - [`cli`]: `vigil controller [check-config] -c fleet.toml`.
@@ -20,6 +23,7 @@
 
 pub mod actuator;
 pub mod api;
+pub mod aws;
 pub mod balancers;
 pub mod cli;
 pub mod clock;

@@ -93,16 +93,32 @@ impl Controller {
     /// Starts the controller on the config already in `dir`, its command line run by
     /// `wrapper` (e.g. `unshare -m -- sh -c '...; exec "$0" "$@"'`).
     pub fn start_wrapped(dir: &Path, wrapper: &[String]) -> Controller {
-        Self::start_full(dir, wrapper, None)
+        Self::start_full(dir, wrapper, None, &[])
+    }
+
+    /// Writes `config` and starts the controller with `env` added to its environment.
+    pub fn start_env(dir: &Path, config: &str, env: &[(&str, String)]) -> Controller {
+        std::fs::write(dir.join("fleet.toml"), config).expect("write config");
+        Self::start_existing_env(dir, env)
+    }
+
+    /// Starts the controller on the config already in `dir`, with `env` added.
+    pub fn start_existing_env(dir: &Path, env: &[(&str, String)]) -> Controller {
+        Self::start_full(dir, &[], None, env)
     }
 
     /// Starts the controller on the config already in `dir`, calling `on_line` with
     /// each log line as soon as it is written (before the controller listens).
     pub fn start_watching(dir: &Path, on_line: LineHook) -> Controller {
-        Self::start_full(dir, &[], Some(on_line))
+        Self::start_full(dir, &[], Some(on_line), &[])
     }
 
-    fn start_full(dir: &Path, wrapper: &[String], mut on_line: Option<LineHook>) -> Controller {
+    fn start_full(
+        dir: &Path,
+        wrapper: &[String],
+        mut on_line: Option<LineHook>,
+        env: &[(&str, String)],
+    ) -> Controller {
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
@@ -118,6 +134,7 @@ impl Controller {
             .env_remove("VIGIL_API_TOKEN")
             .env_remove("VIGIL_WEBHOOK_SECRET")
             .env_remove("VIGIL_HEARTBEAT_SECRET")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

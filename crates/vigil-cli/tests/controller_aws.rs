@@ -1,0 +1,412 @@
+//! `vigil controller` on AWS Auto Scaling, against moto in server mode: the real
+//! binary discovers a group's instances and acts on them through the Auto Scaling
+//! API, with a fault proxy in front of moto for throttling, 5xx, an outage and a
+//! crash in the middle of a call. moto must be installed
+//! (scripts/install-test-deps.sh).
+
+mod aws_support;
+mod controller_support;
+
+use aws_support::*;
+use controller_support::*;
+use serde_json::Value;
+use std::net::SocketAddr;
+use vigil_core::Status;
+use vigil_testkit::Backend;
+
+/// The access key the controller signs with in most tests.
+const ACCESS_KEY: &str = "AKIDVIGILTEST";
+
+fn env_credentials() -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "test-secret".to_string()),
+    ]
+}
+
+/// The base config with `[aws]` pointing at `endpoint` (fast timeouts and retries)
+/// and `extra` after it.
+fn aws_config(endpoint: &str, aws_extra: &str, extra: &str) -> String {
+    base_config(&format!(
+        "[aws]\nendpoint = \"{endpoint}\"\ntimeout = \"2s\"\ndeadline = \"20s\"\nbackoff = \"50ms\"\n{aws_extra}\n{extra}"
+    ))
+}
+
+/// `[discovery.aws]` of these groups, URLs `http://{private_ip}:port`.
+fn discovery(groups: &[&str], port: u16) -> String {
+    let groups: Vec<String> = groups.iter().map(|g| format!("{g:?}")).collect();
+    format!(
+        "[discovery.aws]\ngroups = [{}]\nurl = \"http://{{private_ip}}:{port}\"\npoll = \"200ms\"\n",
+        groups.join(", ")
+    )
+}
+
+/// A health backend on each instance's (loopback) private address, all on `port`.
+fn backends_on(instances: &[Instance], port: u16) -> Vec<Backend> {
+    instances
+        .iter()
+        .map(|i| {
+            let addr: SocketAddr = format!("{}:{port}", i.private_ip).parse().unwrap();
+            Backend::start_on(&i.id, addr)
+        })
+        .collect()
+}
+
+async fn done_action_on(c: &Controller, id: &str) -> Value {
+    c.wait_for(&format!("an action on {id} finished"), || async {
+        c.actions()
+            .await
+            .into_iter()
+            .find(|a| a["target"] == id && (a["state"] == "done" || a["state"] == "failed"))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_act_decision_marks_the_instance_unhealthy_through_throttling_and_5xx() {
+    let aws = Aws::start().await;
+    let instances = aws.create_group("web", 'a', 5).await;
+    let port = free_port();
+    let bs = backends_on(&instances, port);
+    let proxy = FaultProxy::start(aws.moto.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = aws_config(
+        &proxy.url(),
+        &format!("region = \"{REGION}\""),
+        &format!(
+            "[actuator]\nkind = \"aws-autoscaling\"\n{}",
+            discovery(&["web"], port)
+        ),
+    );
+    let c = Controller::start_env(dir.path(), &cfg, &env_credentials());
+    c.wait_all(5, "healthy").await;
+    for t in c.targets().await {
+        let i = instances
+            .iter()
+            .find(|i| t["id"] == i.id.as_str())
+            .unwrap_or_else(|| panic!("a target that is no instance of the group: {t}"));
+        assert_eq!(t["zone"], "eu-west-1a", "{t}");
+        assert_eq!(t["group"], "web", "{t}");
+        assert_eq!(t["url"], format!("http://{}:{port}", i.private_ip), "{t}");
+    }
+    // AWS is busy when the action comes: one 503 on the look, two throttlings on the
+    // call.
+    proxy.refuse_next("DescribeAutoScalingInstances", 1, UNAVAILABLE);
+    proxy.refuse_next("SetInstanceHealth", 2, THROTTLING);
+    bs[2].set_check("disk:free", Status::Fail);
+    let victim = &instances[2].id;
+    let action = done_action_on(&c, victim).await;
+    assert_eq!(action["state"], "done", "{action}");
+    let result = action["result"].as_str().unwrap();
+    assert!(
+        result.contains("SetInstanceHealth Unhealthy (ShouldRespectGracePeriod=true)")
+            && result.contains("call 3")
+            && result.contains("AWS request id"),
+        "{result}"
+    );
+    assert_eq!(
+        aws.health(victim).await,
+        Some(("InService".to_string(), "Unhealthy".to_string())),
+        "the group sees the instance Unhealthy"
+    );
+    for i in instances.iter().filter(|i| &i.id != victim) {
+        assert_eq!(aws.health(&i.id).await.unwrap().1, "Healthy", "{i:?}");
+    }
+    assert_eq!(
+        proxy.count("DescribeAutoScalingInstances", "refused 503"),
+        1
+    );
+    assert_eq!(proxy.count("SetInstanceHealth", "refused 400"), 2);
+    assert_eq!(
+        proxy.count("SetInstanceHealth", "forwarded"),
+        1,
+        "one call reached AWS: {:#?}",
+        proxy.seen()
+    );
+    assert!(
+        proxy.seen().iter().all(|s| s.access_key == ACCESS_KEY),
+        "signed with the environment's key: {:#?}",
+        proxy.seen()
+    );
+    assert!(c.sigterm().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminate_mode_terminates_the_instance_and_keeps_the_desired_capacity() {
+    let aws = Aws::start().await;
+    let instances = aws.create_group("web", 'a', 5).await;
+    let port = free_port();
+    let bs = backends_on(&instances, port);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = aws_config(
+        &aws.url(),
+        &format!("region = \"{REGION}\""),
+        &format!(
+            "[actuator]\nkind = \"aws-autoscaling\"\n[actuator.aws]\nmode = \"terminate\"\n{}",
+            discovery(&["web"], port)
+        ),
+    );
+    let c = Controller::start_env(dir.path(), &cfg, &env_credentials());
+    c.wait_all(5, "healthy").await;
+    bs[1].set_check("memory:used", Status::Fail);
+    let victim = &instances[1].id;
+    let action = done_action_on(&c, victim).await;
+    assert_eq!(action["state"], "done", "{action}");
+    assert!(
+        action["result"]
+            .as_str()
+            .unwrap()
+            .contains("TerminateInstanceInAutoScalingGroup (ShouldDecrementDesiredCapacity=false)"),
+        "{action}"
+    );
+    assert_eq!(aws.health(victim).await, None, "no longer in the group");
+    assert_eq!(aws.desired("web").await, 5, "the desired capacity is kept");
+    let ids = aws.group_instance_ids("web").await;
+    assert!(
+        ids.len() == 5 && !ids.contains(victim),
+        "a replacement was launched: {ids:?}"
+    );
+    c.wait_for("the terminated instance no longer a target", || async {
+        (!c.targets().await.iter().any(|t| t["id"] == victim.as_str())).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_instance_fails_the_action_with_the_aws_error_code() {
+    let aws = Aws::start().await;
+    // What this moto answers for an instance it does not know (real AWS says
+    // ValidationError): the record must carry the same code.
+    let unknown = "i-0123456789abcdef0";
+    let (status, body) = query_status(
+        &aws.url(),
+        "autoscaling",
+        "SetInstanceHealth",
+        &[("InstanceId", unknown), ("HealthStatus", "Unhealthy")],
+    )
+    .await;
+    assert!((400..500).contains(&status), "{status} {body}");
+    let code = texts(&body, "Code").remove(0);
+    let proxy = FaultProxy::start(aws.moto.addr);
+    let bs = backends(5);
+    let mut targets = targets_toml(&bs[..4]);
+    targets.push_str(&format!(
+        "[[targets]]\nid = \"{unknown}\"\nurl = \"http://{}\"\nzone = \"a\"\n",
+        bs[4].addr()
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = aws_config(
+        &proxy.url(),
+        &format!("region = \"{REGION}\""),
+        &format!("[actuator]\nkind = \"aws-autoscaling\"\n{targets}"),
+    );
+    let c = Controller::start_env(dir.path(), &cfg, &env_credentials());
+    c.wait_all(5, "healthy").await;
+    bs[4].set_check("disk:free", Status::Fail);
+    let action = done_action_on(&c, unknown).await;
+    assert_eq!(action["state"], "failed", "{action}");
+    let result = action["result"].as_str().unwrap();
+    assert!(
+        result.contains(&format!("{code}: "))
+            && result.contains("HTTP 400")
+            && result.contains("not retried"),
+        "the record carries AWS's code {code:?} and message: {result}"
+    );
+    assert_eq!(
+        proxy.count("SetInstanceHealth", ""),
+        1,
+        "a 4xx is not retried: {:#?}",
+        proxy.seen()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_lists_in_service_instances_with_zones_and_urls_using_the_shared_files() {
+    let aws = Aws::start().await;
+    let a = aws.create_group("web-a", 'a', 3).await;
+    let b = aws.create_group("web-b", 'b', 2).await;
+    // One instance of web-a goes to Standby: not in service, not judged.
+    query(
+        &aws.url(),
+        "autoscaling",
+        "EnterStandby",
+        &[
+            ("AutoScalingGroupName", "web-a"),
+            ("InstanceIds.member.1", &a[0].id),
+            ("ShouldDecrementDesiredCapacity", "true"),
+        ],
+    )
+    .await;
+    let in_service: Vec<Instance> = a[1..].iter().chain(&b).cloned().collect();
+    let port = free_port();
+    let _bs = backends_on(&in_service, port);
+    let proxy = FaultProxy::start(aws.moto.addr);
+    // Credentials and region from the profile `vigil` of the shared files.
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir(home.path().join(".aws")).unwrap();
+    std::fs::write(
+        home.path().join(".aws/credentials"),
+        "[default]\naws_access_key_id = AKIDDEFAULT\naws_secret_access_key = x\n\n[vigil]\naws_access_key_id = AKIDFROMFILE\naws_secret_access_key = s\n",
+    )
+    .unwrap();
+    std::fs::write(
+        home.path().join(".aws/config"),
+        format!("[profile vigil]\nregion = {REGION}\n"),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = aws_config(&proxy.url(), "", &discovery(&["web-a", "web-b"], port));
+    let env = vec![
+        ("HOME", home.path().display().to_string()),
+        ("AWS_PROFILE", "vigil".to_string()),
+    ];
+    let c = Controller::start_env(dir.path(), &cfg, &env);
+    c.wait_all(4, "healthy").await;
+    let mut seen: Vec<(String, String, String, String)> = c
+        .targets()
+        .await
+        .iter()
+        .map(|t| {
+            let s = |k: &str| t[k].as_str().unwrap().to_string();
+            (s("id"), s("zone"), s("group"), s("url"))
+        })
+        .collect();
+    seen.sort();
+    let mut want: Vec<(String, String, String, String)> = a[1..]
+        .iter()
+        .map(|i| (i, "web-a"))
+        .chain(b.iter().map(|i| (i, "web-b")))
+        .map(|(i, g)| {
+            (
+                i.id.clone(),
+                i.zone.clone(),
+                g.to_string(),
+                format!("http://{}:{port}", i.private_ip),
+            )
+        })
+        .collect();
+    want.sort();
+    assert_eq!(
+        seen, want,
+        "InService instances only, with zone, group and URL"
+    );
+    assert_eq!(
+        want.iter()
+            .map(|w| w.1.as_str())
+            .collect::<std::collections::BTreeSet<_>>(),
+        ["eu-west-1a", "eu-west-1b"].into(),
+        "two zones"
+    );
+    let keys: std::collections::BTreeSet<String> =
+        proxy.seen().into_iter().map(|s| s.access_key).collect();
+    assert_eq!(
+        keys,
+        ["AKIDFROMFILE".to_string()].into(),
+        "signed with the profile's key from the credentials file"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_aws_api_keeps_the_last_list_until_it_answers_again() {
+    let aws = Aws::start().await;
+    let instances = aws.create_group("web", 'a', 5).await;
+    let port = free_port();
+    let _bs = backends_on(&instances, port);
+    let proxy = FaultProxy::start(aws.moto.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = aws_config(
+        &proxy.url(),
+        &format!("region = \"{REGION}\"\n"),
+        &discovery(&["web"], port),
+    )
+    .replace("deadline = \"20s\"", "deadline = \"300ms\"");
+    let c = Controller::start_env(dir.path(), &cfg, &env_credentials());
+    c.wait_all(5, "healthy").await;
+    proxy.refuse_all("DescribeAutoScalingGroups", Some(UNAVAILABLE));
+    // While AWS fails, an instance leaves the group: not seen until AWS answers.
+    query(
+        &aws.url(),
+        "autoscaling",
+        "TerminateInstanceInAutoScalingGroup",
+        &[
+            ("InstanceId", &instances[0].id),
+            ("ShouldDecrementDesiredCapacity", "true"),
+        ],
+    )
+    .await;
+    c.wait_for("two failed polls", || async {
+        (c.logs()
+            .matches("Auto Scaling discovery failed; keeping the last list")
+            .count()
+            >= 2)
+            .then_some(())
+    })
+    .await;
+    let t = c.targets().await;
+    assert_eq!(t.len(), 5, "no target forgotten while AWS fails: {t:#?}");
+    assert!(
+        t.iter().all(|t| t["state"] == "healthy"),
+        "and all still probed: {t:#?}"
+    );
+    proxy.refuse_all("DescribeAutoScalingGroups", None);
+    c.wait_for("the list of a working API applied", || async {
+        let t = c.targets().await;
+        (t.len() == 4 && !t.iter().any(|t| t["id"] == instances[0].id.as_str())).then_some(())
+    })
+    .await;
+    assert!(c.logs().contains("Auto Scaling discovery works again"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_replayed_after_a_crash_does_not_call_aws_twice() {
+    let aws = Aws::start().await;
+    let instances = aws.create_group("web", 'a', 5).await;
+    let port = free_port();
+    let bs = backends_on(&instances, port);
+    let proxy = FaultProxy::start(aws.moto.addr);
+    // AWS takes the call; its answer never comes back.
+    proxy.hold("SetInstanceHealth", true);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = aws_config(
+        &proxy.url(),
+        &format!("region = \"{REGION}\""),
+        &format!(
+            "[actuator]\nkind = \"aws-autoscaling\"\n{}",
+            discovery(&["web"], port)
+        ),
+    )
+    .replace("timeout = \"2s\"", "timeout = \"60s\"")
+    .replace("deadline = \"20s\"", "deadline = \"60s\"");
+    let c = Controller::start_env(dir.path(), &cfg, &env_credentials());
+    c.wait_all(5, "healthy").await;
+    let victim = instances[3].id.clone();
+    bs[3].set_check("disk:free", Status::Fail);
+    c.wait_for("the call taken by AWS, its answer held", || async {
+        (proxy.count("SetInstanceHealth", "held") == 1).then_some(())
+    })
+    .await;
+    let a = c.actions().await;
+    assert!(
+        a.len() == 1 && a[0]["state"] == "intended" && a[0]["attempts"] == 1,
+        "{a:#?}"
+    );
+    assert_eq!(aws.health(&victim).await.unwrap().1, "Unhealthy");
+    c.sigkill();
+    proxy.hold("SetInstanceHealth", false);
+    let c = Controller::start_existing_env(dir.path(), &env_credentials());
+    let action = done_action_on(&c, &victim).await;
+    assert_eq!(action["state"], "done", "{action}");
+    let result = action["result"].as_str().unwrap();
+    assert!(
+        result.contains("already Unhealthy") && result.contains("SetInstanceHealth not called"),
+        "{result}"
+    );
+    assert_eq!(
+        proxy.count("SetInstanceHealth", ""),
+        1,
+        "one call per action, across the crash: {:#?}",
+        proxy.seen()
+    );
+    assert_eq!(c.actions().await.len(), 1);
+    assert!(c.sigterm().success());
+}
