@@ -58,6 +58,10 @@ enum Command {
     /// fleet of these.
     #[command(hide = true)]
     ExampleService(vigil_example::cli::Args),
+    /// Run the example queue worker: consumes a RabbitMQ queue through vigil's worker
+    /// gate, with fault injection (disk, black hole, dependency) over HTTP.
+    #[command(hide = true)]
+    ExampleWorker(vigil_example::worker::Args),
     /// Print a shell completion script on stdout, e.g.
     /// `vigil completions bash > /etc/bash_completion.d/vigil`.
     Completions {
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
         Command::Deploy(args) => vigil_controller::deploy::cli::run(args),
         Command::Sim(args) => vigil_sim::cli::run(args),
         Command::ExampleService(args) => vigil_example::cli::run(args),
+        Command::ExampleWorker(args) => vigil_example::worker::run(args),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "vigil", &mut out);

@@ -155,3 +155,24 @@ fn config_path_rule_is_the_same_for_lb_and_controller() {
         );
     }
 }
+
+#[test]
+fn the_example_worker_names_the_broker_it_cannot_reach() {
+    // Port 1: nothing listens there.
+    let o = vigil(
+        &[
+            "example-worker",
+            "--amqp",
+            "amqp://guest:guest@127.0.0.1:1/%2f",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("cannot connect to RabbitMQ at amqp://guest:guest@127.0.0.1:1/%2f"),
+        "{}",
+        text(&o)
+    );
+}

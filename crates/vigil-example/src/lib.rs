@@ -5,7 +5,10 @@
 //! - [`service`]: routes, checks, cache, fault injection, start and drain.
 //! - [`store`]: the PostgreSQL / SQLite item store and its fault switches.
 //! - [`cli`]: arguments (`vigil example-service`, `cargo run --example service`).
+//! - [`worker`]: the example queue worker (`vigil example-worker`): RabbitMQ through the
+//!   library's worker gate, with fault injection.
 
 pub mod cli;
 pub mod service;
 pub mod store;
+pub mod worker;

@@ -1,0 +1,336 @@
+//! The example queue worker (`vigil example-worker`): consumes a RabbitMQ queue through
+//! the library's worker gate (`vigil::worker`), with fault injection, for the demo, the
+//! benchmark and anyone trying the gate on a real broker.
+//!
+//! Each message takes `work_time` to process. Its local checks (disk, fds, memory) feed
+//! the gate: while they pass it pulls, when one fails it stops and sends back what it
+//! holds. Faults, switched over HTTP on the worker's address:
+//!
+//! - `POST /fault/disk?on=true`: the disk check demands 100% free space (it fails): the
+//!   worker stops pulling within one check interval and fails nothing;
+//! - `POST /fault/black-hole?on=true`: every message fails after `fail_time` (2 ms) while
+//!   every check passes (a bad config, a poisoned local cache): the kill switch pauses it,
+//!   and a controller comparing it with its peers finds it;
+//! - `POST /fault/dependency?on=true`: every message fails after `work_time` (the
+//!   dependency every worker shares is down): a shared cause, nobody is an outlier;
+//! - `POST /fault/reset`: all off.
+//!
+//! `GET /worker` answers the worker's report (gate state, counters), and `/livez`,
+//! `/readyz`, `/health` are the library's. With `--naive` the worker has no gate: no
+//! local checks and no kill switch (the baseline the benchmark compares with).
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::routing::{get, post};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use vigil::checks::{Amount, DiskSpace, FileDescriptors, Memory};
+use vigil::worker::rabbitmq::{RabbitConfig, consume};
+use vigil::worker::{GateConfig, KillSwitchConfig, Worker};
+use vigil::{Check, CheckOptions, Health, Observation};
+
+/// Default broker: the machine's RabbitMQ.
+pub const DEFAULT_AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Default worker address (faults, report, health).
+pub const DEFAULT_WORKER_LISTEN: &str = "127.0.0.1:8090";
+
+/// Arguments of the example worker. Every option also reads an environment variable.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// The queue to consume (declared if missing, with `<queue>.dead` for poison).
+    #[arg(long, env = "VIGIL_WORKER_QUEUE", default_value = "vigil-jobs")]
+    pub queue: String,
+    /// RabbitMQ URL.
+    #[arg(long, env = "VIGIL_WORKER_AMQP", default_value = DEFAULT_AMQP)]
+    pub amqp: String,
+    /// The worker's id (stamped on the messages it fails; its target id for heartbeats).
+    #[arg(long, env = "VIGIL_WORKER_ID", default_value = "worker")]
+    pub id: String,
+    /// Address for faults, the report and the health endpoints (port 0: any).
+    #[arg(long, env = "VIGIL_WORKER_LISTEN", default_value = DEFAULT_WORKER_LISTEN)]
+    pub listen: SocketAddr,
+    /// Time to process one message.
+    #[arg(long, env = "VIGIL_WORKER_WORK_TIME", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub work_time: Duration,
+    /// Time a black hole takes to fail one message.
+    #[arg(long, env = "VIGIL_WORKER_FAIL_TIME", default_value = "2ms", value_parser = humantime::parse_duration)]
+    pub fail_time: Duration,
+    /// Messages in flight (RabbitMQ prefetch).
+    #[arg(long, env = "VIGIL_WORKER_PREFETCH", default_value_t = 4)]
+    pub prefetch: u16,
+    /// Local check interval.
+    #[arg(long, env = "VIGIL_WORKER_CHECK_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub check_interval: Duration,
+    /// No gate: pull whatever the host's state, never pause (the naive baseline).
+    #[arg(long, env = "VIGIL_WORKER_NAIVE")]
+    pub naive: bool,
+    /// Directory whose filesystem the disk check watches. Defaults to the temp dir.
+    #[arg(long, env = "VIGIL_WORKER_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// The switches of the injected faults.
+#[derive(Default)]
+struct Faults {
+    disk: Arc<AtomicBool>,
+    black_hole: AtomicBool,
+    dependency: AtomicBool,
+}
+
+/// The disk check, switchable to a threshold no filesystem can meet.
+struct Disk {
+    normal: DiskSpace,
+    impossible: DiskSpace,
+    fault: Arc<AtomicBool>,
+}
+
+impl Check for Disk {
+    async fn check(&self) -> Observation {
+        if self.fault.load(Ordering::SeqCst) {
+            let mut o = self.impossible.check().await;
+            o.output = o
+                .output
+                .map(|s| format!("{s} (fault injected: a threshold no disk can meet)"));
+            o
+        } else {
+            self.normal.check().await
+        }
+    }
+}
+
+/// A started worker.
+pub struct Running {
+    /// Where its HTTP endpoints listen.
+    pub addr: SocketAddr,
+    /// Its gate and counters.
+    pub worker: Worker,
+    /// Its health.
+    pub health: Health,
+    stop: tokio::sync::watch::Sender<bool>,
+    consumer: tokio::task::JoinHandle<anyhow::Result<()>>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    /// Stops consuming (held messages go back to the queue) and serving.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(true);
+        let consumed = self.consumer.await?;
+        self.server.abort();
+        consumed
+    }
+
+    /// Runs until SIGTERM/Ctrl-C, or until the consumer ends with a broker error.
+    pub async fn wait(mut self) -> anyhow::Result<()> {
+        tokio::select! {
+            _ = vigil::shutdown_signal() => {}
+            r = &mut self.consumer => return r?,
+        }
+        self.stop().await
+    }
+}
+
+/// Connects to the broker, declares the queues, and starts consuming and serving.
+pub async fn start(args: Args) -> anyhow::Result<Running> {
+    let faults = Arc::new(Faults::default());
+    let every = CheckOptions::every(args.check_interval);
+    let health = if args.naive {
+        // Nothing vouches for or against the host: the gate never closes on readiness.
+        Health::builder()
+            .description(format!("vigil example worker {} (naive)", args.id))
+            .start()
+    } else {
+        let dir = args.data_dir.clone().unwrap_or_else(std::env::temp_dir);
+        Health::builder()
+            .description(format!("vigil example worker {}", args.id))
+            .local(
+                "disk:free",
+                Disk {
+                    normal: DiskSpace::new(&dir).fail_below(Amount::Percent(1.0)),
+                    impossible: DiskSpace::new(&dir).fail_below(Amount::Percent(100.0)),
+                    fault: faults.disk.clone(),
+                },
+                every.clone(),
+            )
+            .local("fd:open", FileDescriptors::new(), every.clone())
+            .local("memory:working-set", Memory::new(), every)
+            .start()
+    };
+    let gate = if args.naive {
+        GateConfig {
+            kill_switch: KillSwitchConfig {
+                min_messages: 0,
+                ..KillSwitchConfig::default()
+            },
+            ..GateConfig::default()
+        }
+    } else {
+        GateConfig::default()
+    };
+    let worker = Worker::start(args.id.clone(), &health, gate);
+
+    let conn = Connection::connect(&args.amqp, ConnectionProperties::default())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to RabbitMQ at {}: {e}", args.amqp))?;
+    let channel = conn.create_channel().await?;
+    let dead = format!("{}.dead", args.queue);
+    for q in [&args.queue, &dead] {
+        channel
+            .queue_declare(
+                q.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot declare queue {q}: {e}"))?;
+    }
+    let mut config = RabbitConfig::new(args.queue.clone());
+    config.prefetch = args.prefetch;
+    config.dead_letter_queue = Some(dead);
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let consumer = {
+        let (worker, faults) = (worker.clone(), faults.clone());
+        let (work, fail) = (args.work_time, args.fail_time);
+        tokio::spawn(async move {
+            let handler = move |_body: bytes::Bytes| {
+                let faults = faults.clone();
+                async move { handle(&faults, work, fail).await }
+            };
+            let mut stopped = stopped;
+            let r = consume(&worker, &channel, &config, handler, async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await;
+            drop(conn);
+            r.map_err(anyhow::Error::from)
+        })
+    };
+
+    let app = Router::new()
+        .route("/worker", get(report))
+        .route("/fault/disk", post(fault_disk))
+        .route("/fault/black-hole", post(fault_black_hole))
+        .route("/fault/dependency", post(fault_dependency))
+        .route("/fault/reset", post(fault_reset))
+        .with_state(AppState {
+            worker: worker.clone(),
+            faults,
+        })
+        .merge(health.router());
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    tracing::info!(%addr, queue = %args.queue, naive = args.naive, "example worker consuming");
+    Ok(Running {
+        addr,
+        worker,
+        health,
+        stop,
+        consumer,
+        server,
+    })
+}
+
+/// One message: the work, or the injected fault's failure.
+async fn handle(faults: &Faults, work: Duration, fail: Duration) -> Result<(), String> {
+    if faults.black_hole.load(Ordering::SeqCst) {
+        tokio::time::sleep(fail).await;
+        return Err("black hole: this worker fails every message (fault injected)".into());
+    }
+    tokio::time::sleep(work).await;
+    if faults.dependency.load(Ordering::SeqCst) {
+        return Err("dependency unreachable (fault injected)".into());
+    }
+    Ok(())
+}
+
+#[derive(Clone)]
+struct AppState {
+    worker: Worker,
+    faults: Arc<Faults>,
+}
+
+#[derive(Deserialize)]
+struct Switch {
+    #[serde(default = "yes")]
+    on: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+async fn report(State(s): State<AppState>) -> axum::Json<vigil::worker::WorkerReport> {
+    axum::Json(s.worker.report())
+}
+
+fn switched(name: &str, on: bool) -> String {
+    tracing::warn!(fault = name, on, "fault switched");
+    format!("{name}: {}\n", if on { "on" } else { "off" })
+}
+
+async fn fault_disk(State(s): State<AppState>, Query(q): Query<Switch>) -> String {
+    s.faults.disk.store(q.on, Ordering::SeqCst);
+    switched("disk", q.on)
+}
+
+async fn fault_black_hole(State(s): State<AppState>, Query(q): Query<Switch>) -> String {
+    s.faults.black_hole.store(q.on, Ordering::SeqCst);
+    switched("black-hole", q.on)
+}
+
+async fn fault_dependency(State(s): State<AppState>, Query(q): Query<Switch>) -> String {
+    s.faults.dependency.store(q.on, Ordering::SeqCst);
+    switched("dependency", q.on)
+}
+
+async fn fault_reset(State(s): State<AppState>) -> String {
+    for f in [&*s.faults.disk, &s.faults.black_hole, &s.faults.dependency] {
+        f.store(false, Ordering::SeqCst);
+    }
+    switched("all faults", false)
+}
+
+/// Runs the example worker until SIGTERM or Ctrl-C (held messages go back to the
+/// queue). Exit 1 when the broker is unreachable or fails.
+pub fn run(args: Args) -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("example worker: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let running = match start(args).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("example worker: cannot start: {e:#}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        println!("LISTENING worker=http://{}", running.addr);
+        match running.wait().await {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("example worker: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        }
+    })
+}
