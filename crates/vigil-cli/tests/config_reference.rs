@@ -494,6 +494,12 @@ command = ["/bin/true"]
 [discovery]
 path = "fleet-targets.json"
 
+[store]
+url = "postgres://vigil@db:5432/vigil?options=-csearch_path%3Dvigil"
+
+[replicas]
+id = "vigil-a"
+
 [[targets]]
 id = "web-1"
 url = "http://127.0.0.1:8081"

@@ -240,12 +240,14 @@ impl LeaderLease {
         self.term.map(|t| t.since)
     }
 
-    /// When the driver must call again: the next request or the local deadline.
-    pub fn next_wake(&self) -> Time {
-        match self.term {
-            Some(t) if self.in_flight.is_none() => t.deadline.min(self.next_request),
-            Some(t) => t.deadline,
-            None => self.next_request,
+    /// When the driver must call again (the next request, or the local deadline); None
+    /// while a follower waits for the answer in flight (the answer is the next event).
+    pub fn next_wake(&self) -> Option<Time> {
+        match (self.term, self.in_flight) {
+            (Some(t), None) => Some(t.deadline.min(self.next_request)),
+            (Some(t), Some(_)) => Some(t.deadline),
+            (None, None) => Some(self.next_request),
+            (None, Some(_)) => None,
         }
     }
 

@@ -17,11 +17,17 @@ fn a_follower_asks_at_once_and_a_grant_makes_it_lead_until_its_local_deadline() 
     let r = l.poll(ms(0)).expect("a follower asks at once");
     assert_eq!(r.renew, None);
     assert_eq!(l.poll(ms(1)), None, "one request at a time");
+    assert_eq!(l.next_wake(), None, "a follower waits for its answer");
     assert_eq!(
         l.answer(ms(50), Answer::Granted(7)),
         Some(Change::Promoted(7))
     );
     assert_eq!(l.leading(ms(50)), Some(7));
+    assert_eq!(
+        l.next_wake(),
+        Some(Time::from_elapsed(TTL / 3)),
+        "the renewal comes before the deadline"
+    );
     // Trusted from the send: 0 + 1000 - 200.
     assert_eq!(l.leading(ms(799)), Some(7));
     assert_eq!(l.leading(ms(800)), None);
