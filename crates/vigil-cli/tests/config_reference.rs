@@ -516,6 +516,12 @@ endpoint = "http://127.0.0.1:5000"
 autoscaling_endpoint = "https://vpce-0abc-autoscaling.eu-west-1.vpce.amazonaws.com"
 ec2_endpoint = "https://vpce-0abc-ec2.eu-west-1.vpce.amazonaws.com"
 
+[store]
+url = "postgres://vigil@db:5432/vigil?options=-csearch_path%3Dvigil"
+
+[replicas]
+id = "vigil-a"
+
 [[targets]]
 id = "web-1"
 url = "http://127.0.0.1:8081"

@@ -92,6 +92,11 @@ pub async fn run(
                     tracing::error!(action = id, error = %e, "cannot record the attempt; action not run (it runs after a restart)");
                     return;
                 }
+                if matches!(e, crate::store::StoreError::Fenced { .. }) {
+                    // Another replica leads: it resumes the action (same idempotency key).
+                    tracing::warn!(action = id, error = %e, "not the leader: action not run here; the leader resumes it");
+                    return;
+                }
                 if !logged {
                     tracing::error!(action = id, error = %e, "cannot record the attempt; action not run yet, retrying until the store works");
                     logged = true;

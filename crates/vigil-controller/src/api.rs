@@ -89,6 +89,8 @@ pub struct AppState {
     pub config: watch::Receiver<Arc<crate::config::ControllerConfig>>,
     /// The balancers' pools as last read (`[dashboard] balancers`).
     pub balancers: crate::balancers::BalancerViews,
+    /// Who leads (several replicas on PostgreSQL), for `GET /api/leader`.
+    pub leadership: watch::Receiver<crate::leader::Leadership>,
 }
 
 /// How heartbeats are verified: the secret their keys derive from, the replay window.
@@ -146,6 +148,7 @@ pub fn router(state: AppState) -> Router {
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/api/guard", get(guard))
+        .route("/api/leader", get(leader))
         .route("/api/heartbeat", post(heartbeat))
         .merge(heavy)
         .merge(scrapes)
@@ -503,6 +506,22 @@ async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let (ctype, body) = st.metrics.encode_for(accept);
     ([(header::CONTENT_TYPE, ctype)], body).into_response()
+}
+
+/// Who leads: this replica's id, whether it leads (and in which epoch), and the lease
+/// as last read from the store (holder, epoch, since and expiry in UNIX ms of the
+/// database's clock). A follower serves every read of the API and the dashboard from
+/// the store; mutations go to the leader.
+async fn leader(State(st): State<AppState>) -> Response {
+    let l = st.leadership.borrow().clone();
+    let mut body = serde_json::to_value(&l).unwrap_or_default();
+    body["leading"] = serde_json::Value::Bool(l.store == "sqlite" || l.epoch.is_some());
+    body["summary"] = serde_json::Value::String(if l.store == "sqlite" {
+        format!("replica {} alone on its SQLite store", l.replica)
+    } else {
+        l.describe()
+    });
+    no_store(axum::Json(body).into_response())
 }
 
 /// Ready while the store takes the engine's commits; 503 with the store's error while
@@ -995,6 +1014,7 @@ mod tests {
             views: FleetViews::new(view),
             config: watch::channel(Arc::new(crate::config::ControllerConfig::default())).1,
             balancers: Arc::default(),
+            leadership: watch::channel(crate::leader::Leadership::alone("test".into())).1,
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

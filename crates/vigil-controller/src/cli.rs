@@ -5,10 +5,12 @@ use crate::api::{self, AppState, HeartbeatAuth};
 use crate::config::{self, ControllerConfig};
 use crate::discovery;
 use crate::engine::{Command, Engine, Plan, Source};
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::prober::Prober;
 use crate::scheduler::{self, Heartbeats};
-use crate::store::{self, SqliteStore, StoreHandle, StoreHealth};
+use crate::store::pg::CONTROLLER_LEASE;
+use crate::store::{self, PostgresStore, SqliteStore, Store, StoreError, StoreHandle, StoreHealth};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, RwLock};
@@ -226,8 +228,49 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
     let db = cfg.data_dir.join("vigil.db");
-    let store = open_store(&db, reset_store)?;
-    let (store, store_thread) = StoreHandle::spawn(Box::new(store));
+    let replica = cfg.replicas.effective_id();
+    let (lead_tx, lead_rx) = watch::channel(Leadership::alone(replica.clone()));
+    // Several replicas on PostgreSQL: the store refuses unfenced commits, and the lease
+    // is kept on a connection of its own.
+    let (store, lease_store, shown): (Box<dyn Store>, _, String) = match &cfg.store.url {
+        Some(url) => {
+            if reset_store {
+                tracing::warn!(
+                    "--reset-store does nothing with a PostgreSQL store: drop its schema to start over"
+                );
+            }
+            // The blocking client runs its own runtime: opened off this one.
+            let open = async |url: &str| {
+                let url = url.to_string();
+                let opened = tokio::task::spawn_blocking(move || PostgresStore::open(&url))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("opening the store panicked: {e}"))?;
+                opened.map_err(|e| -> anyhow::Error {
+                    match e {
+                        StoreError::TooNew { .. } | StoreError::Unusable { .. } => {
+                            BadState(format!("{e}\nrefusing to start")).into()
+                        }
+                        e => anyhow::anyhow!("{e}"),
+                    }
+                })
+            };
+            let s = open(url).await?.for_replica(CONTROLLER_LEASE, &replica);
+            let shown = s.url().to_string();
+            let lease = open(url).await?;
+            lead_tx.send_modify(|l| {
+                l.store = "postgres";
+                l.lease = CONTROLLER_LEASE.to_string();
+            });
+            tracing::info!(store = %shown, replica = %replica, lease_ttl = ?cfg.replicas.lease_ttl, "PostgreSQL store: this replica follows until it holds the leader lease");
+            (Box::new(s), Some(lease), shown)
+        }
+        None => (
+            Box::new(open_store(&db, reset_store)?),
+            None,
+            db.display().to_string(),
+        ),
+    };
+    let (store, store_thread) = StoreHandle::spawn(store);
     let metrics = Arc::new(Metrics::new());
     let store_health = Arc::new(StoreHealth::default());
     let cfg = Arc::new(cfg);
@@ -253,12 +296,33 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     .await
     .map_err(|e| {
         BadState(format!(
-            "recovering the guard from the store {}: {e:#}\nrefusing to start: starting over would lose {RESET_LOSES}; --reset-store starts over (the file is kept aside)",
-            db.display()
+            "recovering the guard from the store {shown}: {e:#}\nrefusing to start: starting over would lose {RESET_LOSES}; --reset-store starts over (the file is kept aside)"
         ))
     })?;
+    let lease_task = lease_store.map(|lease_store| {
+        engine.replicated(lead_rx.clone());
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(crate::leader::run(
+            lease_store,
+            cfg.replicas.lease(),
+            CONTROLLER_LEASE.to_string(),
+            replica.clone(),
+            lead_tx,
+            stop_rx,
+        ));
+        (stop_tx, task)
+    });
+    let report = if lease_task.is_some() {
+        // The leader resumes intended actions when its term begins, not every replica.
+        crate::engine::RecoveryReport {
+            pending: Vec::new(),
+            ..report
+        }
+    } else {
+        report
+    };
     tracing::info!(
-        store = %db.display(),
+        store = %shown,
         snapshot = report.snapshot,
         ops_replayed = report.ops,
         pending_actions = report.pending.len(),
@@ -359,6 +423,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         views,
         config: config_rx.clone(),
         balancers,
+        leadership: lead_rx,
     });
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(async move {
@@ -415,6 +480,14 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     }
     if let Err(e) = engine_task.await {
         tracing::error!(error = %e, "engine task panicked");
+    }
+    // The engine's last commit is in: give the lease up, so another replica takes over
+    // at its next attempt rather than after the TTL.
+    if let Some((stop, task)) = lease_task {
+        let _ = stop.send(());
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "lease task panicked");
+        }
     }
     drop(engine_tx);
     drop(actions_tx);

@@ -87,8 +87,12 @@ pub struct ControllerConfig {
     pub discovery: Option<DiscoveryConfig>,
     /// How AWS is reached (the `aws-autoscaling` actuator, `[discovery.aws]`).
     pub aws: AwsConfig,
-    /// Store tuning.
+    /// The store: SQLite in `data_dir` (the default), or PostgreSQL (`store = "postgres://..."`
+    /// or `[store] url`), and its tuning.
+    #[serde(deserialize_with = "store_or_url")]
     pub store: StoreConfig,
+    /// Several replicas on one PostgreSQL store: this replica's id and the leader lease.
+    pub replicas: ReplicasConfig,
     /// How queue workers (heartbeat targets that report counters) are compared with the
     /// other workers of their group: `vigil_core::anomaly`'s keys.
     pub anomaly: AnomalyConfig,
@@ -111,6 +115,7 @@ impl Default for ControllerConfig {
             discovery: None,
             aws: AwsConfig::default(),
             store: StoreConfig::default(),
+            replicas: ReplicasConfig::default(),
             anomaly: AnomalyConfig::default(),
             dashboard: DashboardConfig::default(),
             targets: Vec::new(),
@@ -342,10 +347,15 @@ impl DiscoveryConfig {
     }
 }
 
-/// Store tuning.
+/// The store.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
+    /// A PostgreSQL URL (`postgres://user@host:5432/db?options=-csearch_path%3Dvigil`):
+    /// several replicas share it, one leads (see `[replicas]`). Defaults to none: SQLite
+    /// in `data_dir`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
     /// How often the guard state is snapshotted when it changed since the last snapshot
     /// (every 10 minutes regardless); the op log since is replayed on restart.
     /// Defaults to 30 s.
@@ -356,8 +366,78 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
+            url: None,
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
         }
+    }
+}
+
+/// `store = "postgres://..."` (the URL alone) or a `[store]` table.
+fn store_or_url<'de, D: serde::Deserializer<'de>>(d: D) -> Result<StoreConfig, D::Error> {
+    struct UrlOrTable;
+    impl<'de> serde::de::Visitor<'de> for UrlOrTable {
+        type Value = StoreConfig;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a PostgreSQL URL (\"postgres://...\") or a [store] table")
+        }
+        fn visit_str<E: serde::de::Error>(self, url: &str) -> Result<StoreConfig, E> {
+            Ok(StoreConfig {
+                url: Some(url.to_string()),
+                ..StoreConfig::default()
+            })
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<StoreConfig, A::Error> {
+            StoreConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_any(UrlOrTable)
+}
+
+/// Default lease TTL: `vigil_core::lease::DEFAULT_TTL` (10 s): a failover takes about
+/// this; shorter makes a slow database demote a healthy leader.
+pub const DEFAULT_LEASE_TTL: Duration = vigil_core::lease::DEFAULT_TTL;
+
+/// Several replicas on one PostgreSQL store (ignored with SQLite).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplicasConfig {
+    /// This replica's id, unique among the replicas (the lease's holder). Defaults to
+    /// `<hostname>-<pid>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// How long the leader lease lasts without renewal; the leader renews it every
+    /// third of it and stops acting a fifth of it before it ends. Defaults to 10 s.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+}
+
+impl Default for ReplicasConfig {
+    fn default() -> Self {
+        ReplicasConfig {
+            id: None,
+            lease_ttl: DEFAULT_LEASE_TTL,
+        }
+    }
+}
+
+impl ReplicasConfig {
+    /// The id in force: the configured one, else `<hostname>-<pid>`.
+    pub fn effective_id(&self) -> String {
+        self.id
+            .clone()
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| {
+                let host = rustix::system::uname()
+                    .nodename()
+                    .to_string_lossy()
+                    .into_owned();
+                format!("{host}-{}", std::process::id())
+            })
+    }
+
+    /// The lease settings for the TTL.
+    pub fn lease(&self) -> vigil_core::lease::LeaseConfig {
+        vigil_core::lease::LeaseConfig::new(self.lease_ttl)
     }
 }
 
@@ -544,6 +624,24 @@ impl ControllerConfig {
                 "must be longer than 0s",
             ));
         }
+        if let Some(url) = &self.store.url
+            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        {
+            return Err(Invalid::new(
+                "store.url",
+                format!(
+                    "must be a PostgreSQL URL (postgres://...), got {:?}",
+                    crate::store::pg::redact(url)
+                ),
+            ));
+        }
+        if self.replicas.id.as_deref() == Some("") {
+            return Err(Invalid::new("replicas.id", "must not be empty"));
+        }
+        self.replicas
+            .lease()
+            .validate()
+            .map_err(|_| Invalid::new("replicas.lease_ttl", "must be at least 3ms"))?;
         validate_targets(&self.targets, "targets")?;
         self.heartbeat.check_targets(&self.targets, "targets")
     }
@@ -620,6 +718,21 @@ mod tests {
         let c = parse("[probe]\ninterval = \"250ms\"\n[guard.budget]\nper = \"5m\"\n").unwrap();
         assert_eq!(c.probe.interval, Duration::from_millis(250));
         assert_eq!(c.guard.budget.per, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn the_store_is_a_postgres_url_or_a_table() {
+        let c = parse("store = \"postgres://u@h/db\"\n").unwrap();
+        assert_eq!(c.store.url.as_deref(), Some("postgres://u@h/db"));
+        assert_eq!(c.store.snapshot_every, DEFAULT_SNAPSHOT_EVERY);
+        let c = parse("[store]\nurl = \"postgres://u@h/db\"\nsnapshot_every = \"5s\"\n").unwrap();
+        assert_eq!(c.store.url.as_deref(), Some("postgres://u@h/db"));
+        assert_eq!(c.store.snapshot_every, Duration::from_secs(5));
+        let err = parse("[store]\nsnapshot_evry = \"5s\"\n").unwrap_err();
+        assert_eq!(err.key.as_deref(), Some("store.snapshot_evry"), "{err}");
+        let bad = |toml: &str| parse(toml).unwrap().validate().unwrap_err().key;
+        assert_eq!(bad("store = \"mysql://x\""), "store.url");
+        assert_eq!(bad("[replicas]\nlease_ttl = \"0s\""), "replicas.lease_ttl");
     }
 
     #[test]

@@ -30,10 +30,11 @@
 use crate::clock::{Clock, rfc3339_ms, unix_ms};
 use crate::config::{ControllerConfig, ProbeConfig, TargetConfig};
 use crate::history::History;
+use crate::leader::Leadership;
 use crate::metrics::{Metrics, TargetLabels};
 use crate::prober::ProbeRecord;
 use crate::store::{
-    ActionRecord, Batch, NewDecision, NewTransition, Recovered, StoreError, StoreHandle,
+    ActionRecord, Batch, Fence, NewDecision, NewTransition, Recovered, StoreError, StoreHandle,
     StoreHealth,
 };
 use crate::view::FleetViews;
@@ -79,6 +80,10 @@ pub const PUBLISH_EVERY: Duration = Duration::from_millis(500);
 /// last one (the decision log and the targets' tiles agree within it), not later than
 /// the next [`PUBLISH_EVERY`]: a storm of decisions still costs one view per 50 ms.
 const PUBLISH_SOON: Duration = Duration::from_millis(50);
+/// How often a follower rebuilds its guard from what the leader committed (what its
+/// API and dashboard show): the leader snapshots at most every `store.snapshot_every`
+/// and logs its ops in between, so a follower is this far behind at most.
+const FOLLOW_RELOAD_EVERY: Duration = Duration::from_secs(2);
 /// A view is republished this often even when nothing changed, so its time and the
 /// guard's time-driven figures (budget tokens returning) stay current.
 const PUBLISH_QUIET: Duration = Duration::from_secs(5);
@@ -308,6 +313,16 @@ pub struct Engine {
     anomaly: AnomalyDetector,
     /// The last verdict of each worker, by target id (refreshed every tick).
     verdicts: BTreeMap<String, Verdict>,
+    /// Several replicas: who leads (None: this process alone, always leads, unfenced).
+    lead: Option<watch::Receiver<Leadership>>,
+    /// The term the guard was loaded in, while this replica leads: every batch carries
+    /// it, and the store refuses it once another replica took over.
+    term: Option<Fence>,
+    /// This replica follows: it shows what the leader committed and decides nothing
+    /// (`failing` says so, which keeps every judging path shut).
+    following: bool,
+    /// When a follower next reloads the leader's state.
+    follow_reload_at: Instant,
 }
 
 pub use vigil_core::anomaly::PEER_CHECK;
@@ -418,6 +433,10 @@ impl Engine {
             decided: false,
             anomaly: AnomalyDetector::new(config.anomaly.clone()),
             verdicts: BTreeMap::new(),
+            lead: None,
+            term: None,
+            following: false,
+            follow_reload_at: Instant::now(),
         };
         // Targets the guard remembers keep their state only if still configured; the
         // caller sends both sources before the first flush.
@@ -532,6 +551,67 @@ impl Engine {
             .count()
     }
 
+    /// Makes this engine one of several replicas: it follows until `lead` says it holds
+    /// the lease, then reloads the guard from the store and leads in that term (its
+    /// batches fenced by the epoch), and follows again when the term ends. Call before
+    /// [`Engine::run`].
+    pub fn replicated(&mut self, lead: watch::Receiver<Leadership>) {
+        let who = lead.borrow().describe();
+        self.lead = Some(lead);
+        self.following = true;
+        self.failing = Some(format!("not the leader: {who}"));
+    }
+
+    /// The leadership changed: a new term reloads and leads, an ended one follows.
+    async fn leadership_changed(&mut self) {
+        let Some(l) = self.lead.as_mut().map(|rx| rx.borrow_and_update().clone()) else {
+            return;
+        };
+        let fence = l.fence();
+        if fence.is_some() && fence != self.term {
+            tracing::warn!(replica = %l.replica, epoch = ?l.epoch, "leading: the guard is reloaded from what the store holds, then judging starts");
+            self.term = fence;
+            self.following = false;
+            self.batch = Batch::default();
+            self.dirty = true;
+            self.retry_store().await;
+            // Actions a previous leader intended and never finished are resumed here.
+            match self.store.call(|s| s.recover()).await {
+                Ok(rec) => {
+                    for a in rec.pending {
+                        tracing::warn!(action = a.id, target_id = %a.target, attempts = a.attempts, "resuming an action left intended by the previous leader");
+                        let _ = self.actions.send(a);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read the actions left intended; they run at the next term")
+                }
+            }
+        } else if fence.is_none() && (self.term.is_some() || !self.following) {
+            tracing::warn!(replica = %l.replica, "the term ended: this replica follows and decides nothing");
+            self.follow(l.describe());
+        } else if self.following {
+            self.failing = Some(format!("not the leader: {}", l.describe()));
+            self.view_dirty = true;
+        }
+    }
+
+    /// Stops judging: what was not committed is dropped (a successor decides it again).
+    fn follow(&mut self, who: String) {
+        self.term = None;
+        self.following = true;
+        self.failing = Some(format!("not the leader: {who}"));
+        self.batch = Batch::default();
+        for (tx, _) in std::mem::take(&mut self.replies) {
+            let _asker_may_be_gone =
+                tx.send(Err(CommandError::Store(format!("not the leader: {who}"))));
+        }
+        self.targets_pending = true;
+        self.dirty = true;
+        self.follow_reload_at = Instant::now();
+        self.view_dirty = true;
+    }
+
     /// Runs until `shutdown` flips; commits a final snapshot on the way out.
     pub async fn run(
         mut self,
@@ -543,9 +623,19 @@ impl Engine {
         self.flush().await;
         self.publish();
         loop {
+            let lead = self.lead.clone();
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => break,
+                r = async { lead.expect("checked by the guard").changed().await }, if lead.is_some() => {
+                    if r.is_err() {
+                        // The lease task is gone: nobody renews, so nobody leads here.
+                        self.lead = None;
+                        self.follow("the lease task stopped".into());
+                    } else {
+                        self.leadership_changed().await;
+                    }
+                }
                 cmd = rx.recv() => {
                     let Some(cmd) = cmd else { break };
                     self.handle(cmd);
@@ -559,7 +649,14 @@ impl Engine {
                     }
                 }
                 _ = tick.tick() => {
-                    if self.failing.is_some() {
+                    if self.following {
+                        if self.follow_reload_at <= Instant::now() {
+                            self.follow_reload_at = Instant::now() + FOLLOW_RELOAD_EVERY;
+                            if self.reload().await {
+                                self.view_dirty = true;
+                            }
+                        }
+                    } else if self.failing.is_some() {
                         if self.retry_at <= Instant::now() {
                             self.retry_store().await;
                         }
@@ -577,6 +674,10 @@ impl Engine {
             }
             self.flush().await;
             self.publish_if_due();
+        }
+        if self.following {
+            tracing::info!("engine stopped (a follower: nothing of its own to snapshot)");
+            return;
         }
         if self.failing.is_some() {
             tracing::error!(
@@ -1202,13 +1303,21 @@ impl Engine {
                 .map(|f| now.since(f.since).as_secs_f64())
                 .fold(0.0, f64::max),
         );
+        if self.following {
+            // Nothing is ours to commit: what changed waits for a term of ours.
+            if !self.batch.is_empty() {
+                self.batch = Batch::default();
+                self.targets_pending = true;
+            }
+        }
         let replies = std::mem::take(&mut self.replies);
         if self.batch.is_empty() {
             self.events_since_flush = 0;
             self.answer(replies);
             return;
         }
-        let batch = std::mem::take(&mut self.batch);
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.fence = self.term.clone();
         let n_actions = batch
             .decisions
             .iter()
@@ -1246,6 +1355,14 @@ impl Engine {
                     }
                 }
                 self.answer(replies);
+            }
+            Err(e @ StoreError::Fenced { .. }) => {
+                tracing::error!(error = %e, actions_not_run = n_actions, "another replica took over: this batch is rolled back and its actions are NOT run; following");
+                for (tx, _) in replies {
+                    let _asker_may_be_gone = tx.send(Err(CommandError::Store(e.to_string())));
+                }
+                self.recovering = false;
+                self.follow(e.to_string());
             }
             Err(e) => {
                 // A failed retry is not news: the failing state is logged once.

@@ -9,7 +9,8 @@
 //! - [`discovery`]: the watched target file.
 //! - [`heartbeat`]: heartbeat signatures (a key per target, HMAC over time and body).
 //! - [`history`]: each target's recent probes, packed, for the API.
-//! - [`store`]: the `Store` trait and its SQLite implementation (snapshot + op log,
+//! - [`leader`]: the leader lease of several replicas on PostgreSQL, and who leads.
+//! - [`store`]: the `Store` trait and its SQLite and PostgreSQL implementations (snapshot + op log,
 //!   decision log, action intents).
 //! - [`actuator`]: log, webhook (HMAC-signed, retried, idempotent), exec, and
 //!   [`aws`]'s Auto Scaling actuator.
@@ -34,6 +35,7 @@ pub mod discovery;
 pub mod engine;
 pub mod heartbeat;
 pub mod history;
+pub mod leader;
 pub mod metrics;
 pub mod prober;
 pub mod scheduler;

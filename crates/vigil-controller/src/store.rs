@@ -81,11 +81,16 @@
 //! carries the key of the first run: the install hook deduplicates on it. Rollouts and
 //! their steps are never pruned (a few rows per host per rollout).
 //!
-//! ## A later PostgreSQL backend
+//! ## PostgreSQL, for several replicas
 //!
-//! The trait is shaped for it: one `commit` per batch (one transaction), reads that
-//! are plain queries, ids assigned by the store. Several replicas would add a leader
-//! lease and a fencing token checked inside `commit`.
+//! [`PostgresStore`] (module [`pg`]) keeps the same tables with the same transactions,
+//! so every invariant above holds there too; the same test suite runs against both
+//! (`tests::on_sqlite`, `tests::on_postgres`). It adds what several replicas need: a
+//! leader lease judged by the database's clock with an epoch that only grows, and
+//! fenced writes: a [`Batch`] carries the epoch it was decided under ([`Fence`]) and
+//! its commit rolls back ([`StoreError::Fenced`]) once another replica has taken over.
+//! The schema version is a table there (`vigil_schema`), with the same rule: a newer
+//! schema is refused. The `pg` module doc has the details.
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
@@ -245,9 +250,30 @@ pub enum StoreError {
     /// earlier run left in it).
     #[error("store {path}: {why}")]
     Unusable {
-        /// The database file.
+        /// The database file (or PostgreSQL URL, without its password).
         path: String,
         /// What is wrong with it.
+        why: String,
+    },
+    /// PostgreSQL said no, or could not be reached.
+    #[error("store {url}: {why}")]
+    Postgres {
+        /// The URL, without its password.
+        url: String,
+        /// What was being done, and the server's (or the client's) words.
+        why: String,
+        /// The error.
+        #[source]
+        source: ::postgres::Error,
+    },
+    /// The write was decided under a lease epoch that is no longer current (another
+    /// replica took over), or by a replica that does not hold the lease: nothing of it
+    /// was written.
+    #[error("store {url}: fenced: {why}")]
+    Fenced {
+        /// The URL, without its password.
+        url: String,
+        /// Whose lease, which epochs.
         why: String,
     },
 }
@@ -388,6 +414,22 @@ pub struct Batch {
     pub transitions: Vec<NewTransition>,
     /// The guard state after this batch's ops, to snapshot (and drop the ops it covers).
     pub snapshot: Option<(String, i64)>,
+    /// The lease term this batch was decided in (replicas on PostgreSQL): the commit
+    /// rolls back with [`StoreError::Fenced`] unless it is still current. The SQLite
+    /// store (one process) ignores it.
+    pub fence: Option<Fence>,
+}
+
+/// A lease term, as a fencing token: the store takes a write only while the lease
+/// is still at this epoch with this holder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    /// The lease's name.
+    pub lease: String,
+    /// The replica that holds it.
+    pub holder: String,
+    /// Its epoch.
+    pub epoch: i64,
 }
 
 impl Batch {
@@ -443,6 +485,10 @@ pub trait Store: Send {
         target: &str,
         limit: usize,
     ) -> Result<Vec<TransitionRecord>, StoreError>;
+    /// Lease `name` as it stands (None: never held, or a store without leases).
+    fn lease(&mut self, _name: &str) -> Result<Option<LeaseRow>, StoreError> {
+        Ok(None)
+    }
 }
 
 // === impl SqliteStore ===
@@ -971,6 +1017,9 @@ impl Store for SqliteStore {
     }
 }
 
+pub mod pg;
+pub use pg::{LeaseAnswer, LeaseRow, PostgresStore};
+
 mod rollouts;
 pub use rollouts::{RolloutRequest, RolloutSave, RolloutStep, StoredRollout};
 
@@ -1042,8 +1091,152 @@ impl StoreHandle {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Where a test's store lives: a temporary SQLite file, or a PostgreSQL schema of
+    /// its own (created for the test, dropped after it).
+    pub(crate) enum TestDb {
+        Sqlite(tempfile::TempDir),
+        Postgres(PgSchema),
+    }
+
+    impl TestDb {
+        pub(crate) fn sqlite() -> TestDb {
+            TestDb::Sqlite(tempfile::tempdir().unwrap())
+        }
+
+        pub(crate) fn postgres() -> TestDb {
+            TestDb::Postgres(PgSchema::new())
+        }
+
+        /// Opens (or reopens) the store.
+        pub(crate) fn open(&self) -> Result<Box<dyn Store>, StoreError> {
+            self.open_with_retention(KEEP_DECISIONS, KEEP_TRANSITIONS)
+        }
+
+        pub(crate) fn open_with_retention(
+            &self,
+            decisions: i64,
+            transitions: i64,
+        ) -> Result<Box<dyn Store>, StoreError> {
+            Ok(match self {
+                TestDb::Sqlite(dir) => Box::new(
+                    SqliteStore::open(&dir.path().join("vigil.db"))?
+                        .with_retention(decisions, transitions),
+                ),
+                TestDb::Postgres(schema) => Box::new(
+                    PostgresStore::open(&schema.url)?.with_retention(decisions, transitions),
+                ),
+            })
+        }
+
+        /// Rows in `table`, read past the store.
+        fn count(&self, table: &str) -> i64 {
+            let sql = format!("SELECT COUNT(*) FROM {table}");
+            match self {
+                TestDb::Sqlite(dir) => Connection::open(dir.path().join("vigil.db"))
+                    .unwrap()
+                    .query_row(&sql, [], |r| r.get(0))
+                    .unwrap(),
+                TestDb::Postgres(schema) => schema.client().query_one(&sql, &[]).unwrap().get(0),
+            }
+        }
+
+        /// Sets the stored schema version, past the store.
+        fn set_version(&self, v: i64) {
+            match self {
+                TestDb::Sqlite(dir) => Connection::open(dir.path().join("vigil.db"))
+                    .unwrap()
+                    .pragma_update(None, "user_version", v)
+                    .unwrap(),
+                TestDb::Postgres(schema) => {
+                    schema
+                        .client()
+                        .execute("UPDATE vigil_schema SET version = $1", &[&v])
+                        .unwrap();
+                }
+            }
+        }
+    }
+
+    /// The PostgreSQL the tests use: `VIGIL_TEST_POSTGRES`, else the one every machine
+    /// (CI's too) runs.
+    pub(crate) fn pg_base_url() -> String {
+        std::env::var("VIGIL_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+    }
+
+    /// A schema of one test's own in the test database, dropped when done: tests run in
+    /// parallel on one server. An unreachable server fails the test, loudly.
+    pub(crate) struct PgSchema {
+        pub(crate) name: String,
+        /// The store URL: the schema first on its search_path.
+        pub(crate) url: String,
+    }
+
+    impl PgSchema {
+        pub(crate) fn new() -> PgSchema {
+            static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos();
+            let name = format!(
+                "vigil_t_{}_{}_{nanos}",
+                std::process::id(),
+                N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            let base = pg_base_url();
+            let mut c = connect_or_explain(&base);
+            c.batch_execute(&format!("CREATE SCHEMA {name}")).unwrap();
+            let sep = if base.contains('?') { '&' } else { '?' };
+            let url = format!("{base}{sep}options=-csearch_path%3D{name}");
+            PgSchema { name, url }
+        }
+
+        pub(crate) fn client(&self) -> ::postgres::Client {
+            connect_or_explain(&self.url)
+        }
+    }
+
+    impl Drop for PgSchema {
+        fn drop(&mut self) {
+            if let Ok(mut c) = ::postgres::Client::connect(&pg_base_url(), ::postgres::NoTls) {
+                let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
+            }
+        }
+    }
+
+    fn connect_or_explain(url: &str) -> ::postgres::Client {
+        ::postgres::Client::connect(url, ::postgres::NoTls).unwrap_or_else(|e| {
+            panic!(
+                "PostgreSQL at {url} is unreachable ({}): the store tests run against it on every machine, CI's included (127.0.0.1:5432, trust auth, database `test`; set VIGIL_TEST_POSTGRES for another). Start it rather than skip these tests.",
+                pg::describe(&e)
+            )
+        })
+    }
+
+    /// Each test below runs once on SQLite and once on PostgreSQL: the same contract.
+    macro_rules! on_both {
+        ($($name:ident),* $(,)?) => {
+            mod on_sqlite {
+                $( #[test] fn $name() { super::$name(&super::TestDb::sqlite()) } )*
+            }
+            mod on_postgres {
+                $( #[test] fn $name() { super::$name(&super::TestDb::postgres()) } )*
+            }
+        };
+    }
+
+    on_both!(
+        ops_after_the_snapshot_are_replayed_and_covered_ones_dropped,
+        a_large_snapshot_is_stored_in_parts_and_read_back_whole,
+        an_intent_survives_until_finished_and_keys_are_unique,
+        old_decisions_and_transitions_are_pruned_at_snapshots_but_not_acted_ones,
+        a_store_from_a_newer_vigil_is_refused,
+        reads_filter_and_order_newest_first,
+    );
 
     fn decision(target: &str, act: bool) -> NewDecision {
         NewDecision {
@@ -1057,11 +1250,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn ops_after_the_snapshot_are_replayed_and_covered_ones_dropped() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("vigil.db");
-        let mut s = SqliteStore::open(&path).unwrap();
+    fn ops_after_the_snapshot_are_replayed_and_covered_ones_dropped(db: &TestDb) {
+        let mut s = db.open().unwrap();
         s.commit(&Batch {
             ops: vec!["a".into(), "b".into()],
             snapshot: Some(("state-after-b".into(), 1)),
@@ -1074,17 +1264,14 @@ mod tests {
         })
         .unwrap();
         drop(s);
-        let mut s = SqliteStore::open(&path).unwrap();
+        let mut s = db.open().unwrap();
         let r = s.recover().unwrap();
         assert_eq!(r.snapshot.as_deref(), Some("state-after-b"));
         assert_eq!(r.ops, ["[c]"], "one row per batch");
     }
 
-    #[test]
-    fn a_large_snapshot_is_stored_in_parts_and_read_back_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("vigil.db");
-        let mut s = SqliteStore::open(&path).unwrap();
+    fn a_large_snapshot_is_stored_in_parts_and_read_back_whole(db: &TestDb) {
+        let mut s = db.open().unwrap();
         // Several parts, with a two-byte character across every part boundary.
         let big: String = (0..3 * SNAPSHOT_PART / 7)
             .map(|i| format!("{:06}é", i))
@@ -1096,12 +1283,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(s.recover().unwrap().snapshot.as_deref(), Some(big.as_str()));
-        let rows: i64 = s
-            .conn
-            .query_row("SELECT COUNT(*) FROM guard_snapshot_parts", [], |r| {
-                r.get(0)
-            })
-            .unwrap();
+        let rows = db.count("guard_snapshot_parts");
         assert!(rows >= 2, "{rows} parts after the first");
         // A smaller snapshot leaves no part of the larger one behind.
         s.commit(&Batch {
@@ -1110,7 +1292,7 @@ mod tests {
         })
         .unwrap();
         drop(s);
-        let mut s = SqliteStore::open(&path).unwrap();
+        let mut s = db.open().unwrap();
         assert_eq!(s.recover().unwrap().snapshot.as_deref(), Some("small"));
         assert_eq!(
             parts("abcéd", 4).collect::<Vec<_>>(),
@@ -1119,11 +1301,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn an_intent_survives_until_finished_and_keys_are_unique() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("vigil.db");
-        let mut s = SqliteStore::open(&path).unwrap();
+    fn an_intent_survives_until_finished_and_keys_are_unique(db: &TestDb) {
+        let mut s = db.open().unwrap();
         let created = s
             .commit(&Batch {
                 decisions: vec![
@@ -1144,7 +1323,7 @@ mod tests {
         s.finish_action(created[0].id, ActionState::Done, 2000, "ok")
             .unwrap();
         drop(s);
-        let mut s = SqliteStore::open(&path).unwrap();
+        let mut s = db.open().unwrap();
         let r = s.recover().unwrap();
         assert_eq!(r.pending.len(), 1);
         assert_eq!(r.pending[0].target, "z");
@@ -1154,12 +1333,8 @@ mod tests {
         assert_eq!(s.decisions(Some("y"), 10).unwrap().len(), 1);
     }
 
-    #[test]
-    fn old_decisions_and_transitions_are_pruned_at_snapshots_but_not_acted_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut s = SqliteStore::open(&dir.path().join("vigil.db"))
-            .unwrap()
-            .with_retention(3, 2);
+    fn old_decisions_and_transitions_are_pruned_at_snapshots_but_not_acted_ones(db: &TestDb) {
+        let mut s = db.open_with_retention(3, 2).unwrap();
         let mut decisions = vec![decision("acted", true)];
         decisions.extend((0..9).map(|i| decision(&format!("d{i}"), false)));
         let transitions = (0..5)
@@ -1201,19 +1376,51 @@ mod tests {
         assert_eq!(s.transitions("t", 100).unwrap().len(), 2);
     }
 
-    #[test]
-    fn a_store_from_a_newer_vigil_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("vigil.db");
-        drop(SqliteStore::open(&path).unwrap());
-        let c = Connection::open(&path).unwrap();
-        c.pragma_update(None, "user_version", 99).unwrap();
-        drop(c);
-        let err = SqliteStore::open(&path).err().unwrap();
+    fn a_store_from_a_newer_vigil_is_refused(db: &TestDb) {
+        drop(db.open().unwrap());
+        db.set_version(99);
+        let err = db.open().err().unwrap();
+        assert!(matches!(err, StoreError::TooNew { found: 99, .. }), "{err}");
         assert!(
             err.to_string().contains("schema version 99 is newer"),
             "{err}"
         );
+    }
+
+    fn reads_filter_and_order_newest_first(db: &TestDb) {
+        let mut s = db.open().unwrap();
+        let t = |target: &str, at_ms: i64| NewTransition {
+            at_ms,
+            target: target.into(),
+            from: "healthy".into(),
+            to: "failing".into(),
+            detail: "d".into(),
+        };
+        s.commit(&Batch {
+            decisions: vec![
+                decision("x", false),
+                decision("y", true),
+                decision("x", true),
+            ],
+            transitions: vec![t("x", 1), t("y", 2), t("x", 3)],
+            ..Batch::default()
+        })
+        .unwrap();
+        let xs = s.decisions(Some("x"), 10).unwrap();
+        assert_eq!(xs.len(), 2);
+        assert!(xs[0].id > xs[1].id, "newest first");
+        assert_eq!(xs[0].reasons, serde_json::json!([]));
+        assert_eq!(s.decisions(None, 2).unwrap().len(), 2, "the limit holds");
+        let acts = s.actions(10).unwrap();
+        assert_eq!(
+            acts.iter().map(|a| a.target.as_str()).collect::<Vec<_>>(),
+            ["x", "y"]
+        );
+        assert_eq!(acts[0].event["target"], "x");
+        assert_eq!(acts[0].state, ActionState::Intended);
+        let tx = s.transitions("x", 10).unwrap();
+        assert_eq!(tx.iter().map(|t| t.at_ms).collect::<Vec<_>>(), [3, 1]);
+        assert!(s.transitions("none", 10).unwrap().is_empty());
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! - [`guard`]: the controller's safety guard (fraction cap, action budget, flap damping,
 //!   cause attribution).
 //! - [`rollout`]: health-gated rollouts in waves, with report-back and latched rollback.
+//! - [`lease`]: a replica's view of the leader lease: when to renew, when to stop
+//!   trusting it (the controller's several replicas).
 //! - [`judge`](mod@judge): the one judge of an HTTP health answer (status code + optional
 //!   health+json body -> verdict), with its rule table.
 //! - [`build`]: the version and git commit this was built from.
@@ -31,6 +33,7 @@ pub mod guard;
 pub mod http1;
 pub mod invalid;
 pub mod judge;
+pub mod lease;
 pub mod outlier;
 pub mod pool;
 pub mod report;
