@@ -246,7 +246,8 @@ async fn killed_backend_scenario(outlier_detection: bool) {
     let outlier = if outlier_detection {
         ""
     } else {
-        "[pools.api.outlier]\nconsecutive_5xx = 0\nconsecutive_gateway_errors = 0\n"
+        "[pools.api.outlier]\nconsecutive_5xx = 0\nconsecutive_gateway_errors = 0\n\
+         [pools.api.outlier.success_rate]\nenabled = false\n"
     };
     let lb = Lb::start(&format!(
         "[pools.api]\n{}\nslow_start_window = \"0s\"\n{outlier}[pools.api.health_check]\n{FAST_CHECKS}",
@@ -439,6 +440,162 @@ async fn outlier_detection_ejects_a_500_backend_bounded_by_max_ejection_percent(
     let m = lb.metrics().await;
     assert!(m.contains("vigil_lb_target_ejections_total"), "{m}");
     eprintln!("codes seen: {codes:?}");
+}
+
+/// The success-rate rule judges fast: every second over the last five.
+const FAST_SUCCESS_RATE: &str =
+    "[pools.api.outlier.success_rate]\ninterval = \"1s\"\nwindow = \"5s\"\n";
+
+/// Starts four backends answering per `modes` behind a round-robin pool with the fast
+/// success-rate rule, and a steady load through it.
+async fn success_rate_fleet(modes: [Mode; 4]) -> (Vec<Backend>, Lb, Load) {
+    let backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let lb = Lb::start(&format!(
+        "[pools.api]\n{}\nbalance = \"round-robin\"\nslow_start_window = \"0s\"\n\
+         [pools.api.health_check]\n{FAST_CHECKS}{FAST_SUCCESS_RATE}",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    for (b, m) in backends.iter().zip(modes) {
+        b.set_mode(m);
+    }
+    let load = Load::start(&lb, "/work", 4, Duration::from_secs(40));
+    (backends, lb, load)
+}
+
+/// Issue 17: a target answering 500 to one request in five, among peers that never
+/// fail, never has five errors in a row (the consecutive-error rule cannot see it), but
+/// its error rate against its peers' ejects it; the others stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_failing_a_fifth_of_its_requests_is_ejected_by_its_success_rate() {
+    let fail_a_fifth = Mode::FailEvery {
+        every: 5,
+        status: 500,
+    };
+    let (backends, lb, load) =
+        success_rate_fleet([fail_a_fifth, Mode::Ok, Mode::Ok, Mode::Ok]).await;
+    let bad = backends[0].addr();
+    lb.wait_admin(Duration::from_secs(20), "the 20% target ejected", |v| {
+        v["pools"]["api"]["targets"].as_array().is_some_and(|ts| {
+            ts.iter()
+                .any(|t| t["addr"] == bad.to_string() && t["state"] == "ejected")
+        })
+    })
+    .await;
+    let v = lb.admin_targets().await;
+    let samples = load.finish().await;
+    let targets = v["pools"]["api"]["targets"].as_array().unwrap();
+    let t = targets
+        .iter()
+        .find(|t| t["addr"] == bad.to_string())
+        .unwrap();
+    let reason = t["ejection_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("a success-rate outlier: ")
+            && reason.contains("% errors (")
+            && reason.contains("for its 3 peers (binomial p="),
+        "the ejection says which rule and its numbers: {t:#}"
+    );
+    // Its error rate, as the verdict counted it: a fifth, give or take the window's edge.
+    let rate = reason
+        .trim_start_matches("a success-rate outlier: ")
+        .split('%')
+        .next()
+        .and_then(|r| r.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("a rate in {reason:?}"));
+    assert!((15.0..=25.0).contains(&rate), "{reason}");
+    assert!(
+        t["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains(&format!("target {bad} ejected for"))
+                && r.contains("success-rate outlier")),
+        "{t:#}"
+    );
+    for t in targets.iter().filter(|t| t["addr"] != bad.to_string()) {
+        assert!(in_service(t), "a peer at 0% stays in service: {t:#}");
+        assert_eq!(t["ejections"], 0, "{t:#}");
+        let sr = &t["success_rate"];
+        assert_eq!(sr["errors"], 0, "{t:#}");
+        assert_eq!(sr["finding"], "below_floor", "{t:#}");
+    }
+    let log = lb.log();
+    assert!(
+        log.contains(&format!("target {bad} ejected for"))
+            && log.contains("after a success-rate outlier: "),
+        "the ejection is logged with its reason: {log}"
+    );
+    assert!(
+        !log.contains("consecutive errors"),
+        "one error in five never makes a streak of five: {log}"
+    );
+    let ejections = log.matches(" ejected for ").count();
+    assert_eq!(ejections, 1, "only the bad target is ever ejected: {log}");
+    let served = samples.iter().filter(|s| s.result == Ok(200)).count();
+    assert!(
+        served > 200,
+        "the load ran: {} of {}",
+        served,
+        samples.len()
+    );
+}
+
+/// A fleet whose targets fail alike is not judged target by target: all at 0% (under
+/// the absolute floor) or all at 20% (a failure they share), nobody is ejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_failing_alike_ejects_nobody_by_success_rate() {
+    let fail_a_fifth = || Mode::FailEvery {
+        every: 5,
+        status: 500,
+    };
+    for (modes, finding) in [
+        ([Mode::Ok, Mode::Ok, Mode::Ok, Mode::Ok], "below_floor"),
+        (
+            [
+                fail_a_fifth(),
+                fail_a_fifth(),
+                fail_a_fifth(),
+                fail_a_fifth(),
+            ],
+            "shared_failure",
+        ),
+    ] {
+        let (_backends, lb, load) = success_rate_fleet(modes).await;
+        // Judged on a full window with volume, several times over.
+        lb.wait_admin(
+            Duration::from_secs(20),
+            &format!("every target judged {finding} on 50+ requests"),
+            |v| {
+                v["pools"]["api"]["targets"].as_array().is_some_and(|ts| {
+                    ts.iter().all(|t| {
+                        t["success_rate"]["finding"] == finding
+                            && t["success_rate"]["requests"].as_u64().unwrap_or(0) >= 50
+                    })
+                })
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let v = lb.admin_targets().await;
+        let samples = load.finish().await;
+        for t in v["pools"]["api"]["targets"].as_array().unwrap() {
+            assert!(in_service(t), "{finding}: nobody ejected: {t:#}");
+            assert_eq!(t["ejections"], 0, "{finding}: {t:#}");
+            assert_eq!(t["success_rate"]["finding"], finding, "{t:#}");
+        }
+        let log = lb.log();
+        assert!(!log.contains(" ejected for "), "{finding}: {log}");
+        assert!(
+            log.contains("success rate: "),
+            "the verdicts are logged (debug): {log}"
+        );
+        let failed = samples.iter().filter(|s| s.result == Ok(500)).count();
+        eprintln!(
+            "{finding}: {} requests, {failed} answered 500",
+            samples.len()
+        );
+    }
 }
 
 /// Sends raw bytes to the proxy and returns what came back (until close or 5 s).

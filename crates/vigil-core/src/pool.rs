@@ -663,6 +663,28 @@ impl<K: Ord + Clone> Pool<K> {
         events
     }
 
+    /// Ejects `key` for a reason found by a rule the driver runs (a success-rate
+    /// outlier, [`OutlierDetector::eject`]): the same limits (`max_ejection_percent`),
+    /// ejection times and readmission as the streaks of [`Pool::observe_request`], and
+    /// the same fail-open rules afterwards. `jitter` in `[0, 1)` as there.
+    pub fn eject(
+        &mut self,
+        key: &K,
+        now: Time,
+        reason: crate::outlier::EjectReason,
+        jitter: f64,
+    ) -> Vec<PoolEvent<K>> {
+        let Some(ev) = self.outlier.eject(key, now, reason, jitter) else {
+            return Vec::new();
+        };
+        let mut events = vec![PoolEvent::Outlier {
+            pool: self.name.clone(),
+            event: ev,
+        }];
+        events.extend(self.update_fail_open(now));
+        events
+    }
+
     /// Advances time: readmits targets whose ejection ended. Call it regularly (the
     /// balancer does every 100 ms) or at [`Pool::next_deadline`].
     pub fn tick(&mut self, now: Time) -> Vec<PoolEvent<K>> {

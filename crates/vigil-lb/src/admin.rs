@@ -1,6 +1,6 @@
 //! The admin listener: `/admin/targets` (JSON: every target's state, since when, last
-//! check, ejections and the reason of its last change), `/metrics` (Prometheus text) and
-//! `/livez`. Served on its own address so that it can stay private.
+//! check, ejections, the success-rate rule's last verdict and the reason of its last
+//! change), `/metrics` (Prometheus text) and `/livez`. Served on its own address so that it can stay private.
 
 use crate::balancer::PoolRt;
 use crate::metrics::Metrics;
@@ -43,6 +43,7 @@ pub fn targets_json(pools: &BTreeMap<String, Arc<PoolRt>>) -> Value {
                         "detail": p.detail,
                         "at": clock.wall(p.at),
                     })),
+                    "success_rate": rt.and_then(|t| t.success_rate.lock().expect("lock").as_ref().map(verdict_json)),
                     "reason": last_change.as_ref().map(|(_, why)| why.clone()),
                     "reason_at": last_change.map(|(at, _)| clock.wall(at)),
                 })
@@ -63,6 +64,24 @@ pub fn targets_json(pools: &BTreeMap<String, Arc<PoolRt>>) -> Value {
         );
     }
     json!({ "pools": out })
+}
+
+/// The success-rate rule's last verdict on a target: its numbers, the rule that decided
+/// (`finding`: `outlier`, `low_volume`, `too_few_peers`, `shared_failure`,
+/// `below_floor`, `not_worse`, `not_significant`) and the verdict in words.
+fn verdict_json(v: &vigil_core::anomaly::Verdict) -> Value {
+    let finding = serde_json::to_value(&v.finding).unwrap_or(Value::Null);
+    json!({
+        "requests": v.counts.total(),
+        "errors": v.counts.failed,
+        "error_rate": v.rate,
+        "peers": v.peers.count,
+        "peers_error_rate": v.peers.pooled_rate,
+        "p_value": v.test.map(|t| t.p_value),
+        "threshold": v.test.map(|t| t.threshold),
+        "finding": finding["kind"],
+        "verdict": v.to_string(),
+    })
 }
 
 /// Answers one admin request.

@@ -22,7 +22,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 use vigil_core::Time;
-use vigil_core::outlier::{OutlierEvent, RequestOutcome};
+use vigil_core::anomaly::{AnomalyDetector, Counts, Finding, Verdict};
+use vigil_core::outlier::{EjectReason, OutlierEvent, RequestOutcome};
 use vigil_core::pool::{
     DEFAULT_SHED_PENALTY_HALF_LIFE, Pool, PoolEvent, RetryBudget, RoutingSet, ShedPenalty,
     TargetSpec,
@@ -80,6 +81,13 @@ pub struct TargetRt {
     /// Set when an error was reported to outlier detection and no success since (so a
     /// success must be reported too, to reset the streak; otherwise it need not be).
     error_pending: AtomicBool,
+    /// Requests that succeeded since the success-rate rule last took the counts.
+    succeeded: AtomicU64,
+    /// Requests that failed (outlier detection's errors) since then.
+    failed: AtomicU64,
+    /// The success-rate rule's last verdict on it (`None` while it is out of service or
+    /// the rule is off), for `/admin/targets`.
+    pub success_rate: Mutex<Option<Verdict>>,
     /// Woken when the target leaves service (unhealthy or ejected).
     pub left_service: Arc<Notify>,
     /// Whether it is in service now (as of the last snapshot).
@@ -102,6 +110,9 @@ impl TargetRt {
             shed: Mutex::new(ShedPenalty::default()),
             shedding: AtomicBool::new(false),
             error_pending: AtomicBool::new(false),
+            succeeded: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            success_rate: Mutex::new(None),
             left_service: Arc::new(Notify::new()),
             in_service: AtomicBool::new(false),
             last_change: Mutex::new(None),
@@ -243,6 +254,16 @@ impl LatencyTracker {
     }
 }
 
+/// The success-rate rule's state in a pool.
+struct SuccessRateRt {
+    /// The fleet-relative policy over the targets in service.
+    detector: AnomalyDetector,
+    /// The targets it was last given counts of.
+    members: Vec<String>,
+    /// When it next judges (`None`: at the next tick, or the rule is off).
+    next: Option<Time>,
+}
+
 /// One pool at run time.
 pub struct PoolRt {
     /// The pool's name.
@@ -259,6 +280,8 @@ pub struct PoolRt {
     pub budget: Mutex<RetryBudget>,
     /// Recent latency, for hedging.
     pub latency: LatencyTracker,
+    /// The success-rate rule's state (taken only by the tick loop).
+    success_rate: Mutex<SuccessRateRt>,
     /// Round-robin counter.
     pub rr: AtomicU64,
     /// Latency histogram handle.
@@ -287,6 +310,7 @@ impl PoolRt {
                 pool: name.to_string(),
             })
             .clone();
+        let success_rate = AnomalyDetector::new(section.outlier.success_rate.anomaly());
         let rt = PoolRt {
             name: name.to_string(),
             budget: Mutex::new(RetryBudget::new(section.retries.budget)),
@@ -298,6 +322,11 @@ impl PoolRt {
                 targets: Vec::new(),
             }),
             latency: LatencyTracker::default(),
+            success_rate: Mutex::new(SuccessRateRt {
+                detector: success_rate,
+                members: Vec::new(),
+                next: None,
+            }),
             rr: AtomicU64::new(0),
             duration,
             clock,
@@ -353,16 +382,21 @@ impl PoolRt {
     /// Records a forwarded request's outcome (passive outlier detection). Successes take
     /// the lock only when they end an error streak. A shed answer (503, 429) is load, not
     /// a failure: it raises the target's load for balancing and leaves outlier detection
-    /// alone (vigil_core::outlier, rule 5).
+    /// alone (vigil_core::outlier, rule 5). Every other outcome is counted for the
+    /// success-rate rule.
     pub fn observe_request(&self, target: &TargetRt, outcome: RequestOutcome) {
         if outcome.is_shed() {
             target.shed(self.clock.now());
             return;
         }
         if outcome.is_error() {
+            target.failed.fetch_add(1, Ordering::Relaxed);
             target.error_pending.store(true, Ordering::Relaxed);
-        } else if !target.error_pending.swap(false, Ordering::Relaxed) {
-            return;
+        } else {
+            target.succeeded.fetch_add(1, Ordering::Relaxed);
+            if !target.error_pending.swap(false, Ordering::Relaxed) {
+                return;
+            }
         }
         let now = self.clock.now();
         let jitter: f64 = rand::random();
@@ -373,11 +407,104 @@ impl PoolRt {
         }
     }
 
-    /// Advances time: readmissions after ejections end.
+    /// Advances time: readmissions after ejections end; every
+    /// `outlier.success_rate.interval`, the success-rate rule.
     pub fn tick(&self) {
         let now = self.clock.now();
         let mut state = self.state.lock().expect("pool lock");
         let events = state.tick(now);
+        if !events.is_empty() {
+            self.handle(&mut state, events);
+        }
+        drop(state);
+        self.judge_success_rates();
+    }
+
+    /// The success-rate rule (vigil_core::anomaly over the targets in service, the pool
+    /// as one cohort): takes each target's counts since the last time into the window,
+    /// judges every target against its peers, and ejects the outliers through outlier
+    /// detection (`max_ejection_percent`, ejection times, fail-open as for any
+    /// ejection). A target out of service (unhealthy, ejected) is forgotten: it is judged
+    /// afresh on its return, never on what it did before it left.
+    fn judge_success_rates(&self) {
+        let config = self.section.load().outlier.success_rate;
+        let now = self.clock.now();
+        let mut sr = self.success_rate.lock().expect("success rate lock");
+        if !config.enabled {
+            if sr.next.take().is_some() {
+                sr.detector = AnomalyDetector::new(config.anomaly());
+                sr.members.clear();
+                for t in self.targets.lock().expect("targets lock").values() {
+                    *t.success_rate.lock().expect("verdict lock") = None;
+                }
+            }
+            return;
+        }
+        if sr.next.is_some_and(|next| now < next) {
+            return;
+        }
+        sr.next = Some(now + config.interval);
+        if *sr.detector.config() != config.anomaly() {
+            sr.detector = AnomalyDetector::restore(config.anomaly(), sr.detector.state().clone());
+        }
+        let targets: Vec<Arc<TargetRt>> = self
+            .targets
+            .lock()
+            .expect("targets lock")
+            .values()
+            .cloned()
+            .collect();
+        let mut state = self.state.lock().expect("pool lock");
+        let SuccessRateRt {
+            detector, members, ..
+        } = &mut *sr;
+        for gone in members
+            .iter()
+            .filter(|m| !targets.iter().any(|t| &t.addr == *m))
+        {
+            detector.remove(gone);
+        }
+        members.clear();
+        for t in &targets {
+            let counts = Counts::new(
+                t.succeeded.swap(0, Ordering::Relaxed),
+                t.failed.swap(0, Ordering::Relaxed),
+            );
+            if state.is_in_service(&t.addr) {
+                detector.record(now, &t.addr, "", counts);
+                members.push(t.addr.clone());
+            } else {
+                detector.remove(&t.addr);
+                *t.success_rate.lock().expect("verdict lock") = None;
+            }
+        }
+        let mut events = Vec::new();
+        for v in detector.evaluate(now) {
+            tracing::debug!(pool = %self.name, target_id = %v.member, "success rate: {v}");
+            if v.is_outlier() {
+                let jitter: f64 = rand::random();
+                let evs = state.eject(&v.member, now, EjectReason::success_rate(&v), jitter);
+                let ejected = evs.iter().any(|e| {
+                    matches!(
+                        e,
+                        PoolEvent::Outlier {
+                            event: OutlierEvent::Ejected { .. },
+                            ..
+                        }
+                    )
+                });
+                if ejected {
+                    // Judged afresh when it is back.
+                    detector.remove(&v.member);
+                }
+                events.extend(evs);
+            } else if matches!(v.finding, Finding::TooFewPeers { .. }) {
+                tracing::info!(pool = %self.name, target_id = %v.member, "success rate, report only: {v}");
+            }
+            if let Some(t) = targets.iter().find(|t| t.addr == v.member) {
+                *t.success_rate.lock().expect("verdict lock") = Some(v);
+            }
+        }
         if !events.is_empty() {
             self.handle(&mut state, events);
         }
