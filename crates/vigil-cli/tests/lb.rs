@@ -598,6 +598,252 @@ async fn a_fleet_failing_alike_ejects_nobody_by_success_rate() {
     }
 }
 
+impl Lb {
+    /// `POST` (drain) or `DELETE` (undrain) `/admin/targets/<target>/drain` + `query`:
+    /// the status and the JSON answer.
+    async fn drain(&self, method: reqwest::Method, target: &str, query: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .request(
+                method,
+                self.admin_url(&format!("/admin/targets/{target}/drain{query}")),
+            )
+            .send()
+            .await
+            .expect("admin answers");
+        let code = r.status().as_u16();
+        (code, r.json().await.expect("a JSON answer"))
+    }
+
+    /// The admin document's entry for `addr` in `pool`.
+    async fn target(&self, pool: &str, addr: SocketAddr) -> Value {
+        let v = self.admin_targets().await;
+        v["pools"][pool]["targets"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["addr"] == addr.to_string()).cloned())
+            .unwrap_or_else(|| panic!("target {addr} not in pool {pool}: {v}"))
+    }
+}
+
+/// Issue 18: a drained target gets no new request while those it has finish there
+/// (`draining`, then `drained`), and undraining puts it back in service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_target_finishes_its_requests_takes_no_new_ones_and_comes_back() {
+    let backends: Vec<Backend> = (0..3).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let lb = Lb::start(&format!(
+        "[pools.api]\n{}\nbalance = \"round-robin\"\nslow_start_window = \"0s\"\n\
+         [pools.api.health_check]\n{FAST_CHECKS}",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    let lame = &backends[0];
+    let addr = lame.addr();
+    lame.set_mode(Mode::Delay(Duration::from_millis(1500)));
+    // Round-robin sends every third request to b0, where it waits 1.5 s.
+    let in_flight: Vec<_> = (0..6)
+        .map(|_| {
+            let (http, url) = (lb.http.clone(), lb.url("/x"));
+            tokio::spawn(async move {
+                let r = http.get(&url).send().await.expect("request");
+                (r.status().as_u16(), r.text().await.expect("body"))
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lame.requests() == 0 {
+        assert!(Instant::now() < deadline, "no request reached b0");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (code, answer) = lb.drain(reqwest::Method::POST, &addr.to_string(), "").await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["target"], addr.to_string(), "{answer}");
+    assert_eq!(answer["drained"], true, "{answer}");
+    assert_eq!(answer["pools"][0]["pool"], "api", "{answer}");
+    assert_eq!(answer["pools"][0]["state"], "draining", "{answer}");
+    assert!(
+        answer["pools"][0]["in_flight"].as_u64() >= Some(1),
+        "{answer}"
+    );
+    let t = lb.target("api", addr).await;
+    assert_eq!(t["state"], "draining", "{t:#}");
+    assert_eq!(t["drained"], true, "{t:#}");
+    assert!(t["outstanding"].as_u64() >= Some(1), "{t:#}");
+    assert!(
+        t["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains(&format!("target {addr} drained by the admin API"))),
+        "{t:#}"
+    );
+    // No new request reaches it...
+    let before = lame.requests();
+    for _ in 0..30 {
+        let r = lb.http.get(lb.url("/y")).send().await.expect("request");
+        assert_eq!(r.status(), 200);
+        assert_ne!(
+            r.text().await.unwrap(),
+            "b0",
+            "a drained target gets no new request"
+        );
+    }
+    assert_eq!(lame.requests(), before, "b0 got no new request");
+    // Draining again changes nothing (a deployer may retry); `?wait=` answers once no
+    // request is in flight on it any more.
+    let asked = Instant::now();
+    let (code, answer) = lb
+        .drain(reqwest::Method::POST, &addr.to_string(), "?wait=10s")
+        .await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["pools"][0]["state"], "drained", "{answer}");
+    assert_eq!(answer["pools"][0]["in_flight"], 0, "{answer}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    // ...and those it had finish there.
+    let mut from_lame = 0;
+    for h in in_flight {
+        let (code, body) = h.await.expect("request task");
+        assert_eq!(code, 200, "an in-flight request finishes: {body}");
+        from_lame += usize::from(body == "b0");
+    }
+    assert!(
+        from_lame >= 1,
+        "the requests in flight on b0 were answered by b0"
+    );
+    lb.wait_admin(Duration::from_secs(5), "b0 drained", |v| {
+        v["pools"]["api"]["targets"][0]["state"] == "drained"
+            && v["pools"]["api"]["targets"][0]["outstanding"] == 0
+    })
+    .await;
+    // Undrained: back in service, and traffic reaches it again.
+    lame.set_mode(Mode::Ok);
+    let (code, answer) = lb
+        .drain(reqwest::Method::DELETE, &addr.to_string(), "")
+        .await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["drained"], false, "{answer}");
+    assert_eq!(answer["pools"][0]["state"], "undrained", "{answer}");
+    let t = lb.target("api", addr).await;
+    assert!(in_service(&t), "{t:#}");
+    assert_eq!(t["drained"], false, "{t:#}");
+    for _ in 0..30 {
+        let r = lb.http.get(lb.url("/z")).send().await.expect("request");
+        assert_eq!(r.status(), 200);
+    }
+    assert!(
+        lame.requests() > before,
+        "an undrained target gets traffic again"
+    );
+    let log = lb.log();
+    assert!(
+        log.contains(&format!(
+            "target {addr} drained by the admin API: no new requests"
+        )) && log.contains(&format!("target {addr} undrained by the admin API")),
+        "{log}"
+    );
+}
+
+/// The drain API's refusals: an unknown target (404), the last target in service of a
+/// pool (409 unless `?force=true`), a browser (403), a method other than POST and DELETE
+/// (405); a target may be named with its `:` escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_api_names_what_it_refuses_and_why() {
+    let api: Vec<Backend> = (0..2).map(|i| Backend::start(&format!("a{i}"))).collect();
+    let solo = Backend::start("solo");
+    let lb = Lb::start(&format!(
+        "[[routes]]\npath_prefix = \"/solo\"\npool = \"solo\"\n[[routes]]\npool = \"api\"\n\
+         [pools.api]\n{}\nslow_start_window = \"0s\"\n[pools.api.health_check]\n{FAST_CHECKS}\
+         [pools.solo]\n{}\nslow_start_window = \"0s\"\n[pools.solo.health_check]\n{FAST_CHECKS}",
+        targets_toml(&api.iter().collect::<Vec<_>>()),
+        targets_toml(&[&solo]),
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    lb.wait_all_in_service("solo").await;
+
+    let (code, answer) = lb
+        .drain(
+            reqwest::Method::POST,
+            &api[0].addr().to_string(),
+            "?wait=forever",
+        )
+        .await;
+    assert_eq!(code, 400, "{answer}");
+    let (code, answer) = lb.drain(reqwest::Method::POST, "10.9.9.9:1", "").await;
+    assert_eq!(code, 404, "{answer}");
+    assert_eq!(answer["target"], "10.9.9.9:1", "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no pool has a target \"10.9.9.9:1\"")),
+        "{answer}"
+    );
+
+    let only = solo.addr().to_string();
+    let (code, answer) = lb.drain(reqwest::Method::POST, &only, "").await;
+    assert_eq!(code, 409, "{answer}");
+    assert_eq!(answer["pool"], "solo", "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&format!(
+                "draining {only} would leave pool solo with no target in service"
+            )) && e.contains("?force=true")),
+        "{answer}"
+    );
+    assert!(in_service(&lb.target("solo", solo.addr()).await));
+    let r = lb.http.get(lb.url("/solo/x")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "a refused drain changes nothing");
+
+    let (code, answer) = lb.drain(reqwest::Method::POST, &only, "?force=true").await;
+    assert_eq!(code, 200, "{answer}");
+    let r = lb.http.get(lb.url("/solo/x")).send().await.unwrap();
+    assert_eq!(
+        r.status(),
+        503,
+        "a pool whose only target is drained has none"
+    );
+    let (code, _) = lb.drain(reqwest::Method::DELETE, &only, "").await;
+    assert_eq!(code, 200);
+    let r = lb.http.get(lb.url("/solo/x")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "undrained, it serves again");
+
+    let a0 = api[0].addr();
+    let r = lb
+        .http
+        .post(lb.admin_url(&format!("/admin/targets/{a0}/drain")))
+        .header("Origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "a browser cannot drain");
+    assert!(in_service(&lb.target("api", a0).await));
+    let r = lb
+        .http
+        .get(lb.admin_url(&format!("/admin/targets/{a0}/drain")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "POST, DELETE");
+
+    let escaped = a0.to_string().replace(':', "%3A");
+    let (code, answer) = lb.drain(reqwest::Method::POST, &escaped, "").await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["target"], a0.to_string(), "{answer}");
+    assert_eq!(lb.target("api", a0).await["state"], "drained");
+    // One target of two left: draining it too would leave none.
+    let (code, answer) = lb
+        .drain(reqwest::Method::POST, &api[1].addr().to_string(), "")
+        .await;
+    assert_eq!(code, 409, "{answer}");
+    let (code, _) = lb.drain(reqwest::Method::DELETE, &escaped, "").await;
+    assert_eq!(code, 200);
+}
+
 /// Sends raw bytes to the proxy and returns what came back (until close or 5 s).
 async fn raw(port: u16, request: &[u8], pause: Option<Duration>) -> String {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))

@@ -510,6 +510,83 @@ impl PoolRt {
         }
     }
 
+    /// Whether `addr` is one of its targets.
+    pub fn has_target(&self, addr: &str) -> bool {
+        self.targets
+            .lock()
+            .expect("targets lock")
+            .contains_key(addr)
+    }
+
+    /// Targets in service other than `addr` (what a drain of `addr` would leave).
+    pub fn in_service_besides(&self, addr: &str) -> usize {
+        let now = self.clock.now();
+        let state = self.state.lock().expect("pool lock");
+        state
+            .targets(now)
+            .filter(|v| {
+                v.key != addr
+                    && matches!(
+                        v.state,
+                        vigil_core::pool::TargetState::Healthy
+                            | vigil_core::pool::TargetState::SlowStart
+                    )
+            })
+            .count()
+    }
+
+    /// Requests in flight on `addr` (0 when it is not a target).
+    pub fn in_flight(&self, addr: &str) -> u64 {
+        self.targets
+            .lock()
+            .expect("targets lock")
+            .get(addr)
+            .map_or(0, |t| t.outstanding.load(Ordering::Relaxed))
+    }
+
+    /// Whether `addr` is drained.
+    pub fn is_drained(&self, addr: &str) -> bool {
+        self.state
+            .lock()
+            .expect("pool lock")
+            .is_drained(&addr.to_string())
+    }
+
+    /// Drains `addr` (no new request; those in flight finish) or puts it back; logs it
+    /// and records it as the target's last change. `None` when it is not a target of
+    /// this pool; otherwise its requests still in flight.
+    pub fn set_drained(&self, addr: &str, drained: bool, by: &str) -> Option<u64> {
+        let now = self.clock.now();
+        let key = addr.to_string();
+        let mut state = self.state.lock().expect("pool lock");
+        let was = state.is_drained(&key);
+        let events = state.set_drained(&key, drained, now)?;
+        let target = self
+            .targets
+            .lock()
+            .expect("targets lock")
+            .get(addr)
+            .cloned()?;
+        let in_flight = target.outstanding.load(Ordering::Relaxed);
+        if was != drained {
+            let msg = if drained {
+                format!(
+                    "pool {}: target {addr} drained by {by}: no new requests, {in_flight} in flight finish there",
+                    self.name
+                )
+            } else {
+                format!(
+                    "pool {}: target {addr} undrained by {by}: back in service when healthy",
+                    self.name
+                )
+            };
+            tracing::info!(pool = %self.name, target_id = %addr, "{msg}");
+            *target.last_change.lock().expect("last change lock") = Some((now, msg));
+        }
+        self.handle(&mut state, events);
+        Some(in_flight)
+    }
+
     fn handle(&self, state: &mut Pool<String>, events: Vec<PoolEvent<String>>) {
         let now = self.clock.now();
         self.publish(state);
