@@ -598,6 +598,69 @@ async fn a_fleet_failing_alike_ejects_nobody_by_success_rate() {
     }
 }
 
+/// Issue 15: each pool's `/admin/targets` entry counts what its clients got, by class,
+/// with the success rate since start and over the last minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_pool_counts_its_clients_answers_by_class_with_a_success_rate() {
+    let b = Backend::start("b");
+    let nobody = lb_support::free_port();
+    let lb = Lb::start(&format!(
+        "[[routes]]\npath_prefix = \"/gone\"\npool = \"gone\"\n[[routes]]\npool = \"api\"\n\
+         [pools.api]\n{}\n[pools.api.health_check]\n{FAST_CHECKS}\
+         [pools.gone]\ntargets = [{{ addr = \"127.0.0.1:{nobody}\" }}]\n\
+         [pools.gone.health_check]\nenabled = false\n",
+        targets_toml(&[&b]),
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    let mut sent = std::collections::BTreeMap::new();
+    for (mode, path, n) in [
+        (Mode::Ok, "/x", 10),
+        (Mode::Status(404), "/x", 5),
+        (Mode::Status(500), "/x", 3),
+        (Mode::Ok, "/gone/x", 4),
+    ] {
+        b.set_mode(mode);
+        for _ in 0..n {
+            let r = lb.http.get(lb.url(path)).send().await.expect("request");
+            *sent.entry(r.status().as_u16()).or_insert(0u64) += 1;
+        }
+    }
+    assert_eq!(
+        sent.get(&502),
+        Some(&4),
+        "nothing listens for pool gone: {sent:?}"
+    );
+    let v = lb.admin_targets().await;
+    let api = &v["pools"]["api"]["requests"];
+    assert_eq!(
+        (
+            &api["answered"],
+            &api["2xx"],
+            &api["4xx"],
+            &api["5xx"],
+            &api["gateway_error"]
+        ),
+        (&18.into(), &10.into(), &5.into(), &3.into(), &0.into()),
+        "{api:#}"
+    );
+    let rate = api["success_rate"].as_f64().unwrap();
+    assert!(
+        (rate - 15.0 / 18.0).abs() < 1e-9,
+        "a 4xx is the client's: {api:#}"
+    );
+    assert_eq!(api["recent"]["answered"], 18, "{api:#}");
+    assert_eq!(api["recent"]["errors"], 3, "{api:#}");
+    assert!((api["recent"]["success_rate"].as_f64().unwrap() - rate).abs() < 1e-9);
+    assert!(
+        api["recent"]["seconds"].as_f64().unwrap() <= 60.0,
+        "{api:#}"
+    );
+    let gone = &v["pools"]["gone"]["requests"];
+    assert_eq!(gone["gateway_error"], 4, "{gone:#}");
+    assert_eq!(gone["recent"]["success_rate"], 0.0, "{gone:#}");
+}
+
 impl Lb {
     /// `POST` (drain) or `DELETE` (undrain) `/admin/targets/<target>/drain` + `query`:
     /// the status and the JSON answer.

@@ -72,11 +72,39 @@ pub fn targets_json(pools: &BTreeMap<String, Arc<PoolRt>>) -> Value {
                 "healthy": healthy,
                 "known": known,
                 "panic_threshold": section.panic_threshold,
+                "requests": requests_json(&pool.clients.counts(now)),
                 "targets": targets,
             }),
         );
     }
     json!({ "pools": out })
+}
+
+/// What a pool's clients got: answers by class (`1xx` .. `5xx`, `gateway_error` for
+/// vigil's own 502/503/504), the success rate since start and over the recent window
+/// (`recent`: about the last minute). Errors are 5xx and gateway errors; `success_rate`
+/// is `null` with no answer to judge.
+fn requests_json(c: &crate::balancer::ClientCounts) -> Value {
+    let rate = |answered: u64, errors: u64| {
+        (answered > 0).then(|| (answered - errors.min(answered)) as f64 / answered as f64)
+    };
+    let mut out = serde_json::Map::new();
+    out.insert("answered".into(), c.answered().into());
+    for (name, n) in crate::balancer::CLIENT_CLASSES.iter().zip(c.classes) {
+        out.insert((*name).into(), n.into());
+    }
+    out.insert("errors".into(), c.errors().into());
+    out.insert("success_rate".into(), json!(rate(c.answered(), c.errors())));
+    out.insert(
+        "recent".into(),
+        json!({
+            "seconds": c.recent_span.as_secs_f64().round(),
+            "answered": c.recent_answered,
+            "errors": c.recent_errors,
+            "success_rate": rate(c.recent_answered, c.recent_errors),
+        }),
+    );
+    Value::Object(out)
 }
 
 /// The success-rate rule's last verdict on a target: its numbers, the rule that decided

@@ -254,6 +254,108 @@ impl LatencyTracker {
     }
 }
 
+/// The span of a pool's recent client success rate: the last minute...
+pub const CLIENT_WINDOW: Duration = Duration::from_secs(60);
+/// ...in steps of 10 s (the window is 50 to 60 s long once the pool has run a minute).
+pub const CLIENT_WINDOW_STEP: Duration = Duration::from_secs(10);
+
+/// What a pool's clients got, counted by the balancer itself (prometheus-client's
+/// families cannot be read back): answers by class on the data path (plain atomics),
+/// and every [`CLIENT_WINDOW_STEP`] a snapshot of the totals taken by the tick loop, so
+/// that the answers and errors of about the last [`CLIENT_WINDOW`] are the totals now
+/// minus the oldest snapshot in it. An error is a 5xx, the target's or one vigil made
+/// (a gateway error: 502, 503, 504 when no target could answer); a 4xx is the client's
+/// and counts as a success, as for outlier detection.
+#[derive(Default)]
+pub struct ClientStats {
+    /// Answers by class: 1xx (upgrades), 2xx, 3xx, 4xx, 5xx, gateway errors.
+    classes: [AtomicU64; 6],
+    /// (when, answered, errors) totals, oldest first, spanning at most the window.
+    snapshots: Mutex<std::collections::VecDeque<(Time, u64, u64)>>,
+}
+
+/// The class names of [`ClientStats`], in order.
+pub const CLIENT_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "gateway_error"];
+
+/// A pool's client answers as `/admin/targets` shows them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientCounts {
+    /// Answers by class, as [`CLIENT_CLASSES`].
+    pub classes: [u64; 6],
+    /// Answers in the recent window.
+    pub recent_answered: u64,
+    /// Errors (5xx, gateway errors) in it.
+    pub recent_errors: u64,
+    /// How long the recent window is.
+    pub recent_span: Duration,
+}
+
+impl ClientCounts {
+    /// Every answer.
+    pub fn answered(&self) -> u64 {
+        self.classes.iter().sum()
+    }
+
+    /// 5xx and gateway errors.
+    pub fn errors(&self) -> u64 {
+        self.classes[4] + self.classes[5]
+    }
+}
+
+impl ClientStats {
+    /// Counts an answer: the target's (`local` false) or vigil's own.
+    pub fn record(&self, code: u16, local: bool) {
+        let class = match code {
+            502..=504 if local => 5,
+            100..=599 => usize::from(code / 100) - 1,
+            _ => 4,
+        };
+        self.classes[class].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn totals(&self) -> ([u64; 6], u64, u64) {
+        let classes: [u64; 6] = std::array::from_fn(|i| self.classes[i].load(Ordering::Relaxed));
+        let answered = classes.iter().sum();
+        (classes, answered, classes[4] + classes[5])
+    }
+
+    /// Takes a snapshot every [`CLIENT_WINDOW_STEP`] (called by the tick loop).
+    fn tick(&self, now: Time) {
+        let mut snaps = self.snapshots.lock().expect("client stats lock");
+        if snaps
+            .back()
+            .is_some_and(|(at, _, _)| now.since(*at) < CLIENT_WINDOW_STEP)
+        {
+            return;
+        }
+        let (_, answered, errors) = self.totals();
+        snaps.push_back((now, answered, errors));
+        while snaps
+            .front()
+            .is_some_and(|(at, _, _)| now.since(*at) > CLIENT_WINDOW)
+        {
+            snaps.pop_front();
+        }
+    }
+
+    /// The counts now.
+    pub fn counts(&self, now: Time) -> ClientCounts {
+        let (classes, answered, errors) = self.totals();
+        let snaps = self.snapshots.lock().expect("client stats lock");
+        let (since, a0, e0) = snaps
+            .iter()
+            .find(|(at, _, _)| now.since(*at) <= CLIENT_WINDOW)
+            .copied()
+            .unwrap_or((now, answered, errors));
+        ClientCounts {
+            classes,
+            recent_answered: answered.saturating_sub(a0),
+            recent_errors: errors.saturating_sub(e0),
+            recent_span: now.since(since),
+        }
+    }
+}
+
 /// The success-rate rule's state in a pool.
 struct SuccessRateRt {
     /// The fleet-relative policy over the targets in service.
@@ -282,6 +384,8 @@ pub struct PoolRt {
     pub latency: LatencyTracker,
     /// The success-rate rule's state (taken only by the tick loop).
     success_rate: Mutex<SuccessRateRt>,
+    /// What its clients got.
+    pub clients: ClientStats,
     /// Round-robin counter.
     pub rr: AtomicU64,
     /// Latency histogram handle.
@@ -327,6 +431,7 @@ impl PoolRt {
                 members: Vec::new(),
                 next: None,
             }),
+            clients: ClientStats::default(),
             rr: AtomicU64::new(0),
             duration,
             clock,
@@ -418,6 +523,7 @@ impl PoolRt {
         }
         drop(state);
         self.judge_success_rates();
+        self.clients.tick(now);
     }
 
     /// The success-rate rule (vigil_core::anomaly over the targets in service, the pool
@@ -743,6 +849,36 @@ fn spec(t: &crate::config::TargetConfig) -> TargetSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_answers_are_counted_by_class_and_over_the_last_minute() {
+        let c = ClientStats::default();
+        c.tick(Time::ZERO);
+        for (code, local) in [(200, false), (204, false), (404, false), (500, false)] {
+            c.record(code, local);
+        }
+        c.record(503, false); // the target's own 503: a 5xx
+        c.record(502, true); // vigil's: a gateway error
+        c.record(408, true); // the client's slow body: a 4xx
+        let n = c.counts(Time::from_secs(5));
+        assert_eq!(n.classes, [0, 2, 0, 2, 2, 1]);
+        assert_eq!((n.answered(), n.errors()), (7, 3));
+        assert_eq!((n.recent_answered, n.recent_errors), (7, 3));
+        assert_eq!(n.recent_span, Duration::from_secs(5));
+        // A minute of quiet, snapshots every 10 s: the old answers leave the window.
+        for s in (10..=70).step_by(10) {
+            c.tick(Time::from_secs(s));
+        }
+        c.record(200, false);
+        let n = c.counts(Time::from_secs(75));
+        assert_eq!((n.answered(), n.errors()), (8, 3), "totals stay");
+        assert_eq!((n.recent_answered, n.recent_errors), (1, 0));
+        assert_eq!(
+            n.recent_span,
+            Duration::from_secs(55),
+            "the oldest snapshot in the minute"
+        );
+    }
 
     #[test]
     fn hedge_delay_follows_the_recent_quantile() {
