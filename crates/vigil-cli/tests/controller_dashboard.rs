@@ -589,8 +589,9 @@ per = "10m"
 }
 
 /// The one page shows the whole system: the balancers' pools (in service, unhealthy,
-/// ejected, fail-open with its reason) beside the guard, a balancer that cannot be read
-/// with its error, and that the `log` actuator is a dry run.
+/// ejected, drained, fail-open with its reason, and the success rate of the answers
+/// their clients got) beside the guard, a balancer that cannot be read with its error,
+/// and that the `log` actuator is a dry run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_the_balancers_pools_beside_the_guard_and_says_dry_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -633,7 +634,7 @@ async fn the_dashboard_shows_the_balancers_pools_beside_the_guard_and_says_dry_r
     let deadline = Instant::now() + DEADLINE;
     loop {
         let html = fetch(live.clone()).await;
-        if row(&html).is_some_and(|r| cells(&r) == ["3", "0", "0", "0"]) {
+        if row(&html).is_some_and(|r| cells(&r) == ["3", "0", "0", "0", "0"]) {
             break;
         }
         assert!(
@@ -642,10 +643,41 @@ async fn the_dashboard_shows_the_balancers_pools_beside_the_guard_and_says_dry_r
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Clients through the balancer, one target answering 500 to one request in four
+    // (never five in a row, and two peers are too few for the success-rate rule): the
+    // pool's client success rate is what these clients got.
+    bs[1].set_mode(vigil_testkit::Mode::FailEvery {
+        every: 4,
+        status: 500,
+    });
+    let (mut ok, total) = (0u32, 60u32);
+    for _ in 0..total {
+        let r = client
+            .get(format!("http://127.0.0.1:{}/x", lb.port))
+            .send()
+            .await
+            .unwrap();
+        ok += u32::from(r.status() == 200);
+    }
+    let rate = format!(
+        "{:.1}% of {total} answers",
+        f64::from(ok) * 100.0 / f64::from(total)
+    );
+    loop {
+        let html = fetch(live.clone()).await;
+        if row(&html).is_some_and(|r| r.contains(&rate)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pool's client success rate ({rate}) never showed: {html}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     bs[0].set_health_mode(vigil_testkit::Mode::Status(503));
     loop {
         let html = fetch(live.clone()).await;
-        if row(&html).is_some_and(|r| cells(&r) == ["2", "1", "0", "0"]) {
+        if row(&html).is_some_and(|r| cells(&r) == ["2", "1", "0", "0", "0"]) {
             break;
         }
         assert!(
@@ -662,8 +694,12 @@ async fn the_dashboard_shows_the_balancers_pools_beside_the_guard_and_says_dry_r
     check_console(&console);
     let pools = element(&dom, "section", "balancers");
     let web = row(pools).expect("the web pool's row in the browser's DOM");
-    assert_eq!(cells(&web), ["2", "1", "0", "0"], "{web}");
+    assert_eq!(cells(&web), ["2", "1", "0", "0", "0"], "{web}");
     assert!(web.contains("healthy targets only"), "{web}");
+    assert!(
+        web.contains(&rate) && web.contains("data-success-rate="),
+        "the pool's client success rate ({rate}) is on the page: {web}"
+    );
     assert!(
         pools.contains(&format!("127.0.0.1:{nobody}")) && pools.contains("cannot be read"),
         "an unreadable balancer is shown with its error: {pools}"

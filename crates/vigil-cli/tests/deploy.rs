@@ -17,6 +17,8 @@
 //!   of completed installs), and the deployer re-ran only the step in flight at each
 //!   kill (the hook's log of invocations);
 //! - the same rollout through a signed install webhook and an HTTP drain API;
+//! - the same rollout draining its hosts through a real `vigil lb`'s admin API
+//!   (`drain.kind = "http"`): the balancer never routes to a host being restarted;
 //! - a second `run` while one drives is refused; `abort` reaches the running one.
 
 use serde_json::Value;
@@ -25,8 +27,10 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+mod lb_support;
 
 /// Generous bound for a whole rollout of five hosts on a loaded 2-core machine.
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -76,6 +80,9 @@ struct Fleet {
     violations: Arc<Mutex<Vec<String>>>,
     stop: Arc<AtomicBool>,
     supervisor: Option<std::thread::JoinHandle<()>>,
+    /// With a real balancer in front: its admin port. A host is then drained when the
+    /// balancer says so, not when the drain hook's log does.
+    lb_admin: Arc<OnceLock<u16>>,
 }
 
 /// Starts a host's service on `revision`; a revision named `bad*` fails its health
@@ -152,14 +159,40 @@ fn max_drained(dir: &Path) -> usize {
     max
 }
 
+/// Whether the balancer at admin port `admin` has `target` drained (in any pool).
+fn lb_drained(admin: u16, target: &str) -> bool {
+    let Some((200, body)) = http_get::get(admin, "/admin/targets") else {
+        return false;
+    };
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    v["pools"].as_object().is_some_and(|pools| {
+        pools.values().any(|p| {
+            p["targets"].as_array().is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| t["addr"] == target && t["drained"] == true)
+            })
+        })
+    })
+}
+
 impl Fleet {
     fn start(dir: &Path, revision: &str) -> Fleet {
+        Self::start_ids(dir, revision, false)
+    }
+
+    /// Five hosts named `h0`..`h4`, or with `addr_ids` by the `host:port` a balancer
+    /// knows them by (their health listener's).
+    fn start_ids(dir: &Path, revision: &str, addr_ids: bool) -> Fleet {
         let hosts: Vec<Host> = ZONES
             .iter()
             .enumerate()
             .map(|(i, _)| {
-                let id = format!("h{i}");
                 let port = free_port();
+                let id = if addr_ids {
+                    format!("127.0.0.1:{port}")
+                } else {
+                    format!("h{i}")
+                };
                 let child = start_service(dir, &id, port, revision);
                 Host {
                     id,
@@ -172,12 +205,14 @@ impl Fleet {
         let hosts = Arc::new(Mutex::new(hosts));
         let violations = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
+        let lb_admin = Arc::new(OnceLock::new());
         let supervisor = {
-            let (dir, hosts, violations, stop) = (
+            let (dir, hosts, violations, stop, lb_admin) = (
                 dir.to_path_buf(),
                 hosts.clone(),
                 violations.clone(),
                 stop.clone(),
+                lb_admin.clone(),
             );
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
@@ -188,7 +223,11 @@ impl Fleet {
                         if want.is_empty() || want == h.revision {
                             continue;
                         }
-                        if !drained_now(&dir).contains(&h.id) {
+                        let drained = match lb_admin.get() {
+                            Some(&admin) => lb_drained(admin, &h.id),
+                            None => drained_now(&dir).contains(&h.id),
+                        };
+                        if !drained {
                             violations.lock().unwrap().push(format!(
                                 "{} restarted onto {want} while in service (not drained)",
                                 h.id
@@ -211,6 +250,7 @@ impl Fleet {
             violations,
             stop,
             supervisor: Some(supervisor),
+            lb_admin,
         };
         fleet.write_hooks();
         fleet.wait_serving(revision);
@@ -396,11 +436,18 @@ mod http_get {
     use std::io::{Read, Write};
 
     pub fn health(port: u16) -> Option<(u16, String)> {
+        get(port, "/health")
+    }
+
+    /// GET `path`: the status and the JSON body.
+    pub fn get(port: u16, path: &str) -> Option<(u16, String)> {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
         s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
             .ok()?;
-        s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .ok()?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .ok()?;
         let mut text = String::new();
         s.read_to_string(&mut text).ok()?;
         let code = text.split(' ').nth(1)?.parse().ok()?;
@@ -911,4 +958,154 @@ fn abort_stops_a_running_rollout_between_waves() {
     let (code, _, err) = deploy_output(&config, &["abort"]);
     assert_eq!(code, 5, "nothing left to abort: {err}");
     assert_floor_kept(&fleet);
+}
+
+/// Issue 18: `drain.kind = "http"` against a real `vigil lb` (its admin API's
+/// `POST`/`DELETE /admin/targets/<host:port>/drain`): every host is drained before its
+/// install and undrained after it reported back, the balancer never routes to a host
+/// being restarted, never more than the floor allows are drained at once, and all are
+/// back in service at the end.
+#[test]
+fn a_rollout_drains_its_hosts_through_vigil_lb() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start_ids(dir.path(), "v1", true);
+    let ids: Vec<String> = fleet
+        .hosts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|h| h.id.clone())
+        .collect();
+    let targets: Vec<String> = ids
+        .iter()
+        .map(|id| format!("{{ addr = \"{id}\" }}"))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let lb = rt.block_on(lb_support::LbProcess::start(&format!(
+        "[pools.web]\ntargets = [{}]\nslow_start_window = \"0s\"\n\
+         [pools.web.health_check]\ninterval = \"200ms\"\ntimeout = \"500ms\"\n\
+         healthy_threshold = 1\nunhealthy_threshold = 2\n",
+        targets.join(", ")
+    )));
+    let admin = lb.admin;
+    let states = || -> Vec<(String, String, bool)> {
+        let body = http_get::get(admin, "/admin/targets")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        v["pools"]["web"]["targets"]
+            .as_array()
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| {
+                        (
+                            t["addr"].as_str().unwrap_or("").to_string(),
+                            t["state"].as_str().unwrap_or("").to_string(),
+                            t["drained"] == true,
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let started = Instant::now();
+    while !(states().len() == 5 && states().iter().all(|(_, s, _)| s == "healthy")) {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the balancer never had every host in service: {:?}\n{}",
+            states(),
+            lb.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    fleet.lb_admin.set(admin).unwrap();
+    // An observer of the balancer: the most hosts drained at once, and which ever were.
+    let stop = Arc::new(AtomicBool::new(false));
+    let observer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut max, mut seen) = (0, BTreeSet::new());
+            while !stop.load(Ordering::Relaxed) {
+                let body = http_get::get(admin, "/admin/targets")
+                    .map(|(_, b)| b)
+                    .unwrap_or_default();
+                let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                let drained: Vec<String> = v["pools"]["web"]["targets"]
+                    .as_array()
+                    .map(|ts| {
+                        ts.iter()
+                            .filter(|t| t["drained"] == true)
+                            .map(|t| t["addr"].as_str().unwrap_or("").to_string())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                max = max.max(drained.len());
+                seen.extend(drained);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            (max, seen)
+        })
+    };
+    let d = fleet.dir.display().to_string();
+    let config = fleet.config_with(
+        "bake = \"1s\"\nprogress_deadline = \"30s\"",
+        &format!(
+            r#"[install.exec]
+command = ["sh", "{d}/install.sh"]
+timeout = "20s"
+[drain]
+kind = "http"
+url = "http://127.0.0.1:{admin}/admin/targets/{{host}}/drain?wait=10s"
+"#
+        ),
+    );
+    let code = deploy(dir.path(), &config, &["run", "--revision", "v2"]).wait(dir.path());
+    stop.store(true, Ordering::Relaxed);
+    let (max, seen) = observer.join().unwrap();
+    assert_eq!(
+        code,
+        0,
+        "the rollout completes\n{}\n--- lb log\n{}",
+        fleet.diagnostics(),
+        lb.log()
+    );
+    fleet.wait_serving("v2");
+    assert!(
+        fleet.violations().is_empty(),
+        "a host was restarted while the balancer routed to it: {:?}\n{}",
+        fleet.violations(),
+        lb.log()
+    );
+    assert!(
+        max <= MAX_DRAINED,
+        "{max} hosts drained at once: the floor allows {MAX_DRAINED}"
+    );
+    assert_eq!(
+        seen,
+        ids.iter().cloned().collect::<BTreeSet<_>>(),
+        "the balancer saw every host drained"
+    );
+    let log = lb.log();
+    for id in &ids {
+        assert!(
+            log.contains(&format!("target {id} drained by the admin API"))
+                && log.contains(&format!("target {id} undrained by the admin API")),
+            "{id} drained and undrained through the balancer:\n{log}"
+        );
+    }
+    let started = Instant::now();
+    while !states()
+        .iter()
+        .all(|(_, s, drained)| s == "healthy" && !drained)
+    {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "every host back in service in the balancer: {:?}",
+            states()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

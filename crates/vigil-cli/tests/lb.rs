@@ -246,7 +246,8 @@ async fn killed_backend_scenario(outlier_detection: bool) {
     let outlier = if outlier_detection {
         ""
     } else {
-        "[pools.api.outlier]\nconsecutive_5xx = 0\nconsecutive_gateway_errors = 0\n"
+        "[pools.api.outlier]\nconsecutive_5xx = 0\nconsecutive_gateway_errors = 0\n\
+         [pools.api.outlier.success_rate]\nenabled = false\n"
     };
     let lb = Lb::start(&format!(
         "[pools.api]\n{}\nslow_start_window = \"0s\"\n{outlier}[pools.api.health_check]\n{FAST_CHECKS}",
@@ -439,6 +440,471 @@ async fn outlier_detection_ejects_a_500_backend_bounded_by_max_ejection_percent(
     let m = lb.metrics().await;
     assert!(m.contains("vigil_lb_target_ejections_total"), "{m}");
     eprintln!("codes seen: {codes:?}");
+}
+
+/// The success-rate rule judges fast: every second over the last five.
+const FAST_SUCCESS_RATE: &str =
+    "[pools.api.outlier.success_rate]\ninterval = \"1s\"\nwindow = \"5s\"\n";
+
+/// Starts four backends answering per `modes` behind a round-robin pool with the fast
+/// success-rate rule, and a steady load through it.
+async fn success_rate_fleet(modes: [Mode; 4]) -> (Vec<Backend>, Lb, Load) {
+    let backends: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let lb = Lb::start(&format!(
+        "[pools.api]\n{}\nbalance = \"round-robin\"\nslow_start_window = \"0s\"\n\
+         [pools.api.health_check]\n{FAST_CHECKS}{FAST_SUCCESS_RATE}",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    for (b, m) in backends.iter().zip(modes) {
+        b.set_mode(m);
+    }
+    let load = Load::start(&lb, "/work", 4, Duration::from_secs(40));
+    (backends, lb, load)
+}
+
+/// Issue 17: a target answering 500 to one request in five, among peers that never
+/// fail, never has five errors in a row (the consecutive-error rule cannot see it), but
+/// its error rate against its peers' ejects it; the others stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_failing_a_fifth_of_its_requests_is_ejected_by_its_success_rate() {
+    let fail_a_fifth = Mode::FailEvery {
+        every: 5,
+        status: 500,
+    };
+    let (backends, lb, load) =
+        success_rate_fleet([fail_a_fifth, Mode::Ok, Mode::Ok, Mode::Ok]).await;
+    let bad = backends[0].addr();
+    lb.wait_admin(Duration::from_secs(20), "the 20% target ejected", |v| {
+        v["pools"]["api"]["targets"].as_array().is_some_and(|ts| {
+            ts.iter()
+                .any(|t| t["addr"] == bad.to_string() && t["state"] == "ejected")
+        })
+    })
+    .await;
+    let v = lb.admin_targets().await;
+    let samples = load.finish().await;
+    let targets = v["pools"]["api"]["targets"].as_array().unwrap();
+    let t = targets
+        .iter()
+        .find(|t| t["addr"] == bad.to_string())
+        .unwrap();
+    let reason = t["ejection_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("a success-rate outlier: ")
+            && reason.contains("% errors (")
+            && reason.contains("for its 3 peers (binomial p="),
+        "the ejection says which rule and its numbers: {t:#}"
+    );
+    // Its error rate, as the verdict counted it: a fifth, give or take the window's edge.
+    let rate = reason
+        .trim_start_matches("a success-rate outlier: ")
+        .split('%')
+        .next()
+        .and_then(|r| r.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("a rate in {reason:?}"));
+    assert!((15.0..=25.0).contains(&rate), "{reason}");
+    assert!(
+        t["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains(&format!("target {bad} ejected for"))
+                && r.contains("success-rate outlier")),
+        "{t:#}"
+    );
+    for t in targets.iter().filter(|t| t["addr"] != bad.to_string()) {
+        assert!(in_service(t), "a peer at 0% stays in service: {t:#}");
+        assert_eq!(t["ejections"], 0, "{t:#}");
+        let sr = &t["success_rate"];
+        assert_eq!(sr["errors"], 0, "{t:#}");
+        assert_eq!(sr["finding"], "below_floor", "{t:#}");
+    }
+    let log = lb.log();
+    assert!(
+        log.contains(&format!("target {bad} ejected for"))
+            && log.contains("after a success-rate outlier: "),
+        "the ejection is logged with its reason: {log}"
+    );
+    assert!(
+        !log.contains("consecutive errors"),
+        "one error in five never makes a streak of five: {log}"
+    );
+    let ejections = log.matches(" ejected for ").count();
+    assert_eq!(ejections, 1, "only the bad target is ever ejected: {log}");
+    let served = samples.iter().filter(|s| s.result == Ok(200)).count();
+    assert!(
+        served > 200,
+        "the load ran: {} of {}",
+        served,
+        samples.len()
+    );
+}
+
+/// A fleet whose targets fail alike is not judged target by target: all at 0% (under
+/// the absolute floor) or all at 20% (a failure they share), nobody is ejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_failing_alike_ejects_nobody_by_success_rate() {
+    let fail_a_fifth = || Mode::FailEvery {
+        every: 5,
+        status: 500,
+    };
+    for (modes, finding) in [
+        ([Mode::Ok, Mode::Ok, Mode::Ok, Mode::Ok], "below_floor"),
+        (
+            [
+                fail_a_fifth(),
+                fail_a_fifth(),
+                fail_a_fifth(),
+                fail_a_fifth(),
+            ],
+            "shared_failure",
+        ),
+    ] {
+        let (_backends, lb, load) = success_rate_fleet(modes).await;
+        // Judged on a full window with volume, several times over.
+        lb.wait_admin(
+            Duration::from_secs(20),
+            &format!("every target judged {finding} on 50+ requests"),
+            |v| {
+                v["pools"]["api"]["targets"].as_array().is_some_and(|ts| {
+                    ts.iter().all(|t| {
+                        t["success_rate"]["finding"] == finding
+                            && t["success_rate"]["requests"].as_u64().unwrap_or(0) >= 50
+                    })
+                })
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let v = lb.admin_targets().await;
+        let samples = load.finish().await;
+        for t in v["pools"]["api"]["targets"].as_array().unwrap() {
+            assert!(in_service(t), "{finding}: nobody ejected: {t:#}");
+            assert_eq!(t["ejections"], 0, "{finding}: {t:#}");
+            assert_eq!(t["success_rate"]["finding"], finding, "{t:#}");
+        }
+        let log = lb.log();
+        assert!(!log.contains(" ejected for "), "{finding}: {log}");
+        assert!(
+            log.contains("success rate: "),
+            "the verdicts are logged (debug): {log}"
+        );
+        let failed = samples.iter().filter(|s| s.result == Ok(500)).count();
+        eprintln!(
+            "{finding}: {} requests, {failed} answered 500",
+            samples.len()
+        );
+    }
+}
+
+/// Issue 15: each pool's `/admin/targets` entry counts what its clients got, by class,
+/// with the success rate since start and over the last minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_pool_counts_its_clients_answers_by_class_with_a_success_rate() {
+    let b = Backend::start("b");
+    let nobody = lb_support::free_port();
+    let lb = Lb::start(&format!(
+        "[[routes]]\npath_prefix = \"/gone\"\npool = \"gone\"\n[[routes]]\npool = \"api\"\n\
+         [pools.api]\n{}\n[pools.api.health_check]\n{FAST_CHECKS}\
+         [pools.gone]\ntargets = [{{ addr = \"127.0.0.1:{nobody}\" }}]\n\
+         [pools.gone.health_check]\nenabled = false\n",
+        targets_toml(&[&b]),
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    let mut sent = std::collections::BTreeMap::new();
+    for (mode, path, n) in [
+        (Mode::Ok, "/x", 10),
+        (Mode::Status(404), "/x", 5),
+        (Mode::Status(500), "/x", 3),
+        (Mode::Ok, "/gone/x", 4),
+    ] {
+        b.set_mode(mode);
+        for _ in 0..n {
+            let r = lb.http.get(lb.url(path)).send().await.expect("request");
+            *sent.entry(r.status().as_u16()).or_insert(0u64) += 1;
+        }
+    }
+    assert_eq!(
+        sent.get(&502),
+        Some(&4),
+        "nothing listens for pool gone: {sent:?}"
+    );
+    let v = lb.admin_targets().await;
+    let api = &v["pools"]["api"]["requests"];
+    assert_eq!(
+        (
+            &api["answered"],
+            &api["2xx"],
+            &api["4xx"],
+            &api["5xx"],
+            &api["gateway_error"]
+        ),
+        (&18.into(), &10.into(), &5.into(), &3.into(), &0.into()),
+        "{api:#}"
+    );
+    let rate = api["success_rate"].as_f64().unwrap();
+    assert!(
+        (rate - 15.0 / 18.0).abs() < 1e-9,
+        "a 4xx is the client's: {api:#}"
+    );
+    assert_eq!(api["recent"]["answered"], 18, "{api:#}");
+    assert_eq!(api["recent"]["errors"], 3, "{api:#}");
+    assert!((api["recent"]["success_rate"].as_f64().unwrap() - rate).abs() < 1e-9);
+    assert!(
+        api["recent"]["seconds"].as_f64().unwrap() <= 60.0,
+        "{api:#}"
+    );
+    let gone = &v["pools"]["gone"]["requests"];
+    assert_eq!(gone["gateway_error"], 4, "{gone:#}");
+    assert_eq!(gone["recent"]["success_rate"], 0.0, "{gone:#}");
+}
+
+impl Lb {
+    /// `POST` (drain) or `DELETE` (undrain) `/admin/targets/<target>/drain` + `query`:
+    /// the status and the JSON answer.
+    async fn drain(&self, method: reqwest::Method, target: &str, query: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .request(
+                method,
+                self.admin_url(&format!("/admin/targets/{target}/drain{query}")),
+            )
+            .send()
+            .await
+            .expect("admin answers");
+        let code = r.status().as_u16();
+        (code, r.json().await.expect("a JSON answer"))
+    }
+
+    /// The admin document's entry for `addr` in `pool`.
+    async fn target(&self, pool: &str, addr: SocketAddr) -> Value {
+        let v = self.admin_targets().await;
+        v["pools"][pool]["targets"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["addr"] == addr.to_string()).cloned())
+            .unwrap_or_else(|| panic!("target {addr} not in pool {pool}: {v}"))
+    }
+}
+
+/// Issue 18: a drained target gets no new request while those it has finish there
+/// (`draining`, then `drained`), and undraining puts it back in service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_target_finishes_its_requests_takes_no_new_ones_and_comes_back() {
+    let backends: Vec<Backend> = (0..3).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let lb = Lb::start(&format!(
+        "[pools.api]\n{}\nbalance = \"round-robin\"\nslow_start_window = \"0s\"\n\
+         [pools.api.health_check]\n{FAST_CHECKS}",
+        targets_toml(&refs)
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    let lame = &backends[0];
+    let addr = lame.addr();
+    lame.set_mode(Mode::Delay(Duration::from_millis(1500)));
+    // Round-robin sends every third request to b0, where it waits 1.5 s.
+    let in_flight: Vec<_> = (0..6)
+        .map(|_| {
+            let (http, url) = (lb.http.clone(), lb.url("/x"));
+            tokio::spawn(async move {
+                let r = http.get(&url).send().await.expect("request");
+                (r.status().as_u16(), r.text().await.expect("body"))
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lame.requests() == 0 {
+        assert!(Instant::now() < deadline, "no request reached b0");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (code, answer) = lb.drain(reqwest::Method::POST, &addr.to_string(), "").await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["target"], addr.to_string(), "{answer}");
+    assert_eq!(answer["drained"], true, "{answer}");
+    assert_eq!(answer["pools"][0]["pool"], "api", "{answer}");
+    assert_eq!(answer["pools"][0]["state"], "draining", "{answer}");
+    assert!(
+        answer["pools"][0]["in_flight"].as_u64() >= Some(1),
+        "{answer}"
+    );
+    let t = lb.target("api", addr).await;
+    assert_eq!(t["state"], "draining", "{t:#}");
+    assert_eq!(t["drained"], true, "{t:#}");
+    assert!(t["outstanding"].as_u64() >= Some(1), "{t:#}");
+    assert!(
+        t["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains(&format!("target {addr} drained by the admin API"))),
+        "{t:#}"
+    );
+    // No new request reaches it...
+    let before = lame.requests();
+    for _ in 0..30 {
+        let r = lb.http.get(lb.url("/y")).send().await.expect("request");
+        assert_eq!(r.status(), 200);
+        assert_ne!(
+            r.text().await.unwrap(),
+            "b0",
+            "a drained target gets no new request"
+        );
+    }
+    assert_eq!(lame.requests(), before, "b0 got no new request");
+    // Draining again changes nothing (a deployer may retry); `?wait=` answers once no
+    // request is in flight on it any more.
+    let asked = Instant::now();
+    let (code, answer) = lb
+        .drain(reqwest::Method::POST, &addr.to_string(), "?wait=10s")
+        .await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["pools"][0]["state"], "drained", "{answer}");
+    assert_eq!(answer["pools"][0]["in_flight"], 0, "{answer}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    // ...and those it had finish there.
+    let mut from_lame = 0;
+    for h in in_flight {
+        let (code, body) = h.await.expect("request task");
+        assert_eq!(code, 200, "an in-flight request finishes: {body}");
+        from_lame += usize::from(body == "b0");
+    }
+    assert!(
+        from_lame >= 1,
+        "the requests in flight on b0 were answered by b0"
+    );
+    lb.wait_admin(Duration::from_secs(5), "b0 drained", |v| {
+        v["pools"]["api"]["targets"][0]["state"] == "drained"
+            && v["pools"]["api"]["targets"][0]["outstanding"] == 0
+    })
+    .await;
+    // Undrained: back in service, and traffic reaches it again.
+    lame.set_mode(Mode::Ok);
+    let (code, answer) = lb
+        .drain(reqwest::Method::DELETE, &addr.to_string(), "")
+        .await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["drained"], false, "{answer}");
+    assert_eq!(answer["pools"][0]["state"], "undrained", "{answer}");
+    let t = lb.target("api", addr).await;
+    assert!(in_service(&t), "{t:#}");
+    assert_eq!(t["drained"], false, "{t:#}");
+    for _ in 0..30 {
+        let r = lb.http.get(lb.url("/z")).send().await.expect("request");
+        assert_eq!(r.status(), 200);
+    }
+    assert!(
+        lame.requests() > before,
+        "an undrained target gets traffic again"
+    );
+    let log = lb.log();
+    assert!(
+        log.contains(&format!(
+            "target {addr} drained by the admin API: no new requests"
+        )) && log.contains(&format!("target {addr} undrained by the admin API")),
+        "{log}"
+    );
+}
+
+/// The drain API's refusals: an unknown target (404), the last target in service of a
+/// pool (409 unless `?force=true`), a browser (403), a method other than POST and DELETE
+/// (405); a target may be named with its `:` escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_api_names_what_it_refuses_and_why() {
+    let api: Vec<Backend> = (0..2).map(|i| Backend::start(&format!("a{i}"))).collect();
+    let solo = Backend::start("solo");
+    let lb = Lb::start(&format!(
+        "[[routes]]\npath_prefix = \"/solo\"\npool = \"solo\"\n[[routes]]\npool = \"api\"\n\
+         [pools.api]\n{}\nslow_start_window = \"0s\"\n[pools.api.health_check]\n{FAST_CHECKS}\
+         [pools.solo]\n{}\nslow_start_window = \"0s\"\n[pools.solo.health_check]\n{FAST_CHECKS}",
+        targets_toml(&api.iter().collect::<Vec<_>>()),
+        targets_toml(&[&solo]),
+    ))
+    .await;
+    lb.wait_all_in_service("api").await;
+    lb.wait_all_in_service("solo").await;
+
+    let (code, answer) = lb
+        .drain(
+            reqwest::Method::POST,
+            &api[0].addr().to_string(),
+            "?wait=forever",
+        )
+        .await;
+    assert_eq!(code, 400, "{answer}");
+    let (code, answer) = lb.drain(reqwest::Method::POST, "10.9.9.9:1", "").await;
+    assert_eq!(code, 404, "{answer}");
+    assert_eq!(answer["target"], "10.9.9.9:1", "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no pool has a target \"10.9.9.9:1\"")),
+        "{answer}"
+    );
+
+    let only = solo.addr().to_string();
+    let (code, answer) = lb.drain(reqwest::Method::POST, &only, "").await;
+    assert_eq!(code, 409, "{answer}");
+    assert_eq!(answer["pool"], "solo", "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&format!(
+                "draining {only} would leave pool solo with no target in service"
+            )) && e.contains("?force=true")),
+        "{answer}"
+    );
+    assert!(in_service(&lb.target("solo", solo.addr()).await));
+    let r = lb.http.get(lb.url("/solo/x")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "a refused drain changes nothing");
+
+    let (code, answer) = lb.drain(reqwest::Method::POST, &only, "?force=true").await;
+    assert_eq!(code, 200, "{answer}");
+    let r = lb.http.get(lb.url("/solo/x")).send().await.unwrap();
+    assert_eq!(
+        r.status(),
+        503,
+        "a pool whose only target is drained has none"
+    );
+    let (code, _) = lb.drain(reqwest::Method::DELETE, &only, "").await;
+    assert_eq!(code, 200);
+    let r = lb.http.get(lb.url("/solo/x")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "undrained, it serves again");
+
+    let a0 = api[0].addr();
+    let r = lb
+        .http
+        .post(lb.admin_url(&format!("/admin/targets/{a0}/drain")))
+        .header("Origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "a browser cannot drain");
+    assert!(in_service(&lb.target("api", a0).await));
+    let r = lb
+        .http
+        .get(lb.admin_url(&format!("/admin/targets/{a0}/drain")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "POST, DELETE");
+
+    let escaped = a0.to_string().replace(':', "%3A");
+    let (code, answer) = lb.drain(reqwest::Method::POST, &escaped, "").await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["target"], a0.to_string(), "{answer}");
+    assert_eq!(lb.target("api", a0).await["state"], "drained");
+    // One target of two left: draining it too would leave none.
+    let (code, answer) = lb
+        .drain(reqwest::Method::POST, &api[1].addr().to_string(), "")
+        .await;
+    assert_eq!(code, 409, "{answer}");
+    let (code, _) = lb.drain(reqwest::Method::DELETE, &escaped, "").await;
+    assert_eq!(code, 200);
 }
 
 /// Sends raw bytes to the proxy and returns what came back (until close or 5 s).

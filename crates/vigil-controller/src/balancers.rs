@@ -4,8 +4,9 @@
 //!
 //! A task reads each balancer's `/admin/targets` every [`POLL_EVERY`] (timeout
 //! [`POLL_TIMEOUT`], at most [`MAX_BODY`] read) and publishes a summary per pool: targets
-//! in service (healthy or in slow start), unhealthy, ejected, not checked yet, and
-//! whether the pool fails open with the fraction that made it. A balancer that cannot be
+//! in service (healthy or in slow start), unhealthy, ejected, not checked yet, drained,
+//! whether the pool fails open with the fraction that made it, and its clients' success
+//! rate over the balancer's recent window (`requests.recent`). A balancer that cannot be
 //! read is shown with the error, never dropped silently, and never changes a decision:
 //! the controller judges targets by its own probes only.
 
@@ -47,10 +48,20 @@ pub struct PoolSummary {
     pub ejected: usize,
     /// Targets not checked yet.
     pub unknown: usize,
+    /// Targets drained through the balancer's admin API (draining or drained).
+    pub drained: usize,
     /// Whether the pool fails open (routes to every target because too few are healthy).
     pub fail_open: bool,
     /// With `fail_open`: why, in words (`1/4 healthy, under the panic threshold 50%`).
     pub fail_open_reason: Option<String>,
+    /// The share of the pool's client answers that were not errors (5xx, gateway
+    /// errors) over the balancer's recent window; `None` without answers in it (or from
+    /// a balancer that does not count them).
+    pub success_rate: Option<f64>,
+    /// Client answers in that window.
+    pub answered: u64,
+    /// How long that window is, in seconds.
+    pub window_seconds: u64,
 }
 
 /// The latest reads, shared with the dashboard.
@@ -73,9 +84,14 @@ pub fn summarize(doc: &serde_json::Value) -> Result<Vec<PoolSummary>, String> {
                 "healthy" | "slow-start" => s.in_service += 1,
                 "unhealthy" => s.unhealthy += 1,
                 "ejected" => s.ejected += 1,
+                "draining" | "drained" => s.drained += 1,
                 _ => s.unknown += 1,
             }
         }
+        let recent = &pool["requests"]["recent"];
+        s.success_rate = recent["success_rate"].as_f64();
+        s.answered = recent["answered"].as_u64().unwrap_or(0);
+        s.window_seconds = recent["seconds"].as_f64().unwrap_or(0.0) as u64;
         if s.fail_open {
             let threshold = pool["panic_threshold"].as_f64().unwrap_or(0.0);
             s.fail_open_reason = Some(format!(
@@ -157,19 +173,27 @@ mod tests {
             "fail_open": true, "healthy": 1, "panic_threshold": 0.5,
             "targets": [
                 {"state": "healthy"}, {"state": "slow-start"}, {"state": "unhealthy"},
-                {"state": "ejected"}, {"state": "unknown"}
-            ]
+                {"state": "ejected"}, {"state": "unknown"}, {"state": "draining"},
+                {"state": "drained"}
+            ],
+            "requests": {"answered": 500, "recent": {
+                "seconds": 60.0, "answered": 200, "errors": 3, "success_rate": 0.985
+            }}
         }}});
         let pools = summarize(&doc).unwrap();
         assert_eq!(pools.len(), 1);
         let p = &pools[0];
         assert_eq!(
-            (p.in_service, p.unhealthy, p.ejected, p.unknown),
-            (2, 1, 1, 1)
+            (p.in_service, p.unhealthy, p.ejected, p.unknown, p.drained),
+            (2, 1, 1, 1, 2)
+        );
+        assert_eq!(
+            (p.success_rate, p.answered, p.window_seconds),
+            (Some(0.985), 200, 60)
         );
         assert_eq!(
             p.fail_open_reason.as_deref(),
-            Some("1/5 healthy, under the panic threshold 50%: routing to every target")
+            Some("1/7 healthy, under the panic threshold 50%: routing to every target")
         );
     }
 

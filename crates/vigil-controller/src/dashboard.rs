@@ -192,16 +192,24 @@ fn balancers(views: &[crate::balancers::BalancerView]) -> Markup {
                 h2 { "Balancers " small { "(what they route around; the guard above decides replacements)" } }
                 table {
                     tr { th { "balancer" } th { "pool" } th { "in service" } th { "unhealthy" }
-                         th { "ejected" } th { "not checked yet" } th { "routing" } }
+                         th { "ejected" } th { "not checked yet" } th { "drained" }
+                         th { "client success" } th { "routing" } }
                     @for b in views {
                         @if let Some(e) = &b.error {
-                            tr .unreadable { td { (b.url) } td colspan="6" { "cannot be read: " (e) } }
+                            tr .unreadable { td { (b.url) } td colspan="8" { "cannot be read: " (e) } }
                         }
                         @for p in &b.pools {
-                            tr data-pool=(p.name) data-fail-open=(p.fail_open) {
+                            tr data-pool=(p.name) data-fail-open=(p.fail_open)
+                                data-success-rate=[p.success_rate] {
                                 td { (b.url) } td { (p.name) }
                                 td .n { (p.in_service) } td .n { (p.unhealthy) }
-                                td .n { (p.ejected) } td .n { (p.unknown) }
+                                td .n { (p.ejected) } td .n { (p.unknown) } td .n { (p.drained) }
+                                td .success {
+                                    @match p.success_rate {
+                                        Some(r) => { (format!("{:.1}%", r * 100.0)) " of " (p.answered) " answers, last " (p.window_seconds) " s" }
+                                        None => { "no answers in the last minute" }
+                                    }
+                                }
                                 td { @if let Some(r) = &p.fail_open_reason { strong { "FAIL-OPEN: " } (r) } @else { "healthy targets only" } }
                             }
                         }

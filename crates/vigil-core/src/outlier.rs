@@ -50,6 +50,14 @@
 //!    fails fast. The cost: a target that answers 503 to everything because it is
 //!    broken is left to the active checks.
 //!
+//! 6. **Success rate (driven from outside).** A target answering 20% errors among peers
+//!    at 0.1% never fails five requests in a row often enough for rule 1. Comparing its
+//!    error rate with its peers' is the fleet-relative policy of [`crate::anomaly`]
+//!    (volume, peers, absolute floor, binomial test); a driver that runs it ejects an
+//!    outlier with [`OutlierDetector::eject`] and [`EjectReason::success_rate`], through
+//!    the same rules 2 to 4 (ejection time, `max_ejection_percent`, readmission). `vigil
+//!    lb` does so every `[outlier.success_rate] interval`.
+//!
 //! Everything returns [`OutlierEvent`]s saying why, ready to be logged (`Display`).
 //!
 //! # Example
@@ -74,6 +82,7 @@
 //! assert!(matches!(back.as_slice(), [OutlierEvent::Readmitted { .. }]));
 //! ```
 
+use crate::anomaly::Verdict;
 use crate::invalid::Invalid;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
@@ -247,7 +256,7 @@ impl fmt::Display for RequestOutcome {
 }
 
 /// Which rule ejected a target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum EjectReason {
     /// `consecutive_5xx` errors in a row; the last one is carried.
     Consecutive5xx {
@@ -263,6 +272,35 @@ pub enum EjectReason {
         /// The outcome that completed it.
         last: RequestOutcome,
     },
+    /// Its error rate is an outlier against its peers' (rule 6, [`crate::anomaly`]).
+    SuccessRate {
+        /// Its failed requests in the window judged.
+        failed: u64,
+        /// Its requests in the window judged.
+        requests: u64,
+        /// How many peers it was compared with.
+        peers: usize,
+        /// The peers' pooled error rate, 0..1.
+        peers_rate: f64,
+        /// The binomial test's p-value ...
+        p_value: f64,
+        /// ... and the threshold it fell below.
+        threshold: f64,
+    },
+}
+
+impl EjectReason {
+    /// The success-rate reason carrying an outlier verdict's numbers.
+    pub fn success_rate(v: &Verdict) -> EjectReason {
+        EjectReason::SuccessRate {
+            failed: v.counts.failed,
+            requests: v.counts.total(),
+            peers: v.peers.count,
+            peers_rate: v.peers.pooled_rate,
+            p_value: v.test.map_or(1.0, |t| t.p_value),
+            threshold: v.test.map_or(0.0, |t| t.threshold),
+        }
+    }
 }
 
 impl fmt::Display for EjectReason {
@@ -273,6 +311,26 @@ impl fmt::Display for EjectReason {
             }
             EjectReason::ConsecutiveGatewayErrors { count, last } => {
                 write!(f, "{count} consecutive gateway errors (last: {last})")
+            }
+            EjectReason::SuccessRate {
+                failed,
+                requests,
+                peers,
+                peers_rate,
+                p_value,
+                threshold,
+            } => {
+                let rate = if *requests == 0 {
+                    0.0
+                } else {
+                    *failed as f64 / *requests as f64
+                };
+                write!(
+                    f,
+                    "a success-rate outlier: {:.1}% errors ({failed} of {requests} requests) vs {:.2}% for its {peers} peers (binomial p={p_value:.1e} < {threshold:.1e})",
+                    rate * 100.0,
+                    peers_rate * 100.0
+                )
             }
         }
     }
@@ -490,6 +548,47 @@ impl<K: Ord + Clone> OutlierDetector<K> {
                 limit,
             });
         }
+        Some(Self::eject_now(config, target, st, now, reason, jitter))
+    }
+
+    /// Ejects `target` for `reason` found by a rule the driver runs (rule 6: a
+    /// success-rate outlier), under the same limits as the streaks: refused and reported
+    /// as [`OutlierEvent::EjectionSkipped`] (every time: the driver judges at its own
+    /// pace) when `max_ejection_percent` is reached, the same growing ejection time, the
+    /// same readmission. `None` for an unknown or already ejected target.
+    pub fn eject(
+        &mut self,
+        target: &K,
+        now: Time,
+        reason: EjectReason,
+        jitter: f64,
+    ) -> Option<OutlierEvent<K>> {
+        let ejected_now = self.ejected_count();
+        let limit = self.config.max_ejected(self.targets.len());
+        let config = self.config;
+        let st = self.targets.get_mut(target)?;
+        if st.ejected.is_some() {
+            return None;
+        }
+        if ejected_now + 1 > limit {
+            return Some(OutlierEvent::EjectionSkipped {
+                target: target.clone(),
+                reason,
+                ejected: ejected_now,
+                limit,
+            });
+        }
+        Some(Self::eject_now(config, target, st, now, reason, jitter))
+    }
+
+    fn eject_now(
+        config: OutlierConfig,
+        target: &K,
+        st: &mut TargetState,
+        now: Time,
+        reason: EjectReason,
+        jitter: f64,
+    ) -> OutlierEvent<K> {
         // Decay: every full base_ejection_time back in service forgives one ejection.
         if let Some(back) = st.readmitted_at {
             let served = now.since(back).as_nanos();
@@ -508,13 +607,13 @@ impl<K: Ord + Clone> OutlierDetector<K> {
         st.errors = 0;
         st.gateway_errors = 0;
         st.skip_reported = false;
-        Some(OutlierEvent::Ejected {
+        OutlierEvent::Ejected {
             target: target.clone(),
             reason,
             ejections: st.ejections,
             duration,
             until,
-        })
+        }
     }
 
     /// Readmits every target whose ejection has ended by `now`.
@@ -816,6 +915,58 @@ mod tests {
         d.tick(Time::from_secs(30));
         let ev = d.observe(&1, Time::from_secs(31), RequestOutcome::Response(500), 0.0);
         assert!(matches!(ev, Some(OutlierEvent::Ejected { target: 1, .. })));
+    }
+
+    #[test]
+    fn an_ejection_from_outside_follows_the_same_limits_and_times() {
+        let reason = EjectReason::SuccessRate {
+            failed: 20,
+            requests: 100,
+            peers: 3,
+            peers_rate: 0.001,
+            p_value: 1e-30,
+            threshold: 2.5e-4,
+        };
+        let mut d = detector(4, no_jitter());
+        let ev = d.eject(&0, Time::ZERO, reason, 0.0).expect("ejects");
+        assert!(
+            matches!(ev, OutlierEvent::Ejected { ejections: 1, duration, .. } if duration == Duration::from_secs(30)),
+            "{ev:?}"
+        );
+        assert_eq!(
+            ev.to_string(),
+            "target 0 ejected for 30s after a success-rate outlier: 20.0% errors (20 of 100 requests) vs 0.10% for its 3 peers (binomial p=1.0e-30 < 2.5e-4) (ejection #1)"
+        );
+        assert_eq!(
+            d.eject(&0, Time::ZERO, reason, 0.0),
+            None,
+            "already ejected"
+        );
+        assert_eq!(d.eject(&9, Time::ZERO, reason, 0.0), None, "unknown target");
+        // One of four is the most: the next is refused, every time it is asked.
+        for _ in 0..2 {
+            let skipped = d.eject(&1, Time::ZERO, reason, 0.0);
+            assert!(
+                matches!(
+                    skipped,
+                    Some(OutlierEvent::EjectionSkipped {
+                        ejected: 1,
+                        limit: 1,
+                        ..
+                    })
+                ),
+                "{skipped:?}"
+            );
+        }
+        assert!(!d.is_ejected(&1));
+        // Readmitted by tick like any other; a second ejection lasts twice as long.
+        d.tick(Time::from_secs(30));
+        assert!(!d.is_ejected(&0));
+        let again = d.eject(&0, Time::from_secs(31), reason, 0.0);
+        assert!(
+            matches!(again, Some(OutlierEvent::Ejected { ejections: 2, .. })),
+            "{again:?}"
+        );
     }
 
     #[test]

@@ -50,7 +50,7 @@
 //! # Rules
 //!
 //! **In service.** A target is *in service* when its active-check verdict is
-//! [`Health::Healthy`] and outlier detection has not ejected it. Active checks go through
+//! [`Health::Healthy`], outlier detection has not ejected it and it is not drained. Active checks go through
 //! [`Pool::observe_probe`] (`ok` = the check passed; a health+json `warn` is `ok`),
 //! request outcomes through [`Pool::observe_request`], and [`Pool::tick`] readmits
 //! targets whose ejection time ended. A new target starts [`Health::Unknown`] and gets no
@@ -99,6 +99,14 @@
 //! caches and connection pools are cold. Routing sets carry the ramp; the effective
 //! weight is computed at pick time from `now`, so a snapshot need not be rebuilt while
 //! the ramp advances.
+//!
+//! **Drain (lame duck).** An operator (or a deployer) may *drain* a target
+//! ([`Pool::set_drained`]): it gets no new request, not even in fail-open, while its
+//! health checks, outlier state and ejections go on; undraining puts it back (through
+//! slow start, as any target entering service). A drained target is out of service yet
+//! not a failure: it is left out of the healthy fraction like a target not checked yet,
+//! so draining hosts for a deploy never drives a pool into fail-open (which would route
+//! to them again). Requests it already has are the driver's to let finish.
 //!
 //! **Selection.** Both pickers take a `skip` predicate (targets already tried by this
 //! request, for retries) and never return a skipped target. P2C samples two distinct
@@ -287,6 +295,8 @@ pub enum TargetState {
     Unhealthy,
     /// Ejected by outlier detection.
     Ejected,
+    /// Drained by an operator: no new traffic.
+    Drained,
 }
 
 impl fmt::Display for TargetState {
@@ -297,6 +307,7 @@ impl fmt::Display for TargetState {
             TargetState::SlowStart => "slow-start",
             TargetState::Unhealthy => "unhealthy",
             TargetState::Ejected => "ejected",
+            TargetState::Drained => "drained",
         })
     }
 }
@@ -336,9 +347,11 @@ pub enum PoolEvent<K> {
         healthy: usize,
         /// Targets with a verdict (the denominator).
         known: usize,
-        /// Every target of the pool, unknown ones included (for the log line: a pool of
-        /// two with one unknown is "0/2 healthy (1 not checked yet)", not "0/1").
+        /// Every target of the pool, unknown and drained ones included (for the log line:
+        /// a pool of two with one unknown is "0/2 healthy (1 not checked yet)", not "0/1").
         total: usize,
+        /// Drained targets (out of the fraction as unknown ones are).
+        drained: usize,
         /// The panic threshold.
         threshold: f64,
         /// The fraction the pool had to reach to leave (threshold + exit margin).
@@ -399,12 +412,13 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
                 healthy,
                 known,
                 total,
+                drained,
                 threshold,
                 ..
             } => write!(
                 f,
                 "pool {pool}: {} < {}% panic threshold: failing open (routing to all targets)",
-                Counts(*healthy, *known, *total),
+                Counts(*healthy, *known, *total, *drained),
                 percent(*threshold)
             ),
             PoolEvent::FailOpen {
@@ -413,6 +427,7 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
                 healthy,
                 known,
                 total,
+                drained,
                 threshold,
                 exit_level,
                 dwell,
@@ -421,7 +436,7 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
                 write!(
                     f,
                     "pool {pool}: {} >= {}% (panic threshold {}% + margin) for {}: fail-open ended",
-                    Counts(*healthy, *known, *total),
+                    Counts(*healthy, *known, *total, *drained),
                     percent(*exit_level),
                     percent(*threshold),
                     humantime::format_duration(*dwell)
@@ -440,20 +455,24 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
 }
 
 /// Healthy targets out of every target, saying how many are left out of the fraction
-/// for want of a verdict: `1/4 healthy`, `0/2 healthy (1 not checked yet, left out of
+/// for want of a verdict or because they are drained: `1/4 healthy`, `0/2 healthy (1
+/// not checked yet, left out of the fraction)`, `2/4 healthy (1 drained, left out of
 /// the fraction)`.
-struct Counts(usize, usize, usize);
+struct Counts(usize, usize, usize, usize);
 
 impl fmt::Display for Counts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Counts(healthy, known, total) = *self;
+        let Counts(healthy, known, total, drained) = *self;
         write!(f, "{healthy}/{total} healthy")?;
-        if total > known {
-            write!(
+        let unknown = total.saturating_sub(known + drained);
+        match (unknown, drained) {
+            (0, 0) => {}
+            (u, 0) => write!(f, " ({u} not checked yet, left out of the fraction)")?,
+            (0, d) => write!(f, " ({d} drained, left out of the fraction)")?,
+            (u, d) => write!(
                 f,
-                " ({} not checked yet, left out of the fraction)",
-                total - known
-            )?;
+                " ({u} not checked yet and {d} drained, left out of the fraction)"
+            )?,
         }
         Ok(())
     }
@@ -476,6 +495,8 @@ struct Member<K> {
     last_probe: Option<ProbeRecord>,
     /// When it last entered service (starts the slow-start ramp).
     entered_service: Option<Time>,
+    /// Drained: no new traffic, left out of the healthy fraction.
+    drained: bool,
 }
 
 /// A read-only view of one target, for admin endpoints and metrics.
@@ -499,6 +520,8 @@ pub struct TargetView<'a, K> {
     pub ejections: u32,
     /// Its effective weight now (slow start applied; 0 when out of service).
     pub effective_weight: f64,
+    /// Whether it is drained ([`Pool::set_drained`]).
+    pub drained: bool,
 }
 
 /// One pool: its targets' health and ejections, and fail-open. See the module docs.
@@ -568,6 +591,7 @@ impl<K: Ord + Clone> Pool<K> {
             thresholds,
             last_probe: None,
             entered_service: None,
+            drained: false,
         });
         self.update_fail_open(now).into_iter().collect()
     }
@@ -663,6 +687,50 @@ impl<K: Ord + Clone> Pool<K> {
         events
     }
 
+    /// Ejects `key` for a reason found by a rule the driver runs (a success-rate
+    /// outlier, [`OutlierDetector::eject`]): the same limits (`max_ejection_percent`),
+    /// ejection times and readmission as the streaks of [`Pool::observe_request`], and
+    /// the same fail-open rules afterwards. `jitter` in `[0, 1)` as there.
+    pub fn eject(
+        &mut self,
+        key: &K,
+        now: Time,
+        reason: crate::outlier::EjectReason,
+        jitter: f64,
+    ) -> Vec<PoolEvent<K>> {
+        let Some(ev) = self.outlier.eject(key, now, reason, jitter) else {
+            return Vec::new();
+        };
+        let mut events = vec![PoolEvent::Outlier {
+            pool: self.name.clone(),
+            event: ev,
+        }];
+        events.extend(self.update_fail_open(now));
+        events
+    }
+
+    /// Drains `key` (`drained = true`: no new traffic, even in fail-open; left out of the
+    /// healthy fraction) or puts it back (`false`: it re-enters service through slow
+    /// start if it is healthy and not ejected). Health checks and outlier detection go on
+    /// meanwhile. `None` for an unknown key; otherwise the fail-open change it caused, if
+    /// any. Draining a drained target (or the reverse) changes nothing.
+    pub fn set_drained(&mut self, key: &K, drained: bool, now: Time) -> Option<Vec<PoolEvent<K>>> {
+        let i = self.index(key)?;
+        if self.members[i].drained == drained {
+            return Some(Vec::new());
+        }
+        self.members[i].drained = drained;
+        if !drained && self.in_service(i) {
+            self.members[i].entered_service = Some(now);
+        }
+        Some(self.update_fail_open(now).into_iter().collect())
+    }
+
+    /// Whether `key` is drained.
+    pub fn is_drained(&self, key: &K) -> bool {
+        self.index(key).is_some_and(|i| self.members[i].drained)
+    }
+
     /// Advances time: readmits targets whose ejection ended. Call it regularly (the
     /// balancer does every 100 ms) or at [`Pool::next_deadline`].
     pub fn tick(&mut self, now: Time) -> Vec<PoolEvent<K>> {
@@ -708,12 +776,13 @@ impl<K: Ord + Clone> Pool<K> {
         self.fail_open
     }
 
-    /// Targets in service and targets with a verdict (the healthy fraction's terms).
+    /// Targets in service and targets with a verdict, drained ones left out (the
+    /// healthy fraction's terms).
     pub fn healthy_counts(&self) -> (usize, usize) {
         let known = self
             .members
             .iter()
-            .filter(|m| m.thresholds.health() != Health::Unknown)
+            .filter(|m| m.thresholds.health() != Health::Unknown && !m.drained)
             .count();
         let healthy = (0..self.members.len())
             .filter(|&i| self.in_service(i))
@@ -731,14 +800,14 @@ impl<K: Ord + Clone> Pool<K> {
         self.members.is_empty()
     }
 
-    /// True when `key` is in service (healthy and not ejected).
+    /// True when `key` is in service (healthy, not ejected, not drained).
     pub fn is_in_service(&self, key: &K) -> bool {
         self.index(key).is_some_and(|i| self.in_service(i))
     }
 
     /// Who may get traffic now: in fail-open every target at full weight, otherwise the
     /// targets in service with their slow-start ramps (and, while the pool is leaving
-    /// fail-open, the others ramping down).
+    /// fail-open, the others ramping down). Never a drained target.
     pub fn routing_set(&self, now: Time) -> RoutingSet<K> {
         let fail_open = self.fail_open.is_some();
         let leaving = self.leaving_fail_open(now);
@@ -746,7 +815,7 @@ impl<K: Ord + Clone> Pool<K> {
             .members
             .iter()
             .enumerate()
-            .filter(|(i, _)| fail_open || leaving.is_some() || self.in_service(*i))
+            .filter(|(i, m)| !m.drained && (fail_open || leaving.is_some() || self.in_service(*i)))
             .map(|(i, m)| Route {
                 key: m.key.clone(),
                 weight: m.spec.weight,
@@ -772,6 +841,7 @@ impl<K: Ord + Clone> Pool<K> {
             let in_service = self.in_service(i);
             let ramp = self.ramp(m, now);
             let state = match (m.thresholds.health(), ejection) {
+                _ if m.drained => TargetState::Drained,
                 (_, Some(_)) => TargetState::Ejected,
                 (Health::Unknown, None) => TargetState::Unknown,
                 (Health::Unhealthy, None) => TargetState::Unhealthy,
@@ -797,6 +867,7 @@ impl<K: Ord + Clone> Pool<K> {
                 } else {
                     0.0
                 },
+                drained: m.drained,
             }
         })
     }
@@ -807,7 +878,7 @@ impl<K: Ord + Clone> Pool<K> {
 
     fn in_service(&self, i: usize) -> bool {
         let m = &self.members[i];
-        m.thresholds.health() == Health::Healthy && !self.outlier.is_ejected(&m.key)
+        m.thresholds.health() == Health::Healthy && !m.drained && !self.outlier.is_ejected(&m.key)
     }
 
     fn ramp(&self, m: &Member<K>, now: Time) -> Option<Ramp> {
@@ -836,12 +907,14 @@ impl<K: Ord + Clone> Pool<K> {
         let below = known > 0 && (healthy as f64) < threshold * known as f64;
         let above = (healthy as f64) >= exit_level * known as f64 - 1e-9;
         let total = self.members.len();
+        let drained = self.members.iter().filter(|m| m.drained).count();
         let event = |entered, dwell, ramp| PoolEvent::FailOpen {
             pool: self.name.clone(),
             entered,
             healthy,
             known,
             total,
+            drained,
             threshold,
             exit_level,
             dwell,

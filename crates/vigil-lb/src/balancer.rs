@@ -22,7 +22,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 use vigil_core::Time;
-use vigil_core::outlier::{OutlierEvent, RequestOutcome};
+use vigil_core::anomaly::{AnomalyDetector, Counts, Finding, Verdict};
+use vigil_core::outlier::{EjectReason, OutlierEvent, RequestOutcome};
 use vigil_core::pool::{
     DEFAULT_SHED_PENALTY_HALF_LIFE, Pool, PoolEvent, RetryBudget, RoutingSet, ShedPenalty,
     TargetSpec,
@@ -80,6 +81,13 @@ pub struct TargetRt {
     /// Set when an error was reported to outlier detection and no success since (so a
     /// success must be reported too, to reset the streak; otherwise it need not be).
     error_pending: AtomicBool,
+    /// Requests that succeeded since the success-rate rule last took the counts.
+    succeeded: AtomicU64,
+    /// Requests that failed (outlier detection's errors) since then.
+    failed: AtomicU64,
+    /// The success-rate rule's last verdict on it (`None` while it is out of service or
+    /// the rule is off), for `/admin/targets`.
+    pub success_rate: Mutex<Option<Verdict>>,
     /// Woken when the target leaves service (unhealthy or ejected).
     pub left_service: Arc<Notify>,
     /// Whether it is in service now (as of the last snapshot).
@@ -102,6 +110,9 @@ impl TargetRt {
             shed: Mutex::new(ShedPenalty::default()),
             shedding: AtomicBool::new(false),
             error_pending: AtomicBool::new(false),
+            succeeded: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            success_rate: Mutex::new(None),
             left_service: Arc::new(Notify::new()),
             in_service: AtomicBool::new(false),
             last_change: Mutex::new(None),
@@ -243,6 +254,118 @@ impl LatencyTracker {
     }
 }
 
+/// The span of a pool's recent client success rate: the last minute...
+pub const CLIENT_WINDOW: Duration = Duration::from_secs(60);
+/// ...in steps of 10 s (the window is 50 to 60 s long once the pool has run a minute).
+pub const CLIENT_WINDOW_STEP: Duration = Duration::from_secs(10);
+
+/// What a pool's clients got, counted by the balancer itself (prometheus-client's
+/// families cannot be read back): answers by class on the data path (plain atomics),
+/// and every [`CLIENT_WINDOW_STEP`] a snapshot of the totals taken by the tick loop, so
+/// that the answers and errors of about the last [`CLIENT_WINDOW`] are the totals now
+/// minus the oldest snapshot in it. An error is a 5xx, the target's or one vigil made
+/// (a gateway error: 502, 503, 504 when no target could answer); a 4xx is the client's
+/// and counts as a success, as for outlier detection.
+#[derive(Default)]
+pub struct ClientStats {
+    /// Answers by class: 1xx (upgrades), 2xx, 3xx, 4xx, 5xx, gateway errors.
+    classes: [AtomicU64; 6],
+    /// (when, answered, errors) totals, oldest first, spanning at most the window.
+    snapshots: Mutex<std::collections::VecDeque<(Time, u64, u64)>>,
+}
+
+/// The class names of [`ClientStats`], in order.
+pub const CLIENT_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "gateway_error"];
+
+/// A pool's client answers as `/admin/targets` shows them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientCounts {
+    /// Answers by class, as [`CLIENT_CLASSES`].
+    pub classes: [u64; 6],
+    /// Answers in the recent window.
+    pub recent_answered: u64,
+    /// Errors (5xx, gateway errors) in it.
+    pub recent_errors: u64,
+    /// How long the recent window is.
+    pub recent_span: Duration,
+}
+
+impl ClientCounts {
+    /// Every answer.
+    pub fn answered(&self) -> u64 {
+        self.classes.iter().sum()
+    }
+
+    /// 5xx and gateway errors.
+    pub fn errors(&self) -> u64 {
+        self.classes[4] + self.classes[5]
+    }
+}
+
+impl ClientStats {
+    /// Counts an answer: the target's (`local` false) or vigil's own.
+    pub fn record(&self, code: u16, local: bool) {
+        let class = match code {
+            502..=504 if local => 5,
+            100..=599 => usize::from(code / 100) - 1,
+            _ => 4,
+        };
+        self.classes[class].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn totals(&self) -> ([u64; 6], u64, u64) {
+        let classes: [u64; 6] = std::array::from_fn(|i| self.classes[i].load(Ordering::Relaxed));
+        let answered = classes.iter().sum();
+        (classes, answered, classes[4] + classes[5])
+    }
+
+    /// Takes a snapshot every [`CLIENT_WINDOW_STEP`] (called by the tick loop).
+    fn tick(&self, now: Time) {
+        let mut snaps = self.snapshots.lock().expect("client stats lock");
+        if snaps
+            .back()
+            .is_some_and(|(at, _, _)| now.since(*at) < CLIENT_WINDOW_STEP)
+        {
+            return;
+        }
+        let (_, answered, errors) = self.totals();
+        snaps.push_back((now, answered, errors));
+        while snaps
+            .front()
+            .is_some_and(|(at, _, _)| now.since(*at) > CLIENT_WINDOW)
+        {
+            snaps.pop_front();
+        }
+    }
+
+    /// The counts now.
+    pub fn counts(&self, now: Time) -> ClientCounts {
+        let (classes, answered, errors) = self.totals();
+        let snaps = self.snapshots.lock().expect("client stats lock");
+        let (since, a0, e0) = snaps
+            .iter()
+            .find(|(at, _, _)| now.since(*at) <= CLIENT_WINDOW)
+            .copied()
+            .unwrap_or((now, answered, errors));
+        ClientCounts {
+            classes,
+            recent_answered: answered.saturating_sub(a0),
+            recent_errors: errors.saturating_sub(e0),
+            recent_span: now.since(since),
+        }
+    }
+}
+
+/// The success-rate rule's state in a pool.
+struct SuccessRateRt {
+    /// The fleet-relative policy over the targets in service.
+    detector: AnomalyDetector,
+    /// The targets it was last given counts of.
+    members: Vec<String>,
+    /// When it next judges (`None`: at the next tick, or the rule is off).
+    next: Option<Time>,
+}
+
 /// One pool at run time.
 pub struct PoolRt {
     /// The pool's name.
@@ -259,6 +382,10 @@ pub struct PoolRt {
     pub budget: Mutex<RetryBudget>,
     /// Recent latency, for hedging.
     pub latency: LatencyTracker,
+    /// The success-rate rule's state (taken only by the tick loop).
+    success_rate: Mutex<SuccessRateRt>,
+    /// What its clients got.
+    pub clients: ClientStats,
     /// Round-robin counter.
     pub rr: AtomicU64,
     /// Latency histogram handle.
@@ -287,6 +414,7 @@ impl PoolRt {
                 pool: name.to_string(),
             })
             .clone();
+        let success_rate = AnomalyDetector::new(section.outlier.success_rate.anomaly());
         let rt = PoolRt {
             name: name.to_string(),
             budget: Mutex::new(RetryBudget::new(section.retries.budget)),
@@ -298,6 +426,12 @@ impl PoolRt {
                 targets: Vec::new(),
             }),
             latency: LatencyTracker::default(),
+            success_rate: Mutex::new(SuccessRateRt {
+                detector: success_rate,
+                members: Vec::new(),
+                next: None,
+            }),
+            clients: ClientStats::default(),
             rr: AtomicU64::new(0),
             duration,
             clock,
@@ -353,16 +487,21 @@ impl PoolRt {
     /// Records a forwarded request's outcome (passive outlier detection). Successes take
     /// the lock only when they end an error streak. A shed answer (503, 429) is load, not
     /// a failure: it raises the target's load for balancing and leaves outlier detection
-    /// alone (vigil_core::outlier, rule 5).
+    /// alone (vigil_core::outlier, rule 5). Every other outcome is counted for the
+    /// success-rate rule.
     pub fn observe_request(&self, target: &TargetRt, outcome: RequestOutcome) {
         if outcome.is_shed() {
             target.shed(self.clock.now());
             return;
         }
         if outcome.is_error() {
+            target.failed.fetch_add(1, Ordering::Relaxed);
             target.error_pending.store(true, Ordering::Relaxed);
-        } else if !target.error_pending.swap(false, Ordering::Relaxed) {
-            return;
+        } else {
+            target.succeeded.fetch_add(1, Ordering::Relaxed);
+            if !target.error_pending.swap(false, Ordering::Relaxed) {
+                return;
+            }
         }
         let now = self.clock.now();
         let jitter: f64 = rand::random();
@@ -373,7 +512,8 @@ impl PoolRt {
         }
     }
 
-    /// Advances time: readmissions after ejections end.
+    /// Advances time: readmissions after ejections end; every
+    /// `outlier.success_rate.interval`, the success-rate rule.
     pub fn tick(&self) {
         let now = self.clock.now();
         let mut state = self.state.lock().expect("pool lock");
@@ -381,6 +521,176 @@ impl PoolRt {
         if !events.is_empty() {
             self.handle(&mut state, events);
         }
+        drop(state);
+        self.judge_success_rates();
+        self.clients.tick(now);
+    }
+
+    /// The success-rate rule (vigil_core::anomaly over the targets in service, the pool
+    /// as one cohort): takes each target's counts since the last time into the window,
+    /// judges every target against its peers, and ejects the outliers through outlier
+    /// detection (`max_ejection_percent`, ejection times, fail-open as for any
+    /// ejection). A target out of service (unhealthy, ejected) is forgotten: it is judged
+    /// afresh on its return, never on what it did before it left.
+    fn judge_success_rates(&self) {
+        let config = self.section.load().outlier.success_rate;
+        let now = self.clock.now();
+        let mut sr = self.success_rate.lock().expect("success rate lock");
+        if !config.enabled {
+            if sr.next.take().is_some() {
+                sr.detector = AnomalyDetector::new(config.anomaly());
+                sr.members.clear();
+                for t in self.targets.lock().expect("targets lock").values() {
+                    *t.success_rate.lock().expect("verdict lock") = None;
+                }
+            }
+            return;
+        }
+        if sr.next.is_some_and(|next| now < next) {
+            return;
+        }
+        sr.next = Some(now + config.interval);
+        if *sr.detector.config() != config.anomaly() {
+            sr.detector = AnomalyDetector::restore(config.anomaly(), sr.detector.state().clone());
+        }
+        let targets: Vec<Arc<TargetRt>> = self
+            .targets
+            .lock()
+            .expect("targets lock")
+            .values()
+            .cloned()
+            .collect();
+        let mut state = self.state.lock().expect("pool lock");
+        let SuccessRateRt {
+            detector, members, ..
+        } = &mut *sr;
+        for gone in members
+            .iter()
+            .filter(|m| !targets.iter().any(|t| &t.addr == *m))
+        {
+            detector.remove(gone);
+        }
+        members.clear();
+        for t in &targets {
+            let counts = Counts::new(
+                t.succeeded.swap(0, Ordering::Relaxed),
+                t.failed.swap(0, Ordering::Relaxed),
+            );
+            if state.is_in_service(&t.addr) {
+                detector.record(now, &t.addr, "", counts);
+                members.push(t.addr.clone());
+            } else {
+                detector.remove(&t.addr);
+                *t.success_rate.lock().expect("verdict lock") = None;
+            }
+        }
+        let mut events = Vec::new();
+        for v in detector.evaluate(now) {
+            tracing::debug!(pool = %self.name, target_id = %v.member, "success rate: {v}");
+            if v.is_outlier() {
+                let jitter: f64 = rand::random();
+                let evs = state.eject(&v.member, now, EjectReason::success_rate(&v), jitter);
+                let ejected = evs.iter().any(|e| {
+                    matches!(
+                        e,
+                        PoolEvent::Outlier {
+                            event: OutlierEvent::Ejected { .. },
+                            ..
+                        }
+                    )
+                });
+                if ejected {
+                    // Judged afresh when it is back.
+                    detector.remove(&v.member);
+                }
+                events.extend(evs);
+            } else if matches!(v.finding, Finding::TooFewPeers { .. }) {
+                tracing::info!(pool = %self.name, target_id = %v.member, "success rate, report only: {v}");
+            }
+            if let Some(t) = targets.iter().find(|t| t.addr == v.member) {
+                *t.success_rate.lock().expect("verdict lock") = Some(v);
+            }
+        }
+        if !events.is_empty() {
+            self.handle(&mut state, events);
+        }
+    }
+
+    /// Whether `addr` is one of its targets.
+    pub fn has_target(&self, addr: &str) -> bool {
+        self.targets
+            .lock()
+            .expect("targets lock")
+            .contains_key(addr)
+    }
+
+    /// Targets in service other than `addr` (what a drain of `addr` would leave).
+    pub fn in_service_besides(&self, addr: &str) -> usize {
+        let now = self.clock.now();
+        let state = self.state.lock().expect("pool lock");
+        state
+            .targets(now)
+            .filter(|v| {
+                v.key != addr
+                    && matches!(
+                        v.state,
+                        vigil_core::pool::TargetState::Healthy
+                            | vigil_core::pool::TargetState::SlowStart
+                    )
+            })
+            .count()
+    }
+
+    /// Requests in flight on `addr` (0 when it is not a target).
+    pub fn in_flight(&self, addr: &str) -> u64 {
+        self.targets
+            .lock()
+            .expect("targets lock")
+            .get(addr)
+            .map_or(0, |t| t.outstanding.load(Ordering::Relaxed))
+    }
+
+    /// Whether `addr` is drained.
+    pub fn is_drained(&self, addr: &str) -> bool {
+        self.state
+            .lock()
+            .expect("pool lock")
+            .is_drained(&addr.to_string())
+    }
+
+    /// Drains `addr` (no new request; those in flight finish) or puts it back; logs it
+    /// and records it as the target's last change. `None` when it is not a target of
+    /// this pool; otherwise its requests still in flight.
+    pub fn set_drained(&self, addr: &str, drained: bool, by: &str) -> Option<u64> {
+        let now = self.clock.now();
+        let key = addr.to_string();
+        let mut state = self.state.lock().expect("pool lock");
+        let was = state.is_drained(&key);
+        let events = state.set_drained(&key, drained, now)?;
+        let target = self
+            .targets
+            .lock()
+            .expect("targets lock")
+            .get(addr)
+            .cloned()?;
+        let in_flight = target.outstanding.load(Ordering::Relaxed);
+        if was != drained {
+            let msg = if drained {
+                format!(
+                    "pool {}: target {addr} drained by {by}: no new requests, {in_flight} in flight finish there",
+                    self.name
+                )
+            } else {
+                format!(
+                    "pool {}: target {addr} undrained by {by}: back in service when healthy",
+                    self.name
+                )
+            };
+            tracing::info!(pool = %self.name, target_id = %addr, "{msg}");
+            *target.last_change.lock().expect("last change lock") = Some((now, msg));
+        }
+        self.handle(&mut state, events);
+        Some(in_flight)
     }
 
     fn handle(&self, state: &mut Pool<String>, events: Vec<PoolEvent<String>>) {
@@ -539,6 +849,36 @@ fn spec(t: &crate::config::TargetConfig) -> TargetSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_answers_are_counted_by_class_and_over_the_last_minute() {
+        let c = ClientStats::default();
+        c.tick(Time::ZERO);
+        for (code, local) in [(200, false), (204, false), (404, false), (500, false)] {
+            c.record(code, local);
+        }
+        c.record(503, false); // the target's own 503: a 5xx
+        c.record(502, true); // vigil's: a gateway error
+        c.record(408, true); // the client's slow body: a 4xx
+        let n = c.counts(Time::from_secs(5));
+        assert_eq!(n.classes, [0, 2, 0, 2, 2, 1]);
+        assert_eq!((n.answered(), n.errors()), (7, 3));
+        assert_eq!((n.recent_answered, n.recent_errors), (7, 3));
+        assert_eq!(n.recent_span, Duration::from_secs(5));
+        // A minute of quiet, snapshots every 10 s: the old answers leave the window.
+        for s in (10..=70).step_by(10) {
+            c.tick(Time::from_secs(s));
+        }
+        c.record(200, false);
+        let n = c.counts(Time::from_secs(75));
+        assert_eq!((n.answered(), n.errors()), (8, 3), "totals stay");
+        assert_eq!((n.recent_answered, n.recent_errors), (1, 0));
+        assert_eq!(
+            n.recent_span,
+            Duration::from_secs(55),
+            "the oldest snapshot in the minute"
+        );
+    }
 
     #[test]
     fn hedge_delay_follows_the_recent_quantile() {

@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use vigil_core::Invalid;
+use vigil_core::anomaly::{self, AnomalyConfig};
 use vigil_core::outlier::OutlierConfig;
 use vigil_core::pool::{NewTargets, PoolConfig, RetryBudgetConfig};
 use vigil_core::thresholds::{
@@ -400,8 +401,9 @@ pub struct PoolSection {
     pub slow_start_min_weight: f64,
     /// Active health checks.
     pub health_check: HealthCheckConfig,
-    /// Passive outlier detection (see vigil_core::outlier).
-    pub outlier: OutlierConfig,
+    /// Passive outlier detection: consecutive errors (vigil_core::outlier) and success
+    /// rate against the peers (vigil_core::anomaly).
+    pub outlier: OutlierSection,
     /// Retries.
     pub retries: RetryConfig,
     /// Hedging of slow idempotent requests.
@@ -422,7 +424,7 @@ impl Default for PoolSection {
             slow_start_window: core.slow_start_window,
             slow_start_min_weight: core.slow_start_min_weight,
             health_check: HealthCheckConfig::default(),
-            outlier: core.outlier,
+            outlier: OutlierSection::from(core.outlier),
             retries: RetryConfig::default(),
             hedge: HedgeConfig::default(),
         }
@@ -448,8 +450,168 @@ impl PoolSection {
                 healthy_threshold: self.health_check.healthy_threshold,
                 unhealthy_threshold: self.health_check.unhealthy_threshold,
             },
-            outlier: self.outlier,
+            outlier: self.outlier.core(),
         }
+    }
+}
+
+/// Default interval of the success-rate rule: every 10 s (Envoy's outlier detection
+/// `interval`) the targets' error rates over the window are compared.
+pub const DEFAULT_SUCCESS_RATE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A pool's passive outlier detection: vigil-core's consecutive-error rules (the same
+/// keys as [`OutlierConfig`], with its defaults) and the success-rate rule the balancer
+/// drives ([`SuccessRateConfig`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutlierSection {
+    /// Consecutive errors (5xx responses or gateway errors) that eject a target; 0
+    /// disables this rule. Defaults to 5.
+    pub consecutive_5xx: u32,
+    /// Consecutive gateway errors that eject a target; 0 disables this rule. Defaults
+    /// to 3.
+    pub consecutive_gateway_errors: u32,
+    /// Ejection time of a first ejection; the n-th lasts n times this. Defaults to 30s.
+    #[serde(with = "humantime_serde")]
+    pub base_ejection_time: Duration,
+    /// Longest ejection (before jitter). Defaults to 300s.
+    #[serde(with = "humantime_serde")]
+    pub max_ejection_time: Duration,
+    /// Most targets of the pool ejected at once, in percent, whatever the rule (at least
+    /// one can always be ejected; 0 disables ejection). Defaults to 10.
+    pub max_ejection_percent: u32,
+    /// Ejection times are stretched by up to this fraction. Defaults to 0.25.
+    pub max_ejection_jitter: f64,
+    /// Ejection of a target whose error rate is an outlier against its peers'.
+    pub success_rate: SuccessRateConfig,
+}
+
+impl Default for OutlierSection {
+    fn default() -> Self {
+        OutlierSection::from(OutlierConfig::default())
+    }
+}
+
+impl From<OutlierConfig> for OutlierSection {
+    fn from(c: OutlierConfig) -> Self {
+        OutlierSection {
+            consecutive_5xx: c.consecutive_5xx,
+            consecutive_gateway_errors: c.consecutive_gateway_errors,
+            base_ejection_time: c.base_ejection_time,
+            max_ejection_time: c.max_ejection_time,
+            max_ejection_percent: c.max_ejection_percent,
+            max_ejection_jitter: c.max_ejection_jitter,
+            success_rate: SuccessRateConfig::default(),
+        }
+    }
+}
+
+impl OutlierSection {
+    /// The vigil-core settings of the consecutive-error rules and the ejection limits.
+    pub fn core(&self) -> OutlierConfig {
+        OutlierConfig {
+            consecutive_5xx: self.consecutive_5xx,
+            consecutive_gateway_errors: self.consecutive_gateway_errors,
+            base_ejection_time: self.base_ejection_time,
+            max_ejection_time: self.max_ejection_time,
+            max_ejection_percent: self.max_ejection_percent,
+            max_ejection_jitter: self.max_ejection_jitter,
+        }
+    }
+}
+
+/// The success-rate rule (issue 17): every `interval`, each target's errors over the
+/// last `window` are compared with its peers' (the pool's other targets in service) by
+/// vigil-core's fleet-relative policy ([`vigil_core::anomaly`]); an outlier is ejected
+/// like a target with too many consecutive errors, within `max_ejection_percent`. An
+/// outlier must clear every rule of that policy: `min_requests` in the window, at least
+/// `min_peers` peers with as many, not a failure most of the pool shares, at least the
+/// absolute `floor`, `min_ratio` times its peers' rate, and a binomial test significant
+/// at `significance`. Errors are what outlier detection counts (5xx but 503, gateway
+/// errors); shed answers (503, 429) are neither errors nor successes.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SuccessRateConfig {
+    /// Whether to eject success-rate outliers. Defaults to true.
+    pub enabled: bool,
+    /// How often the targets are judged (and the granularity of the window). Defaults
+    /// to 10s.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// The span of requests judged. Defaults to 60s.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Requests a target must have had in the window to be judged. Defaults to 20.
+    pub min_requests: u64,
+    /// Peers with enough requests a target needs before it may be ejected. Defaults to 3.
+    pub min_peers: usize,
+    /// Error rate (0..1) a target must reach to be ejected. Defaults to 0.1.
+    pub floor: f64,
+    /// How many times its peers' pooled error rate a target's must be. Defaults to 2.
+    pub min_ratio: f64,
+    /// Significance of the binomial test (0..1), shared by the targets judged at once.
+    /// Defaults to 0.001.
+    pub significance: f64,
+    /// Fraction of the pool at or above the floor beyond which the failure is shared and
+    /// nobody is ejected. Defaults to 0.5.
+    pub shared_fraction: f64,
+}
+
+impl Default for SuccessRateConfig {
+    fn default() -> Self {
+        SuccessRateConfig {
+            enabled: true,
+            interval: DEFAULT_SUCCESS_RATE_INTERVAL,
+            window: anomaly::DEFAULT_WINDOW,
+            min_requests: anomaly::DEFAULT_MIN_VOLUME,
+            min_peers: anomaly::DEFAULT_MIN_PEERS,
+            floor: anomaly::DEFAULT_FLOOR,
+            min_ratio: anomaly::DEFAULT_MIN_RATIO,
+            significance: anomaly::DEFAULT_SIGNIFICANCE,
+            shared_fraction: anomaly::DEFAULT_SHARED_FRACTION,
+        }
+    }
+}
+
+impl SuccessRateConfig {
+    /// The fleet-relative policy's settings: counts are recorded once per `interval`,
+    /// which is therefore its bucket.
+    pub fn anomaly(&self) -> AnomalyConfig {
+        AnomalyConfig {
+            window: self.window,
+            bucket: self.interval,
+            min_volume: self.min_requests,
+            min_peers: self.min_peers,
+            floor: self.floor,
+            min_ratio: self.min_ratio,
+            significance: self.significance,
+            shared_fraction: self.shared_fraction,
+        }
+    }
+
+    /// Checks the values with the policy's own validation; the error names this
+    /// section's keys.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if self.interval < Duration::from_millis(100) {
+            return Err(Invalid::new("interval", "must be at least 100ms"));
+        }
+        if self.window < self.interval {
+            return Err(Invalid::new(
+                "window",
+                format!(
+                    "must be at least interval ({}), got {}",
+                    humantime::format_duration(self.interval),
+                    humantime::format_duration(self.window)
+                ),
+            ));
+        }
+        if self.min_requests == 0 {
+            return Err(Invalid::new("min_requests", "must be at least 1"));
+        }
+        self.anomaly().validate().map_err(|e| {
+            e.renamed("bucket", "interval")
+                .renamed("min_volume", "min_requests")
+        })
     }
 }
 
@@ -745,6 +907,10 @@ impl LbConfig {
                 StatusSet::parse(&hc.expected_statuses)
                     .map_err(|m| invalid(key("health_check.expected_statuses"), m))?;
             }
+            pool.outlier
+                .success_rate
+                .validate()
+                .map_err(|e| e.within(&format!("pools.{name}.outlier.success_rate")))?;
             pool.retries
                 .budget
                 .validate()
@@ -999,6 +1165,27 @@ targets = [{ addr = "localhost:9003" }]
         let e = p(&text).unwrap_err().to_string();
         assert!(
             e.contains("key `pools.web.outlier.max_ejection_percent`"),
+            "{e}"
+        );
+
+        let text = GOOD.replace(
+            "[pools.web]",
+            "[pools.web.outlier.success_rate]\nfloor = 1.5\n[pools.web]",
+        );
+        let e = p(&text).unwrap_err().to_string();
+        assert!(
+            e.contains("key `pools.web.outlier.success_rate.floor`: must be in (0, 1], got 1.5"),
+            "{e}"
+        );
+        let text = GOOD.replace(
+            "[pools.web]",
+            "[pools.web.outlier.success_rate]\ninterval = \"20s\"\nwindow = \"10s\"\n[pools.web]",
+        );
+        let e = p(&text).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "key `pools.web.outlier.success_rate.window`: must be at least interval (20s)"
+            ),
             "{e}"
         );
     }

@@ -526,6 +526,7 @@ impl ClientConn {
                     Ok(b) => Some(b),
                     Err((code, msg)) => {
                         proxy.count_local(&pool.name, code);
+                        pool.clients.record(code, true);
                         self.write_local(code, msg, false, req.head_request).await?;
                         return Ok(false);
                     }

@@ -181,6 +181,7 @@ async fn serve_stream(
                 Ok(b) => Some(b),
                 Err((code, msg)) => {
                     proxy.count_local(&pool.name, code);
+                    pool.clients.record(code, true);
                     local(&mut respond, code, msg, head_request);
                     return;
                 }

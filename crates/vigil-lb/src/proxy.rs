@@ -387,6 +387,7 @@ impl Proxy {
 
         if !start_attempt(&mut tried, &mut attempts) {
             self.count_local(&pool.name, 503);
+            pool.clients.record(503, true);
             return Answer::Local(503, format!("pool {}: no target available", pool.name));
         }
 
@@ -442,6 +443,7 @@ impl Proxy {
                     let code = resp.head.status;
                     pool.observe_request(&a.target, RequestOutcome::Response(code));
                     a.target.count(&self.metrics, code);
+                    pool.clients.record(code, false);
                     // Losing attempts (hedges) finish on their own: being slower than
                     // a hedge is not a failure (latency is for a latency-aware policy),
                     // so they are judged by how they end, an answer or their per-try
@@ -514,6 +516,7 @@ impl Proxy {
         let (f, addr) = last_failure.expect("the loop ends only after a failure");
         let code = f.status();
         self.count_local(&pool.name, code);
+        pool.clients.record(code, true);
         pool.duration.observe(start.elapsed().as_secs_f64());
         Answer::Local(
             code,

@@ -569,7 +569,10 @@ async fn serve_admin(listener: TcpListener, lb: Arc<Lb>) {
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
                 let lb = lb.clone();
-                async move { Ok::<_, Infallible>(admin::handle(&req, &lb.pools(), &lb.metrics)) }
+                async move {
+                    let pools = lb.pools();
+                    Ok::<_, Infallible>(admin::handle(&req, &pools, &lb.metrics).await)
+                }
             });
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(tcp), svc)

@@ -48,6 +48,15 @@ pub enum Mode {
     Freeze,
     /// Answer 200 after this delay.
     Delay(Duration),
+    /// Every `every`-th application request (counted since the backend started) gets
+    /// `status`, the others 200: a deterministic error rate of `1 / every`, never two
+    /// errors in a row (for `every` > 1).
+    FailEvery {
+        /// One request in this many fails.
+        every: u64,
+        /// The status it gets.
+        status: u16,
+    },
 }
 
 #[derive(Debug)]
@@ -286,11 +295,11 @@ async fn handle(
             (st.mode.clone(), plain)
         }
     };
-    if is_health {
-        health_requests.fetch_add(1, Ordering::Relaxed);
+    let nth = if is_health {
+        health_requests.fetch_add(1, Ordering::Relaxed) + 1
     } else {
-        requests.fetch_add(1, Ordering::Relaxed);
-    }
+        requests.fetch_add(1, Ordering::Relaxed) + 1
+    };
     if let Some(name) = plain {
         let (code, body) = if path == "/" {
             (200, format!("<html><body><h1>{name}</h1></body></html>"))
@@ -327,6 +336,9 @@ async fn handle(
         let name = state.lock().expect("state lock").name.clone();
         match mode {
             Mode::Status(c) => (c, name, "text/plain"),
+            Mode::FailEvery { every, status } if every > 0 && nth.is_multiple_of(every) => {
+                (status, name, "text/plain")
+            }
             _ => (200, name, "text/plain"),
         }
     };

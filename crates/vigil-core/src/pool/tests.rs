@@ -193,6 +193,68 @@ fn fail_open_counts_every_target_and_says_which_are_not_checked_yet() {
     );
 }
 
+#[test]
+fn drained_targets_get_no_traffic_even_in_fail_open_and_never_cause_it() {
+    let mut p = healthy_pool(no_hysteresis());
+    assert_eq!(p.set_drained(&"z", true, secs(3)), None, "unknown target");
+    // Three of four drained: one in service, yet no fail-open (1/1 of the fraction).
+    for t in ["a", "b", "c"] {
+        let ev = p.set_drained(&t, true, secs(3)).expect("known");
+        assert!(ev.is_empty(), "{ev:?}");
+    }
+    assert_eq!(
+        p.set_drained(&"a", true, secs(3)),
+        Some(Vec::new()),
+        "idempotent"
+    );
+    assert!(p.fail_open().is_none());
+    assert_eq!(p.healthy_counts(), (1, 1));
+    let routes = p.routing_set(secs(3));
+    assert_eq!(
+        routes.routes.iter().map(|r| r.key).collect::<Vec<_>>(),
+        ["d"]
+    );
+    let states: Vec<_> = p.targets(secs(3)).map(|v| (*v.key, v.state)).collect();
+    assert_eq!(
+        states,
+        [
+            ("a", TargetState::Drained),
+            ("b", TargetState::Drained),
+            ("c", TargetState::Drained),
+            ("d", TargetState::SlowStart)
+        ]
+    );
+    assert!(!p.is_in_service(&"a") && p.is_drained(&"a"));
+    // The last one fails: fail-open, but it routes to d only, never to the drained.
+    let ev: Vec<String> = fail(&mut p, "d", 4)
+        .iter()
+        .filter(|e| matches!(e, PoolEvent::FailOpen { .. }))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        ev,
+        [
+            "pool api: 0/4 healthy (3 drained, left out of the fraction) < 50% panic threshold: failing open (routing to all targets)"
+        ]
+    );
+    let routes = p.routing_set(secs(7));
+    assert!(routes.fail_open);
+    assert_eq!(
+        routes.routes.iter().map(|r| r.key).collect::<Vec<_>>(),
+        ["d"]
+    );
+    // Undrained: back in service through slow start, and fail-open ends.
+    let ev = p.set_drained(&"a", false, secs(8)).expect("known");
+    assert!(
+        ev.iter()
+            .any(|e| matches!(e, PoolEvent::FailOpen { entered: false, .. })),
+        "{ev:?}"
+    );
+    let a = p.targets(secs(8)).find(|v| *v.key == "a").unwrap();
+    assert_eq!(a.state, TargetState::SlowStart);
+    assert!(!a.drained);
+}
+
 fn pool_of_ten(config: PoolConfig) -> Pool<usize> {
     let mut p = Pool::new(
         "api",
@@ -631,6 +693,7 @@ enum Op {
     Tick,
     Add(usize),
     Remove(usize),
+    Drain(usize, bool),
 }
 
 fn any_op() -> impl Strategy<Value = Op> {
@@ -640,6 +703,7 @@ fn any_op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Tick),
         1 => (0usize..8).prop_map(Op::Add),
         1 => (0usize..8).prop_map(Op::Remove),
+        1 => (0usize..8, any::<bool>()).prop_map(|(t, d)| Op::Drain(t, d)),
     ]
 }
 
@@ -671,6 +735,7 @@ proptest! {
                 Op::Tick => { p.tick(now); }
                 Op::Add(t) => { p.add_target(t, TargetSpec::default(), now); }
                 Op::Remove(t) => { p.remove_target(&t, now); }
+                Op::Drain(t, d) => { p.set_drained(&t, d, now); }
             }
             let (healthy, known) = p.healthy_counts();
             let below = known > 0 && (healthy as f64) < threshold * known as f64;
@@ -678,8 +743,12 @@ proptest! {
             prop_assert!(panic || !below, "below the threshold ({}/{}) and not in fail-open", healthy, known);
             let routes = p.routing_set(now);
             prop_assert_eq!(routes.fail_open, panic);
+            let drained = p.targets(now).filter(|v| v.drained).count();
+            for route in &routes.routes {
+                prop_assert!(!p.is_drained(&route.key), "a drained target never gets traffic");
+            }
             if panic || p.leaving_fail_open(now).is_some() {
-                prop_assert_eq!(routes.len(), p.len(), "fail-open (and leaving it) routes to all");
+                prop_assert_eq!(routes.len(), p.len() - drained, "fail-open (and leaving it) routes to all but the drained");
             } else {
                 prop_assert_eq!(routes.len(), healthy);
                 for route in &routes.routes {
