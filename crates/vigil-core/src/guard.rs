@@ -1875,6 +1875,16 @@ impl SafetyGuard {
                 freezes.push(self.freeze_reason(f));
             }
         }
+        // And so is the target's zone, frozen or not: a zone too small to freeze (one
+        // counted target, the others in maintenance or grace) whose every target is
+        // unhealthy is a scope where everyone is unhealthy too. Found by the invariants'
+        // proptest: a fleet freeze acted slowly on the only counted target of its zone.
+        if !t.zone.is_empty()
+            && let Some(&(zt, zu, _)) = self.index.zones.get(&*t.zone)
+        {
+            partly_healthy &= zu < zt;
+        }
+        partly_healthy &= self.index.unhealthy < self.index.total;
         // Above the cap, `act-slowly` may still act on a local, persistent failure.
         let local_persistent = !t.endpoint_failed
             && !t.failing_checks.is_empty()
