@@ -370,6 +370,44 @@ async fn every_health_check_failing_fails_open_and_recovery_ends_it() {
     assert_eq!(r.status(), 200);
 }
 
+/// A balancer that has just started checks its new targets at the fast interval until
+/// they have a verdict: with a 10 s interval and the default `healthy_threshold` of 2,
+/// its targets are in service in well under one interval (about 200 ms), not after 10 s
+/// of "no target in service" 503s. After the verdict, checks go back to every 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_targets_are_checked_fast_until_their_first_verdict() {
+    let backends: Vec<Backend> = (0..2).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = backends.iter().collect();
+    let lb = Lb::start(&format!(
+        "[pools.api]\n{}\n[pools.api.health_check]\npath = \"/readyz\"\ninterval = \"10s\"\n",
+        targets_toml(&refs)
+    ))
+    .await;
+    // Half an interval: before the fast first checks, the second pass came 10 s later.
+    lb.wait_admin(
+        Duration::from_secs(5),
+        "every target in service within half an interval",
+        |v| {
+            v["pools"]["api"]["targets"]
+                .as_array()
+                .is_some_and(|ts| ts.iter().all(in_service))
+        },
+    )
+    .await;
+    let r = lb.http.get(lb.url("/")).send().await.expect("answer");
+    assert_eq!(r.status(), 200, "{}", lb.log());
+    // Judged: back to the configured interval. The last check is older than the fast
+    // interval and stays put for a while (the next one is due 10 s after it).
+    let last = |v: &Value| v["pools"]["api"]["targets"][0]["last_check"]["at"].clone();
+    let first = last(&lb.admin_targets().await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        last(&lb.admin_targets().await),
+        first,
+        "no fast checks after the verdict"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn degraded_warn_targets_stay_in_service() {
     let backends: Vec<Backend> = (0..2).map(|i| Backend::start(&format!("b{i}"))).collect();

@@ -726,6 +726,11 @@ impl<K: Ord + Clone> Pool<K> {
         Some(self.update_fail_open(now).into_iter().collect())
     }
 
+    /// The active checks' verdict on `key` (`None`: not a target of this pool).
+    pub fn health(&self, key: &K) -> Option<Health> {
+        self.index(key).map(|i| self.members[i].thresholds.health())
+    }
+
     /// Whether `key` is drained.
     pub fn is_drained(&self, key: &K) -> bool {
         self.index(key).is_some_and(|i| self.members[i].drained)

@@ -119,11 +119,12 @@ struct AppState {
 
 // === checks ===
 
-/// The disk check, switchable to a threshold no filesystem can meet (100% free).
-struct DiskWithFault {
-    normal: DiskSpace,
-    impossible: DiskSpace,
-    fault: Arc<AtomicBool>,
+/// The disk check, switchable to a threshold no filesystem can meet (100% free); the
+/// example worker's disk fault is the same check.
+pub(crate) struct DiskWithFault {
+    pub(crate) normal: DiskSpace,
+    pub(crate) impossible: DiskSpace,
+    pub(crate) fault: Arc<AtomicBool>,
 }
 
 impl Check for DiskWithFault {

@@ -19,6 +19,7 @@
 //! `/readyz`, `/health` are the library's. With `--naive` the worker has no gate: no
 //! local checks and no kill switch (the baseline the benchmark compares with).
 
+use crate::service::DiskWithFault;
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::routing::{get, post};
@@ -34,7 +35,7 @@ use std::time::Duration;
 use vigil::checks::{Amount, DiskSpace, FileDescriptors, Memory};
 use vigil::worker::rabbitmq::{RabbitConfig, consume};
 use vigil::worker::{GateConfig, KillSwitchConfig, Worker};
-use vigil::{Check, CheckOptions, Health, Observation};
+use vigil::{CheckOptions, Health};
 
 /// Default broker: the machine's RabbitMQ.
 pub const DEFAULT_AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -84,27 +85,6 @@ struct Faults {
     dependency: AtomicBool,
 }
 
-/// The disk check, switchable to a threshold no filesystem can meet.
-struct Disk {
-    normal: DiskSpace,
-    impossible: DiskSpace,
-    fault: Arc<AtomicBool>,
-}
-
-impl Check for Disk {
-    async fn check(&self) -> Observation {
-        if self.fault.load(Ordering::SeqCst) {
-            let mut o = self.impossible.check().await;
-            o.output = o
-                .output
-                .map(|s| format!("{s} (fault injected: a threshold no disk can meet)"));
-            o
-        } else {
-            self.normal.check().await
-        }
-    }
-}
-
 /// A started worker.
 pub struct Running {
     /// Where its HTTP endpoints listen.
@@ -152,7 +132,7 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
             .description(format!("vigil example worker {}", args.id))
             .local(
                 "disk:free",
-                Disk {
+                DiskWithFault {
                     normal: DiskSpace::new(&dir).fail_below(Amount::Percent(1.0)),
                     impossible: DiskSpace::new(&dir).fail_below(Amount::Percent(100.0)),
                     fault: faults.disk.clone(),

@@ -476,12 +476,17 @@ impl PoolRt {
         self.section.load().balance
     }
 
-    /// Records an active check's result.
-    pub fn observe_probe(&self, addr: &str, ok: bool, detail: String) {
+    /// Records an active check's result. Returns whether the checks have a verdict on the
+    /// target now (healthy or unhealthy, not "not checked yet").
+    pub fn observe_probe(&self, addr: &str, ok: bool, detail: String) -> bool {
         let now = self.clock.now();
+        let key = addr.to_string();
         let mut state = self.state.lock().expect("pool lock");
-        let events = state.observe_probe(&addr.to_string(), now, ok, detail);
+        let events = state.observe_probe(&key, now, ok, detail);
         self.handle(&mut state, events);
+        state
+            .health(&key)
+            .is_some_and(|h| h != vigil_core::Health::Unknown)
     }
 
     /// Records a forwarded request's outcome (passive outlier detection). Successes take
