@@ -605,6 +605,20 @@ async fn discovery_follows_the_group_as_it_grows_and_shrinks_and_keeps_its_list_
             .then_some(())
     })
     .await;
+    // Each failure is an error naming what failed and how many targets are kept.
+    let failed: Vec<Value> = c
+        .logs()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["message"] == "Auto Scaling discovery failed; keeping the last list")
+        .collect();
+    assert!(
+        failed.len() >= 2
+            && failed.iter().all(|v| v["level"] == "ERROR"
+                && v["kept"] == 4
+                && !v["error"].as_str().unwrap_or_default().is_empty()),
+        "{failed:#?}"
+    );
     let t = c.targets().await;
     assert_eq!(t.len(), 4, "no target forgotten while AWS is down: {t:#?}");
     assert!(
