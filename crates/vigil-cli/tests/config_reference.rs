@@ -849,7 +849,11 @@ fn examples_and_scenarios_use_only_documented_keys() {
     let reference = reference();
     let mut errors = Vec::new();
     let mut files = 0;
-    for (file, id) in [("examples/lb.toml", LB), ("examples/fleet.toml", FLEET)] {
+    for (file, id) in [
+        ("examples/lb.toml", LB),
+        ("examples/fleet.toml", FLEET),
+        ("examples/fleet-aws.toml", FLEET),
+    ] {
         let path = root().join(file);
         let v = parse_toml(&std::fs::read_to_string(&path).unwrap());
         errors.extend(undocumented_keys(Path::new(file), &v, rows(&reference, id)));
@@ -880,7 +884,7 @@ fn examples_and_scenarios_use_only_documented_keys() {
         }
     }
     assert_no_errors(errors);
-    assert!(files >= 12, "read {files} files");
+    assert!(files >= 13, "read {files} files");
 }
 
 #[test]
@@ -898,6 +902,23 @@ fn examples_fleet_toml_and_its_targets_file_load_with_the_real_loaders() {
     let d = c.discovery.expect("the example names a discovery file");
     let targets = vigil_controller::discovery::read(&d.path).unwrap_or_else(|e| panic!("{e}"));
     assert!(!targets.is_empty());
+}
+
+#[test]
+fn examples_fleet_aws_toml_loads_with_the_real_loader() {
+    use vigil_controller::aws::config::AwsActMode;
+    let c = vigil_controller::config::load(&root().join("examples/fleet-aws.toml"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.actuator.kind,
+        vigil_controller::config::ActuatorKind::AwsAutoscaling
+    );
+    assert_eq!(c.actuator.aws.mode, AwsActMode::SetUnhealthy);
+    let d = c.discovery.expect("the example has [discovery]");
+    let aws = d.aws.expect("the example lists Auto Scaling groups");
+    assert!(!aws.groups.is_empty());
+    assert!(c.aws.region.is_some() && c.aws.profile.is_some());
+    assert!(c.targets.is_empty(), "every target comes from the groups");
 }
 
 // === the checker itself ===

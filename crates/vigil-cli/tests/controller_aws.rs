@@ -410,3 +410,220 @@ async fn an_action_replayed_after_a_crash_does_not_call_aws_twice() {
     assert_eq!(c.actions().await.len(), 1);
     assert!(c.sigterm().success());
 }
+
+/// A health backend on 127.0.0.1 (a port of its own) for each instance, named by the
+/// instance's `vigil:health-url` tag, the default URL template.
+async fn tagged_backends(aws: &Aws, instances: &[Instance]) -> Vec<Backend> {
+    let mut out = Vec::new();
+    for i in instances {
+        let b = Backend::start(&i.id);
+        aws.tag(&i.id, "vigil:health-url", &format!("http://{}", b.addr()))
+            .await;
+        out.push(b);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_dependency_failing_on_every_instance_calls_aws_never_and_a_local_failure_once() {
+    let aws = Aws::start().await;
+    let instances = aws.create_group("web", 'a', 6).await;
+    let bs = tagged_backends(&aws, &instances).await;
+    let proxy = FaultProxy::start(aws.moto.addr);
+    let dir = tempfile::tempdir().unwrap();
+    // No `url`: each instance's vigil:health-url tag.
+    let cfg = aws_config(
+        &proxy.url(),
+        &format!("region = \"{REGION}\""),
+        "[actuator]\nkind = \"aws-autoscaling\"\n[discovery.aws]\ngroups = [\"web\"]\npoll = \"200ms\"\n",
+    );
+    let c = Controller::start_env(dir.path(), &cfg, &env_credentials());
+    c.wait_all(6, "healthy").await;
+    for (i, b) in instances.iter().zip(&bs) {
+        let t = c
+            .targets()
+            .await
+            .into_iter()
+            .find(|t| t["id"] == i.id.as_str())
+            .unwrap_or_else(|| panic!("{} is no target", i.id));
+        assert_eq!(
+            t["url"],
+            format!("http://{}", b.addr()),
+            "from the tag: {t}"
+        );
+    }
+
+    // The database goes away: all six fail the same dependency check.
+    for b in &bs {
+        b.set_check("db:connect", Status::Fail);
+    }
+    c.wait_for(
+        "every instance held back, for the shared dependency db:connect",
+        || async {
+            let d = c.decisions().await;
+            instances
+                .iter()
+                .all(|i| {
+                    d.iter().any(|d| {
+                        d["target"] == i.id.as_str()
+                            && d["outcome"] == "hold_back"
+                            && d["summary"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .contains("shared dependency db:connect")
+                    })
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    // Long enough for every instance to pass N and T several times over.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let d = c.decisions().await;
+    assert!(
+        d.iter().all(|d| d["outcome"] == "hold_back"),
+        "only hold-backs: {d:#?}"
+    );
+    assert!(c.actions().await.is_empty(), "acted on a shared dependency");
+    let g = c.guard().await;
+    assert!(
+        g["reasons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r.as_str().unwrap_or_default().contains("db:connect")),
+        "the guard names the shared check: {g}"
+    );
+    assert_eq!(
+        proxy.count("SetInstanceHealth", ""),
+        0,
+        "no SetInstanceHealth: {:#?}",
+        proxy.seen()
+    );
+    for i in &instances {
+        assert_eq!(
+            aws.health(&i.id).await,
+            Some(("InService".to_string(), "Healthy".to_string())),
+            "{i:?} untouched"
+        );
+    }
+
+    // The database is back; then one instance's disk fills: its own failure.
+    for b in &bs {
+        b.clear_checks();
+    }
+    c.wait_all(6, "healthy").await;
+    c.wait_for("unfrozen", || async {
+        (c.guard().await["frozen"] == false).then_some(())
+    })
+    .await;
+    let victim = &instances[4].id;
+    bs[4].set_check("disk:free", Status::Fail);
+    let action = done_action_on(&c, victim).await;
+    assert_eq!(action["state"], "done", "{action}");
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(c.actions().await.len(), 1, "{:#?}", c.actions().await);
+    let calls: Vec<Seen> = proxy
+        .seen()
+        .into_iter()
+        .filter(|s| s.action == "SetInstanceHealth")
+        .collect();
+    assert_eq!(calls.len(), 1, "exactly one call: {calls:#?}");
+    assert_eq!(
+        aws.health(victim).await,
+        Some(("InService".to_string(), "Unhealthy".to_string()))
+    );
+    for i in instances.iter().filter(|i| &i.id != victim) {
+        assert_eq!(aws.health(&i.id).await.unwrap().1, "Healthy", "{i:?}");
+    }
+    assert!(c.sigterm().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_follows_the_group_as_it_grows_and_shrinks_and_keeps_its_list_when_aws_dies() {
+    let mut aws = Aws::start().await;
+    let first = aws.create_group("web", 'a', 3).await;
+    let port = free_port();
+    let _bs = backends_on(&first, port);
+    let dir = tempfile::tempdir().unwrap();
+    // A grace period long enough to see new instances in it.
+    let cfg = aws_config(
+        &aws.url(),
+        &format!("region = \"{REGION}\""),
+        &discovery(&["web"], port),
+    )
+    .replace("grace = \"0s\"", "grace = \"3s\"")
+    .replace("deadline = \"20s\"", "deadline = \"300ms\"");
+    let c = Controller::start_env(dir.path(), &cfg, &env_credentials());
+    c.wait_all(3, "healthy").await;
+
+    // The group grows by two.
+    aws.set_desired("web", 5).await;
+    let added: Vec<Instance> = aws
+        .instances("web")
+        .await
+        .into_iter()
+        .filter(|i| !first.iter().any(|f| f.id == i.id))
+        .collect();
+    assert_eq!(added.len(), 2, "{added:?}");
+    let _added_bs = backends_on(&added, port);
+    let t = c
+        .wait_for("the two new instances listed, in grace", || async {
+            let t = c.targets().await;
+            (t.len() == 5
+                && added.iter().all(|i| {
+                    t.iter()
+                        .any(|t| t["id"] == i.id.as_str() && t["state"] == "grace")
+                }))
+            .then_some(t)
+        })
+        .await;
+    for i in &added {
+        let t = t.iter().find(|t| t["id"] == i.id.as_str()).unwrap();
+        assert_eq!(t["zone"], "eu-west-1a", "{t}");
+        assert_eq!(t["group"], "web", "{t}");
+        assert_eq!(t["url"], format!("http://{}:{port}", i.private_ip), "{t}");
+    }
+    c.wait_all(5, "healthy").await;
+
+    // One leaves the group (detached, still running): no longer a target.
+    let gone = &first[1].id;
+    aws.detach("web", gone).await;
+    c.wait_for("the detached instance forgotten", || async {
+        let t = c.targets().await;
+        (t.len() == 4 && !t.iter().any(|t| t["id"] == gone.as_str())).then_some(())
+    })
+    .await;
+
+    // AWS dies (connections refused): the list stays, the error is logged.
+    aws.moto.kill();
+    c.wait_for("two failed polls", || async {
+        (c.logs()
+            .matches("Auto Scaling discovery failed; keeping the last list")
+            .count()
+            >= 2)
+            .then_some(())
+    })
+    .await;
+    // Each failure is an error naming what failed and how many targets are kept.
+    let failed: Vec<Value> = c
+        .logs()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["message"] == "Auto Scaling discovery failed; keeping the last list")
+        .collect();
+    assert!(
+        failed.len() >= 2
+            && failed.iter().all(|v| v["level"] == "ERROR"
+                && v["kept"] == 4
+                && !v["error"].as_str().unwrap_or_default().is_empty()),
+        "{failed:#?}"
+    );
+    let t = c.targets().await;
+    assert_eq!(t.len(), 4, "no target forgotten while AWS is down: {t:#?}");
+    assert!(
+        t.iter().all(|t| t["state"] == "healthy"),
+        "and all still probed: {t:#?}"
+    );
+    assert!(c.sigterm().success());
+}

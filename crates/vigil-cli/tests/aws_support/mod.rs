@@ -83,6 +83,12 @@ impl Moto {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
+
+    /// Kills moto now (an AWS that stops answering: connections refused).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for Moto {
@@ -287,6 +293,51 @@ impl Aws {
         let lifecycle = texts(&d, "LifecycleState").pop()?;
         let health = texts(&d, "HealthStatus").pop()?;
         Some((lifecycle, health))
+    }
+
+    /// Tags an instance (EC2 `CreateTags`).
+    pub async fn tag(&self, id: &str, key: &str, value: &str) {
+        query(
+            &self.url(),
+            "ec2",
+            "CreateTags",
+            &[
+                ("ResourceId.1", id),
+                ("Tag.1.Key", key),
+                ("Tag.1.Value", value),
+            ],
+        )
+        .await;
+    }
+
+    /// Sets the group's desired capacity (moto launches or terminates at once).
+    pub async fn set_desired(&self, group: &str, n: usize) {
+        query(
+            &self.url(),
+            "autoscaling",
+            "SetDesiredCapacity",
+            &[
+                ("AutoScalingGroupName", group),
+                ("DesiredCapacity", &n.to_string()),
+            ],
+        )
+        .await;
+    }
+
+    /// Detaches an instance from the group, decrementing its desired capacity (the
+    /// instance keeps running, outside the group).
+    pub async fn detach(&self, group: &str, id: &str) {
+        query(
+            &self.url(),
+            "autoscaling",
+            "DetachInstances",
+            &[
+                ("AutoScalingGroupName", group),
+                ("InstanceIds.member.1", id),
+                ("ShouldDecrementDesiredCapacity", "true"),
+            ],
+        )
+        .await;
     }
 
     /// The group's desired capacity.
