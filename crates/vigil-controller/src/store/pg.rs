@@ -4,7 +4,7 @@
 //!
 //! ## Why the blocking `postgres` crate
 //!
-//! [`Store`] is a blocking trait served by one dedicated thread ([`StoreHandle`]): the
+//! [`Store`] is a blocking trait served by one dedicated thread ([`StoreHandle`](super::StoreHandle)): the
 //! engine's commits are already serialised there, as SQLite needs. The `postgres` crate
 //! is tokio-postgres (the same protocol code, types and errors) behind a blocking
 //! client that drives its connection on a small runtime of its own; it fits that
