@@ -6,7 +6,7 @@ mod controller_support;
 use controller_support::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use vigil_core::Status;
@@ -28,26 +28,11 @@ fn receiver(fail_first: usize) -> (String, Arc<Mutex<Vec<Received>>>) {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut headers = BTreeMap::new();
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap(); // request line
-            loop {
-                line.clear();
-                reader.read_line(&mut line).unwrap();
-                let l = line.trim_end();
-                if l.is_empty() {
-                    break;
-                }
-                if let Some((k, v)) = l.split_once(':') {
-                    headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-                }
-            }
-            let len: usize = headers
-                .get("content-length")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let mut body = vec![0; len];
-            reader.read_exact(&mut body).unwrap();
+            let Some(vigil_testkit::RawRequest { headers, body, .. }) =
+                vigil_testkit::read_request(&mut reader).unwrap()
+            else {
+                continue;
+            };
             let n = {
                 let mut g = sink.lock().unwrap();
                 g.push(Received { headers, body });

@@ -770,7 +770,7 @@ fn a_deployer_killed_mid_rollout_resumes_without_skipping_or_repeating_a_host() 
 /// balancer would run them: checks the signature, deduplicates on the idempotency key,
 /// and does what the exec hooks do (asks the supervisor for the revision, logs drains).
 fn webhook_receiver(dir: &Path, secret: &'static str) -> String {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{BufReader, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let dir = dir.to_path_buf();
@@ -786,39 +786,19 @@ fn webhook_receiver(dir: &Path, secret: &'static str) -> String {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut request = String::new();
-            if reader.read_line(&mut request).is_err() {
+            let Ok(Some(req)) = vigil_testkit::read_request(&mut reader) else {
                 continue;
-            }
-            let mut headers = BTreeMap::new();
-            loop {
-                let mut line = String::new();
-                reader.read_line(&mut line).unwrap();
-                let l = line.trim_end();
-                if l.is_empty() {
-                    break;
-                }
-                if let Some((k, v)) = l.split_once(':') {
-                    headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-                }
-            }
-            let len: usize = headers
-                .get("content-length")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let mut body = vec![0; len];
-            reader.read_exact(&mut body).unwrap();
-            let mut words = request.split(' ');
-            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-            let status = match (method, path) {
+            };
+            let (headers, body) = (&req.headers, &req.body);
+            let status = match (req.method.as_str(), req.path.as_str()) {
                 ("POST", "/install") => {
                     let sig = headers
                         .get("x-vigil-signature")
                         .cloned()
                         .unwrap_or_default();
-                    let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    let event: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
                     let key = headers.get("idempotency-key").cloned().unwrap_or_default();
-                    if sig != vigil_controller::actuator::sign(secret.as_bytes(), &body)
+                    if sig != vigil_controller::actuator::sign(secret.as_bytes(), body)
                         || key.is_empty()
                         || event["idempotency_key"] != key.as_str()
                     {

@@ -17,6 +17,9 @@
 //!
 //! [`scripted_server`] answers every request with the same raw bytes, for HTTP clients'
 //! unit tests (the lb's upstream client, the controller's prober).
+//!
+//! [`read_request`] reads one HTTP/1.1 request from a blocking stream, for tests that
+//! stand in for a webhook receiver.
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -389,6 +392,53 @@ pub async fn scripted_server(
         }
     });
     (addr, accepted)
+}
+
+/// One HTTP/1.1 request as a webhook receiver in a test sees it.
+#[derive(Debug)]
+pub struct RawRequest {
+    /// The method (`POST`).
+    pub method: String,
+    /// The request target (`/install`).
+    pub path: String,
+    /// Header fields, names lower-cased.
+    pub headers: BTreeMap<String, String>,
+    /// The body (`content-length` bytes).
+    pub body: Vec<u8>,
+}
+
+/// Reads one request (head, then `content-length` bytes of body) from `reader`.
+/// `Ok(None)`: the peer closed the connection before sending one.
+pub fn read_request(reader: &mut impl std::io::BufRead) -> std::io::Result<Option<RawRequest>> {
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line)? == 0 {
+        return Ok(None);
+    }
+    let mut headers = BTreeMap::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    let len: usize = headers
+        .get("content-length")
+        .and_then(|v: &String| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body)?;
+    let mut words = request_line.split(' ');
+    Ok(Some(RawRequest {
+        method: words.next().unwrap_or_default().to_string(),
+        path: words.next().unwrap_or_default().to_string(),
+        headers,
+        body,
+    }))
 }
 
 #[cfg(test)]
