@@ -98,6 +98,28 @@ async fn one_leader(cs: &[&Controller]) -> usize {
     }
 }
 
+/// `n` replicas `r0`, `r1`, ... on `schema`, each in its own data directory (kept alive
+/// by the returned guards); a test takes a replica out to kill or stop it.
+fn start_replicas(
+    n: usize,
+    schema: &Schema,
+    ttl: &str,
+    targets: &str,
+) -> (Vec<tempfile::TempDir>, Vec<Option<Controller>>) {
+    let dirs: Vec<_> = (0..n).map(|_| tempfile::tempdir().unwrap()).collect();
+    let cs = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            Some(Controller::start(
+                d.path(),
+                &replica_config(schema, &format!("r{i}"), ttl, targets),
+            ))
+        })
+        .collect();
+    (dirs, cs)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_leads_and_a_sigkilled_leader_is_replaced_within_ttl_plus_a_renewal() {
     let schema = Schema::new("kill");
@@ -105,17 +127,7 @@ async fn one_replica_leads_and_a_sigkilled_leader_is_replaced_within_ttl_plus_a_
     let bs = backends(8);
     let targets = targets_toml(&bs);
     let ttl = Duration::from_secs(2);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut cs: Vec<Option<Controller>> = dirs
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            Some(Controller::start(
-                d.path(),
-                &replica_config(&schema, &format!("r{i}"), "2s", &targets),
-            ))
-        })
-        .collect();
+    let (_dirs, mut cs) = start_replicas(3, &schema, "2s", &targets);
     let all: Vec<&Controller> = cs.iter().map(|c| c.as_ref().unwrap()).collect();
     let first = one_leader(&all).await;
     let l = all[first];
@@ -191,18 +203,8 @@ async fn a_leader_stopped_with_sigterm_resigns_and_another_leads_in_about_a_seco
     let schema = Schema::new("term");
     let bs = backends(2);
     let targets = targets_toml(&bs);
-    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     // A long TTL: only resigning explains a quick takeover.
-    let mut cs: Vec<Option<Controller>> = dirs
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            Some(Controller::start(
-                d.path(),
-                &replica_config(&schema, &format!("r{i}"), "30s", &targets),
-            ))
-        })
-        .collect();
+    let (_dirs, mut cs) = start_replicas(2, &schema, "30s", &targets);
     let all: Vec<&Controller> = cs.iter().map(|c| c.as_ref().unwrap()).collect();
     let first = one_leader(&all).await;
     let stopped_at = Instant::now();
