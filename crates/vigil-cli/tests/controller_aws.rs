@@ -619,6 +619,33 @@ async fn discovery_follows_the_group_as_it_grows_and_shrinks_and_keeps_its_list_
                 && !v["error"].as_str().unwrap_or_default().is_empty()),
         "{failed:#?}"
     );
+    // And it shows outside the logs: the API and the metrics say AWS discovery fails.
+    let d = c.get("/api/discovery").await;
+    let aws_status = d["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["source"] == "aws")
+        .cloned()
+        .unwrap_or_else(|| panic!("no aws source in {d:#}"));
+    assert!(
+        aws_status["ok"] == false
+            && aws_status["targets"] == 4
+            && aws_status["consecutive_failures"].as_u64() >= Some(2)
+            && !aws_status["last_error"]
+                .as_str()
+                .unwrap_or_default()
+                .is_empty()
+            && aws_status["last_success_at"].is_string(),
+        "{d:#}"
+    );
+    assert!(d["summary"].as_str().unwrap().contains("aws"), "{d:#}");
+    let m = c.metrics_text().await;
+    assert!(
+        m.contains("vigil_controller_discovery_up{source=\"aws\"} 0\n")
+            && m.contains("vigil_controller_discovery_targets{source=\"aws\"} 4\n"),
+        "{m}"
+    );
     let t = c.targets().await;
     assert_eq!(t.len(), 4, "no target forgotten while AWS is down: {t:#?}");
     assert!(

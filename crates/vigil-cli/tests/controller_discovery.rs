@@ -82,6 +82,23 @@ async fn a_bad_or_missing_discovery_file_at_start_keeps_the_guard_state_until_a_
             "{}",
             c.logs()
         );
+        // The API and the metrics say the file fails, and why.
+        let d = c.get("/api/discovery").await;
+        let file_status = &d["sources"][0];
+        assert!(
+            file_status["source"] == "file"
+                && file_status["ok"] == false
+                && file_status["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("targets.json")),
+            "{case}: {d:#}"
+        );
+        assert!(
+            c.metrics_text()
+                .await
+                .contains("vigil_controller_discovery_up{source=\"file\"} 0\n"),
+            "{case}"
+        );
         // A good file arrives: it is applied, and what it drops is forgotten.
         std::fs::write(&file, list(&entries[..2])).unwrap();
         c.wait_for("d2 forgotten once a good file arrives", || async {
@@ -89,6 +106,11 @@ async fn a_bad_or_missing_discovery_file_at_start_keeps_the_guard_state_until_a_
             (t.len() == 2 && t.iter().all(|t| t["id"] != "d2")).then_some(())
         })
         .await;
+        let d = c.get("/api/discovery").await;
+        assert!(
+            d["sources"][0]["ok"] == true && d["sources"][0]["targets"] == 2,
+            "{case}: a good file clears the failure: {d:#}"
+        );
         assert_eq!(state_of(&c, "d1").await["hold"]["reason"], "keep me");
         assert_eq!(state_of(&c, "d0").await["state"], "reported");
         // The next round starts from the same store with d2 back in the file.

@@ -91,6 +91,8 @@ pub struct AppState {
     pub balancers: crate::balancers::BalancerViews,
     /// Who leads (several replicas on PostgreSQL), for `GET /api/leader`.
     pub leadership: watch::Receiver<crate::leader::Leadership>,
+    /// How each discovery source fared, for `GET /api/discovery`.
+    pub discovery: Arc<crate::discovery::DiscoveryStatus>,
 }
 
 /// How heartbeats are verified: the secret their keys derive from, the replay window.
@@ -149,6 +151,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/api/guard", get(guard))
         .route("/api/leader", get(leader))
+        .route("/api/discovery", get(discovery))
         .route("/api/heartbeat", post(heartbeat))
         .merge(heavy)
         .merge(scrapes)
@@ -522,6 +525,23 @@ async fn leader(State(st): State<AppState>) -> Response {
         l.describe()
     });
     no_store(axum::Json(body).into_response())
+}
+
+/// Each discovery source's state: a failing source keeps its last list, and this is
+/// where that shows (besides the ERROR log lines and `vigil_controller_discovery_up`).
+async fn discovery(State(st): State<AppState>) -> Response {
+    let sources = st.discovery.snapshot();
+    let failing: Vec<&str> = sources.iter().filter(|s| !s.ok).map(|s| s.source).collect();
+    let summary = if sources.is_empty() {
+        "no discovery source configured".to_string()
+    } else if failing.is_empty() {
+        "every discovery source works".to_string()
+    } else {
+        format!("failing: {}; their last lists are kept", failing.join(", "))
+    };
+    no_store(
+        axum::Json(serde_json::json!({"sources": sources, "summary": summary})).into_response(),
+    )
 }
 
 /// Ready while the store takes the engine's commits; 503 with the store's error while
@@ -999,10 +1019,12 @@ mod tests {
             probe: Default::default(),
             heartbeat_ttl: Duration::from_secs(30),
         }));
+        let metrics = Arc::new(Metrics::new());
         let app = router(AppState {
             engine,
             store,
-            metrics: Arc::new(Metrics::new()),
+            discovery: Arc::new(crate::discovery::DiscoveryStatus::new(metrics.clone())),
+            metrics,
             token: Arc::new(RwLock::new(None)),
             heartbeats: Arc::new(Default::default()),
             plan,

@@ -331,6 +331,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     // What start-up read of the discovery file (its hash, good or bad) is handed to
     // the watcher: a change made after this read is one it has not seen, whenever it
     // comes (the watcher's first poll compares against it).
+    let discovery_status = Arc::new(discovery::DiscoveryStatus::new(metrics.clone()));
     let (discovered, seen) = match cfg
         .discovery
         .as_ref()
@@ -342,16 +343,23 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
                 match parse_discovery(&cfg, &d.path, &text) {
                     Ok(t) => {
                         tracing::info!(file = %d.path.display(), targets = t.len(), "discovery file read at start");
+                        discovery_status.succeeded(Source::Discovery, t.len());
                         (Some(t), seen)
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "discovery file rejected at start; the targets the store knows are kept until a good file arrives");
+                        discovery_status.failed(Source::Discovery, &e, 0);
                         (None, seen)
                     }
                 }
             }
             Err(e) => {
                 tracing::error!(file = %d.path.display(), error = %e, "discovery file unreadable at start; the targets the store knows are kept until a good file arrives");
+                discovery_status.failed(
+                    Source::Discovery,
+                    &format!("{}: {e}", d.path.display()),
+                    0,
+                );
                 (None, None)
             }
         },
@@ -391,12 +399,14 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     tasks.spawn(watch_discovery(
         config_rx.clone(),
         engine_tx.clone(),
+        discovery_status.clone(),
         shutdown_rx.clone(),
         seen,
     ));
     tasks.spawn(crate::aws::discovery::run(
         config_rx.clone(),
         engine_tx.clone(),
+        discovery_status.clone(),
         shutdown_rx.clone(),
     ));
 
@@ -424,6 +434,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         config: config_rx.clone(),
         balancers,
         leadership: lead_rx,
+        discovery: discovery_status,
     });
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(async move {
@@ -544,10 +555,17 @@ fn parse_discovery(
 async fn watch_discovery(
     mut config: watch::Receiver<Arc<ControllerConfig>>,
     engine: mpsc::Sender<Command>,
+    status: Arc<discovery::DiscoveryStatus>,
     mut shutdown: watch::Receiver<bool>,
     seen: Option<(PathBuf, u64)>,
 ) {
     let mut last = seen;
+    // Targets in force from the file, for the status (kept through failures).
+    let mut kept = status
+        .snapshot()
+        .iter()
+        .find(|s| s.source == discovery::source_name(Source::Discovery))
+        .map_or(0, |s| s.targets);
     // Whether the current spell of an unreadable file was reported (start-up reports
     // its own).
     let mut unreadable_reported = true;
@@ -571,6 +589,8 @@ async fn watch_discovery(
                         match parse_discovery(&cfg, &d.path, &text) {
                             Ok(targets) => {
                                 tracing::info!(file = %d.path.display(), targets = targets.len(), "discovery file changed");
+                                status.succeeded(Source::Discovery, targets.len());
+                                kept = targets.len();
                                 if engine
                                     .send(Command::Targets {
                                         source: Source::Discovery,
@@ -583,6 +603,7 @@ async fn watch_discovery(
                                 }
                             }
                             Err(e) => {
+                                status.failed(Source::Discovery, &e, kept);
                                 tracing::error!(error = %e, "discovery file rejected; keeping the previous target list")
                             }
                         }
@@ -590,6 +611,12 @@ async fn watch_discovery(
                     }
                 }
                 Err(e) => {
+                    // Every unreadable poll counts; the log says it once per spell.
+                    status.failed(
+                        Source::Discovery,
+                        &format!("{}: {e}", d.path.display()),
+                        kept,
+                    );
                     if !unreadable_reported {
                         tracing::error!(file = %d.path.display(), error = %e, "discovery file unreadable; keeping the previous target list");
                         unreadable_reported = true;

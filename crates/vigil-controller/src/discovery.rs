@@ -1,13 +1,27 @@
-//! The discovery file: a list of targets in JSON or TOML, polled for changes.
+//! The discovery file (a list of targets in JSON or TOML, polled for changes), and how
+//! every discovery source fared ([`DiscoveryStatus`]).
 //!
 //! JSON: an array of targets, or `{"targets": [...]}`. TOML: `[[targets]]` tables.
 //! Each target has the same keys as in the config (`id`, `url`, `zone`, `group`,
 //! `heartbeat`). A file that does not parse or validate is reported and ignored: the
 //! previous list stays in force. A target missing from a new list is forgotten.
+//!
+//! A source that fails (a rejected file, an unreachable AWS API) keeps its last list:
+//! forgetting targets on an error would be the outage. That makes a failing source
+//! quiet, so its state is published three ways: an ERROR log line per failure,
+//! `GET /api/discovery` (per source: working or not, the last error, since when, the
+//! targets kept) and the metrics `vigil_controller_discovery_up{source}`,
+//! `vigil_controller_discovery_failures_total{source}` and
+//! `vigil_controller_discovery_targets{source}`.
 
+use crate::clock::{rfc3339_ms, wall_ms};
 use crate::config::{TargetConfig, validate_targets};
+use crate::engine::Source;
+use crate::metrics::Metrics;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,9 +65,148 @@ pub fn read(path: &Path) -> Result<Vec<TargetConfig>, String> {
     parse(path, &text)
 }
 
+// === impl DiscoveryStatus ===
+
+/// How each discovery source fared on its last try, shared by the sources (which
+/// record) and the API (which shows it); every record also sets the source's metrics.
+pub struct DiscoveryStatus {
+    sources: Mutex<BTreeMap<&'static str, SourceStatus>>,
+    metrics: Arc<Metrics>,
+}
+
+/// One source's state, as `GET /api/discovery` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SourceStatus {
+    /// `file` or `aws`.
+    pub source: &'static str,
+    /// Whether the last try gave a list.
+    pub ok: bool,
+    /// Targets in force from this source: the last list, kept through failures.
+    pub targets: usize,
+    /// Failed tries since the last good one.
+    pub consecutive_failures: u32,
+    /// Failed tries since start.
+    pub failures: u64,
+    /// The last failure's error (kept after a recovery, with its time).
+    pub last_error: Option<String>,
+    /// When it failed last (RFC 3339 UTC).
+    pub last_error_at: Option<String>,
+    /// When it last gave a list (RFC 3339 UTC).
+    pub last_success_at: Option<String>,
+}
+
+/// A source's name in the API and the metrics.
+pub fn source_name(source: Source) -> &'static str {
+    match source {
+        Source::Config => "config",
+        Source::Discovery => "file",
+        Source::Aws => "aws",
+    }
+}
+
+impl DiscoveryStatus {
+    /// No source has reported yet.
+    pub fn new(metrics: Arc<Metrics>) -> DiscoveryStatus {
+        DiscoveryStatus {
+            sources: Mutex::default(),
+            metrics,
+        }
+    }
+
+    fn update(&self, source: Source, f: impl FnOnce(&mut SourceStatus)) -> SourceStatus {
+        let name = source_name(source);
+        let mut sources = self.sources.lock().expect("discovery status lock");
+        let s = sources.entry(name).or_insert_with(|| SourceStatus {
+            source: name,
+            ok: false,
+            targets: 0,
+            consecutive_failures: 0,
+            failures: 0,
+            last_error: None,
+            last_error_at: None,
+            last_success_at: None,
+        });
+        f(s);
+        self.metrics.discovery(name, s.ok, s.targets);
+        s.clone()
+    }
+
+    /// The source gave a list of `targets`.
+    pub fn succeeded(&self, source: Source, targets: usize) {
+        self.update(source, |s| {
+            s.ok = true;
+            s.targets = targets;
+            s.consecutive_failures = 0;
+            s.last_success_at = Some(rfc3339_ms(wall_ms()));
+        });
+    }
+
+    /// The source failed with `error`; `kept` targets stay in force. Returns the
+    /// failures in a row, this one included.
+    pub fn failed(&self, source: Source, error: &str, kept: usize) -> u32 {
+        self.metrics.discovery_failure(source_name(source));
+        self.update(source, |s| {
+            s.ok = false;
+            s.targets = kept;
+            s.consecutive_failures = s.consecutive_failures.saturating_add(1);
+            s.failures = s.failures.saturating_add(1);
+            s.last_error = Some(error.to_string());
+            s.last_error_at = Some(rfc3339_ms(wall_ms()));
+        })
+        .consecutive_failures
+    }
+
+    /// Every source that has reported, by name.
+    pub fn snapshot(&self) -> Vec<SourceStatus> {
+        let sources = self.sources.lock().expect("discovery status lock");
+        sources.values().cloned().collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_keeps_the_count_of_targets_and_a_success_clears_the_streak_not_the_error() {
+        let metrics = Arc::new(Metrics::new());
+        let st = DiscoveryStatus::new(metrics.clone());
+        st.succeeded(Source::Aws, 4);
+        assert_eq!(st.failed(Source::Aws, "connection refused", 4), 1);
+        assert_eq!(st.failed(Source::Aws, "connection refused", 4), 2);
+        let s = &st.snapshot()[0];
+        assert!(!s.ok && s.targets == 4 && s.failures == 2, "{s:?}");
+        assert_eq!(s.last_error.as_deref(), Some("connection refused"));
+        let text = metrics.encode_for(None).1;
+        assert!(
+            text.contains("vigil_controller_discovery_up{source=\"aws\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vigil_controller_discovery_failures_total{source=\"aws\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vigil_controller_discovery_targets{source=\"aws\"} 4\n"),
+            "{text}"
+        );
+        st.succeeded(Source::Aws, 5);
+        let s = &st.snapshot()[0];
+        assert!(
+            s.ok && s.consecutive_failures == 0 && s.failures == 2 && s.targets == 5,
+            "{s:?}"
+        );
+        assert!(
+            s.last_error.is_some() && s.last_success_at.is_some(),
+            "{s:?}"
+        );
+        assert!(
+            metrics
+                .encode_for(None)
+                .1
+                .contains("vigil_controller_discovery_up{source=\"aws\"} 1\n")
+        );
+    }
 
     #[test]
     fn json_array_json_object_and_toml_are_accepted() {

@@ -95,6 +95,9 @@ pub struct Metrics {
     unhealthy: Gauge,
     targets: Gauge,
     schedule_lag: Histogram,
+    discovery_up: Family<Labels, Gauge>,
+    discovery_failures: Family<Labels, Counter>,
+    discovery_targets: Family<Labels, Gauge>,
     /// The per-result series, looked up once: a probe then costs no label hashing
     /// beyond its own `target_up` series.
     probes_ok: (Histogram, Counter),
@@ -188,6 +191,24 @@ impl Metrics {
             "How late probes start against their schedule",
             schedule_lag.clone(),
         );
+        let discovery_up = Family::<Labels, Gauge>::default();
+        registry.register(
+            "discovery_up",
+            "Whether the discovery source's last try gave a list (1); 0: failing, its last list is kept",
+            discovery_up.clone(),
+        );
+        let discovery_failures = Family::<Labels, Counter>::default();
+        registry.register(
+            "discovery_failures",
+            "Failed tries of a discovery source (a rejected or unreadable file, an AWS API error)",
+            discovery_failures.clone(),
+        );
+        let discovery_targets = Family::<Labels, Gauge>::default();
+        registry.register(
+            "discovery_targets",
+            "Targets in force from a discovery source (its last list, kept through failures)",
+            discovery_targets.clone(),
+        );
         let probes_ok = result_series(&probe_duration, &probes, "ok");
         let probes_fail = result_series(&probe_duration, &probes, "fail");
         Metrics {
@@ -204,6 +225,9 @@ impl Metrics {
             unhealthy,
             targets,
             schedule_lag,
+            discovery_up,
+            discovery_failures,
+            discovery_targets,
             probes_ok,
             probes_fail,
         }
@@ -281,6 +305,22 @@ impl Metrics {
     /// Sets how long the oldest automatic freeze in force has lasted (0: none).
     pub fn frozen_for(&self, seconds: f64) {
         self.frozen_seconds.set(seconds);
+    }
+
+    /// Sets a discovery source's gauges: whether its last try worked, targets in force.
+    pub fn discovery(&self, source: &str, ok: bool, targets: usize) {
+        let labels = vec![("source", source.to_string())];
+        self.discovery_up.get_or_create(&labels).set(i64::from(ok));
+        self.discovery_targets
+            .get_or_create(&labels)
+            .set(i64::try_from(targets).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a failed try of a discovery source.
+    pub fn discovery_failure(&self, source: &str) {
+        self.discovery_failures
+            .get_or_create(&vec![("source", source.to_string())])
+            .inc();
     }
 
     /// Records how late a probe started.

@@ -285,6 +285,7 @@ async fn describe_instances(
 pub async fn run(
     mut config: watch::Receiver<Arc<ControllerConfig>>,
     engine: mpsc::Sender<Command>,
+    status: Arc<crate::discovery::DiscoveryStatus>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut last: Option<Vec<TargetConfig>> = None;
@@ -321,6 +322,7 @@ pub async fn run(
                             tracing::info!(failures, "Auto Scaling discovery works again");
                         }
                         failures = 0;
+                        status.succeeded(Source::Aws, listing.targets.len());
                         if listing.skipped != last_skipped {
                             for s in &listing.skipped {
                                 tracing::warn!(instance = %s, "instance in service but not a target");
@@ -348,8 +350,9 @@ pub async fn run(
                         Some(d.poll)
                     }
                     Err(e) => {
-                        failures += 1;
-                        tracing::error!(error = %e, failures, kept = last.as_ref().map_or(0, Vec::len), "Auto Scaling discovery failed; keeping the last list");
+                        let kept = last.as_ref().map_or(0, Vec::len);
+                        failures = status.failed(Source::Aws, &e, kept);
+                        tracing::error!(error = %e, failures, kept, "Auto Scaling discovery failed; keeping the last list");
                         Some(d.poll * 2u32.pow(failures.min(MAX_BACKOFF_DOUBLINGS)))
                     }
                 }
