@@ -348,18 +348,14 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "discovery file rejected at start; the targets the store knows are kept until a good file arrives");
-                        discovery_status.failed(Source::Discovery, &e, 0);
+                        discovery_status.failed(Source::Discovery, &e);
                         (None, seen)
                     }
                 }
             }
             Err(e) => {
                 tracing::error!(file = %d.path.display(), error = %e, "discovery file unreadable at start; the targets the store knows are kept until a good file arrives");
-                discovery_status.failed(
-                    Source::Discovery,
-                    &format!("{}: {e}", d.path.display()),
-                    0,
-                );
+                discovery_status.failed(Source::Discovery, &format!("{}: {e}", d.path.display()));
                 (None, None)
             }
         },
@@ -560,12 +556,6 @@ async fn watch_discovery(
     seen: Option<(PathBuf, u64)>,
 ) {
     let mut last = seen;
-    // Targets in force from the file, for the status (kept through failures).
-    let mut kept = status
-        .snapshot()
-        .iter()
-        .find(|s| s.source == discovery::source_name(Source::Discovery))
-        .map_or(0, |s| s.targets);
     // Whether the current spell of an unreadable file was reported (start-up reports
     // its own).
     let mut unreadable_reported = true;
@@ -590,7 +580,6 @@ async fn watch_discovery(
                             Ok(targets) => {
                                 tracing::info!(file = %d.path.display(), targets = targets.len(), "discovery file changed");
                                 status.succeeded(Source::Discovery, targets.len());
-                                kept = targets.len();
                                 if engine
                                     .send(Command::Targets {
                                         source: Source::Discovery,
@@ -603,7 +592,7 @@ async fn watch_discovery(
                                 }
                             }
                             Err(e) => {
-                                status.failed(Source::Discovery, &e, kept);
+                                status.failed(Source::Discovery, &e);
                                 tracing::error!(error = %e, "discovery file rejected; keeping the previous target list")
                             }
                         }
@@ -612,11 +601,7 @@ async fn watch_discovery(
                 }
                 Err(e) => {
                     // Every unreadable poll counts; the log says it once per spell.
-                    status.failed(
-                        Source::Discovery,
-                        &format!("{}: {e}", d.path.display()),
-                        kept,
-                    );
+                    status.failed(Source::Discovery, &format!("{}: {e}", d.path.display()));
                     if !unreadable_reported {
                         tracing::error!(file = %d.path.display(), error = %e, "discovery file unreadable; keeping the previous target list");
                         unreadable_reported = true;

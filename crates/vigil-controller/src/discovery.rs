@@ -141,13 +141,13 @@ impl DiscoveryStatus {
         });
     }
 
-    /// The source failed with `error`; `kept` targets stay in force. Returns the
-    /// failures in a row, this one included.
-    pub fn failed(&self, source: Source, error: &str, kept: usize) -> u32 {
+    /// The source failed with `error`; its last list stays in force (`targets` is
+    /// left as the last success set it). Returns the failures in a row, this one
+    /// included.
+    pub fn failed(&self, source: Source, error: &str) -> u32 {
         self.metrics.discovery_failure(source_name(source));
         self.update(source, |s| {
             s.ok = false;
-            s.targets = kept;
             s.consecutive_failures = s.consecutive_failures.saturating_add(1);
             s.failures = s.failures.saturating_add(1);
             s.last_error = Some(error.to_string());
@@ -172,8 +172,8 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let st = DiscoveryStatus::new(metrics.clone());
         st.succeeded(Source::Aws, 4);
-        assert_eq!(st.failed(Source::Aws, "connection refused", 4), 1);
-        assert_eq!(st.failed(Source::Aws, "connection refused", 4), 2);
+        assert_eq!(st.failed(Source::Aws, "connection refused"), 1);
+        assert_eq!(st.failed(Source::Aws, "connection refused"), 2);
         let s = &st.snapshot()[0];
         assert!(!s.ok && s.targets == 4 && s.failures == 2, "{s:?}");
         assert_eq!(s.last_error.as_deref(), Some("connection refused"));

@@ -351,7 +351,7 @@ pub async fn run(
                     }
                     Err(e) => {
                         let kept = last.as_ref().map_or(0, Vec::len);
-                        failures = status.failed(Source::Aws, &e, kept);
+                        failures = status.failed(Source::Aws, &e);
                         tracing::error!(error = %e, failures, kept, "Auto Scaling discovery failed; keeping the last list");
                         Some(d.poll * 2u32.pow(failures.min(MAX_BACKOFF_DOUBLINGS)))
                     }
