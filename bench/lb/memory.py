@@ -93,7 +93,9 @@ def main():
             base = rss_kib(proc.pid)
             waves = []
             for _ in range(a.waves):
+                t0 = time.monotonic()
                 conns = open_idle(PORTS[name], a.connections)
+                opened_s = time.monotonic() - t0
                 settle()
                 loaded = rss_kib(proc.pid)
                 for s in conns:
@@ -103,7 +105,7 @@ def main():
                 waves.append((loaded, after))
                 print(f"{name}: base {base} KiB, {a.connections} idle: {loaded} KiB "
                       f"({(loaded - base) * 1024 / a.connections / 1000:.1f} KB each), "
-                      f"after close: {after} KiB", file=sys.stderr)
+                      f"after close: {after} KiB (opened in {opened_s:.2f} s)", file=sys.stderr)
             results[name] = (base, waves)
             stop(proc)
             proc = None

@@ -1783,6 +1783,35 @@ async fn the_request_deadline_bounds_the_header_wait_and_a_dripping_body() {
 /// An idle keep-alive connection gives its buffers back after a second (issue 14 part
 /// 2, memory): its next request is still served, and a head that started arriving
 /// before that moment and ends after it is read whole.
+/// A keep-alive connection idle for a moment leaves its task for the park
+/// (`vigil_lb::park`, docs/lb.md "Memory per idle client connection"): it still serves
+/// its next request, and still closes when `timeouts.client_header` has passed since
+/// it went idle, not later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_keep_alive_connection_serves_its_next_request_and_closes_on_time() {
+    let (lb, b) = echo_setup("[timeouts]\nclient_header = \"2s\"\n").await;
+    let mut c = client_of(&lb).await;
+    for i in 1..=3 {
+        if i > 1 {
+            // Idle well past `PARK_AFTER` (250 ms): parked.
+            tokio::time::sleep(Duration::from_millis(800)).await;
+        }
+        let r = c
+            .roundtrip(format!("GET /{i} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
+            .await;
+        assert_eq!(r.status, 200, "request {i}: {r:?}");
+        assert_eq!(lossy(&r.body), echoed(&format!("GET /{i} HTTP/1.1"), b""));
+    }
+    let idle = Instant::now();
+    c.expect_closed("idle past timeouts.client_header").await;
+    let waited = idle.elapsed();
+    assert!(
+        (Duration::from_millis(1900)..Duration::from_millis(3500)).contains(&waited),
+        "closed {waited:?} after going idle (client_header 2s)"
+    );
+    assert_eq!(b.lines().len(), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_keep_alive_connections_give_buffers_back_and_serve_the_next_request() {
     let (lb, b) = echo_setup("").await;

@@ -28,9 +28,11 @@
 //! Not done here: HTTP/2, forwarding request trailers.
 
 use crate::config::Underscores;
+use crate::park::{self, PARK_AFTER};
 use crate::proxy::{
     Answer, Proxy, ProxyTable, UPGRADE, VIA, connection_options, hop_by_hop, is_idempotent,
 };
+use crate::spare;
 use crate::upstream::{
     Outgoing, OutgoingBody, ResponseHead, Upgraded, UpstreamResponse, poll_read_more,
 };
@@ -203,6 +205,19 @@ enum HeadRead {
     /// The HTTP/2 connection preface (cleartext, prior knowledge): the connection is
     /// HTTP/2's.
     H2,
+    /// Idle for [`PARK_AFTER`] since `idle_since`: to the park ([`crate::park`]).
+    Park {
+        idle_since: Instant,
+    },
+}
+
+/// What a head read's wait for bytes ended with.
+enum Wait {
+    Read(io::Result<usize>),
+    /// The header timeout.
+    TimedOut,
+    /// Idle for [`PARK_AFTER`].
+    Park,
 }
 
 /// When a client connection stops: `drain` is cancelled on SIGTERM (the connection
@@ -226,7 +241,8 @@ pub async fn serve_tls(
     settings: FrontSettings,
     stop: Stop,
 ) {
-    let accept = tokio_rustls::TlsAcceptor::from(config).accept(tcp);
+    // Boxed: the handshake's state is large and over once the connection is served.
+    let accept = Box::pin(tokio_rustls::TlsAcceptor::from(config).accept(tcp));
     let tls = match tokio::time::timeout(settings.header_timeout, accept).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
@@ -242,16 +258,17 @@ pub async fn serve_tls(
     };
     proxy.count_handshake("ok");
     if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-        return crate::front_h2::serve_h2(tls, peer, proxy, settings, stop, true).await;
+        let h2 = crate::front_h2::serve_h2(tls, peer, proxy, settings, stop, true);
+        return Box::pin(h2).await;
     }
-    serve_connection(
+    let served = serve_connection(
         ClientStream::Tls(Box::new(tls)),
         peer,
         proxy,
         settings,
         stop,
-    )
-    .await;
+    );
+    Box::pin(served).await;
 }
 
 /// Serves one client connection until it closes, fails, or `stop.drain` is cancelled
@@ -263,19 +280,49 @@ pub async fn serve_connection(
     settings: FrontSettings,
     stop: Stop,
 ) {
+    serve(tcp, peer, proxy, settings, stop, None, true).await
+}
+
+/// A plain connection of a listener with a park ([`crate::park`]): idle for
+/// [`PARK_AFTER`], it leaves its task and its socket waits there. `first`: its first
+/// request (not one after a stay in the park), where HTTP/2's preface may come.
+pub(crate) async fn serve_parkable(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    proxy: Arc<Proxy>,
+    settings: FrontSettings,
+    stop: Stop,
+    park: park::Sender,
+    first: bool,
+) {
+    let tcp = ClientStream::Plain(tcp);
+    serve(tcp, peer, proxy, settings, stop, Some(park), first).await
+}
+
+async fn serve(
+    tcp: ClientStream,
+    peer: SocketAddr,
+    proxy: Arc<Proxy>,
+    settings: FrontSettings,
+    stop: Stop,
+    park: Option<park::Sender>,
+    mut first: bool,
+) {
     let shutdown = &stop.drain;
+    let parkable = park.is_some() && matches!(tcp, ClientStream::Plain(_));
     let client_ip = peer.ip().to_string();
     let mut c = ClientConn {
         tcp,
-        // Enough for most heads; a larger one grows it (`poll_read_more`).
-        rbuf: BytesMut::with_capacity(IDLE_READ_RESERVE),
-        wbuf: Vec::with_capacity(1024),
+        // Taken when the socket has bytes, given back whenever it has none
+        // ([`crate::spare`]).
+        rbuf: BytesMut::new(),
+        wbuf: Vec::new(),
         write_timeout: settings.write_timeout,
         tunneled: false,
     };
     // One timer for the connection's life, re-armed for each head.
-    let mut timer = Box::pin(tokio::time::sleep(settings.header_timeout));
-    let mut first = true;
+    let timer = tokio::time::sleep(settings.header_timeout);
+    tokio::pin!(timer);
     loop {
         let req = match c
             .read_head(
@@ -285,32 +332,55 @@ pub async fn serve_connection(
                 timer.as_mut(),
                 shutdown,
                 first,
+                parkable,
             )
             .await
         {
             HeadRead::Ready(req) => req,
             HeadRead::Closed => return,
+            HeadRead::Park { idle_since } => {
+                let (ClientStream::Plain(tcp), Some(park)) = (c.tcp, park) else {
+                    unreachable!("only plain connections with a park park");
+                };
+                // Its buffers went back when it went idle; what is left is the socket.
+                if let Ok(tcp) = tcp.into_std() {
+                    // A park gone (the listener draining) drops it: closed.
+                    let _ = park.send(park::Parked {
+                        tcp,
+                        peer,
+                        idle_since,
+                    });
+                }
+                return;
+            }
             HeadRead::H2 => {
                 let ClientConn { tcp, rbuf, .. } = c;
                 let io = crate::front_h2::Prefixed::new(rbuf.freeze(), tcp);
-                return crate::front_h2::serve_h2(io, peer, proxy, settings, stop, false).await;
+                // Boxed, as every path but the common one: the task of every
+                // connection is as large as its largest state.
+                let h2 = crate::front_h2::serve_h2(io, peer, proxy, settings, stop, false);
+                return Box::pin(h2).await;
             }
             HeadRead::Refused(code, msg) => {
                 proxy.count_local("none", code);
                 tracing::debug!(%peer, code, "request refused: {msg}");
-                if c.write_local(code, &msg, false, false).await.is_ok() {
-                    c.linger().await;
-                }
-                return;
+                return Box::pin(async move {
+                    if c.write_local(code, &msg, false, false).await.is_ok() {
+                        c.linger().await;
+                    }
+                })
+                .await;
             }
         };
         first = false;
         c.rbuf.advance(req.head_len);
-        match c.exchange(req, &proxy, &stop).await {
+        // Boxed: a request being forwarded is the largest state by far, and an idle
+        // connection's task should not be the size of it.
+        match Box::pin(c.exchange(req, &proxy, &stop)).await {
             Ok(true) => crate::server::share_cpu(),
             // A tunnel closed both ways already: nothing to linger for.
             Ok(false) if c.tunneled => return,
-            Ok(false) => return c.linger().await,
+            Ok(false) => return Box::pin(c.linger()).await,
             Err(e) => {
                 tracing::debug!(%peer, "client connection ended: {e}");
                 return;
@@ -318,13 +388,6 @@ pub async fn serve_connection(
         }
     }
 }
-
-/// An idle keep-alive connection gives its buffers back after this long without a
-/// request (then it holds only its task and socket until `timeouts.client_header`).
-const IDLE_RELEASE: Duration = Duration::from_secs(1);
-/// Read buffer taken again when a connection that gave its buffers back gets bytes:
-/// enough for most request heads.
-const IDLE_READ_RESERVE: usize = 4 * 1024;
 
 /// How long, and for how many bytes, a closing connection keeps reading what the client
 /// still sends (see [`ClientConn::linger`]).
@@ -361,9 +424,11 @@ impl ClientConn {
         mut timer: Pin<&mut Sleep>,
         shutdown: &CancellationToken,
         first: bool,
+        parkable: bool,
     ) -> HeadRead {
         let mut armed = false;
-        let (mut releasing, mut head_due) = (false, Instant::now());
+        // An idle connection waits `PARK_AFTER` with its task, then goes to the park.
+        let (mut parking, mut idle_since) = (false, Instant::now());
         // After an incomplete parse: how far the buffer was looked at. A head arriving a
         // byte at a time is parsed again only once an empty line may have arrived, not
         // per read (which would cost the square of its length).
@@ -421,72 +486,85 @@ impl ClientConn {
             // More bytes: now, or within the header timeout (the timer is armed only
             // when the socket has nothing, which is also when the client is idle).
             let idle = self.rbuf.is_empty();
+            if idle {
+                self.give_buffers_back();
+            }
             let cancelled = shutdown.cancelled();
             tokio::pin!(cancelled);
             let read = std::future::poll_fn(|cx| {
                 if self.rbuf.capacity() == 0 {
-                    // Buffers given back (below): one again once there is something.
+                    // No buffer while there is nothing to read: one again once there is.
                     match self.tcp.poll_read_ready(cx) {
-                        Poll::Ready(Ok(())) => self.rbuf.reserve(IDLE_READ_RESERVE),
-                        Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
+                        Poll::Ready(Ok(())) => self.rbuf = spare::take_read(),
+                        Poll::Ready(Err(e)) => return Poll::Ready(Wait::Read(Err(e))),
                         Poll::Pending => {}
                     }
                 }
-                if self.rbuf.capacity() > 0
-                    && let Poll::Ready(r) = poll_read_more(&mut self.tcp, &mut self.rbuf, cx)
-                {
-                    return Poll::Ready(Some(r));
+                if self.rbuf.capacity() > 0 {
+                    if let Poll::Ready(r) = poll_read_more(&mut self.tcp, &mut self.rbuf, cx) {
+                        return Poll::Ready(Wait::Read(r));
+                    }
+                    // Ready was stale (the last read did not drain the socket's
+                    // readiness): nothing came after all.
+                    if self.rbuf.is_empty() {
+                        spare::give_read(std::mem::take(&mut self.rbuf));
+                    }
                 }
                 if !armed {
-                    let now = Instant::now();
-                    head_due = now + settings.header_timeout;
-                    // An idle connection first waits a moment with its buffers (the
-                    // next request usually comes at once), then gives them back.
-                    releasing = idle
-                        && (self.rbuf.capacity() > 0 || self.wbuf.capacity() > 0)
-                        && settings.header_timeout > IDLE_RELEASE;
-                    timer.as_mut().reset(if releasing {
-                        now + IDLE_RELEASE
+                    idle_since = Instant::now();
+                    parking = idle && parkable && settings.header_timeout > PARK_AFTER;
+                    let wait = if parking {
+                        PARK_AFTER
                     } else {
-                        head_due
-                    });
+                        settings.header_timeout
+                    };
+                    timer.as_mut().reset(idle_since + wait);
                     armed = true;
                 }
-                while timer.as_mut().poll(cx).is_ready() {
-                    if !releasing {
-                        return Poll::Ready(None);
-                    }
-                    // Idle for a while: an idle keep-alive connection costs the task
-                    // and the socket, not 9 KiB of buffers (nginx frees them too).
-                    releasing = false;
-                    self.rbuf = BytesMut::new();
-                    self.wbuf = Vec::new();
-                    timer.as_mut().reset(head_due);
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(if parking { Wait::Park } else { Wait::TimedOut });
                 }
                 if idle && cancelled.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Some(Ok(0)));
+                    return Poll::Ready(Wait::Read(Ok(0)));
                 }
                 Poll::Pending
             })
             .await;
             match read {
-                Some(Ok(0)) | Some(Err(_)) => return HeadRead::Closed,
-                // Not idle any more: the buffers stay, the head is due as usual.
-                Some(Ok(_)) if releasing => {
-                    releasing = false;
-                    timer.as_mut().reset(head_due);
+                Wait::Read(Ok(0)) | Wait::Read(Err(_)) => return HeadRead::Closed,
+                // Not idle any more: the head is due as usual.
+                Wait::Read(Ok(_)) if parking => {
+                    parking = false;
+                    timer.as_mut().reset(idle_since + settings.header_timeout);
                 }
-                Some(Ok(_)) => {}
+                Wait::Read(Ok(_)) => {}
+                Wait::Park => return HeadRead::Park { idle_since },
                 // A started head that did not arrive in time: slowloris, or a client
                 // gone quiet mid-request. An idle connection just closes.
-                None if self.rbuf.is_empty() => return HeadRead::Closed,
-                None => {
+                Wait::TimedOut if self.rbuf.is_empty() => return HeadRead::Closed,
+                Wait::TimedOut => {
                     return HeadRead::Refused(
                         408,
                         "the request head did not arrive in time".into(),
                     );
                 }
             }
+        }
+    }
+
+    /// Between two requests: the buffers go to this worker's spares ([`crate::spare`]),
+    /// so an idle keep-alive connection costs its task and its socket, not 5 KiB.
+    fn give_buffers_back(&mut self) {
+        spare::give_read(std::mem::take(&mut self.rbuf));
+        spare::give_write(std::mem::take(&mut self.wbuf));
+    }
+
+    /// The write buffer, empty, for an answer's head.
+    fn begin_write(&mut self) {
+        if self.wbuf.capacity() == 0 {
+            self.wbuf = spare::take_write();
+        } else {
+            self.wbuf.clear();
         }
     }
 
@@ -617,7 +695,7 @@ impl ClientConn {
         pool: &str,
         stop: &Stop,
     ) -> io::Result<()> {
-        self.wbuf.clear();
+        self.begin_write();
         resp.head.write_to(&mut self.wbuf);
         self.wbuf.extend_from_slice(b"via: ");
         self.wbuf.extend_from_slice(VIA.as_bytes());
@@ -679,7 +757,7 @@ impl ClientConn {
         keep: bool,
         head_request: bool,
     ) -> io::Result<()> {
-        self.wbuf.clear();
+        self.begin_write();
         let reason = http::StatusCode::from_u16(code)
             .ok()
             .and_then(|s| s.canonical_reason())
@@ -803,7 +881,7 @@ impl ClientConn {
     }
 
     fn write_head(&mut self, head: &ResponseHead, keep: bool, chunked: bool, http10: bool) {
-        self.wbuf.clear();
+        self.begin_write();
         head.write_to(&mut self.wbuf);
         // A second `Via` line says the same as one combined value (RFC 9110 5.3).
         self.wbuf.extend_from_slice(b"via: ");
@@ -1246,6 +1324,28 @@ impl<'c> BodyReader<'c> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The size of the future an async fn returns, from the fn alone.
+    fn future_size<A, B, C, D, E, F: Future>(_: impl FnOnce(A, B, C, D, E) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    #[test]
+    fn an_idle_connection_task_is_small_whatever_its_requests_need() {
+        // Every client connection's task is as large as the largest state its future
+        // can be in: forwarding, HTTP/2, a refusal are boxed so an idle keep-alive
+        // connection is not the size of them (docs/lb.md, memory per connection).
+        let plain = future_size(serve_connection);
+        assert!(plain <= 1280, "serve_connection's future is {plain} bytes");
+        fn future_size6<A, B, C, D, E, G, F: Future>(
+            _: impl FnOnce(A, B, C, D, E, G) -> F,
+        ) -> usize {
+            std::mem::size_of::<F>()
+        }
+        let tls = future_size6(serve_tls);
+        eprintln!("futures: serve_connection {plain} bytes, serve_tls {tls} bytes");
+        assert!(tls <= 2048, "serve_tls's future is {tls} bytes");
+    }
 
     #[test]
     fn request_targets_in_origin_absolute_and_asterisk_form() {

@@ -16,6 +16,8 @@
 //! - [`upstream`]: pooled connections to targets; [`upstream_h2`]: HTTP/2 to gRPC targets;
 //! - [`tunnel`]: WebSocket and other upgrades, joined byte for byte after the `101`;
 //! - [`server`]: listeners, reload on SIGHUP, drain on SIGTERM;
+//! - [`spare`]: client connection buffers kept per worker thread while idle;
+//! - [`park`]: idle keep-alive client connections, parked off the runtime;
 //! - [`tls`]: TLS termination, certificates by SNI, reloaded on SIGHUP;
 //! - [`cli`]: `vigil lb` and `vigil lb check-config`.
 
@@ -27,8 +29,10 @@ pub mod config;
 pub mod front;
 pub mod front_h2;
 pub mod metrics;
+pub mod park;
 pub mod proxy;
 pub mod server;
+pub mod spare;
 pub mod tls;
 pub mod tunnel;
 pub mod upstream;

@@ -14,6 +14,7 @@ use crate::checker;
 use crate::config::{self, LbConfig};
 use crate::front::{self, FrontSettings};
 use crate::metrics::Metrics;
+use crate::park::Park;
 use crate::proxy::{Proxy, ProxyTable, RouteRule};
 use crate::tls::{self, TlsSlot};
 use arc_swap::ArcSwap;
@@ -32,7 +33,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
@@ -352,11 +353,38 @@ async fn accept_loop(
     stop: front::Stop,
     connections: TaskTracker,
 ) {
+    // Idle plain connections wait here (front.rs parks them); TLS ones keep their task.
+    let mut park = match tls {
+        None => match Park::new(settings.header_timeout) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!("idle connections keep their tasks (no epoll set for them: {e})");
+                None
+            }
+        },
+        Some(_) => None,
+    };
     loop {
         let accepted = tokio::select! {
             biased;
             _ = stop.drain.cancelled() => return,
             a = listener.accept() => a,
+            woken = async { park.as_mut().expect("checked").woken().await }, if park.is_some() => {
+                let sender = park.as_ref().expect("checked").sender();
+                for (tcp, peer) in woken {
+                    let Ok(tcp) = TcpStream::from_std(tcp) else { continue };
+                    connections.spawn(front::serve_parkable(
+                        tcp,
+                        peer,
+                        proxy.clone(),
+                        settings,
+                        stop.clone(),
+                        sender.clone(),
+                        false,
+                    ));
+                }
+                continue;
+            }
         };
         let (tcp, peer) = match accepted {
             Ok(a) => a,
@@ -369,15 +397,24 @@ async fn accept_loop(
         };
         let _ = tcp.set_nodelay(true);
         share_cpu();
-        match &tls {
-            None => connections.spawn(front::serve_connection(
+        match (&tls, &park) {
+            (None, Some(park)) => connections.spawn(front::serve_parkable(
+                tcp,
+                peer,
+                proxy.clone(),
+                settings,
+                stop.clone(),
+                park.sender(),
+                true,
+            )),
+            (None, None) => connections.spawn(front::serve_connection(
                 front::ClientStream::Plain(tcp),
                 peer,
                 proxy.clone(),
                 settings,
                 stop.clone(),
             )),
-            Some(slot) => connections.spawn(front::serve_tls(
+            (Some(slot), _) => connections.spawn(front::serve_tls(
                 tcp,
                 peer,
                 slot.load_full(),
@@ -599,19 +636,22 @@ thread_local! {
 /// requests queued) waits: the 1-4 ms tail measured in `docs/lb.md`. With nothing
 /// else runnable the call returns at once; at most one system call per interval.
 pub(crate) fn share_cpu() {
-    share_cpu_with(std::thread::yield_now);
+    SHARED_CPU_AT.with(|at| share_cpu_with(at, Instant::now, std::thread::yield_now));
 }
 
-fn share_cpu_with(yield_now: impl FnOnce()) {
-    let now = Instant::now();
-    SHARED_CPU_AT.with(|at| match at.get() {
-        Some(t) if now.duration_since(t) < SHARE_CPU_EVERY => {}
+/// [`share_cpu`] with its clock and its yield passed in: `at` is when the CPU was last
+/// offered, `now` is read on each call and, after a yield, again (the next interval
+/// starts when the CPU is back).
+fn share_cpu_with(at: &Cell<Option<Instant>>, now: impl Fn() -> Instant, yield_now: impl FnOnce()) {
+    let t = now();
+    match at.get() {
+        Some(last) if t.duration_since(last) < SHARE_CPU_EVERY => {}
         Some(_) => {
             yield_now();
-            at.set(Some(Instant::now()));
+            at.set(Some(now()));
         }
-        None => at.set(Some(now)),
-    });
+        None => at.set(Some(t)),
+    }
 }
 
 #[cfg(test)]
@@ -620,33 +660,44 @@ mod tests {
 
     #[test]
     fn a_busy_worker_yields_once_per_interval_and_not_between() {
-        // A thread of its own: the interval is counted per worker thread.
-        std::thread::spawn(|| {
-            let yields = Cell::new(0u32);
-            let count = || yields.set(yields.get() + 1);
-            let start = Instant::now();
-            share_cpu_with(count);
-            assert_eq!(
-                yields.get(),
-                0,
-                "a fresh worker has nothing to give back yet"
-            );
-            // Busy for a little over four intervals, asking between "requests".
-            while start.elapsed() < SHARE_CPU_EVERY * 4 + SHARE_CPU_EVERY / 2 {
-                share_cpu_with(count);
-            }
-            // Once more past the end (the loop may not have run on a stalled machine).
-            share_cpu_with(count);
-            let elapsed = start.elapsed();
-            let most = (elapsed.as_micros() / SHARE_CPU_EVERY.as_micros()) as u32;
-            assert!(
-                (1..=most).contains(&yields.get()),
-                "{} yields in {elapsed:?} (one per {SHARE_CPU_EVERY:?} at most)",
-                yields.get()
-            );
-        })
-        .join()
-        .unwrap();
+        let base = Instant::now();
+        let clock = Cell::new(Duration::ZERO);
+        let now = || base + clock.get();
+        let (at, yields) = (Cell::new(None), Cell::new(0u32));
+        let ask = || share_cpu_with(&at, now, || yields.set(yields.get() + 1));
+        ask();
+        assert_eq!(
+            yields.get(),
+            0,
+            "a fresh worker has nothing to give back yet"
+        );
+        // Asked every 0.1 ms for 4.55 intervals: once per interval, never between.
+        let step = SHARE_CPU_EVERY / 10;
+        let mut per_call = Vec::new();
+        for _ in 0..45 {
+            clock.set(clock.get() + step);
+            let before = yields.get();
+            ask();
+            per_call.push(yields.get() - before);
+        }
+        assert_eq!(yields.get(), 4, "one yield per full interval: {per_call:?}");
+        let at_calls: Vec<usize> = (0..45).filter(|&i| per_call[i] == 1).collect();
+        assert_eq!(
+            at_calls,
+            [9, 19, 29, 39],
+            "each a full interval after the last"
+        );
+        // A yield that took a while: the next interval starts when the CPU is back.
+        clock.set(clock.get() + SHARE_CPU_EVERY);
+        share_cpu_with(&at, now, || clock.set(clock.get() + SHARE_CPU_EVERY * 3));
+        clock.set(clock.get() + step);
+        let before = yields.get();
+        ask();
+        assert_eq!(
+            yields.get(),
+            before,
+            "the time spent yielding does not count as busy"
+        );
     }
 
     #[test]
