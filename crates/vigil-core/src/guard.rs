@@ -164,7 +164,7 @@ pub use reason::{
 };
 use serde::{Deserialize, Serialize};
 pub use state::{Freeze, FreezeScope, GuardState, Hold, HoldKind, ManualFreeze};
-use state::{Index, TargetState};
+use state::{GuardTarget, Index};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -539,7 +539,7 @@ impl SafetyGuard {
             }
             return false;
         }
-        let t = TargetState {
+        let t = GuardTarget {
             zone: intern(&mut self.zones, zone),
             first_seen: now,
             in_grace: !self.config.grace.is_zero(),
@@ -799,7 +799,7 @@ impl SafetyGuard {
             .map(move |(id, t)| self.view(now, id, t))
     }
 
-    fn view<'a>(&'a self, now: Time, id: &'a str, t: &'a TargetState) -> TargetView<'a> {
+    fn view<'a>(&'a self, now: Time, id: &'a str, t: &'a GuardTarget) -> TargetView<'a> {
         TargetView {
             id,
             zone: &t.zone,
@@ -824,7 +824,7 @@ impl SafetyGuard {
         &mut self,
         now: Time,
         id: &str,
-        f: impl FnOnce(&mut TargetState),
+        f: impl FnOnce(&mut GuardTarget),
     ) -> Result<(), UnknownTarget> {
         let t = self
             .state

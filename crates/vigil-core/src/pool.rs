@@ -428,7 +428,7 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
             } => write!(
                 f,
                 "pool {pool}: {} < {}% panic threshold: failing open (routing to all targets)",
-                Counts(*healthy, *known, *total, *drained),
+                HealthyCounts(*healthy, *known, *total, *drained),
                 percent(*threshold)
             ),
             PoolEvent::FailOpen {
@@ -446,7 +446,7 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
                 write!(
                     f,
                     "pool {pool}: {} >= {}% (panic threshold {}% + margin) for {}: fail-open ended",
-                    Counts(*healthy, *known, *total, *drained),
+                    HealthyCounts(*healthy, *known, *total, *drained),
                     percent(*exit_level),
                     percent(*threshold),
                     humantime::format_duration(*dwell)
@@ -468,11 +468,11 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
 /// for want of a verdict or because they are drained: `1/4 healthy`, `0/2 healthy (1
 /// not checked yet, left out of the fraction)`, `2/4 healthy (1 drained, left out of
 /// the fraction)`.
-struct Counts(usize, usize, usize, usize);
+struct HealthyCounts(usize, usize, usize, usize);
 
-impl fmt::Display for Counts {
+impl fmt::Display for HealthyCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Counts(healthy, known, total, drained) = *self;
+        let HealthyCounts(healthy, known, total, drained) = *self;
         write!(f, "{healthy}/{total} healthy")?;
         let unknown = total.saturating_sub(known + drained);
         match (unknown, drained) {

@@ -3,7 +3,7 @@
 
 use super::WhenFrozen;
 use super::cause::{Cause, CauseConfig};
-use super::state::{FreezeScope, Tally, is_zero};
+use super::state::{FailTally, FreezeScope, is_zero};
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -356,7 +356,7 @@ pub const EVIDENCE_CHECKS: usize = 3;
 
 impl FreezeEvidence {
     /// Builds the evidence from the tallies of one scope.
-    pub(super) fn from_tally(tally: &Tally, cause: &CauseConfig) -> Self {
+    pub(super) fn from_tally(tally: &FailTally, cause: &CauseConfig) -> Self {
         let failing = tally.failing;
         let mut checks: Vec<CheckTally> = tally
             .checks

@@ -83,7 +83,7 @@ pub struct ManualFreeze {
 /// serialised form and read back as the default, so a large healthy fleet's snapshot
 /// stays small; states written with every field still load.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub(super) struct TargetState {
+pub(super) struct GuardTarget {
     /// Shared by every target of the zone (interned by the guard).
     #[serde(with = "shared_str")]
     pub(super) zone: Arc<str>,
@@ -125,7 +125,7 @@ pub(super) fn is_default<T: Default + PartialEq>(t: &T) -> bool {
     *t == T::default()
 }
 
-impl TargetState {
+impl GuardTarget {
     pub(super) fn counted(&self) -> bool {
         !self.in_grace
             && !matches!(
@@ -154,7 +154,7 @@ impl TargetState {
 /// whole.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct GuardState {
-    pub(super) targets: BTreeMap<Box<str>, TargetState>,
+    pub(super) targets: BTreeMap<Box<str>, GuardTarget>,
     pub(super) budget: Budget,
     pub(super) manual_freeze: Option<ManualFreeze>,
     pub(super) frozen: Vec<Freeze>,
@@ -176,8 +176,8 @@ pub(super) struct Index {
     /// Per zone: (total, unhealthy, failing).
     pub(super) zones: BTreeMap<Arc<str>, (u32, u32, u32)>,
     /// What the unhealthy targets fail, fleet-wide and per zone (a freeze's evidence).
-    pub(super) tally: Tally,
-    pub(super) zone_tally: BTreeMap<Arc<str>, Tally>,
+    pub(super) tally: FailTally,
+    pub(super) zone_tally: BTreeMap<Arc<str>, FailTally>,
     pub(super) shared: SharedIndex,
     /// Earliest `until` of any hold (a lower bound: may be stale-early, never late), so
     /// observations sweep expired holds of every target in O(1) when none is due.
@@ -185,7 +185,7 @@ pub(super) struct Index {
 }
 
 impl Index {
-    pub(super) fn apply(&mut self, cause: &CauseConfig, t: &TargetState, add: bool) {
+    pub(super) fn apply(&mut self, cause: &CauseConfig, t: &GuardTarget, add: bool) {
         if add && let Some(until) = t.hold.as_ref().and_then(|h| h.until) {
             self.next_hold_expiry = Some(self.next_hold_expiry.map_or(until, |n| n.min(until)));
         }
@@ -245,7 +245,7 @@ impl Index {
 
 /// Counts of what the unhealthy targets of a scope fail (derived, rebuilt on restore).
 #[derive(Clone, Debug, Default)]
-pub(super) struct Tally {
+pub(super) struct FailTally {
     /// Unhealthy targets whose last probe failed.
     pub(super) failing: u32,
     /// ... whose endpoint failed as a whole (or reported fail naming no check).
@@ -258,8 +258,8 @@ pub(super) struct Tally {
     pub(super) checks: BTreeMap<String, u32>,
 }
 
-impl Tally {
-    pub(super) fn apply(&mut self, cause: &CauseConfig, t: &TargetState, add: bool) {
+impl FailTally {
+    pub(super) fn apply(&mut self, cause: &CauseConfig, t: &GuardTarget, add: bool) {
         fn step(n: &mut u32, add: bool) {
             if add {
                 *n += 1;

@@ -3,7 +3,7 @@
 
 use super::engine::Ev;
 use super::model::{Growth, Life, Ramped};
-use super::{CHECK_PEER, Decision, Sim, TIMEOUT};
+use super::{CHECK_PEER, DecisionMark, Sim, TIMEOUT};
 use crate::scenario::{ControllerMode, GuardStateStore};
 use std::time::Duration;
 use vigil_core::anomaly::{AnomalyDetector, Counts};
@@ -170,7 +170,7 @@ impl<'a> Sim<'a> {
 
     /// Marks a policy decision on the charts.
     pub(super) fn decide_mark(&mut self, kind: &'static str, label: &str) {
-        self.decisions.push(Decision {
+        self.decisions.push(DecisionMark {
             t: self.now.as_elapsed().as_secs_f64(),
             kind,
             label: label.to_string(),

@@ -1,7 +1,7 @@
 //! Faults: what each scenario fault does to the models when it starts and ends.
 
 use super::engine::Ev;
-use super::model::{DepCond, Deployment, Gc, Growth, Life, Ramp, Ramped};
+use super::model::{DepCond, Deployment, FaultRamp, Gc, Growth, Life, Ramped};
 use super::{Mark, Sim};
 use crate::scenario::{ControllerMode, DepCriticality, DeployGate, FaultConfig, FaultKind};
 use std::time::Duration;
@@ -134,7 +134,7 @@ impl<'a> Sim<'a> {
                     if start {
                         self.servers[i].gray = Ramped {
                             to: f.error_rate.unwrap_or(1.0),
-                            ramp: Ramp::new(now, f.ramp),
+                            ramp: FaultRamp::new(now, f.ramp),
                         };
                         self.harm(i, now);
                     } else {
@@ -145,7 +145,7 @@ impl<'a> Sim<'a> {
             }
             FaultKind::Latency => {
                 let to = f.latency.unwrap_or_default().as_secs_f64();
-                let ramp = Ramp::new(now, f.ramp);
+                let ramp = FaultRamp::new(now, f.ramp);
                 // Harm starts when answers miss the client's timeout at once.
                 let edge = self.cfg.clients.timeout.as_secs_f64() - self.service.median();
                 for i in targets {
@@ -170,7 +170,7 @@ impl<'a> Sim<'a> {
                         extra_latency: f.latency.unwrap_or_default(),
                         affected: f.affected.unwrap_or(1.0),
                         key: fi as u64 + 1,
-                        ramp: Ramp::new(now, f.ramp),
+                        ramp: FaultRamp::new(now, f.ramp),
                         from_error_rate: self.deps[d].history[0].1.error_rate,
                     }
                 } else {
@@ -179,7 +179,8 @@ impl<'a> Sim<'a> {
                 self.deps[d].history.push((now, cond));
             }
             FaultKind::Surge => {
-                self.surge_fault = start.then(|| (f.load.unwrap_or(1.0), Ramp::new(now, f.ramp)));
+                self.surge_fault =
+                    start.then(|| (f.load.unwrap_or(1.0), FaultRamp::new(now, f.ramp)));
                 if !start {
                     self.surge = 1.0;
                 }

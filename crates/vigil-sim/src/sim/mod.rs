@@ -64,13 +64,14 @@ mod servers;
 #[cfg(test)]
 mod tests;
 
+use crate::Policies;
 use crate::clients::Retrying;
 use crate::latency::ServiceTime;
 use crate::rng::SimRng;
 use crate::scenario::{ControllerMode, ScenarioConfig, Switch};
 use crate::summary::Summary;
 use engine::{Ev, Periodic, Scheduled};
-use model::{Controller, Dep, DepCond, Deployment, Growth, Life, Ramp, Ramped, Server};
+use model::{Controller, Dep, DepCond, Deployment, FaultRamp, Growth, Life, Ramped, Server};
 use std::collections::BinaryHeap;
 use std::time::Duration;
 use vigil_core::anomaly::{AnomalyDetector, Counts, PEER_CHECK};
@@ -153,7 +154,7 @@ pub struct Mark {
 
 /// A policy decision on the timeline, for charts: why the lines move.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Decision {
+pub struct DecisionMark {
     /// When, seconds.
     pub t: f64,
     /// What kind: `fail-open`, `fail-open-end`, `freeze`, `unfreeze`, `alert`, `ejection`.
@@ -176,7 +177,7 @@ pub struct Outcome {
     /// Faults.
     pub marks: Vec<Mark>,
     /// Policy decisions (fail-open, freezes, ejections).
-    pub decisions: Vec<Decision>,
+    pub decisions: Vec<DecisionMark>,
     /// Notable events (state changes with reasons), in order.
     pub log: Vec<(Duration, String)>,
 }
@@ -214,7 +215,7 @@ pub struct Sim<'a> {
     zone_down: Vec<bool>,
     surge: f64,
     /// The surge in progress: (load multiplier, ramp).
-    surge_fault: Option<(f64, Option<Ramp>)>,
+    surge_fault: Option<(f64, Option<FaultRamp>)>,
     // load balancer
     pool: Pool<u32>,
     routes: RoutingSet<u32>,
@@ -262,22 +263,27 @@ pub struct Sim<'a> {
     series: Vec<Sample>,
     bucket: Duration,
     marks: Vec<Mark>,
-    decisions: Vec<Decision>,
+    decisions: Vec<DecisionMark>,
     ejection_marks: usize,
     log: Vec<(Duration, String)>,
     log_dropped: u64,
 }
 
-/// Runs `cfg` with `seed`. `naive` only labels the summary (pass `cfg.naive()` for the
-/// naive policies). `progress` is called with the fraction done, now and then.
-pub fn run(cfg: &ScenarioConfig, seed: u64, naive: bool, progress: &mut dyn FnMut(f64)) -> Outcome {
-    let mut sim = Sim::new(cfg, seed, naive);
+/// Runs `cfg` with `seed`. `policies` only labels the summary (pass `cfg.naive()` for
+/// the naive policies). `progress` is called with the fraction done, now and then.
+pub fn run(
+    cfg: &ScenarioConfig,
+    seed: u64,
+    policies: Policies,
+    progress: &mut dyn FnMut(f64),
+) -> Outcome {
+    let mut sim = Sim::new(cfg, seed, policies);
     sim.run(progress);
     sim.finish()
 }
 
 impl<'a> Sim<'a> {
-    fn new(cfg: &'a ScenarioConfig, seed: u64, naive: bool) -> Self {
+    fn new(cfg: &'a ScenarioConfig, seed: u64, policies: Policies) -> Self {
         let n = cfg.fleet.servers as usize;
         let mut rng = SimRng::new(seed);
         let interval = cfg.fleet.dependency_check_interval;
@@ -444,7 +450,7 @@ impl<'a> Sim<'a> {
             first_fault_at: None,
             fail_open_since: None,
             leaving_fail_open: false,
-            s: Summary::new(cfg, seed, naive),
+            s: Summary::new(cfg, seed, policies),
             last_bad_tick_end: None,
             in_service_sum: 0.0,
             ticks: 0,

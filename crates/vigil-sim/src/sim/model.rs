@@ -39,14 +39,14 @@ impl Growth {
 
 /// A fault growing linearly to its full size over `len` from `start`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct Ramp {
+pub(super) struct FaultRamp {
     pub(super) start: Time,
     pub(super) len: Duration,
 }
 
-impl Ramp {
-    pub(super) fn new(start: Time, len: Option<Duration>) -> Option<Ramp> {
-        len.map(|len| Ramp { start, len })
+impl FaultRamp {
+    pub(super) fn new(start: Time, len: Option<Duration>) -> Option<FaultRamp> {
+        len.map(|len| FaultRamp { start, len })
     }
 
     /// How far the ramp is at `t`: 0 before it starts, 1 once it is over.
@@ -70,7 +70,7 @@ impl Ramp {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct Ramped {
     pub(super) to: f64,
-    pub(super) ramp: Option<Ramp>,
+    pub(super) ramp: Option<FaultRamp>,
 }
 
 impl Ramped {
@@ -169,7 +169,7 @@ pub(super) struct DepCond {
     pub(super) affected: f64,
     pub(super) key: u64,
     /// Ramping from `from_error_rate` (and no extra latency) to the values above.
-    pub(super) ramp: Option<Ramp>,
+    pub(super) ramp: Option<FaultRamp>,
     pub(super) from_error_rate: f64,
 }
 

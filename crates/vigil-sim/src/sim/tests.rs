@@ -1,4 +1,4 @@
-use super::model::{DepCond, Gc, Ramp, Ramped};
+use super::model::{DepCond, FaultRamp, Gc, Ramped};
 use super::*;
 use crate::clients::Tally;
 use crate::scenario::Scenario;
@@ -56,19 +56,19 @@ kind = "controller_restart"
 #[test]
 fn same_seed_same_run_different_seed_different_run() {
     let s = busy_scenario();
-    let a = run(&s.config, 7, false, &mut |_| {});
-    let b = run(&s.config, 7, false, &mut |_| {});
+    let a = run(&s.config, 7, Policies::Vigil, &mut |_| {});
+    let b = run(&s.config, 7, Policies::Vigil, &mut |_| {});
     assert_eq!(a.summary, b.summary, "same seed, same numbers");
     assert_eq!(a.series, b.series, "same seed, same timeline");
     assert_eq!(a.log, b.log, "same seed, same events");
-    let c = run(&s.config, 8, false, &mut |_| {});
+    let c = run(&s.config, 8, Policies::Vigil, &mut |_| {});
     assert_ne!(a.summary, c.summary, "the seed must matter");
 }
 
 #[test]
 fn a_run_accounts_for_every_request_and_sees_its_faults() {
     let s = busy_scenario();
-    let o = run(&s.config, 1, false, &mut |_| {});
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
     let sum: u64 = o.series.iter().map(|x| x.requests).sum();
     assert_eq!(sum, o.summary.requests, "the timeline adds up to the total");
     assert!(o.summary.client_errors > 0, "faults cost something");
@@ -99,7 +99,7 @@ fn deploy_scenario(extra: &str) -> Scenario {
 #[test]
 fn a_good_revision_rolls_out_in_floor_sized_waves_one_zone_at_a_time() {
     let s = deploy_scenario("error_rate = 0.0\nreadiness = \"passes\"");
-    let o = run(&s.config, 1, false, &mut |_| {});
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
     // 20 hosts, at most 4 per wave, a wave never spans the two zones of 10: 3 waves
     // per zone.
     assert_eq!(o.summary.deploy_waves, 6, "{:#?}", o.log);
@@ -119,7 +119,7 @@ fn a_revision_failing_requests_behind_a_passing_readiness_is_rolled_back_by_its_
     // /readyz passes, 20% of requests fail: only the rollout's error-rate samples see
     // it, during the bake of the first wave.
     let s = deploy_scenario("error_rate = 0.2\nreadiness = \"passes\"");
-    let o = run(&s.config, 1, false, &mut |_| {});
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
     assert_eq!(o.summary.deploy_waves, 1, "{:#?}", o.log);
     assert_eq!(o.summary.rollbacks, 1, "{:#?}", o.log);
     assert!(
@@ -130,7 +130,7 @@ fn a_revision_failing_requests_behind_a_passing_readiness_is_rolled_back_by_its_
         o.log
     );
     // The timer rollout pushes both waves.
-    let naive = run(&s.config.naive(), 1, true, &mut |_| {});
+    let naive = run(&s.config.naive(), 1, Policies::Naive, &mut |_| {});
     assert_eq!(naive.summary.deploy_waves, 2);
     assert!(naive.summary.client_errors > 10 * o.summary.client_errors.max(1));
 }
@@ -150,8 +150,8 @@ fn the_kill_switch_alone_pauses_a_black_hole_for_longer_and_longer() {
         "off",
         "[[faults]]\nat = \"2m\"\nkind = \"gray\"\ntarget = \"server:3\"\nerror_rate = 1.0\n",
     );
-    let o = run(&s.config, 1, false, &mut |_| {});
-    let naive = run(&s.config.naive(), 1, true, &mut |_| {});
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
+    let naive = run(&s.config.naive(), 1, Policies::Naive, &mut |_| {});
     let rate = o.summary.metric("message_failure_rate").unwrap();
     let naive_rate = naive.summary.metric("message_failure_rate").unwrap();
     // 18 minutes of black hole: pauses of 1, 2, 4, 8 minutes, each after a probation
@@ -181,7 +181,7 @@ fn workers_failing_alike_are_not_outliers_and_nobody_is_replaced() {
         "guarded",
         "[[faults]]\nat = \"2m\"\nkind = \"gray\"\ntarget = \"all\"\nerror_rate = 0.3\n",
     );
-    let o = run(&s.config, 1, false, &mut |_| {});
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
     assert_eq!(o.summary.controller_actions, 0, "{:?}", o.log);
     assert!(
         !o.log
@@ -194,7 +194,7 @@ fn workers_failing_alike_are_not_outliers_and_nobody_is_replaced() {
         "guarded",
         "[[faults]]\nat = \"2m\"\nkind = \"gray\"\ntarget = \"server:6\"\nerror_rate = 0.3\n",
     );
-    let o = run(&s.config, 1, false, &mut |_| {});
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
     assert_eq!(o.summary.controller_actions, 1, "{:?}", o.log);
     assert!(
         o.log
@@ -207,7 +207,7 @@ fn workers_failing_alike_are_not_outliers_and_nobody_is_replaced() {
 
 #[test]
 fn ramps_grow_linearly_to_their_size() {
-    let r = Ramp {
+    let r = FaultRamp {
         start: Time::from_secs(100),
         len: Duration::from_secs(200),
     };
@@ -246,7 +246,7 @@ fn ramps_grow_linearly_to_their_size() {
 #[test]
 fn checks_time_out_when_the_answer_is_slower_than_their_timeout() {
     let s = sim_for("[fleet]\nservers = 4\n[[dependencies]]\nname = \"db\"\n");
-    let mut sim = Sim::new(&s.config, 1, false);
+    let mut sim = Sim::new(&s.config, 1, Policies::Vigil);
     let now = Time::from_secs(60);
     let timeout = Duration::from_secs(2);
     assert!(
@@ -292,7 +292,7 @@ fn checks_time_out_when_the_answer_is_slower_than_their_timeout() {
 #[test]
 fn slow_requests_hold_workers_and_answer_late() {
     let s = sim_for("[fleet]\nservers = 2\nzones = 1\nbrownout = 0.0\n");
-    let mut sim = Sim::new(&s.config, 1, false);
+    let mut sim = Sim::new(&s.config, 1, Policies::Vigil);
     sim.tick_fail_prob = Some(0.0);
     // Healthy: 400 requests in a second, all in time.
     let (t, _) = sim.serve(1, 400, false);
@@ -351,8 +351,8 @@ ramp = "1m"
 duration = "2m"
 "#,
     );
-    let a = run(&s.config, 3, false, &mut |_| {});
-    let b = run(&s.config, 3, false, &mut |_| {});
+    let a = run(&s.config, 3, Policies::Vigil, &mut |_| {});
+    let b = run(&s.config, 3, Policies::Vigil, &mut |_| {});
     assert_eq!(a.summary, b.summary, "same seed, same numbers");
     assert_eq!(a.series, b.series, "same seed, same timeline");
     assert_eq!(a.log, b.log, "same seed, same events");
@@ -360,7 +360,7 @@ duration = "2m"
     assert!(a.summary.request_timeouts > 0);
     let sum: u64 = a.series.iter().map(|x| x.requests).sum();
     assert_eq!(sum, a.summary.requests, "the timeline adds up to the total");
-    let c = run(&s.config, 4, false, &mut |_| {});
+    let c = run(&s.config, 4, Policies::Vigil, &mut |_| {});
     assert_ne!(a.summary, c.summary, "the seed must matter");
 }
 
