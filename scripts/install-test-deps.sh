@@ -8,6 +8,8 @@ need=()
 command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
 # .ci/run checks that no crate declares a dependency it does not use.
 command -v cargo-machete >/dev/null 2>&1 || cargo install --locked cargo-machete
+# .ci/run checks the dependency tree's licences, bans and sources (deny.toml).
+command -v cargo-deny >/dev/null 2>&1 || cargo install --locked cargo-deny
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)

@@ -14,7 +14,7 @@
 
 use crate::clock::wall_ms;
 use crate::dashboard;
-use crate::engine::{Command, CommandError, Plan};
+use crate::engine::{Command, EngineError, Plan};
 use crate::heartbeat::{self, Rejection};
 use crate::metrics::Metrics;
 use crate::scheduler::Heartbeats;
@@ -166,6 +166,17 @@ struct ApiError(StatusCode, String);
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        let code = match &e {
+            EngineError::UnknownTarget(_) | EngineError::NoHold { .. } => StatusCode::NOT_FOUND,
+            EngineError::OtherHold { .. } => StatusCode::CONFLICT,
+            EngineError::Store(_) | EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        ApiError(code, e.to_string())
     }
 }
 
@@ -407,13 +418,8 @@ async fn target(State(st): State<AppState>, Path(id): Path<String>) -> Result<Re
             reply: tx,
         })
         .await
-        .map_err(|_| unavailable("engine stopped"))?;
-    let Some(t) = rx.await.map_err(|_| unavailable("engine stopped"))? else {
-        return Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("unknown target {id:?}"),
-        ));
-    };
+        .map_err(|_| EngineError::Stopped)?;
+    let t = rx.await.map_err(|_| EngineError::Stopped)??;
     let (id1, id2) = (id.clone(), id.clone());
     let transitions = st
         .store
@@ -692,26 +698,17 @@ async fn set_hold(st: &AppState, id: String, kind: HoldKind, body: &[u8]) -> Res
         .await
         .is_err()
     {
-        return unavailable("engine stopped").into_response();
+        return ApiError::from(EngineError::Stopped).into_response();
     }
     answer(rx, json!({ "target": id, "hold": kind, "reason": reason })).await
 }
 
-async fn answer(
-    rx: oneshot::Receiver<Result<(), CommandError>>,
-    ok: serde_json::Value,
-) -> Response {
-    let err = match rx.await {
-        Ok(Ok(())) => return Json(ok).into_response(),
-        Ok(Err(e)) => e,
-        Err(_) => return unavailable("engine stopped").into_response(),
-    };
-    let code = match &err {
-        CommandError::UnknownTarget(_) | CommandError::NoHold { .. } => StatusCode::NOT_FOUND,
-        CommandError::OtherHold { .. } => StatusCode::CONFLICT,
-        CommandError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    ApiError(code, err.to_string()).into_response()
+async fn answer(rx: oneshot::Receiver<Result<(), EngineError>>, ok: serde_json::Value) -> Response {
+    match rx.await {
+        Ok(Ok(())) => Json(ok).into_response(),
+        Ok(Err(e)) => ApiError::from(e).into_response(),
+        Err(_) => ApiError::from(EngineError::Stopped).into_response(),
+    }
 }
 
 async fn silence(State(st): State<AppState>, Path(id): Path<String>, body: Bytes) -> Response {
@@ -742,7 +739,7 @@ async fn clear_hold(st: &AppState, id: String, kind: HoldKind) -> Response {
         .await
         .is_err()
     {
-        return unavailable("engine stopped").into_response();
+        return ApiError::from(EngineError::Stopped).into_response();
     }
     answer(rx, json!({ "target": id, "hold": null })).await
 }
@@ -765,7 +762,7 @@ async fn freeze(State(st): State<AppState>, body: Bytes) -> Response {
         .await
         .is_err()
     {
-        return unavailable("engine stopped").into_response();
+        return ApiError::from(EngineError::Stopped).into_response();
     }
     answer(rx, json!({ "frozen": true, "reason": reason })).await
 }
@@ -778,7 +775,7 @@ async fn unfreeze(State(st): State<AppState>) -> Response {
         .await
         .is_err()
     {
-        return unavailable("engine stopped").into_response();
+        return ApiError::from(EngineError::Stopped).into_response();
     }
     answer(rx, json!({ "frozen": false })).await
 }

@@ -142,7 +142,7 @@ pub enum Command {
         /// For how long (None: until cleared).
         duration: Option<Duration>,
         /// Answer.
-        reply: oneshot::Sender<Result<(), CommandError>>,
+        reply: oneshot::Sender<Result<(), EngineError>>,
     },
     /// Lift a hold of one kind (answered once committed).
     ClearHold {
@@ -151,37 +151,38 @@ pub enum Command {
         /// The kind to lift: a hold of the other kind stays, and the call is refused.
         kind: HoldKind,
         /// Answer.
-        reply: oneshot::Sender<Result<(), CommandError>>,
+        reply: oneshot::Sender<Result<(), EngineError>>,
     },
     /// Manual freeze.
     Freeze {
         /// Why.
         reason: String,
         /// Answer.
-        reply: oneshot::Sender<Result<(), CommandError>>,
+        reply: oneshot::Sender<Result<(), EngineError>>,
     },
     /// Lift the manual freeze.
     Unfreeze {
         /// Answer.
-        reply: oneshot::Sender<Result<(), CommandError>>,
+        reply: oneshot::Sender<Result<(), EngineError>>,
     },
     /// A reloaded config.
     Reconfigure(Arc<ControllerConfig>),
     /// Publish the fleet as it is now, and answer with it (tests and tools: the API
     /// reads the published view instead).
     Fleet(oneshot::Sender<Arc<FleetView>>),
-    /// One target with its probe history (None: unknown target).
+    /// One target with its probe history.
     Target {
         /// Its id.
         id: String,
         /// Answer.
-        reply: oneshot::Sender<Option<TargetDetail>>,
+        reply: oneshot::Sender<Result<TargetDetail, EngineError>>,
     },
 }
 
-/// Why an operator command was refused (it changed nothing).
+/// Why the engine refused a command or a query (it changed nothing): the API maps each
+/// variant to its HTTP status instead of reading the text.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CommandError {
+pub enum EngineError {
     /// No such target.
     #[error("unknown target {0:?}")]
     UnknownTarget(String),
@@ -206,6 +207,9 @@ pub enum CommandError {
     /// The store could not commit it: it was not applied.
     #[error("store failing, not applied: {0}")]
     Store(String),
+    /// The engine has stopped (its command channel is closed): nothing was applied.
+    #[error("engine stopped")]
+    Stopped,
 }
 
 /// A hold kind as in the API's paths (`silence`, `maintenance`).
@@ -249,8 +253,8 @@ struct TargetRuntime {
 }
 
 type Reply = (
-    oneshot::Sender<Result<(), CommandError>>,
-    Result<(), CommandError>,
+    oneshot::Sender<Result<(), EngineError>>,
+    Result<(), EngineError>,
 );
 
 /// The engine. Build it with [`Engine::recover`], run it with [`Engine::run`].
@@ -604,7 +608,7 @@ impl Engine {
         self.batch = Batch::default();
         for (tx, _) in std::mem::take(&mut self.replies) {
             let _asker_may_be_gone =
-                tx.send(Err(CommandError::Store(format!("not the leader: {who}"))));
+                tx.send(Err(EngineError::Store(format!("not the leader: {who}"))));
         }
         self.targets_pending = true;
         self.dirty = true;
@@ -702,7 +706,7 @@ impl Engine {
                 | Command::Unfreeze { reply },
                 Some(e),
             ) => {
-                let _asker_may_be_gone = reply.send(Err(CommandError::Store(e.clone())));
+                let _asker_may_be_gone = reply.send(Err(EngineError::Store(e.clone())));
                 return;
             }
             (cmd, _) => cmd,
@@ -824,7 +828,7 @@ impl Engine {
                     if found {
                         Ok(())
                     } else {
-                        Err(CommandError::UnknownTarget(id))
+                        Err(EngineError::UnknownTarget(id))
                     },
                 ));
             }
@@ -835,12 +839,12 @@ impl Engine {
                 // the counts and in reach of the actuator.
                 let held = self.guard.target(now, &id).map(|v| v.hold.map(|h| h.kind));
                 let r = match held {
-                    None => Err(CommandError::UnknownTarget(id.clone())),
-                    Some(None) => Err(CommandError::NoHold {
+                    None => Err(EngineError::UnknownTarget(id.clone())),
+                    Some(None) => Err(EngineError::NoHold {
                         id: id.clone(),
                         kind: hold_path(kind),
                     }),
-                    Some(Some(h)) if h != kind => Err(CommandError::OtherHold {
+                    Some(Some(h)) if h != kind => Err(EngineError::OtherHold {
                         id: id.clone(),
                         kind: hold_path(kind),
                         held: hold_path(h),
@@ -869,7 +873,9 @@ impl Engine {
                 let _receiver_may_be_gone = reply.send(self.views.load());
             }
             Command::Target { id, reply } => {
-                let _receiver_may_be_gone = reply.send(self.target_detail(&id));
+                let detail = self.target_detail(&id);
+                let _receiver_may_be_gone =
+                    reply.send(detail.ok_or(EngineError::UnknownTarget(id)));
             }
         }
     }
@@ -1359,7 +1365,7 @@ impl Engine {
             Err(e @ StoreError::Fenced { .. }) => {
                 tracing::error!(error = %e, actions_not_run = n_actions, "another replica took over: this batch is rolled back and its actions are NOT run; following");
                 for (tx, _) in replies {
-                    let _asker_may_be_gone = tx.send(Err(CommandError::Store(e.to_string())));
+                    let _asker_may_be_gone = tx.send(Err(EngineError::Store(e.to_string())));
                 }
                 self.recovering = false;
                 self.follow(e.to_string());
@@ -1370,7 +1376,7 @@ impl Engine {
                     log_store_error(&e, n_actions);
                 }
                 for (tx, _) in replies {
-                    let _asker_may_be_gone = tx.send(Err(CommandError::Store(e.to_string())));
+                    let _asker_may_be_gone = tx.send(Err(EngineError::Store(e.to_string())));
                 }
                 self.undo(&e).await;
             }
@@ -1872,7 +1878,7 @@ mod tests {
         rx.await.unwrap()
     }
 
-    async fn silence(tx: &mpsc::Sender<Command>, id: &str) -> Result<(), CommandError> {
+    async fn silence(tx: &mpsc::Sender<Command>, id: &str) -> Result<(), EngineError> {
         let (reply, rx) = oneshot::channel();
         tx.send(Command::SetHold {
             id: id.into(),
@@ -1938,7 +1944,7 @@ mod tests {
         }
         assert_eq!(
             silence(&tx, "t002").await,
-            Err(CommandError::Store(
+            Err(EngineError::Store(
                 "store test: database or disk is full (injected)".into()
             )),
             "a mutation that cannot be committed is refused"

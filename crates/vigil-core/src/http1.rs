@@ -11,15 +11,20 @@
 //! ([`parse_request`]) the rules are the balancer's smuggling table (docs/lb.md): every
 //! framing the RFC calls invalid is refused, never guessed.
 //!
-//! The callers own the sockets and buffers: the load balancer's downstream server frames
-//! client requests with [`parse_request`], its upstream client streams response bodies
-//! through [`ChunkedDecoder`], and the controller's prober reads whole (small) answers.
+//! It is a wire codec, not a policy. The callers own the sockets and buffers:
 //!
-//! Why a wire codec lives in the policy crate: it is sans-IO like the policies (bytes
-//! in, framing out; no socket, no clock), it is shared by two drivers that must agree on
-//! it (a prober and a balancer that framed one answer differently would judge one target
-//! two ways), and it is fuzzed with vigil-core's other parsers (`fuzz/`). A crate of its
-//! own would hold this one module and change nothing else; see docs/architecture.md.
+//! - the load balancer's HTTP/1 downstream server frames client requests with
+//!   [`parse_request`], and its HTTP/2 front runs each request head through the same
+//!   function, so both protocols share one set of header rules;
+//! - the balancer's HTTP/1 upstream client reads response heads with [`parse_response`]
+//!   and streams bodies through [`ChunkedDecoder`]; its HTTP/2 client reuses
+//!   [`Framing`] and [`MAX_HEADERS`];
+//! - the controller's prober reads each (small) health answer with [`parse_response`]
+//!   and [`ChunkedDecoder`].
+//!
+//! Why it stays in vigil-core rather than a `vigil-http1` crate of its own (the rule in
+//! DESIGN.md for a second concern): see docs/architecture.md, "Why `http1` is in
+//! vigil-core".
 
 use std::mem::MaybeUninit;
 use std::ops::Range;

@@ -23,8 +23,9 @@
 //! - [`judge`](mod@judge): the one judge of an HTTP health answer (status code + optional
 //!   health+json body -> verdict), with its rule table.
 //! - [`build`]: the version and git commit this was built from.
-//! - [`http1`]: HTTP/1.1 response framing (where a head ends, how its body is delimited,
-//!   chunked decoding), for the clients that own the sockets.
+//! - [`http1`]: not a policy but the HTTP/1.1 wire codec the balancer and the prober share,
+//!   sans-IO: request and response framing (where a head ends, how its body is delimited,
+//!   the smuggling rules), chunked decoding.
 
 pub mod anomaly;
 pub mod build;

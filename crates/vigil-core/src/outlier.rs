@@ -433,8 +433,9 @@ pub struct Ejection {
     pub reason: EjectReason,
 }
 
+/// What outlier detection remembers of one target: its error streaks and ejections.
 #[derive(Clone, Debug, Default)]
-struct TargetState {
+struct OutlierState {
     errors: u32,
     gateway_errors: u32,
     /// Past ejections, before decay.
@@ -450,7 +451,7 @@ struct TargetState {
 #[derive(Clone, Debug)]
 pub struct OutlierDetector<K> {
     config: OutlierConfig,
-    targets: BTreeMap<K, TargetState>,
+    targets: BTreeMap<K, OutlierState>,
 }
 
 impl<K: Ord + Clone> OutlierDetector<K> {
@@ -584,7 +585,7 @@ impl<K: Ord + Clone> OutlierDetector<K> {
     fn eject_now(
         config: OutlierConfig,
         target: &K,
-        st: &mut TargetState,
+        st: &mut OutlierState,
         now: Time,
         reason: EjectReason,
         jitter: f64,

@@ -120,10 +120,20 @@
 //! [`PoolEvent::left_service`] names the target that stopped getting traffic (the
 //! balancer uses it to retry that target's in-flight requests elsewhere at once).
 
+mod retry_budget;
+mod selection;
+
 use crate::invalid::Invalid;
 use crate::outlier::{Ejection, OutlierConfig, OutlierDetector, OutlierEvent, RequestOutcome};
 use crate::thresholds::{Health, Thresholds, ThresholdsConfig};
 use crate::time::Time;
+pub use retry_budget::{
+    DEFAULT_MIN_RETRIES_PER_SECOND, DEFAULT_RETRY_RATIO, DEFAULT_RETRY_WINDOW, RetryBudget,
+    RetryBudgetConfig,
+};
+pub use selection::{
+    DEFAULT_SHED_PENALTY_HALF_LIFE, Ramp, RampDirection, Route, RoutingSet, ShedPenalty,
+};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
@@ -418,7 +428,7 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
             } => write!(
                 f,
                 "pool {pool}: {} < {}% panic threshold: failing open (routing to all targets)",
-                Counts(*healthy, *known, *total, *drained),
+                HealthyCounts(*healthy, *known, *total, *drained),
                 percent(*threshold)
             ),
             PoolEvent::FailOpen {
@@ -436,7 +446,7 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
                 write!(
                     f,
                     "pool {pool}: {} >= {}% (panic threshold {}% + margin) for {}: fail-open ended",
-                    Counts(*healthy, *known, *total, *drained),
+                    HealthyCounts(*healthy, *known, *total, *drained),
                     percent(*exit_level),
                     percent(*threshold),
                     humantime::format_duration(*dwell)
@@ -458,11 +468,11 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
 /// for want of a verdict or because they are drained: `1/4 healthy`, `0/2 healthy (1
 /// not checked yet, left out of the fraction)`, `2/4 healthy (1 drained, left out of
 /// the fraction)`.
-struct Counts(usize, usize, usize, usize);
+struct HealthyCounts(usize, usize, usize, usize);
 
-impl fmt::Display for Counts {
+impl fmt::Display for HealthyCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Counts(healthy, known, total, drained) = *self;
+        let HealthyCounts(healthy, known, total, drained) = *self;
         write!(f, "{healthy}/{total} healthy")?;
         let unknown = total.saturating_sub(known + drained);
         match (unknown, drained) {
@@ -955,438 +965,6 @@ impl<K: Ord + Clone> Pool<K> {
                 None
             }
         }
-    }
-}
-
-// === impl RoutingSet ===
-
-/// Which way a [`Ramp`] goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RampDirection {
-    /// Slow start: from `min_weight x weight` up to the weight.
-    Up,
-    /// Leaving fail-open: from the weight down to nothing.
-    Down,
-}
-
-/// A ramp of a target's effective weight, linear over `window` from `start`: slow start
-/// (up) or leaving fail-open (down).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Ramp {
-    /// When the ramp began (the target entered service, or the pool left fail-open).
-    pub start: Time,
-    /// How long the ramp lasts.
-    pub window: Duration,
-    /// Fraction of the weight at `start` (slow start only).
-    pub min_weight: f64,
-    /// Up (slow start) or down (leaving fail-open).
-    pub direction: RampDirection,
-}
-
-/// One routable target in a [`RoutingSet`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct Route<K> {
-    /// The target.
-    pub key: K,
-    /// Its configured weight.
-    pub weight: u32,
-    /// Its slow-start ramp, while it lasts.
-    pub ramp: Option<Ramp>,
-}
-
-impl<K> Route<K> {
-    /// Weight at `now`: `weight x max(min_weight, elapsed / window)` during a slow-start
-    /// ramp, `weight x (1 - elapsed / window)` during a ramp down (0 after it).
-    pub fn effective_weight(&self, now: Time) -> f64 {
-        let w = f64::from(self.weight);
-        match self.ramp {
-            Some(r) if !r.window.is_zero() => {
-                let f = now.since(r.start).as_secs_f64() / r.window.as_secs_f64();
-                match r.direction {
-                    RampDirection::Up => w * f.clamp(r.min_weight, 1.0),
-                    RampDirection::Down => w * (1.0 - f).clamp(0.0, 1.0),
-                }
-            }
-            Some(Ramp {
-                direction: RampDirection::Down,
-                ..
-            }) => 0.0,
-            _ => w,
-        }
-    }
-}
-
-/// Who may get traffic, as of one moment: an immutable snapshot (share it behind an
-/// `ArcSwap`); selection takes `now` for slow-start ramps.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RoutingSet<K> {
-    /// The routable targets, in pool order.
-    pub routes: Vec<Route<K>>,
-    /// Whether the pool was in fail-open (routes = every target).
-    pub fail_open: bool,
-}
-
-impl<K> Default for RoutingSet<K> {
-    fn default() -> Self {
-        RoutingSet {
-            routes: Vec::new(),
-            fail_open: false,
-        }
-    }
-}
-
-/// Maps a random `u64` to `[0, 1)`.
-fn unit(r: u64) -> f64 {
-    (r >> 11) as f64 / (1u64 << 53) as f64
-}
-
-impl<K> RoutingSet<K> {
-    /// Number of routable targets.
-    pub fn len(&self) -> usize {
-        self.routes.len()
-    }
-
-    /// True when nothing is routable.
-    pub fn is_empty(&self) -> bool {
-        self.routes.is_empty()
-    }
-
-    /// Power of two choices (based on tower's p2c, weighted): samples two distinct
-    /// candidates (not `skip`ped, effective weight > 0) with probability proportional
-    /// to their effective weight, using the caller's two random numbers, and returns the
-    /// one whose `load` (outstanding requests) is lower. `None` when no candidate is left.
-    pub fn pick_p2c(
-        &self,
-        now: Time,
-        random: [u64; 2],
-        load: impl Fn(&K) -> u64,
-        skip: impl Fn(&K) -> bool,
-    ) -> Option<&K> {
-        // No allocation for ordinary pools: this runs once per request.
-        const STACK: usize = 64;
-        let n = self.routes.len();
-        let mut stack = [0.0f64; STACK];
-        let mut heap = Vec::new();
-        let weights: &mut [f64] = if n <= STACK {
-            &mut stack[..n]
-        } else {
-            heap.resize(n, 0.0);
-            &mut heap
-        };
-        for (w, r) in weights.iter_mut().zip(&self.routes) {
-            *w = if skip(&r.key) {
-                0.0
-            } else {
-                r.effective_weight(now)
-            };
-        }
-        let total: f64 = weights.iter().sum();
-        let a = sample(weights, total, unit(random[0]))?;
-        let rest = total - weights[a];
-        weights[a] = 0.0;
-        let b = if rest > 0.0 {
-            sample(weights, rest, unit(random[1]))
-        } else {
-            None
-        };
-        let a_key = &self.routes[a].key;
-        match b {
-            Some(b) if load(&self.routes[b].key) < load(a_key) => Some(&self.routes[b].key),
-            _ => Some(a_key),
-        }
-    }
-
-    /// Least request (HAProxy's `leastconn`, nginx's `least_conn`, weighted as Envoy's
-    /// `least_request`): every candidate (not `skip`ped, effective weight > 0) is looked
-    /// at and the one with the lowest `(load + 1) / effective weight` wins; ties go to the
-    /// first at or after a position drawn from `random`, so equal targets share evenly.
-    /// A scan of the whole pool: exact for the few-target pools of a single balancer,
-    /// where power of two choices can still send a request to the second-busiest
-    /// target. `None` when no candidate is left.
-    pub fn pick_least(
-        &self,
-        now: Time,
-        random: u64,
-        load: impl Fn(&K) -> u64,
-        skip: impl Fn(&K) -> bool,
-    ) -> Option<&K> {
-        let n = self.routes.len();
-        if n == 0 {
-            return None;
-        }
-        let start = (random % n as u64) as usize;
-        let mut best: Option<(f64, usize)> = None;
-        for i in (start..n).chain(0..start) {
-            let r = &self.routes[i];
-            if skip(&r.key) {
-                continue;
-            }
-            let w = r.effective_weight(now);
-            if w <= 0.0 {
-                continue;
-            }
-            let score = (load(&r.key) as f64 + 1.0) / w;
-            if best.is_none_or(|(b, _)| score < b) {
-                best = Some((score, i));
-            }
-        }
-        best.map(|(_, i)| &self.routes[i].key)
-    }
-
-    /// Round-robin: the `counter`-th pick (the caller increments it per request) over the
-    /// candidates not `skip`ped, each getting a share proportional to its effective
-    /// weight (equal weights: plain rotation). `None` when no candidate is left.
-    pub fn pick_round_robin(
-        &self,
-        now: Time,
-        counter: u64,
-        skip: impl Fn(&K) -> bool,
-    ) -> Option<&K> {
-        // Integer slots per target: weight x 1000 keeps slow-start ramps fine-grained.
-        let slots: Vec<u64> = self
-            .routes
-            .iter()
-            .map(|r| {
-                if skip(&r.key) {
-                    0
-                } else {
-                    (r.effective_weight(now) * 1000.0).round() as u64
-                }
-            })
-            .collect();
-        let total: u64 = slots.iter().sum();
-        if total == 0 {
-            return None;
-        }
-        let equal = slots.iter().filter(|s| **s > 0).all(|s| {
-            *s == *slots
-                .iter()
-                .find(|s| **s > 0)
-                .expect("total > 0 so one is positive")
-        });
-        if equal {
-            let live: Vec<usize> = (0..slots.len()).filter(|i| slots[*i] > 0).collect();
-            return Some(&self.routes[live[(counter % live.len() as u64) as usize]].key);
-        }
-        let mut pos = counter % total;
-        for (i, s) in slots.iter().enumerate() {
-            if pos < *s {
-                return Some(&self.routes[i].key);
-            }
-            pos -= s;
-        }
-        unreachable!("pos < total = sum of slots")
-    }
-}
-
-fn sample(weights: &[f64], total: f64, u: f64) -> Option<usize> {
-    if total <= 0.0 {
-        return None;
-    }
-    let mut x = u * total;
-    let mut last = None;
-    for (i, w) in weights.iter().enumerate() {
-        if *w <= 0.0 {
-            continue;
-        }
-        last = Some(i);
-        if x < *w {
-            return Some(i);
-        }
-        x -= w;
-    }
-    // Rounding can leave x just past the last weight: that is the last candidate.
-    last
-}
-
-// === impl ShedPenalty ===
-
-/// Default half-life of the load a shed answer adds: 1 s. A target shedding `r` answers
-/// a second carries about `1.44 x r` extra outstanding requests (`r x half-life / ln 2`)
-/// as balancing sees it, and forgets them within seconds once it stops shedding.
-pub const DEFAULT_SHED_PENALTY_HALF_LIFE: Duration = Duration::from_secs(1);
-
-/// The extra load a target carries for the answers it shed recently (503, 429:
-/// [`RequestOutcome::is_shed`]): errors count as load (the SRE book, "Handling
-/// Overload"). A shed answer costs the target almost no time, so its outstanding count
-/// drops and least-loaded balancing (P2C, least request) would send it *more* traffic:
-/// a sinkhole. Adding this penalty to the outstanding count keeps an overloaded target's
-/// share down until it stops shedding. Each shed answer adds 1, decaying exponentially
-/// with `half_life`. Plain data (two words), so a driver may keep it in atomics.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct ShedPenalty {
-    /// The penalty as of `at`.
-    pub value: f64,
-    /// When `value` was last updated.
-    pub at: Time,
-}
-
-impl ShedPenalty {
-    /// The penalty at `now`.
-    pub fn load(&self, now: Time, half_life: Duration) -> f64 {
-        if self.value <= 0.0 || half_life.is_zero() {
-            return 0.0;
-        }
-        let halvings = now.since(self.at).as_secs_f64() / half_life.as_secs_f64();
-        self.value * (-halvings).exp2()
-    }
-
-    /// Records one shed answer at `now`.
-    pub fn add(&mut self, now: Time, half_life: Duration) {
-        self.value = self.load(now, half_life) + 1.0;
-        self.at = now;
-    }
-}
-
-// === impl RetryBudget ===
-
-/// Default retry ratio: retries may add 20% to the load (linkerd's default), so retries
-/// never more than 1.2x an outage's load on the survivors.
-pub const DEFAULT_RETRY_RATIO: f64 = 0.2;
-/// Default floor: 10 retries per second whatever the traffic (Finagle's and linkerd's
-/// `min_retries_per_second`), so a quiet pool can still retry its rare failures.
-pub const DEFAULT_MIN_RETRIES_PER_SECOND: u32 = 10;
-/// Default window over which requests and retries are counted: 10 s (Finagle's `ttl`).
-pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(10);
-
-/// Retry budget settings.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RetryBudgetConfig {
-    /// Retries allowed per original request over the window (0 to 1, or more to allow
-    /// more than one retry per request). Defaults to 0.2.
-    pub ratio: f64,
-    /// Retries allowed per second regardless of traffic. Defaults to 10.
-    pub min_retries_per_second: u32,
-    /// Window over which requests and retries are counted. Defaults to 10s.
-    #[serde(with = "humantime_serde")]
-    pub window: Duration,
-}
-
-impl Default for RetryBudgetConfig {
-    fn default() -> Self {
-        RetryBudgetConfig {
-            ratio: DEFAULT_RETRY_RATIO,
-            min_retries_per_second: DEFAULT_MIN_RETRIES_PER_SECOND,
-            window: DEFAULT_RETRY_WINDOW,
-        }
-    }
-}
-
-impl RetryBudgetConfig {
-    /// Checks the values; the error names the bad key.
-    pub fn validate(&self) -> Result<(), Invalid> {
-        if !self.ratio.is_finite() || self.ratio < 0.0 {
-            return Err(Invalid::new(
-                "ratio",
-                format!("must be 0 or more, got {}", self.ratio),
-            ));
-        }
-        if self.window < Duration::from_millis(100) {
-            return Err(Invalid::new("window", "must be at least 100ms"));
-        }
-        Ok(())
-    }
-}
-
-const BUCKETS: usize = 10;
-
-#[derive(Clone, Copy, Debug, Default)]
-struct Bucket {
-    epoch: u64,
-    requests: u64,
-    retries: u64,
-}
-
-/// A retry budget (based on Finagle's `RetryBudget` and linkerd's): over the last
-/// `window`, retries (and hedged requests) may number at most
-/// `min_retries_per_second x window + ratio x requests`. Deposit once per original
-/// request ([`RetryBudget::deposit`]), withdraw once per retry
-/// ([`RetryBudget::try_withdraw`], which says whether it may go). Counts are kept in 10
-/// buckets of `window / 10`, so old traffic ages out smoothly.
-#[derive(Clone, Debug)]
-pub struct RetryBudget {
-    config: RetryBudgetConfig,
-    bucket_len: Duration,
-    buckets: [Bucket; BUCKETS],
-}
-
-impl RetryBudget {
-    /// An empty budget (only the floor is available).
-    pub fn new(config: RetryBudgetConfig) -> Self {
-        RetryBudget {
-            bucket_len: (config.window / BUCKETS as u32).max(Duration::from_millis(1)),
-            config,
-            buckets: [Bucket::default(); BUCKETS],
-        }
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &RetryBudgetConfig {
-        &self.config
-    }
-
-    fn epoch(&self, now: Time) -> u64 {
-        (now.as_elapsed().as_nanos() / self.bucket_len.as_nanos()) as u64
-    }
-
-    fn bucket(&mut self, now: Time) -> &mut Bucket {
-        let e = self.epoch(now);
-        let b = &mut self.buckets[(e % BUCKETS as u64) as usize];
-        if b.epoch != e {
-            *b = Bucket {
-                epoch: e,
-                ..Default::default()
-            };
-        }
-        b
-    }
-
-    fn totals(&self, now: Time) -> (u64, u64) {
-        let e = self.epoch(now);
-        self.buckets
-            .iter()
-            .filter(|b| b.epoch + (BUCKETS as u64) > e && b.epoch <= e)
-            .fold((0, 0), |(q, r), b| (q + b.requests, r + b.retries))
-    }
-
-    /// Records an original request (not a retry).
-    pub fn deposit(&mut self, now: Time) {
-        self.bucket(now).requests += 1;
-    }
-
-    /// Retries still allowed now.
-    pub fn available(&self, now: Time) -> u64 {
-        let (requests, retries) = self.totals(now);
-        let allowed = f64::from(self.config.min_retries_per_second)
-            * self.config.window.as_secs_f64()
-            + self.config.ratio * requests as f64;
-        (allowed.floor() as u64).saturating_sub(retries)
-    }
-
-    /// Takes one retry from the budget if one is available; false means: do not retry.
-    pub fn try_withdraw(&mut self, now: Time) -> bool {
-        if self.available(now) == 0 {
-            return false;
-        }
-        self.bucket(now).retries += 1;
-        true
-    }
-
-    /// Records `n` original requests at once: the same as `n` calls of
-    /// [`RetryBudget::deposit`] at `now` (for drivers that aggregate requests per tick,
-    /// such as the simulator).
-    pub fn deposit_many(&mut self, now: Time, n: u64) {
-        self.bucket(now).requests += n;
-    }
-
-    /// Takes up to `n` retries from the budget at once and returns how many may go: the
-    /// same as counting the successes of `n` calls of [`RetryBudget::try_withdraw`] at
-    /// `now`.
-    pub fn withdraw_up_to(&mut self, now: Time, n: u64) -> u64 {
-        let granted = self.available(now).min(n);
-        self.bucket(now).retries += granted;
-        granted
     }
 }
 

@@ -44,6 +44,16 @@ pub enum Policies {
     Naive,
 }
 
+impl Policies {
+    /// `vigil` or `naive`, as the summary and the report label a run.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policies::Vigil => "vigil",
+            Policies::Naive => "naive",
+        }
+    }
+}
+
 /// Runs a scenario with the given policies and seed.
 pub fn run(
     scenario: &Scenario,
@@ -52,8 +62,8 @@ pub fn run(
     progress: &mut dyn FnMut(f64),
 ) -> Outcome {
     match policies {
-        Policies::Vigil => sim::run(&scenario.config, seed, false, progress),
-        Policies::Naive => sim::run(&scenario.config.naive(), seed, true, progress),
+        Policies::Vigil => sim::run(&scenario.config, seed, policies, progress),
+        Policies::Naive => sim::run(&scenario.config.naive(), seed, policies, progress),
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::Checked;
 use crate::scenario::Scenario;
-use crate::sim::{Decision, Mark, Outcome, Sample};
+use crate::sim::{DecisionMark, Mark, Outcome, Sample};
 use crate::summary::Summary;
 use std::fmt::Write as _;
 
@@ -51,7 +51,7 @@ struct Chart<'a> {
     lines: Vec<Line<'a>>,
     shading: Vec<(f64, f64, &'a str)>,
     marks: &'a [Mark],
-    decisions: &'a [Decision],
+    decisions: &'a [DecisionMark],
 }
 
 /// Colour of a policy decision's marker.

@@ -1,5 +1,6 @@
 //! A run's numbers, and how they are shown in a terminal (one column per run).
 
+use crate::Policies;
 use crate::expect::{Expectation, format_duration};
 use crate::scenario::ScenarioConfig;
 use std::fmt::Write as _;
@@ -98,10 +99,10 @@ pub struct Summary {
 
 impl Summary {
     /// An empty summary for a run of `cfg`.
-    pub fn new(cfg: &ScenarioConfig, seed: u64, naive: bool) -> Self {
+    pub fn new(cfg: &ScenarioConfig, seed: u64, policies: Policies) -> Self {
         Summary {
             scenario: cfg.name.clone(),
-            policies: if naive { "naive" } else { "vigil" },
+            policies: policies.as_str(),
             seed,
             servers: cfg.fleet.servers,
             duration: cfg.duration,

@@ -17,7 +17,7 @@
 //! - 200 for pass and warn, 503 for fail; `Content-Type: application/health+json`,
 //!   `Cache-Control: no-store`.
 
-use crate::health::Shared;
+use crate::shared::Shared;
 use axum::Router;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};

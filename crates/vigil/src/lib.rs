@@ -32,7 +32,8 @@
 //! Modules:
 //! - [`check`]: the [`Check`] trait and [`FnCheck`].
 //! - [`health`]: the registry ([`HealthBuilder`]) and the handle ([`Health`]).
-//! - `checker` / `watchdog`: the background checker and the task that restarts it.
+//! - `background` / `watchdog`: the background checker and the task that restarts it;
+//!   `shared`: the checker state both share with the handle and the endpoints.
 //! - [`snapshot`]: the immutable [`Snapshot`] endpoints read.
 //! - [`endpoints`]: `/livez`, `/readyz`, `/healthz`, `/health`.
 //! - [`reserved`]: the endpoints on a dedicated thread and port ([`ReservedServer`]).
@@ -41,14 +42,15 @@
 //! - [`heartbeat`]: signed heartbeats to `vigil controller`, for processes no prober reaches.
 //! - [`worker`]: queue-worker health: the gate that stops a sick worker pulling, with
 //!   RabbitMQ (feature `rabbitmq`) and NATS JetStream (feature `nats`) adapters.
-//! - [`checks`]: built-in checks. [`options`]: [`CheckOptions`], [`HealthConfig`].
+//! - [`builtin`]: built-in checks (also reachable as `vigil::checks`, their first name).
+//! - [`options`]: [`CheckOptions`], [`HealthConfig`].
 //! - `systemd` (feature `systemd`): `Type=notify` readiness, reload, stop and watchdog.
 
 #[cfg(feature = "agent-check")]
 pub mod agent;
+mod background;
+pub mod builtin;
 pub mod check;
-mod checker;
-pub mod checks;
 pub mod endpoints;
 #[cfg(feature = "grpc")]
 pub mod grpc;
@@ -57,6 +59,7 @@ pub mod heartbeat;
 pub mod metrics;
 pub mod options;
 pub mod reserved;
+mod shared;
 pub mod shed;
 pub mod shutdown;
 pub mod snapshot;
@@ -65,6 +68,8 @@ pub mod systemd;
 mod watchdog;
 pub mod worker;
 
+/// The built-in checks under their first name: the same module as [`builtin`].
+pub use builtin as checks;
 pub use check::{Check, DynCheck, FnCheck, Observation};
 pub use health::{BuildError, CheckKind, CheckerFault, Health, HealthBuilder};
 pub use options::{CheckOptions, HealthConfig};

@@ -22,7 +22,7 @@
 //! it, and everyone else gets the 0.0.4 text format, with the family names fixed.
 //! `vigil lb`'s and `vigil controller`'s `/metrics` use the same function.
 
-use crate::health::{CheckKind, Shared};
+use crate::shared::{CheckKind, Shared};
 use crate::shed::ShedStats;
 use crate::{Health, Lifecycle};
 use prometheus_client::collector::Collector;

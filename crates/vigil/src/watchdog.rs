@@ -15,9 +15,9 @@
 //! - Readers do not rely on the watchdog alone: [`crate::Snapshot::ready_now`] fails a
 //!   snapshot older than `stale_after` by itself, which covers a dead watchdog too.
 
-use crate::checker::panic_message;
-use crate::health::Shared;
+use crate::background::panic_message;
 use crate::options::MAX_RESTART_BACKOFF;
+use crate::shared::Shared;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -114,7 +114,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
 }
 
 fn spawn_checker(shared: &Arc<Shared>) -> JoinHandle<()> {
-    let handle = tokio::spawn(crate::checker::run(shared.clone()));
+    let handle = tokio::spawn(crate::background::run(shared.clone()));
     *shared
         .checker_abort
         .lock()

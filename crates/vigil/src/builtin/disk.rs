@@ -100,7 +100,7 @@ impl FromStr for Amount {
 /// available to an unprivileged process (root's reserved blocks excluded, as `df` does).
 ///
 /// ```
-/// use vigil::checks::{Amount, DiskSpace};
+/// use vigil::builtin::{Amount, DiskSpace};
 /// let check = DiskSpace::new("/var/lib/app")
 ///     .warn_below(Amount::Percent(15.0))
 ///     .fail_below(Amount::Bytes(1 << 30));

@@ -14,7 +14,7 @@
 //! - The loop beats (publishes, refreshing the watchdog's view) at least every
 //!   heartbeat, whatever the checks do.
 
-use crate::health::{CheckerFault, Shared};
+use crate::shared::{CheckerFault, Shared};
 use futures::FutureExt;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;

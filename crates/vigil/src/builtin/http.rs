@@ -33,7 +33,7 @@ enum Expect {
 /// works. Observed value: response time in milliseconds.
 ///
 /// ```
-/// use vigil::checks::HttpGet;
+/// use vigil::builtin::HttpGet;
 /// let plain = HttpGet::new("http://127.0.0.1:9000/ping").unwrap().expect_status(204);
 /// let deep = HttpGet::new("http://127.0.0.1:9001/health").unwrap().health_json();
 /// ```

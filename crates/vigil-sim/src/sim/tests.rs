@@ -1,0 +1,384 @@
+use super::model::{DepCond, FaultRamp, Gc, Ramped};
+use super::*;
+use crate::clients::Tally;
+use crate::scenario::Scenario;
+use std::path::Path;
+use vigil_core::Status;
+
+fn busy_scenario() -> Scenario {
+    // Every kind of event: kills, a gray failure, a dependency spell, a lost zone,
+    // a disk filling, a controller restart, a queue.
+    Scenario::parse(
+        Path::new("t.toml"),
+        r#"
+duration = "20m"
+[fleet]
+servers = 12
+[[dependencies]]
+name = "db"
+request_fraction = 0.5
+[queue]
+rate = 50.0
+[[faults]]
+at = "1m"
+kind = "kill"
+target = "server:1"
+[[faults]]
+at = "2m"
+kind = "gray"
+target = "server:2"
+error_rate = 0.5
+[[faults]]
+at = "3m"
+kind = "dependency"
+dependency = "db"
+error_rate = 0.3
+affected = 0.5
+duration = "5m"
+[[faults]]
+at = "9m"
+kind = "zone_down"
+zone = 1
+duration = "4m"
+[[faults]]
+at = "4m"
+kind = "disk_fill"
+target = "server:5"
+fill_in = "3m"
+[[faults]]
+at = "10m"
+kind = "controller_restart"
+"#,
+    )
+    .expect("valid scenario")
+}
+
+#[test]
+fn same_seed_same_run_different_seed_different_run() {
+    let s = busy_scenario();
+    let a = run(&s.config, 7, Policies::Vigil, &mut |_| {});
+    let b = run(&s.config, 7, Policies::Vigil, &mut |_| {});
+    assert_eq!(a.summary, b.summary, "same seed, same numbers");
+    assert_eq!(a.series, b.series, "same seed, same timeline");
+    assert_eq!(a.log, b.log, "same seed, same events");
+    let c = run(&s.config, 8, Policies::Vigil, &mut |_| {});
+    assert_ne!(a.summary, c.summary, "the seed must matter");
+}
+
+#[test]
+fn a_run_accounts_for_every_request_and_sees_its_faults() {
+    let s = busy_scenario();
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
+    let sum: u64 = o.series.iter().map(|x| x.requests).sum();
+    assert_eq!(sum, o.summary.requests, "the timeline adds up to the total");
+    assert!(o.summary.client_errors > 0, "faults cost something");
+    assert!(o.summary.ejections > 0, "the gray failure is ejected");
+    assert!(
+        o.summary.controller_actions > 0,
+        "the dead server is replaced"
+    );
+    assert_eq!(o.marks.len(), 6, "every fault is marked");
+    assert!(o.summary.messages_delivered > 0, "the queue is consumed");
+}
+
+fn sim_for(src: &str) -> Scenario {
+    Scenario::parse(Path::new("t.toml"), src).expect("valid scenario")
+}
+
+/// Twenty servers in two zones, a `deploy` fault at 2m with `extra` keys and a rollout
+/// of waves of at most 4 hosts, 1 minute of bake.
+fn deploy_scenario(extra: &str) -> Scenario {
+    sim_for(&format!(
+        "duration = \"40m\"\n[fleet]\nservers = 20\nzones = 2\n\
+         [[faults]]\nat = \"2m\"\nkind = \"deploy\"\nwaves = [0.5, 1.0]\n\
+         wave_interval = \"5m\"\n{extra}\n\
+         [faults.rollout]\nmax_wave = 4\nbake = \"1m\"\nprogress_deadline = \"2m\"\n"
+    ))
+}
+
+#[test]
+fn a_good_revision_rolls_out_in_floor_sized_waves_one_zone_at_a_time() {
+    let s = deploy_scenario("error_rate = 0.0\nreadiness = \"passes\"");
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
+    // 20 hosts, at most 4 per wave, a wave never spans the two zones of 10: 3 waves
+    // per zone.
+    assert_eq!(o.summary.deploy_waves, 6, "{:#?}", o.log);
+    assert_eq!(o.summary.rollbacks, 0);
+    assert!(
+        o.log
+            .iter()
+            .any(|(_, l)| l.contains("completed") || l.contains("every host runs")),
+        "{:#?}",
+        o.log
+    );
+    assert_eq!(o.summary.client_errors, 0);
+}
+
+#[test]
+fn a_revision_failing_requests_behind_a_passing_readiness_is_rolled_back_by_its_error_rate() {
+    // /readyz passes, 20% of requests fail: only the rollout's error-rate samples see
+    // it, during the bake of the first wave.
+    let s = deploy_scenario("error_rate = 0.2\nreadiness = \"passes\"");
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
+    assert_eq!(o.summary.deploy_waves, 1, "{:#?}", o.log);
+    assert_eq!(o.summary.rollbacks, 1, "{:#?}", o.log);
+    assert!(
+        o.log
+            .iter()
+            .any(|(_, l)| l.contains("deploy:") && l.contains("error rate")),
+        "the log says why: {:#?}",
+        o.log
+    );
+    // The timer rollout pushes both waves.
+    let naive = run(&s.config.naive(), 1, Policies::Naive, &mut |_| {});
+    assert_eq!(naive.summary.deploy_waves, 2);
+    assert!(naive.summary.client_errors > 10 * o.summary.client_errors.max(1));
+}
+
+/// Ten queue workers; `faults` appended.
+fn queue_scenario(controller: &str, faults: &str) -> Scenario {
+    sim_for(&format!(
+        "duration = \"20m\"\n[fleet]\nservers = 10\n[clients]\nrate = 0.0\n\
+         [queue]\nrate = 100.0\n[controller]\nmode = \"{controller}\"\n{faults}"
+    ))
+}
+
+#[test]
+fn the_kill_switch_alone_pauses_a_black_hole_for_longer_and_longer() {
+    // Controller off: only the worker's own gate can see a failure its checks pass.
+    let s = queue_scenario(
+        "off",
+        "[[faults]]\nat = \"2m\"\nkind = \"gray\"\ntarget = \"server:3\"\nerror_rate = 1.0\n",
+    );
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
+    let naive = run(&s.config.naive(), 1, Policies::Naive, &mut |_| {});
+    let rate = o.summary.metric("message_failure_rate").unwrap();
+    let naive_rate = naive.summary.metric("message_failure_rate").unwrap();
+    // 18 minutes of black hole: pauses of 1, 2, 4, 8 minutes, each after a probation
+    // of 10 messages; never pulling freely again.
+    assert!(
+        (3..=6).contains(&o.summary.worker_pauses),
+        "pauses doubling, not toggling: {}",
+        o.summary.worker_pauses
+    );
+    assert!(rate < 0.01, "vigil {rate}");
+    assert!(naive_rate > 0.5, "naive {naive_rate}");
+    assert!(
+        o.log
+            .iter()
+            .any(|(_, l)| l.contains("kill switch") && l.contains("server-0003")),
+        "the log says which worker paused and why"
+    );
+    assert_eq!(o.summary.controller_actions, 0);
+}
+
+#[test]
+fn workers_failing_alike_are_not_outliers_and_nobody_is_replaced() {
+    // Every worker fails 30% of its messages: a shared cause (a bad dependency), not
+    // a sick worker. The peer comparison finds nobody; the kill switches pause them
+    // all (locally), and the controller replaces none.
+    let s = queue_scenario(
+        "guarded",
+        "[[faults]]\nat = \"2m\"\nkind = \"gray\"\ntarget = \"all\"\nerror_rate = 0.3\n",
+    );
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
+    assert_eq!(o.summary.controller_actions, 0, "{:?}", o.log);
+    assert!(
+        !o.log
+            .iter()
+            .any(|(_, l)| l.contains("far more than its peers")),
+        "nobody is an outlier"
+    );
+    // The same fault on one worker: it is the outlier, and only it is replaced.
+    let s = queue_scenario(
+        "guarded",
+        "[[faults]]\nat = \"2m\"\nkind = \"gray\"\ntarget = \"server:6\"\nerror_rate = 0.3\n",
+    );
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
+    assert_eq!(o.summary.controller_actions, 1, "{:?}", o.log);
+    assert!(
+        o.log
+            .iter()
+            .any(|(_, l)| l.contains("far more than its peers") && l.contains("server-0006")),
+        "{:?}",
+        o.log
+    );
+}
+
+#[test]
+fn ramps_grow_linearly_to_their_size() {
+    let r = FaultRamp {
+        start: Time::from_secs(100),
+        len: Duration::from_secs(200),
+    };
+    assert_eq!(r.progress(Time::from_secs(50)), 0.0, "not before it starts");
+    assert_eq!(r.progress(Time::from_secs(100)), 0.0);
+    assert_eq!(r.progress(Time::from_secs(150)), 0.25);
+    assert_eq!(r.progress(Time::from_secs(300)), 1.0);
+    assert_eq!(r.progress(Time::from_secs(900)), 1.0, "and stays there");
+    assert_eq!(r.reaches(0.5), Time::from_secs(200));
+    let slow = Ramped {
+        to: 3.0,
+        ramp: Some(r),
+    };
+    assert_eq!(slow.at(Time::from_secs(200)), 1.5);
+    assert_eq!(
+        Ramped {
+            to: 3.0,
+            ramp: None
+        }
+        .at(Time::ZERO),
+        3.0
+    );
+    // A ramped dependency fault grows from the dependency's usual error rate.
+    let c = DepCond {
+        error_rate: 0.5,
+        extra_latency: Duration::from_secs(2),
+        affected: 1.0,
+        key: 1,
+        ramp: Some(r),
+        from_error_rate: 0.1,
+    };
+    assert!((c.error_rate_at(Time::from_secs(200)) - 0.3).abs() < 1e-12);
+    assert_eq!(c.extra_at(Time::from_secs(150)), 0.5);
+}
+
+#[test]
+fn checks_time_out_when_the_answer_is_slower_than_their_timeout() {
+    let s = sim_for("[fleet]\nservers = 4\n[[dependencies]]\nname = \"db\"\n");
+    let mut sim = Sim::new(&s.config, 1, Policies::Vigil);
+    let now = Time::from_secs(60);
+    let timeout = Duration::from_secs(2);
+    assert!(
+        sim.probe(0, now, false, timeout).ok,
+        "a healthy server answers"
+    );
+    // A host slower than the check timeout: the check times out, even on the
+    // reserved health thread.
+    sim.servers[0].slow = Ramped {
+        to: 2.5,
+        ramp: None,
+    };
+    let p = sim.probe(0, now, false, timeout);
+    assert!(!p.ok && p.endpoint_failed, "{p:?}");
+    assert_eq!((p.detail, p.latency), (TIMEOUT, timeout));
+    // Slower, but within the timeout: it answers, late.
+    sim.servers[0].slow = Ramped {
+        to: 1.5,
+        ramp: None,
+    };
+    let p = sim.probe(0, now, false, timeout);
+    assert!(p.ok, "{p:?}");
+    assert!(p.latency > Duration::from_millis(1500));
+    // The background dependency check times out against a slow database: /health
+    // fails with the dependency's check, /readyz does not notice.
+    sim.deps[0].history.push((
+        Time::ZERO,
+        DepCond {
+            error_rate: 0.0,
+            extra_latency: Duration::from_secs(3),
+            affected: 1.0,
+            key: 1,
+            ramp: None,
+            from_error_rate: 0.0,
+        },
+    ));
+    let (failing, status) = sim.checks(1, now, true);
+    assert_eq!(status, Status::Fail);
+    assert_eq!(sim.check_names(failing), vec!["db:connect".to_string()]);
+    assert_eq!(sim.checks(1, now, false).1, Status::Pass);
+}
+
+#[test]
+fn slow_requests_hold_workers_and_answer_late() {
+    let s = sim_for("[fleet]\nservers = 2\nzones = 1\nbrownout = 0.0\n");
+    let mut sim = Sim::new(&s.config, 1, Policies::Vigil);
+    sim.tick_fail_prob = Some(0.0);
+    // Healthy: 400 requests in a second, all in time.
+    let (t, _) = sim.serve(1, 400, false);
+    assert_eq!(
+        t,
+        Tally {
+            ok: 400,
+            ..Tally::default()
+        }
+    );
+    // 480 ms more per request: 16 workers serve 32 a second, the queue holds what a
+    // healthy server answers in 1 s (784 requests), the rest is shed; all late (no
+    // brownout here, to keep the figures round).
+    sim.servers[0].slow = Ramped {
+        to: 0.48,
+        ramp: None,
+    };
+    let (t, _) = sim.serve(0, 1000, false);
+    assert_eq!(t.ok + t.timeout, 32, "{t:?}");
+    assert_eq!(t.err, 1000 - 32 - 784, "shed beyond the queue: {t:?}");
+    assert_eq!(sim.servers[0].backlog, 784);
+    let (t, _) = sim.serve(0, 0, false);
+    assert_eq!(t.timeout, 32, "queued behind 24 s of work: late");
+}
+
+#[test]
+fn retries_and_latency_are_deterministic_per_seed() {
+    let s = sim_for(
+        r#"
+duration = "10m"
+[fleet]
+servers = 10
+service_time_p99 = "200ms"
+max_queue_wait = "5s"
+[clients]
+retry = "backoff"
+[lb.retries]
+max_retries = 2
+per_try_timeout = "500ms"
+[[dependencies]]
+name = "db"
+request_fraction = 0.5
+[[faults]]
+at = "1m"
+kind = "latency"
+target = "servers:0-1"
+latency = "2s"
+ramp = "3m"
+[[faults]]
+at = "2m"
+kind = "dependency"
+dependency = "db"
+error_rate = 0.2
+latency = "800ms"
+ramp = "1m"
+duration = "2m"
+"#,
+    );
+    let a = run(&s.config, 3, Policies::Vigil, &mut |_| {});
+    let b = run(&s.config, 3, Policies::Vigil, &mut |_| {});
+    assert_eq!(a.summary, b.summary, "same seed, same numbers");
+    assert_eq!(a.series, b.series, "same seed, same timeline");
+    assert_eq!(a.log, b.log, "same seed, same events");
+    assert!(a.summary.client_retries > 0 && a.summary.lb_retries > 0);
+    assert!(a.summary.request_timeouts > 0);
+    let sum: u64 = a.series.iter().map(|x| x.requests).sum();
+    assert_eq!(sum, a.summary.requests, "the timeline adds up to the total");
+    let c = run(&s.config, 4, Policies::Vigil, &mut |_| {});
+    assert_ne!(a.summary, c.summary, "the seed must matter");
+}
+
+#[test]
+fn gc_pause_fraction_and_remaining() {
+    let g = Gc {
+        start: Time::from_secs(10),
+        pause: Duration::from_millis(500),
+        every: Duration::from_secs(2),
+    };
+    assert_eq!(g.remaining(Time::from_secs(9)), None);
+    assert_eq!(
+        g.remaining(Time::from_millis(10_100)),
+        Some(Duration::from_millis(400))
+    );
+    assert_eq!(g.remaining(Time::from_millis(10_600)), None);
+    let f = g.paused_fraction(Time::from_secs(10), Duration::from_secs(1));
+    assert!((f - 0.5).abs() < 1e-9, "{f}");
+    let f = g.paused_fraction(Time::from_secs(11), Duration::from_secs(1));
+    assert!(f.abs() < 1e-9, "{f}");
+}
