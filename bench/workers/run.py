@@ -21,8 +21,8 @@ then drained (bounded) and counted. Printed per pool:
 - detection: black hole switched on -> the controller's first action (and on whom), and
   -> the worker paused by its own kill switch (never, for the naive pool);
 - conservation: published (confirmed by the broker) = acknowledged (the workers'
-  `processed`) + dead-lettered (messages in `<queue>.dead`, counted by the broker with
-  a passive declare through `rabbitmqctl list_queues`) + left in the queue.
+  `processed`) + dead-lettered (messages in `<queue>.dead`) + left in the queue, the
+  queues counted by the broker (`rabbitmqctl list_queues`).
 
 Usage: bench/workers/run.py [--warmup 20] [--run 60] [--rate 40] [--work-time 50ms]
 The binary is $VIGIL, or target/release/vigil (built if missing). Bounded: warmup + run
