@@ -221,6 +221,8 @@ fn start_demo(base: u16, dir: &std::path::Path) -> (Demo, std::process::ChildStd
         .arg("--data-dir")
         .arg(dir)
         .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
+        // The services' keys (the queue's: tests/demo_queue.rs).
+        .arg("--no-queue")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -484,6 +486,8 @@ async fn heavy_demo_piped_into_tee_stops_on_ctrl_c_without_panic_or_leftovers() 
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
+        // The services' keys (the queue's: tests/demo_queue.rs).
+        .arg("--no-queue")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&errs).unwrap())

@@ -12,6 +12,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+/// Connects to `amqp` and opens a channel.
+pub async fn connect(amqp: &str) -> anyhow::Result<(Connection, Channel)> {
+    let conn = Connection::connect(amqp, ConnectionProperties::default())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to RabbitMQ at {amqp}: {e}"))?;
+    let channel = conn.create_channel().await?;
+    Ok((conn, channel))
+}
+
 /// Declares `queue` and `<queue>.dead` (durable) if missing, as the example worker does.
 pub async fn declare_queues(channel: &Channel, queue: &str) -> anyhow::Result<()> {
     for q in [queue.to_string(), format!("{queue}.dead")] {
@@ -80,10 +89,7 @@ impl Producer {
             rate.is_finite() && rate > 0.0,
             "rate must be above 0, not {rate}"
         );
-        let conn = Connection::connect(amqp, ConnectionProperties::default())
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot connect to RabbitMQ at {amqp}: {e}"))?;
-        let channel = conn.create_channel().await?;
+        let (conn, channel) = connect(amqp).await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
@@ -179,12 +185,7 @@ pub fn run(args: Args) -> std::process::ExitCode {
     runtime.block_on(async move {
         let result = async {
             if args.purge {
-                let conn = Connection::connect(&args.amqp, ConnectionProperties::default())
-                    .await
-                    .map_err(|e| {
-                        anyhow::anyhow!("cannot connect to RabbitMQ at {}: {e}", args.amqp)
-                    })?;
-                let channel = conn.create_channel().await?;
+                let (_conn, channel) = connect(&args.amqp).await?;
                 declare_queues(&channel, &args.queue).await?;
                 purge_queues(&channel, &args.queue).await?;
             }
