@@ -1532,6 +1532,7 @@ impl Engine {
             targets,
             events: self.events.iter().cloned().collect(),
             store_error: self.failing.clone(),
+            workers: self.verdicts.values().cloned().collect(),
             answers: Default::default(),
         }
     }
