@@ -1,5 +1,6 @@
-//! End-to-end: `vigil demo` starts a fleet, a balancer and a controller. The tour: every
-//! key of the README's table, in order, with a reset between, does what the table says
+//! End-to-end: `vigil demo` starts a fleet, a balancer and a controller (`--no-queue`:
+//! the queue's keys are tests/demo_queue.rs'). The tour: every service key of the
+//! README's table, in order, with a reset between, does what the table says
 //! (a killed server is taken out and acted on, a local failure too, a dependency failure
 //! on one server too, a brownout is a warn nobody acts on, a flapping server is damped,
 //! every dependency failing makes the balancer fail open and the controller freeze), and

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 // A port block away from tests/demo.rs' (17800, 17900).
 const BASE: u16 = 18000;
-const DEADLINE: Duration = Duration::from_secs(120);
+const DEADLINE: Duration = Duration::from_secs(60);
 
 struct Demo(Child);
 
@@ -89,15 +89,15 @@ async fn actions(ctl: &str) -> Option<Vec<Value>> {
         .cloned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_black_hole_key_pauses_worker_3_and_the_controller_acts_on_it_once() {
-    let dir = tempfile::tempdir().unwrap();
+/// Starts `vigil demo` on `base` with `--break fault` 15 s in; its narration echoed
+/// and kept. Returns once its queue runs.
+async fn start_demo(base: u16, fault: &str, dir: &std::path::Path) -> (Demo, Narration) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_vigil"))
-        .args(["demo", "--base-port", &BASE.to_string()])
+        .args(["demo", "--base-port", &base.to_string()])
         .args(["--services", "2", "--rps", "5"])
-        .args(["--break", "black-hole", "--break-after", "15s"])
+        .args(["--break", fault, "--break-after", "15s"])
         .arg("--data-dir")
-        .arg(dir.path())
+        .arg(dir)
         .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -118,12 +118,32 @@ async fn demo_black_hole_key_pauses_worker_3_and_the_controller_acts_on_it_once(
             kept.lock().unwrap().push(line);
         }
     });
-    let ctl = format!("http://127.0.0.1:{}", BASE + 2);
     wait_for("the demo runs its queue", || async {
         (said(&narration, &["queue", "4 workers"]) && said(&narration, &["worker-4", "/worker"]))
             .then_some(())
     })
     .await;
+    (demo, narration)
+}
+
+/// Worker `id`'s report, at the address the demo's banner gave.
+async fn worker_report(narration: &Narration, id: &str) -> Option<Value> {
+    let url = narration
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|l| l.trim_start().starts_with(&format!("{id} ")))?
+        .split_whitespace()
+        .nth(1)?
+        .to_string();
+    get_json(&url).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_demo_black_hole_key_pauses_worker_3_and_the_controller_acts_on_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (demo, narration) = start_demo(BASE, "black-hole", dir.path()).await;
+    let ctl = format!("http://127.0.0.1:{}", BASE + 2);
     assert!(
         actions(&ctl).await.is_some_and(|a| a.is_empty()),
         "nothing acted on before the key"
@@ -193,4 +213,46 @@ async fn demo_black_hole_key_pauses_worker_3_and_the_controller_acts_on_it_once(
             "child {pid} left behind"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_demo_worker_disk_key_stops_worker_2_pulling_and_no_message_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_demo, narration) = start_demo(BASE + 20, "worker-disk", dir.path()).await;
+    let ctl = format!("http://127.0.0.1:{}", BASE + 20 + 2);
+    wait_for("worker-2 stops pulling on its disk check", || async {
+        said(&narration, &["worker-2 STOPPED PULLING", "disk:free"]).then_some(())
+    })
+    .await;
+    let stopped = worker_report(&narration, "worker-2").await.unwrap();
+    let peers = |r: &[Value]| -> u64 { r.iter().map(|r| r["processed"].as_u64().unwrap()).sum() };
+    let mut before = Vec::new();
+    for id in ["worker-1", "worker-3", "worker-4"] {
+        before.push(worker_report(&narration, id).await.unwrap());
+    }
+    // Its peers take the queue: 100 messages more, none of them on worker-2.
+    let after = wait_for("its peers process 100 more messages", || async {
+        let mut now = Vec::new();
+        for id in ["worker-1", "worker-3", "worker-4"] {
+            now.push(worker_report(&narration, id).await?);
+        }
+        (peers(&now) >= peers(&before) + 100).then_some(now)
+    })
+    .await;
+    let sick = worker_report(&narration, "worker-2").await.unwrap();
+    assert_eq!(
+        sick["processed"], stopped["processed"],
+        "a worker that stopped pulling takes nothing: {sick}"
+    );
+    for r in after.iter().chain([&sick]) {
+        assert_eq!(r["failed"], 0, "no message fails: {r}");
+    }
+    // Its heartbeat's health fails: the controller acts on it as on a full disk.
+    let acted = wait_for("the controller acts on worker-2", || async {
+        actions(&ctl).await.filter(|a| !a.is_empty())
+    })
+    .await;
+    assert_eq!(acted[0]["target"], "worker-2", "{acted:#?}");
+    let summary = acted[0]["event"]["summary"].as_str().unwrap_or("");
+    assert!(summary.contains("disk:free"), "{summary}");
 }

@@ -29,6 +29,12 @@ const RATE: f64 = 40.0;
 const WORK_TIME: &str = "50ms";
 /// The demo controller's heartbeat secret (the demo is local-only).
 const HEARTBEAT_SECRET: &str = "vigil-demo-heartbeat";
+/// The demo controller's comparison window. The black hole's own kill switch pauses it
+/// as soon as more than 10% of its last minute's messages failed, which over the
+/// default 60 s window is just at the comparison's 10% floor: it would be found only
+/// once its successes from before the fault age out, up to a minute later. Over 20 s
+/// they age out within seconds, and its failures keep the volume up meanwhile.
+const ANOMALY_WINDOW: &str = "20s";
 /// The worker `w` breaks the disk of (worker-2) and the one `h` makes a black hole
 /// (worker-3), 0-based.
 const DISK_WORKER: usize = 1;
@@ -62,7 +68,9 @@ pub(super) async fn reachable() -> Result<()> {
 pub(super) fn controller_toml() -> String {
     let mut t = format!(
         "\n# The queue's workers push signed heartbeats; the controller compares them.\n\
-         [heartbeat]\nsecret = \"{HEARTBEAT_SECRET}\"\n"
+         [heartbeat]\nsecret = \"{HEARTBEAT_SECRET}\"\n\
+         # Judged over 20 s (default 60 s): a black hole that paused itself is found in seconds.\n\
+         [anomaly]\nwindow = \"{ANOMALY_WINDOW}\"\nbucket = \"2s\"\n"
     );
     for i in 0..WORKERS {
         t += &format!(
