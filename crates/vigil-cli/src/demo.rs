@@ -40,6 +40,8 @@ macro_rules! say {
     }};
 }
 
+mod queue;
+
 /// Services in the fleet by default: enough to show one ejection (1/6 stays far from the
 /// panic threshold and the controller's 30% cap) and fail-open when all break.
 pub const DEFAULT_SERVICES: u16 = 6;
@@ -83,6 +85,11 @@ pub enum Fault {
     /// Every service's database becomes unreachable: a shared dependency outage. The
     /// balancer fails open, the controller freezes and blames the shared dependency.
     AllDeps,
+    /// Worker-2's disk check demands 100% free: it stops pulling, no message fails.
+    WorkerDisk,
+    /// Worker-3 fails every message fast, every check passing: the controller finds it
+    /// among its peers and acts once.
+    BlackHole,
     /// Clear every injected fault, start a killed service again, and start the controller
     /// again on a fresh store (full action budget, no flap penalty, no hold).
     Reset,
@@ -119,6 +126,10 @@ pub struct DemoArgs {
     /// falls back quietly to its own SQLite file when it is not reachable).
     #[arg(long)]
     pub db: Option<String>,
+    /// Run without the queue (workers on the machine's RabbitMQ), even when it is
+    /// reachable.
+    #[arg(long)]
+    pub no_queue: bool,
 }
 
 /// The ports of one demo run.
@@ -188,12 +199,16 @@ pub fn run(args: DemoArgs) -> ExitCode {
 
 struct Fleet {
     children: BTreeMap<String, Child>,
+    queue: Option<queue::Queue>,
 }
 
 impl Fleet {
     /// Stops every child: SIGTERM, then SIGKILL for those still running after the grace.
     /// Every child is waited for (reaped), so none is left behind as a zombie.
     async fn stop(&mut self) {
+        if let Some(q) = self.queue.take() {
+            q.stop().await;
+        }
         for child in self.children.values() {
             if let Some(pid) = child.id() {
                 signal(pid, rustix::process::Signal::TERM);
@@ -246,7 +261,20 @@ async fn demo(args: DemoArgs) -> Result<()> {
 
     let names: Vec<String> = (1..=args.services).map(|i| format!("svc-{i}")).collect();
     write_lb_config(&dir, &ports)?;
-    write_controller_config(&dir, &ports, &names, 1)?;
+    let with_queue = !args.no_queue
+        && match queue::reachable().await {
+            Ok(()) => true,
+            Err(e) => {
+                say!("demo: no queue: RabbitMQ is not reachable ({e:#}); running without it");
+                false
+            }
+        };
+    let controller_extra = if with_queue {
+        queue::controller_toml()
+    } else {
+        String::new()
+    };
+    write_controller_config(&dir, &ports, &names, 1, &controller_extra)?;
 
     let launcher = Launcher {
         exe: &exe,
@@ -254,9 +282,12 @@ async fn demo(args: DemoArgs) -> Result<()> {
         ports: &ports,
         names: &names,
         db: args.db.as_deref(),
+        with_queue,
+        controller_extra: &controller_extra,
     };
     let mut fleet = Fleet {
         children: BTreeMap::new(),
+        queue: None,
     };
     let result = run_fleet(&args, &launcher, &mut fleet).await;
     eprintln!("demo: stopping {} processes", fleet.children.len());
@@ -276,6 +307,10 @@ struct Launcher<'a> {
     ports: &'a Ports,
     names: &'a [String],
     db: Option<&'a str>,
+    /// Whether the demo runs its queue (RabbitMQ reachable, no `--no-queue`).
+    with_queue: bool,
+    /// The queue's part of the controller's config.
+    controller_extra: &'a str,
 }
 
 impl Launcher<'_> {
@@ -339,6 +374,9 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
         .pool_max_idle_per_host(64)
         .build()?;
     wait_until_up(&client, ports, fleet).await?;
+    if launcher.with_queue {
+        fleet.queue = Some(queue::start(launcher, fleet).await?);
+    }
 
     let lb = format!("http://127.0.0.1:{}", ports.lb);
     let admin = format!("http://127.0.0.1:{}", ports.lb_admin);
@@ -359,10 +397,14 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
             "  {name:<18} http://127.0.0.1:{app}/  health http://127.0.0.1:{health}/health?verbose"
         );
     }
+    for line in fleet.queue.iter().flat_map(|q| q.banner()) {
+        say!("{line}");
+    }
     say!("  logs               {}", dir.display());
     say!("");
     say!("Break things: type a letter and Enter: k kill svc-1, d disk svc-2, p dependency svc-3,");
-    say!("  b brownout svc-4, f flap svc-5, a all dependencies, r reset, q quit (or Ctrl-C).");
+    say!("  b brownout svc-4, f flap svc-5, a all dependencies, w disk worker-2,");
+    say!("  h black hole worker-3, r reset, q quit (or Ctrl-C).");
     say!("");
 
     let traffic = Arc::new(Traffic::default());
@@ -403,9 +445,10 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
                         "k" => Some(Fault::Kill), "d" => Some(Fault::Disk),
                         "p" => Some(Fault::Dependency), "b" => Some(Fault::Brownout),
                         "f" => Some(Fault::Flap), "a" => Some(Fault::AllDeps),
+                        "w" => Some(Fault::WorkerDisk), "h" => Some(Fault::BlackHole),
                         "r" => Some(Fault::Reset), "q" => break Ok(()),
                         "" => None,
-                        other => { say!("demo: unknown key {other:?} (k d p b f a r q)"); None }
+                        other => { say!("demo: unknown key {other:?} (k d p b f a w h r q)"); None }
                     };
                     if let Some(f) = fault
                         && let Err(e) = apply(f, &client, launcher, fleet, &controller_run).await
@@ -617,8 +660,16 @@ async fn apply(
                 post(format!("{}/fault/dependency?on=true", app(i))).await;
             }
         }
+        Fault::WorkerDisk | Fault::BlackHole => match &fleet.queue {
+            Some(q) if f == Fault::WorkerDisk => q.break_disk(client).await,
+            Some(q) => q.break_black_hole(client).await,
+            None => say!("demo: no queue in this run (RabbitMQ not reachable, or --no-queue)"),
+        },
         Fault::Reset => {
             say!("demo: RESET every injected fault");
+            if let Some(q) = &fleet.queue {
+                q.reset(client).await;
+            }
             let mut restarted = Vec::new();
             for (i, n) in names.iter().enumerate() {
                 let running = fleet
@@ -640,7 +691,7 @@ async fn apply(
             if let Some(mut c) = fleet.children.remove("controller") {
                 stop_child("controller", &mut c).await;
             }
-            write_controller_config(launcher.dir, ports, names, run)?;
+            write_controller_config(launcher.dir, ports, names, run, launcher.controller_extra)?;
             fleet
                 .children
                 .insert("controller".into(), launcher.controller(true)?);
@@ -912,7 +963,13 @@ fn controller_dir(dir: &Path, run: u64) -> PathBuf {
     dir.join(format!("controller-{run}"))
 }
 
-fn write_controller_config(dir: &Path, ports: &Ports, names: &[String], run: u64) -> Result<()> {
+fn write_controller_config(
+    dir: &Path,
+    ports: &Ports,
+    names: &[String],
+    run: u64,
+    extra: &str,
+) -> Result<()> {
     let mut targets = String::new();
     for (i, (name, (_, health))) in names.iter().zip(&ports.services).enumerate() {
         targets.push_str(&format!(
@@ -949,7 +1006,7 @@ kind = "log"
 # The balancer's pools on the same page as the guard.
 [dashboard]
 balancers = ["http://127.0.0.1:{lb_admin}"]
-{targets}"#,
+{targets}{extra}"#,
         ctl = ports.controller,
         lb_admin = ports.lb_admin,
         data = controller_dir(dir, run).display(),

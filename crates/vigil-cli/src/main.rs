@@ -62,6 +62,10 @@ enum Command {
     /// gate, with fault injection (disk, black hole, dependency) over HTTP.
     #[command(hide = true)]
     ExampleWorker(vigil_example::worker::Args),
+    /// Publish to the example worker's queue at a steady rate, confirmed by the broker;
+    /// prints `PUBLISHED <n>` at the end.
+    #[command(hide = true)]
+    ExampleProducer(vigil_example::producer::Args),
     /// Print a shell completion script on stdout, e.g.
     /// `vigil completions bash > /etc/bash_completion.d/vigil`.
     Completions {
@@ -97,6 +101,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => vigil_sim::cli::run(args),
         Command::ExampleService(args) => vigil_example::cli::run(args),
         Command::ExampleWorker(args) => vigil_example::worker::run(args),
+        Command::ExampleProducer(args) => vigil_example::producer::run(args),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "vigil", &mut out);

@@ -9,6 +9,9 @@
 //! 1280x800 window: the failing and held targets come first, most severe first then by
 //! zone, all above the fold, their failing check and hold reason in visible text; a
 //! screenshot is left in the test's target tmp dir (`dashboard-500.png`) to look at.
+//!
+//! With queue workers heartbeating, the page lists them in their own section, the black
+//! hole first with its failure rate beside its group's.
 
 mod controller_support;
 mod lb_support;
@@ -706,4 +709,89 @@ async fn the_dashboard_shows_the_balancers_pools_beside_the_guard_and_says_dry_r
     );
     let dry = element(&dom, "div", "dry-run");
     assert!(dry.contains("Dry run"), "{dry}");
+}
+
+/// Heartbeat workers w0..w3 (library `Worker`s and heartbeats, as in
+/// controller_workers.rs), w3 failing everything: the page, after its live refresh,
+/// lists the workers in their own section, the black hole first, its 100% beside its
+/// group's rate and its peers' pooled rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_lists_queue_workers_with_their_rate_beside_their_groups() {
+    use vigil::heartbeat::{self, HeartbeatConfig};
+    use vigil::worker::Worker;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = base_config(&format!(
+        "[heartbeat]\nttl = \"3s\"\nsecret = \"{HEARTBEAT_SECRET}\"\nmax_skew = \"5s\"\n\
+         [anomaly]\nwindow = \"6s\"\nbucket = \"1s\"\nmin_volume = 20\n"
+    ));
+    for i in 0..4 {
+        config += &format!("[[targets]]\nid = \"w{i}\"\nheartbeat = true\ngroup = \"q\"\n");
+    }
+    let c = Controller::start(dir.path(), &config);
+    let health = vigil::Health::builder().start();
+    // The kill switch out of the way: only the controller's comparison is shown.
+    let mut gate = vigil_core::gate::GateConfig::default();
+    gate.kill_switch.min_messages = u64::MAX;
+    let mut workers = Vec::new();
+    let mut beats = Vec::new();
+    for i in 0..4 {
+        let id = format!("w{i}");
+        let w = Worker::start(id.clone(), &health, gate.clone());
+        let mut hb = HeartbeatConfig::new(
+            format!("http://{}", c.addr),
+            id.clone(),
+            heartbeat_key(HEARTBEAT_SECRET, &id),
+        );
+        hb.every = Duration::from_millis(200);
+        beats.push(heartbeat::start(&health, Some(w.clone()), hb).expect("heartbeats start"));
+        workers.push(w);
+    }
+    // Rounds of ten messages every 100 ms, all along (the window is 6 s: the page must
+    // be read while the workers work).
+    let feeding = tokio::spawn(async move {
+        // Bounded: 3,000 rounds (5 minutes), far past the test's deadlines.
+        for n in 0u64..3000 {
+            for (i, w) in workers.iter().enumerate() {
+                for m in 0..10 {
+                    let t = w.begin();
+                    if i == 3 || (n * 10 + m).is_multiple_of(50) {
+                        let _ = w.failed(t, &[]);
+                    } else {
+                        w.succeeded(t);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    c.wait_for("an action on w3", || async {
+        c.actions().await.into_iter().next()
+    })
+    .await;
+    let url = c.url("/");
+    let (dom, console) = tokio::task::spawn_blocking(move || load(&url))
+        .await
+        .unwrap();
+    feeding.abort();
+    check_console(&console);
+    assert!(
+        dom.contains("data-refreshed=\"") && !dom.contains("data-refreshed=\"0\""),
+        "the page refreshed itself"
+    );
+    let section = element(&dom, "section", "workers");
+    let w3 = section
+        .find("data-worker=\"w3\"")
+        .unwrap_or_else(|| panic!("w3 listed: {section}"));
+    let w0 = section
+        .find("data-worker=\"w0\"")
+        .unwrap_or_else(|| panic!("w0 listed: {section}"));
+    assert!(w3 < w0, "the outlier first: {section}");
+    let row = &section[w3..w3 + section[w3..].find("</tr>").unwrap()];
+    assert!(
+        row.contains("data-outlier=\"true\"") && row.contains("100.0%") && row.contains("3 peers"),
+        "its rate beside its peers': {row}"
+    );
+    assert!(row.contains("outlier: fails far more"), "{row}");
+    drop(beats);
+    assert!(c.sigterm().success());
 }

@@ -131,6 +131,26 @@ async fn a_black_hole_worker_is_found_by_its_peers_and_replaced_once() {
         summary.contains("worker:failure_rate") && summary.contains("100.0% failed"),
         "the decision explains itself with the comparison: {summary}"
     );
+    // The dashboard lists the workers, the black hole first with its rate beside its
+    // group's.
+    let page = reqwest::get(c.url("/"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let row = page
+        .find("data-worker=\"w3\"")
+        .map(|i| &page[i..page[i..].find("</tr>").map_or(page.len(), |e| i + e)])
+        .unwrap_or_else(|| panic!("the dashboard lists the black hole: {page}"));
+    assert!(
+        row.contains("data-outlier=\"true\"") && row.contains("100.0%"),
+        "{row}"
+    );
+    assert!(
+        page.find("data-worker=\"w3\"") < page.find("data-worker=\"w0\""),
+        "outliers first"
+    );
     // Its peers keep passing the comparison, and nobody else is acted on.
     feed_until(
         &c,

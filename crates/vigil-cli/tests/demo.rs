@@ -1,5 +1,6 @@
-//! End-to-end: `vigil demo` starts a fleet, a balancer and a controller. The tour: every
-//! key of the README's table, in order, with a reset between, does what the table says
+//! End-to-end: `vigil demo` starts a fleet, a balancer and a controller (`--no-queue`:
+//! the queue's keys are tests/demo_queue.rs'). The tour: every service key of the
+//! README's table, in order, with a reset between, does what the table says
 //! (a killed server is taken out and acted on, a local failure too, a dependency failure
 //! on one server too, a brownout is a warn nobody acts on, a flapping server is damped,
 //! every dependency failing makes the balancer fail open and the controller freeze), and
@@ -221,6 +222,8 @@ fn start_demo(base: u16, dir: &std::path::Path) -> (Demo, std::process::ChildStd
         .arg("--data-dir")
         .arg(dir)
         .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
+        // The services' keys (the queue's: tests/demo_queue.rs).
+        .arg("--no-queue")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -484,6 +487,8 @@ async fn heavy_demo_piped_into_tee_stops_on_ctrl_c_without_panic_or_leftovers() 
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
+        // The services' keys (the queue's: tests/demo_queue.rs).
+        .arg("--no-queue")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&errs).unwrap())

@@ -165,6 +165,7 @@ pub fn live(fleet: &FleetView, recent: &Recent) -> Markup {
             }
         }
         (actions(&recent.actions))
+        (workers(&fleet.workers))
         (decisions(&recent.decisions))
         @for (zone, (calm, held)) in &zones {
             h2 { "Zone " (if zone.is_empty() { "(none)" } else { zone }) " "
@@ -178,6 +179,52 @@ pub fn live(fleet: &FleetView, recent: &Recent) -> Markup {
             ul #events {
                 @for e in fleet.events.iter().rev() {
                     li { (rfc3339_ms(e.at_ms)) " " (e.message) }
+                }
+            }
+        }
+    }
+}
+
+/// The queue workers, each with its failure rate beside its group's: what the
+/// controller's peer comparison (`vigil_core::anomaly`) sees, outliers first.
+fn workers(verdicts: &[vigil_core::anomaly::Verdict]) -> Markup {
+    use vigil_core::anomaly::Finding;
+    let pct = |r: f64| format!("{:.1}%", r * 100.0);
+    let mut rows: Vec<&vigil_core::anomaly::Verdict> = verdicts.iter().collect();
+    rows.sort_by(|a, b| {
+        (!a.is_outlier(), &a.cohort, &a.member).cmp(&(!b.is_outlier(), &b.cohort, &b.member))
+    });
+    html! {
+        @if !rows.is_empty() {
+            section #workers {
+                h2 { "Queue workers " small { "(failure rate over the comparison window, beside their group's)" } }
+                table {
+                    tr { th { "worker" } th { "group" } th { "messages" } th { "failed" }
+                         th { "its rate" } th { "group's rate" } th { "peers' pooled rate" } th { "verdict" } }
+                    @for v in &rows {
+                        @let group = vigil_core::anomaly::Counts::new(
+                            v.counts.ok + v.peers.pooled.ok,
+                            v.counts.failed + v.peers.pooled.failed,
+                        );
+                        tr .worker data-worker=(v.member) data-outlier=(v.is_outlier()) {
+                            td { (v.member) }
+                            td { (v.cohort) }
+                            td { (v.counts.total()) }
+                            td { (v.counts.failed) }
+                            td .rate class=[v.is_outlier().then_some("failed")] { (pct(v.rate)) }
+                            td .group-rate { (pct(group.rate())) }
+                            td { (pct(v.peers.pooled_rate)) " of " (v.peers.count) " peers" }
+                            td { (match &v.finding {
+                                Finding::Outlier => "outlier: fails far more than its peers".to_string(),
+                                Finding::LowVolume { min } => format!("too few messages (under {min})"),
+                                Finding::TooFewPeers { peers, min } => format!("report only: {peers} peers, {min} needed"),
+                                Finding::SharedFailure { failing, of } => format!("shared failure ({failing} of {of} fail together)"),
+                                Finding::BelowFloor { .. } => "ok".to_string(),
+                                Finding::NotWorse { .. } => "ok: not worse than its peers".to_string(),
+                                Finding::NotSignificant => "ok: could be chance".to_string(),
+                            }) }
+                        }
+                    }
                 }
             }
         }
@@ -405,6 +452,59 @@ mod tests {
             balancers: Default::default(),
             dry_run: false,
         }
+    }
+
+    #[test]
+    fn a_queue_worker_shows_its_failure_rate_beside_its_groups() {
+        use vigil_core::anomaly::{Counts, Finding, Peers, Verdict};
+        let calm = live(&FleetView::empty(), &recent(Vec::new())).into_string();
+        assert!(!calm.contains("id=\"workers\""), "no workers, no section");
+        let verdict = |member: &str, counts: Counts, peers: Counts, finding| Verdict {
+            member: member.into(),
+            cohort: "q".into(),
+            rate: counts.rate(),
+            counts,
+            peers: Peers {
+                count: 3,
+                pooled: peers,
+                pooled_rate: peers.rate(),
+                median_rate: peers.rate(),
+                max_rate: peers.rate(),
+            },
+            test: None,
+            finding,
+        };
+        let fleet = FleetView {
+            workers: vec![
+                verdict(
+                    "w0",
+                    Counts::new(98, 2),
+                    Counts::new(290, 10),
+                    Finding::NotSignificant,
+                ),
+                verdict(
+                    "w3",
+                    Counts::new(0, 100),
+                    Counts::new(294, 6),
+                    Finding::Outlier,
+                ),
+            ],
+            ..FleetView::empty()
+        };
+        let html = live(&fleet, &recent(Vec::new())).into_string();
+        let w3 = html
+            .find("data-worker=\"w3\"")
+            .expect("the black hole is listed");
+        let w0 = html.find("data-worker=\"w0\"").expect("its peer is listed");
+        assert!(w3 < w0, "outliers first: {html}");
+        let row = &html[w3..w0];
+        assert!(row.contains("data-outlier=\"true\""), "{row}");
+        assert!(row.contains("100.0%"), "its own rate: {row}");
+        // The group's rate: 106 failed of 400, beside the peers' pooled 2.0%.
+        assert!(
+            row.contains("26.5%") && row.contains("2.0% of 3 peers"),
+            "{row}"
+        );
     }
 
     #[test]

@@ -1538,6 +1538,7 @@ impl Engine {
             targets,
             events: self.events.iter().cloned().collect(),
             store_error: self.failing.clone(),
+            workers: self.verdicts.values().cloned().collect(),
             answers: Default::default(),
         }
     }

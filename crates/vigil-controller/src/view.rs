@@ -146,6 +146,10 @@ pub struct FleetView {
     pub events: Vec<EventInfo>,
     /// The store cannot commit (its last error): no action is taken until it can.
     pub store_error: Option<String>,
+    /// Each queue worker's standing among the peers of its group (`vigil_core::anomaly`),
+    /// by target id; absent when no heartbeat carries worker counters.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<vigil_core::anomaly::Verdict>,
     /// Answers already serialised from this view, by query.
     #[serde(skip)]
     pub answers: AnswerCache,
@@ -209,6 +213,7 @@ impl FleetView {
             counts: Self::count_states(&[]),
             events: Vec::new(),
             store_error: None,
+            workers: Vec::new(),
             answers: AnswerCache::default(),
         }
     }

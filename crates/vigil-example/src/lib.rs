@@ -6,9 +6,11 @@
 //! - [`store`]: the PostgreSQL / SQLite item store and its fault switches.
 //! - [`cli`]: arguments (`vigil example-service`, `cargo run --example service`).
 //! - [`worker`]: the example queue worker (`vigil example-worker`): RabbitMQ through the
-//!   library's worker gate, with fault injection.
+//!   library's worker gate, with fault injection, and heartbeats to a controller.
+//! - [`producer`]: a steady producer for the worker's queue (`vigil example-producer`).
 
 pub mod cli;
+pub mod producer;
 pub mod service;
 pub mod store;
 pub mod worker;

@@ -18,13 +18,16 @@
 //! `GET /worker` answers the worker's report (gate state, counters), and `/livez`,
 //! `/readyz`, `/health` are the library's. With `--naive` the worker has no gate: no
 //! local checks and no kill switch (the baseline the benchmark compares with).
+//!
+//! With `--controller URL --heartbeat-key KEY` it also sends the library's signed
+//! heartbeats (`vigil::heartbeat`) to a `vigil controller`, as target `--id`: its
+//! `/health` report (local checks) and its counters (processed, failed, in flight, the
+//! oldest message's age), which the controller compares with its peers'.
 
 use crate::service::DiskWithFault;
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::routing::{get, post};
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -33,6 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use vigil::checks::{Amount, DiskSpace, FileDescriptors, Memory};
+use vigil::heartbeat::{HeartbeatConfig, Heartbeats};
 use vigil::worker::rabbitmq::{RabbitConfig, consume};
 use vigil::worker::{GateConfig, KillSwitchConfig, Worker};
 use vigil::{CheckOptions, Health};
@@ -75,6 +79,39 @@ pub struct Args {
     /// Directory whose filesystem the disk check watches. Defaults to the temp dir.
     #[arg(long, env = "VIGIL_WORKER_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// A `vigil controller`'s base URL (`http://host:port`) to send signed heartbeats
+    /// to, as target `--id`. Off unless given; needs `--heartbeat-key`.
+    #[arg(long, env = "VIGIL_WORKER_CONTROLLER", requires = "heartbeat_key")]
+    pub controller: Option<String>,
+    /// The target's own heartbeat key (`vigil controller heartbeat-key <id>` prints it).
+    #[arg(long, env = "VIGIL_WORKER_HEARTBEAT_KEY", hide_env_values = true)]
+    pub heartbeat_key: Option<String>,
+    /// Interval between heartbeats. Defaults to the library's (5 s).
+    #[arg(long, env = "VIGIL_WORKER_HEARTBEAT_EVERY", value_parser = humantime::parse_duration)]
+    pub heartbeat_every: Option<Duration>,
+}
+
+impl Args {
+    /// The arguments with every default, for `queue` and `id` (tests, the demo).
+    pub fn new(queue: impl Into<String>, id: impl Into<String>) -> Args {
+        Args {
+            queue: queue.into(),
+            amqp: DEFAULT_AMQP.to_string(),
+            id: id.into(),
+            listen: DEFAULT_WORKER_LISTEN
+                .parse()
+                .expect("a valid default address"),
+            work_time: Duration::from_millis(100),
+            fail_time: Duration::from_millis(2),
+            prefetch: 4,
+            check_interval: Duration::from_secs(1),
+            naive: false,
+            data_dir: None,
+            controller: None,
+            heartbeat_key: None,
+            heartbeat_every: None,
+        }
+    }
 }
 
 /// The switches of the injected faults.
@@ -93,6 +130,8 @@ pub struct Running {
     pub worker: Worker,
     /// Its health.
     pub health: Health,
+    /// Its heartbeats to the controller, when it sends them.
+    pub heartbeats: Option<Heartbeats>,
     stop: tokio::sync::watch::Sender<bool>,
     consumer: tokio::task::JoinHandle<anyhow::Result<()>>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -155,25 +194,31 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         GateConfig::default()
     };
     let worker = Worker::start(args.id.clone(), &health, gate);
+    let heartbeats = match &args.controller {
+        None => None,
+        Some(url) => {
+            let mut config = HeartbeatConfig::new(
+                url.clone(),
+                args.id.clone(),
+                args.heartbeat_key.clone().unwrap_or_default(),
+            );
+            if let Some(every) = args.heartbeat_every {
+                config.every = every;
+            }
+            Some(vigil::heartbeat::start(
+                &health,
+                Some(worker.clone()),
+                config,
+            )?)
+        }
+    };
 
     let conn = Connection::connect(&args.amqp, ConnectionProperties::default())
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect to RabbitMQ at {}: {e}", args.amqp))?;
     let channel = conn.create_channel().await?;
+    crate::producer::declare_queues(&channel, &args.queue).await?;
     let dead = format!("{}.dead", args.queue);
-    for q in [&args.queue, &dead] {
-        channel
-            .queue_declare(
-                q.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot declare queue {q}: {e}"))?;
-    }
     let mut config = RabbitConfig::new(args.queue.clone());
     config.prefetch = args.prefetch;
     config.dead_letter_queue = Some(dead);
@@ -211,11 +256,12 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    tracing::info!(%addr, queue = %args.queue, naive = args.naive, "example worker consuming");
+    tracing::info!(%addr, queue = %args.queue, naive = args.naive, controller = ?args.controller, "example worker consuming");
     Ok(Running {
         addr,
         worker,
         health,
+        heartbeats,
         stop,
         consumer,
         server,

@@ -72,16 +72,11 @@ async fn publish(ch: &Channel, q: &str, n: u32) {
 
 fn args(queue: &str, id: &str, naive: bool) -> Args {
     Args {
-        queue: queue.to_string(),
-        amqp: DEFAULT_AMQP.to_string(),
-        id: id.to_string(),
         listen: "127.0.0.1:0".parse().unwrap(),
         work_time: Duration::from_millis(20),
-        fail_time: Duration::from_millis(2),
-        prefetch: 4,
         check_interval: Duration::from_millis(200),
         naive,
-        data_dir: None,
+        ..Args::new(queue, id)
     }
 }
 

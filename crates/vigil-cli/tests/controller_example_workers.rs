@@ -1,0 +1,259 @@
+//! The whole queue-worker story in real processes: four `vigil example-worker`s consume
+//! the machine's real RabbitMQ (127.0.0.1:5672, guest/guest, on every machine, CI's
+//! included) under a steady producer, and send their counters and local health in signed
+//! heartbeats (`--controller`, `--heartbeat-key`) to a real `vigil controller`. One
+//! switched to a black hole over its HTTP fault switch is found by comparing it with its
+//! peers and acted on once (the log actuator); when all four lose their shared dependency
+//! nobody is acted on.
+
+mod controller_support;
+
+use controller_support::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use vigil_example::producer::Producer;
+use vigil_example::worker::DEFAULT_AMQP;
+
+const WORKERS: usize = 4;
+/// 10 messages a second per worker, as the benchmark runs them.
+const RATE: f64 = 40.0;
+
+/// Heartbeat targets w0..w3 in group `q`; a 10 s anomaly window so the test judges in
+/// seconds (a black hole fails its 100 messages in a few seconds before its own kill
+/// switch pauses it; the window must still hold them when the controller judges).
+fn config() -> String {
+    let mut c = base_config(&format!(
+        "[heartbeat]\nttl = \"3s\"\nsecret = \"{HEARTBEAT_SECRET}\"\nmax_skew = \"5s\"\n\
+         [anomaly]\nwindow = \"10s\"\nbucket = \"1s\"\nmin_volume = 20\n"
+    ));
+    for i in 0..WORKERS {
+        c += &format!("[[targets]]\nid = \"w{i}\"\nheartbeat = true\ngroup = \"q\"\n");
+    }
+    c
+}
+
+/// A running `vigil example-worker` process.
+struct ExampleWorker {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl ExampleWorker {
+    fn start(queue: &str, id: &str, controller: &Controller) -> ExampleWorker {
+        let mut child = Command::new(vigil_bin())
+            .args(["example-worker", "--queue", queue, "--id", id])
+            .args(["--listen", "127.0.0.1:0", "--work-time", "20ms"])
+            .args(["--check-interval", "200ms", "--heartbeat-every", "200ms"])
+            .args(["--controller", &format!("http://{}", controller.addr)])
+            .args(["--heartbeat-key", &heartbeat_key(HEARTBEAT_SECRET, id)])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn vigil example-worker");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("read the worker's first line");
+        let addr = line
+            .trim()
+            .strip_prefix("LISTENING worker=http://")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| {
+                panic!("worker {id} must print its address first (is RabbitMQ reachable at {DEFAULT_AMQP}?): {line:?}")
+            });
+        ExampleWorker { child, addr }
+    }
+
+    async fn fault(&self, path: &str) {
+        let r = reqwest::Client::new()
+            .post(format!("http://{}{path}", self.addr))
+            .send()
+            .await
+            .expect("POST a fault");
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+    }
+
+    async fn report(&self) -> Value {
+        reqwest::get(format!("http://{}/worker", self.addr))
+            .await
+            .expect("GET /worker")
+            .json()
+            .await
+            .expect("a JSON report")
+    }
+}
+
+impl Drop for ExampleWorker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A controller, four workers heartbeating to it, a producer at [`RATE`] on a fresh queue,
+/// every worker past its first messages and every target healthy.
+struct Setup {
+    c: Controller,
+    workers: Vec<ExampleWorker>,
+    producer: Option<Producer>,
+    queue: String,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup(test: &str) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Controller::start(dir.path(), &config());
+    let queue = format!("vigil-cli-{test}-{}", std::process::id());
+    let (conn, ch) = channel().await;
+    vigil_example::producer::declare_queues(&ch, &queue)
+        .await
+        .unwrap();
+    vigil_example::producer::purge_queues(&ch, &queue)
+        .await
+        .unwrap();
+    drop(conn);
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|i| ExampleWorker::start(&queue, &format!("w{i}"), &c))
+        .collect();
+    c.wait_all(WORKERS, "healthy").await;
+    let producer = Producer::start(DEFAULT_AMQP, &queue, RATE)
+        .await
+        .expect("RabbitMQ must be reachable");
+    let s = Setup {
+        c,
+        workers,
+        producer: Some(producer),
+        queue,
+        _dir: dir,
+    };
+    s.wait_reports("every worker processed 20 messages", |r| {
+        r.iter().all(|r| r["processed"].as_u64().unwrap() >= 20)
+    })
+    .await;
+    s
+}
+
+async fn channel() -> (lapin::Connection, lapin::Channel) {
+    let conn = lapin::Connection::connect(DEFAULT_AMQP, lapin::ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| panic!("RabbitMQ must be reachable at {DEFAULT_AMQP}: {e}"));
+    let ch = conn.create_channel().await.unwrap();
+    (conn, ch)
+}
+
+impl Setup {
+    async fn reports(&self) -> Vec<Value> {
+        let mut r = Vec::new();
+        for w in &self.workers {
+            r.push(w.report().await);
+        }
+        r
+    }
+
+    async fn wait_reports(&self, what: &str, cond: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        self.c
+            .wait_for(what, || async {
+                assert!(
+                    !self.producer.as_ref().is_some_and(|p| p.is_finished()),
+                    "the producer stopped (a broker error)"
+                );
+                let r = self.reports().await;
+                cond(&r).then_some(r)
+            })
+            .await
+    }
+
+    /// The detail of target `id`'s latest record (its standing among its peers).
+    async fn last_detail(&self, id: &str) -> String {
+        let t: Value = self.c.get(&format!("/api/targets/{id}")).await;
+        t["target"]["history"]
+            .as_array()
+            .and_then(|h| h.last())
+            .and_then(|r| r["detail"].as_str())
+            .unwrap_or("")
+            .to_string()
+    }
+
+    async fn finish(mut self) {
+        self.producer.take().unwrap().stop().await.unwrap();
+        self.workers.clear();
+        let (_conn, ch) = channel().await;
+        for q in [self.queue.clone(), format!("{}.dead", self.queue)] {
+            let _ = ch.queue_delete(q.as_str().into(), Default::default()).await;
+        }
+        assert!(self.c.sigterm().success());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_hole_example_worker_is_found_by_the_controller_and_acted_on_once() {
+    let s = setup("black-hole").await;
+    assert!(s.c.actions().await.is_empty(), "healthy workers: no action");
+    s.workers[2].fault("/fault/black-hole?on=true").await;
+    let actions = s.c.wait_for_actions("an action on the black hole").await;
+    let action = &actions[0];
+    assert_eq!(action["target"], "w2", "{action}");
+    let summary = action["event"]["summary"].as_str().unwrap_or("");
+    assert!(
+        summary.contains("worker:failure_rate") && summary.contains("vs 3 peers"),
+        "found by comparing it with its peers, and the decision says so: {action}"
+    );
+    // The peers keep being judged beside it, and nobody else is acted on.
+    s.c.wait_for("w0's record shows its standing", || async {
+        s.last_detail("w0")
+            .await
+            .contains("vs 3 peers")
+            .then_some(())
+    })
+    .await;
+    let before = s.reports().await;
+    s.wait_reports("the healthy workers processed 50 more messages each", |r| {
+        [0, 1, 3].iter().all(|&i| {
+            r[i]["processed"].as_u64().unwrap() >= before[i]["processed"].as_u64().unwrap() + 50
+        })
+    })
+    .await;
+    let acts = s.c.actions().await;
+    assert_eq!(
+        acts.len(),
+        1,
+        "one action, on the black hole only: {acts:#?}"
+    );
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_every_example_worker_loses_its_dependency_nobody_is_acted_on() {
+    let s = setup("dependency").await;
+    for w in &s.workers {
+        w.fault("/fault/dependency?on=true").await;
+    }
+    let verdict =
+        s.c.wait_for("the comparison sees a shared failure", || async {
+            let d = s.last_detail("w1").await;
+            d.contains("fail together").then_some(d)
+        })
+        .await;
+    assert!(verdict.contains("a shared cause"), "{verdict}");
+    // Every worker fails until its own kill switch pauses it (100 messages, all failed):
+    // the whole outage, judged by the controller all along.
+    s.wait_reports("every worker's kill switch paused it", |r| {
+        r.iter().all(|r| {
+            r["pulling"] == false && r["state"].as_str().unwrap_or("").contains("kill switch")
+        })
+    })
+    .await;
+    assert!(
+        s.c.actions().await.is_empty(),
+        "a shared failure replaces no one"
+    );
+    let t = s.c.targets().await;
+    assert!(
+        t.iter().all(|t| t["state"] == "healthy"),
+        "the workers' own health passes: {t:#?}"
+    );
+    s.finish().await;
+}
