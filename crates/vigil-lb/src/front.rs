@@ -286,6 +286,7 @@ pub async fn serve_connection(
 /// A plain connection of a listener with a park ([`crate::park`]): idle for
 /// [`PARK_AFTER`], it leaves its task and its socket waits there. `first`: its first
 /// request (not one after a stay in the park), where HTTP/2's preface may come.
+#[allow(clippy::too_many_arguments)] // the connection's parts, as serve_connection's
 pub(crate) async fn serve_parkable(
     tcp: TcpStream,
     peer: SocketAddr,
@@ -299,6 +300,7 @@ pub(crate) async fn serve_parkable(
     serve(tcp, peer, proxy, settings, stop, Some(park), first).await
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     tcp: ClientStream,
     peer: SocketAddr,
@@ -416,6 +418,7 @@ impl ClientConn {
     }
 
     /// Reads until a complete request head is in the buffer and prepares it.
+    #[allow(clippy::too_many_arguments)] // the connection's settings and state, by reference
     async fn read_head(
         &mut self,
         settings: &FrontSettings,
