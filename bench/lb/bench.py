@@ -51,6 +51,26 @@ NGINX_BALANCE = {"least": "least_conn;", "rr": "# round-robin (the default)"}
 VIGIL_BALANCE = {"least": "", "rr": 'balance = "round-robin"\n'}
 
 
+def ensure_tools(*tools):
+    """Installs from Debian what is missing of `tools` (nginx, haproxy, wrk, valgrind), as
+    run.sh does, and stops the system services the packages start (we run our own)."""
+    package = {"nginx": "nginx-light"}
+    missing = [t for t in tools if not shutil.which(t)]
+    if not missing:
+        return
+    print(f"installing {' '.join(missing)} from Debian", file=sys.stderr)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], env=env, check=True)
+    subprocess.run(["apt-get", "install", "-y", "-qq"] + [package.get(t, t) for t in missing],
+                   env=env, check=True, stdout=subprocess.DEVNULL)
+    for service in ("nginx", "haproxy"):
+        subprocess.run(["service", service, "stop"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    still = [t for t in tools if not shutil.which(t)]
+    if still:
+        sys.exit(f"could not install {' '.join(still)}")
+
+
 def on(core, cmd):
     """`cmd` pinned to `core` when --pin is given."""
     return ["taskset", "-c", str(core)] + cmd if PIN else cmd
@@ -165,6 +185,23 @@ enabled = true
 """
 
 
+def listening(p, name, log):
+    """Waits until proxy `name` (process `p`) accepts connections (a loaded machine starts
+    it slowly); exits with its log's path if it died or took over 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", PORTS[name]), timeout=0.5).close()
+            return
+        except OSError:
+            if p.poll() is not None or time.monotonic() > deadline:
+                stop(p)
+                with open(log) as f:
+                    tail = f.read()[-2000:]
+                sys.exit(f"{name} did not listen within 30 s; the end of its log ({log}):\n{tail}")
+            time.sleep(0.1)
+
+
 def start_vigil(tmp, vigil):
     conf = os.path.join(tmp, "lb.toml")
     with open(conf, "w") as f:
@@ -172,7 +209,9 @@ def start_vigil(tmp, vigil):
     log = open(os.path.join(tmp, "vigil.log"), "w")
     p = subprocess.Popen(on(0, [vigil, "lb", "-c", conf]), stdout=subprocess.DEVNULL, stderr=log,
                          env=dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn")))
-    # New targets are unknown until 2 checks pass (about 1 s).
+    # Listening (a loaded machine starts it slowly), then new targets are unknown until
+    # 2 checks pass (about 1 s).
+    listening(p, "vigil", log.name)
     time.sleep(2.5)
     return p
 
@@ -210,8 +249,10 @@ def start_haproxy(tmp):
     conf = os.path.join(tmp, "haproxy.cfg")
     with open(conf, "w") as f:
         f.write(haproxy_config())
+    log = os.path.join(tmp, "haproxy.log")
     p = subprocess.Popen(on(0, ["haproxy", "-db", "-f", conf]), stdout=subprocess.DEVNULL,
-                         stderr=open(os.path.join(tmp, "haproxy.log"), "w"))
+                         stderr=open(log, "w"))
+    listening(p, "haproxy", log)
     time.sleep(2.5)
     return p
 
@@ -258,6 +299,7 @@ def start_nginx(tmp):
         f.write(nginx_config(d))
     p = subprocess.Popen(on(0, ["nginx", "-p", d, "-c", conf, "-e", f"{d}/error.log"]),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    listening(p, "nginx", f"{d}/error.log")
     time.sleep(1.5)
     return p
 

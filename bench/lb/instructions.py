@@ -23,7 +23,6 @@ build. Every run is bounded; every process started here is stopped here.
 import argparse
 import glob
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -33,6 +32,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
+import bench  # noqa: E402
 from bench import (Backends, haproxy_config, nginx_config, stop,  # noqa: E402
                    vigil_config, wait_port)
 
@@ -127,9 +127,7 @@ def main():
     proxies = a.only or list(PROXIES)
     if "vigil" in proxies and not os.path.exists(a.vigil):
         sys.exit(f"{a.vigil} not found: build it with `cargo build --profile profiling -p vigil-cli`")
-    for tool in {"haproxy", "nginx"} & set(proxies):
-        if not shutil.which(tool):
-            sys.exit(f"{tool} not found: bench/lb/run.sh installs it (apt-get install {tool})")
+    bench.ensure_tools("valgrind", *({"haproxy", "nginx"} & set(proxies)))
     per = {}
     with tempfile.TemporaryDirectory() as tmp:
         backends = Backends(tmp)

@@ -3,6 +3,7 @@
 
     python3 bench/lb/memory.py --vigil target/release/vigil
     python3 bench/lb/memory.py --vigil target/release/vigil --connections 10000 --waves 6
+    python3 bench/lb/memory.py --vigil target/release/vigil --connections 4000 --burst
 
 For each proxy (bench.py's settings: 4 nginx backends, 1 worker each): opens
 `--connections` client connections, sends one request on each and reads its answer,
@@ -46,13 +47,31 @@ def open_idle(port, n):
     for _ in range(n):
         s = socket.create_connection(("127.0.0.1", port), timeout=10)
         s.sendall(REQUEST)
-        got = b""
-        while b"\r\n\r\n" not in got or not got.endswith(b"\n"):
-            b = s.recv(4096)
-            if not b:
-                raise SystemExit(f"port {port}: connection closed after {len(conns)}")
-            got += b
+        read_answer(s, f"port {port}: connection closed after {len(conns)}")
         conns.append(s)
+    return conns
+
+
+def read_answer(s, closed):
+    """Reads one small answer on `s`; exits saying `closed` if the proxy closes first."""
+    got = b""
+    while b"\r\n\r\n" not in got or not got.endswith(b"\n"):
+        b = s.recv(4096)
+        if not b:
+            raise SystemExit(closed)
+        got += b
+
+
+def open_burst(port, n):
+    """Like `open_idle`, but every connection is opened, then every request sent, then
+    every answer read: all `n` are busy in the proxy at once, whatever this machine's
+    speed (the worst case for memory kept after the burst; `open_idle`'s one-by-one
+    pace depends on how fast the client runs)."""
+    conns = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(n)]
+    for s in conns:
+        s.sendall(REQUEST)
+    for i, s in enumerate(conns):
+        read_answer(s, f"port {port}: connection {i} closed before its answer")
     return conns
 
 
@@ -67,14 +86,20 @@ def main():
     ap.add_argument("--connections", type=int, default=10000)
     ap.add_argument("--waves", type=int, default=3)
     ap.add_argument("--only", default="vigil,haproxy,nginx")
+    ap.add_argument("--burst", action="store_true",
+                    help="open all connections, then send all requests, then read all "
+                         "answers (every connection busy at once), instead of one by one")
     a = ap.parse_args()
+    bench.ensure_tools(*({"haproxy", "nginx"} & set(a.only.split(","))))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # HAProxy wants about twice maxconn in file descriptors.
     want = min(6 * a.connections + 10000, hard)
     if soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     # nginx: a client and a target connection each; HAProxy: its own accounting.
-    bench.MAXCONN = min(a.connections + 2000, (want - 1000) // 2)
+    # A burst has every request in flight at once: a target connection each as well
+    # (nginx's worker_connections counts both; HAProxy wants two descriptors per maxconn).
+    bench.MAXCONN = min((2 if a.burst else 1) * a.connections + 2000, (want - 1000) // 2)
     bench.CLIENT_IDLE_S = 300
     tmp = tempfile.mkdtemp(prefix="vigil-lb-memory-")
     backends = Backends(tmp)
@@ -94,7 +119,7 @@ def main():
             waves = []
             for _ in range(a.waves):
                 t0 = time.monotonic()
-                conns = open_idle(PORTS[name], a.connections)
+                conns = (open_burst if a.burst else open_idle)(PORTS[name], a.connections)
                 opened_s = time.monotonic() - t0
                 settle()
                 loaded = rss_kib(proc.pid)

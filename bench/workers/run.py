@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One black hole among four queue workers: vigil (gate + controller) beside a naive pool.
 
-On the machine's real RabbitMQ (127.0.0.1:5672, guest/guest), in one run, side by side:
+On the machine's real RabbitMQ (127.0.0.1:5672, guest/guest) or, with `--broker
+nats://127.0.0.1:4222`, its NATS JetStream, in one run, side by side:
 
 - vigil: 4 `vigil example-worker`s through the library's gate, sending signed
   heartbeats (`--controller`, `--heartbeat-key`) to a real `vigil controller` that
@@ -22,9 +23,11 @@ then drained (bounded) and counted. Printed per pool:
   -> the worker paused by its own kill switch (never, for the naive pool);
 - conservation: published (confirmed by the broker) = acknowledged (the workers'
   `processed`) + dead-lettered (messages in `<queue>.dead`) + left in the queue, the
-  queues counted by the broker (`rabbitmqctl list_queues`).
+  queues counted by the broker (`vigil example-producer --depths`: RabbitMQ's ready
+  count, JetStream's pending and unacknowledged count of the workers' consumer).
 
 Usage: bench/workers/run.py [--warmup 20] [--run 60] [--rate 40] [--work-time 50ms]
+                            [--broker amqp://guest:guest@127.0.0.1:5672/%2f | nats://127.0.0.1:4222]
 The binary is $VIGIL, or target/release/vigil (built if missing). Bounded: warmup + run
 + at most 60 s of drain.
 """
@@ -82,15 +85,12 @@ def post(url):
         return r.status
 
 
-def queue_depths():
-    out = subprocess.run(["rabbitmqctl", "-q", "list_queues", "name", "messages"], check=True,
-                         capture_output=True, text=True).stdout
-    depths = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            depths[parts[0]] = int(parts[1])
-    return depths
+def queue_depths(vigil, broker, queue):
+    """(queued, dead) by the broker's own count."""
+    out = subprocess.run([vigil, "example-producer", "--broker", broker, "--queue", queue, "--depths"],
+                         check=True, capture_output=True, text=True).stdout.split()
+    # QUEUED <n> DEAD <m>
+    return int(out[1]), int(out[3])
 
 
 class Pool:
@@ -99,15 +99,15 @@ class Pool:
         self.procs, self.addrs = [], []
         self.logdir = logdir
         self.producer = subprocess.Popen(
-            [vigil, "example-producer", "--queue", queue, "--rate", str(args.rate), "--purge",
+            [vigil, "example-producer", "--broker", args.broker, "--queue", queue, "--rate", str(args.rate), "--purge",
              "--for", f"{args.run + args.warmup}s"],
             stdout=subprocess.PIPE, stderr=open(os.path.join(logdir, f"{name}-producer.log"), "w"), text=True)
         line = self.producer.stdout.readline()
         if not line.startswith("PRODUCING"):
-            sys.exit(f"{name} producer did not start ({line!r}): is RabbitMQ reachable? see {logdir}")
+            sys.exit(f"{name} producer did not start ({line!r}): is {args.broker} reachable? see {logdir}")
         for i in range(WORKERS):
             wid = f"w{i}"
-            cmd = [vigil, "--log-format", "json", "example-worker", "--queue", queue, "--id", wid,
+            cmd = [vigil, "--log-format", "json", "example-worker", "--broker", args.broker, "--queue", queue, "--id", wid,
                    "--listen", "127.0.0.1:0", "--work-time", args.work_time]
             if naive:
                 cmd.append("--naive")
@@ -137,6 +137,8 @@ def main():
     ap.add_argument("--run", type=float, default=60.0, help="seconds of black hole under load (default 60)")
     ap.add_argument("--rate", type=float, default=40.0, help="messages/s per pool (default 40: 10 per worker)")
     ap.add_argument("--work-time", default="50ms", help="time a worker takes per message (default 50ms)")
+    ap.add_argument("--broker", default="amqp://guest:guest@127.0.0.1:5672/%2f",
+                    help="amqp://... (RabbitMQ, the default) or nats://host:port (NATS JetStream)")
     args = ap.parse_args()
     vigil = vigil_binary()
     logdir = tempfile.mkdtemp(prefix="vigil-bench-workers-")
@@ -172,7 +174,7 @@ def main():
         print(f"machine: {os.cpu_count()} cores, load {' '.join(open('/proc/loadavg').read().split()[:3])}; "
               f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}")
         print(f"command: bench/workers/run.py --warmup {args.warmup:g} --run {args.run:g} --rate {args.rate:g} "
-              f"--work-time {args.work_time}  (binary {vigil})")
+              f"--work-time {args.work_time} --broker {args.broker}  (binary {vigil})")
         time.sleep(args.warmup)
         before = [p.reports() for p in pools]
         for p in pools:
@@ -198,13 +200,13 @@ def main():
             p.published = int(out.split("PUBLISHED")[1].split()[0]) if "PUBLISHED" in out else None
         drain_deadline = time.monotonic() + DRAIN_LIMIT
         while True:
-            depths = queue_depths()
-            idle = all(depths.get(p.queue, 1) == 0 and all(r["in_flight"] == 0 for r in p.reports()) for p in pools)
+            idle = all(queue_depths(vigil, args.broker, p.queue)[0] == 0
+                       and all(r["in_flight"] == 0 for r in p.reports()) for p in pools)
             if idle or time.monotonic() > drain_deadline:
                 break
             time.sleep(0.5)
         reports = [p.reports() for p in pools]
-        depths = queue_depths()
+        depths = {p.queue: queue_depths(vigil, args.broker, p.queue) for p in pools}
         naive_paused = any(not r["pulling"] for r in reports[1])
     finally:
         for p in pools:
@@ -222,8 +224,7 @@ def main():
         failed = sum(r["failed"] for r in rs)
         failed_hole = failed - sum(r["failed"] for r in bs)
         handled_hole = acked + failed - sum(r["processed"] + r["failed"] for r in bs)
-        dead = depths.get(f"{p.queue}.dead", 0)
-        left = depths.get(p.queue, 0)
+        left, dead = depths[p.queue]
         ok = p.published is not None and p.published == acked + dead + left
         rows.append((p.name, failed, acked))
         print(f"{p.name:<6} {p.published!s:>9} {acked:>7} {dead:>5} {left:>5} {'yes' if ok else 'NO':>9} "
@@ -247,8 +248,8 @@ def main():
     if action:
         print(f"  decision: {action['event'].get('summary', '')}")
     for q in (p.queue for p in pools):
-        subprocess.run(["rabbitmqctl", "-q", "delete_queue", q], capture_output=True)
-        subprocess.run(["rabbitmqctl", "-q", "delete_queue", f"{q}.dead"], capture_output=True)
+        subprocess.run([vigil, "example-producer", "--broker", args.broker, "--queue", q, "--delete"],
+                       capture_output=True)
     print(f"logs: {logdir}")
 
 

@@ -27,7 +27,7 @@ pub fn check(data: &[u8]) {
         assert!(!parsed.iter().any(|f| f.name.eq_ignore_ascii_case("content-length")));
     }
 
-    let Ok(fwd) = vigil_lb::front::forwarded_head(
+    let Ok(fwd) = vigil_lb::downstream::forwarded_head(
         &head,
         parsed,
         "192.0.2.1",

@@ -1,6 +1,6 @@
 //! Fuzzes `vigil_core::http1::parse_request` (the load balancer's client side feeds it
 //! whatever clients send) and the lb's rewrite of a parsed head into the head its
-//! targets get (`vigil_lb::front::forwarded_head`).
+//! targets get (`vigil_lb::downstream::forwarded_head`).
 //!
 //! Invariants: never panics; a complete head lies within the input, and no shorter
 //! prefix of it parses as complete (what a client sends in pieces is read the same);

@@ -613,6 +613,10 @@ command = ["/bin/true"]
 url = "http://127.0.0.1:9401/admin/targets/{host}/drain"
 token = "token"
 
+[controller]
+url = "http://127.0.0.1:9900"
+token = "token"
+
 [[hosts]]
 id = "web-1"
 url = "http://127.0.0.1:8081"

@@ -795,3 +795,140 @@ async fn the_dashboard_lists_queue_workers_with_their_rate_beside_their_groups()
     drop(beats);
     assert!(c.sigterm().success());
 }
+
+/// A rollout driven by the policy to its end: 4 hosts in two zones; zone b's hosts
+/// report back on `revision`, then turn unhealthy during the bake: rolled back.
+fn rolled_back_rollout(revision: &str) -> vigil_core::rollout::Rollout {
+    use vigil_core::rollout::{Command, Floor, HostSpec, HostStep, Phase, Rollout, RolloutConfig};
+    let hosts = (0..4)
+        .map(|i| HostSpec::new(format!("web-{i}"), if i < 2 { "a" } else { "b" }, "v1"))
+        .collect();
+    let config = RolloutConfig {
+        bake: Duration::from_secs(5),
+        min_samples: 0,
+        min_healthy: Floor::Count(2),
+        ..RolloutConfig::default()
+    };
+    let mut r = Rollout::start(config, hosts, revision, vigil_core::Time::ZERO).unwrap();
+    for s in 1..60 {
+        let now = vigil_core::Time::from_secs(s);
+        for c in r.poll(now) {
+            match c {
+                Command::Drain { host } => r.drained(now, &host),
+                Command::Install { host, revision, .. } => {
+                    r.installed(now, &host, Ok(()));
+                    r.report(now, &host, &revision, true);
+                }
+                _ => {}
+            }
+        }
+        for h in ["web-2", "web-3"] {
+            if matches!(r.phase(), Phase::Baking { .. })
+                && matches!(r.host_step(h), Some(HostStep::Done { .. }))
+            {
+                r.report(now, h, revision, false);
+            }
+        }
+    }
+    assert!(
+        matches!(r.phase(), Phase::RolledBack { .. }),
+        "{:#?}",
+        r.decisions()
+    );
+    r
+}
+
+/// Saves `r` in the store file at `path` as `vigil deploy` does (deployment `web`).
+fn save_rollout(path: &std::path::Path, r: &vigil_core::rollout::Rollout, started_ms: i64) {
+    let mut s = vigil_controller::store::SqliteStore::open(path).expect("open the store");
+    s.save_rollout(&vigil_controller::store::RolloutSave {
+        id: r.id().to_string(),
+        name: "web".into(),
+        revision: r.revision().to_string(),
+        phase: r.phase().to_string(),
+        finished: r.is_finished(),
+        state: serde_json::to_string(r).unwrap(),
+        clock_ms: 0,
+        now_ms: started_ms,
+        ..Default::default()
+    })
+    .expect("save the rollout");
+}
+
+/// Issue 18: the dashboard shows the `vigil deploy` rollouts in the controller's store
+/// (a deployer sharing its SQLite file): revision and phase, each wave's hosts with
+/// their step, the verdicts and why; a rollout saved after the page loaded appears on
+/// its live refresh, newest first, with a hold's reason (here: the controller's own
+/// view unreadable, fail closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_rollouts_with_their_waves_hosts_and_verdicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = backends(2);
+    let c = Controller::start(dir.path(), &(base_config("") + &targets_toml(&bs)));
+    c.wait_all(2, "healthy").await;
+    let store = dir.path().join("data").join("vigil.db");
+    let calm = reqwest::get(c.url("/dashboard/live"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!calm.contains("id=\"rollouts\""), "no rollout, no section");
+    save_rollout(&store, &rolled_back_rollout("v2"), 1_000);
+
+    let url = c.url("/");
+    let (dom, console) = tokio::task::spawn_blocking(move || load(&url))
+        .await
+        .unwrap();
+    check_console(&console);
+    let section = element(&dom, "section", "rollouts");
+    assert!(
+        section.contains("deployment web: revision v2") && section.contains("rolled back"),
+        "revision and phase: {section}"
+    );
+    for (host, wave) in [("web-0", 1), ("web-1", 1), ("web-2", 2), ("web-3", 2)] {
+        assert!(
+            section.contains(&format!("data-host=\"{host}\" data-wave=\"{wave}\"")),
+            "{host} under wave {wave}: {section}"
+        );
+    }
+    assert!(
+        section.contains("web-2 runs v2 and turned unhealthy") && section.contains("marked bad"),
+        "why it rolled back: {section}"
+    );
+    assert!(
+        section.contains("wave 1 passes"),
+        "the passing verdict with its values: {section}"
+    );
+
+    // A newer rollout, held: shown first on the next refresh, saying why.
+    let held = vigil_core::rollout::Rollout::start_seeing(
+        vigil_core::rollout::RolloutConfig::default(),
+        (0..4)
+            .map(|i| vigil_core::rollout::HostSpec::new(format!("web-{i}"), "a", "v1"))
+            .collect(),
+        "v3",
+        vigil_core::Time::ZERO,
+        Default::default(),
+        vigil_core::rollout::ControllerView::Unreadable("connection refused".into()),
+    )
+    .unwrap();
+    save_rollout(&store, &held, 2_000);
+    let live = reqwest::get(c.url("/dashboard/live"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (v3, v2) = (
+        live.find("revision v3").expect("the new rollout"),
+        live.find("revision v2").expect("the old one"),
+    );
+    assert!(v3 < v2, "newest first");
+    assert!(
+        live.contains("the controller cannot be read (connection refused)")
+            && live.contains("fail closed"),
+        "a hold says why: {live}"
+    );
+    assert!(live.contains("(not yet)"), "hosts not reached yet: {live}");
+}

@@ -13,6 +13,7 @@ use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use vigil_example::broker::Broker;
 use vigil_example::producer::Producer;
 use vigil_example::worker::DEFAULT_AMQP;
 
@@ -107,14 +108,10 @@ async fn setup(test: &str) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let c = Controller::start(dir.path(), &config());
     let queue = format!("vigil-cli-{test}-{}", std::process::id());
-    let (conn, ch) = channel().await;
-    vigil_example::producer::declare_queues(&ch, &queue)
-        .await
-        .unwrap();
-    vigil_example::producer::purge_queues(&ch, &queue)
-        .await
-        .unwrap();
-    drop(conn);
+    let broker = broker().await;
+    broker.declare(&queue).await.unwrap();
+    broker.purge(&queue).await.unwrap();
+    drop(broker);
     let workers: Vec<_> = (0..WORKERS)
         .map(|i| ExampleWorker::start(&queue, &format!("w{i}"), &c))
         .collect();
@@ -136,12 +133,10 @@ async fn setup(test: &str) -> Setup {
     s
 }
 
-async fn channel() -> (lapin::Connection, lapin::Channel) {
-    let conn = lapin::Connection::connect(DEFAULT_AMQP, lapin::ConnectionProperties::default())
+async fn broker() -> Broker {
+    Broker::connect(DEFAULT_AMQP)
         .await
-        .unwrap_or_else(|e| panic!("RabbitMQ must be reachable at {DEFAULT_AMQP}: {e}"));
-    let ch = conn.create_channel().await.unwrap();
-    (conn, ch)
+        .unwrap_or_else(|e| panic!("RabbitMQ must be reachable at {DEFAULT_AMQP}: {e}"))
 }
 
 impl Setup {
@@ -180,10 +175,7 @@ impl Setup {
     async fn finish(mut self) {
         self.producer.take().unwrap().stop().await.unwrap();
         self.workers.clear();
-        let (_conn, ch) = channel().await;
-        for q in [self.queue.clone(), format!("{}.dead", self.queue)] {
-            let _ = ch.queue_delete(q.as_str().into(), Default::default()).await;
-        }
+        let _ = broker().await.delete(&self.queue).await;
         assert!(self.c.sigterm().success());
     }
 }

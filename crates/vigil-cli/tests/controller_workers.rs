@@ -17,9 +17,14 @@ const WORKERS: usize = 5;
 /// Heartbeat targets w0..w4 in group `workers`; a short anomaly window so the test
 /// judges in seconds.
 fn config() -> String {
+    config_window("6s")
+}
+
+/// [`config`] with an anomaly window of `window`.
+fn config_window(window: &str) -> String {
     let mut c = base_config(&format!(
         "[heartbeat]\nttl = \"3s\"\nsecret = \"{HEARTBEAT_SECRET}\"\nmax_skew = \"5s\"\n\
-         [anomaly]\nwindow = \"6s\"\nbucket = \"1s\"\nmin_volume = 20\n"
+         [anomaly]\nwindow = \"{window}\"\nbucket = \"1s\"\nmin_volume = 20\n"
     ));
     for i in 0..WORKERS {
         c += &format!("[[targets]]\nid = \"w{i}\"\nheartbeat = true\ngroup = \"workers\"\n");
@@ -210,6 +215,47 @@ async fn when_every_worker_fails_nobody_is_an_outlier_and_nobody_is_replaced() {
     assert!(
         t.iter().all(|t| t["state"] == "healthy"),
         "the workers' own health passes: {t:#?}"
+    );
+    assert!(c.sigterm().success());
+}
+
+/// The dashboard's row of worker `id` when it shows it as an outlier.
+async fn outlier_row(c: &Controller, id: &str) -> Option<String> {
+    let page = reqwest::get(c.url("/")).await.ok()?.text().await.ok()?;
+    let i = page.find(&format!("data-worker=\"{id}\""))?;
+    let row = &page[i..page[i..].find("</tr>").map_or(page.len(), |e| i + e)];
+    row.contains("data-outlier=\"true\"")
+        .then(|| row.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_controller_keeps_the_workers_comparison() {
+    let dir = tempfile::tempdir().unwrap();
+    // A window far longer than the restart takes.
+    let c = Controller::start(dir.path(), &config_window("120s"));
+    let f = fleet(&c).await;
+    c.wait_all(WORKERS, "healthy").await;
+    let fails = |i: usize, m: u64| i == 3 || m.is_multiple_of(50);
+    feed_until(&c, &f, "w3 shown as an outlier", fails, async || {
+        outlier_row(&c, "w3").await
+    })
+    .await;
+    // The workers stop; the controller stops gracefully and starts again. Nothing
+    // reaches the new one (the heartbeats went to the old one's address): what it shows
+    // of the workers is what it kept, not what it saw again.
+    drop(f);
+    assert!(c.sigterm().success());
+    let c = Controller::start_existing(dir.path());
+    let row = c
+        .wait_for(
+            "the restarted controller shows w3 as an outlier",
+            || async { outlier_row(&c, "w3").await },
+        )
+        .await;
+    assert!(row.contains("100.0%"), "{row}");
+    assert!(
+        outlier_row(&c, "w0").await.is_none(),
+        "its peers are no outliers after the restart either"
     );
     assert!(c.sigterm().success());
 }

@@ -8,27 +8,18 @@
 //! flap penalty). Stopping the demo leaves no process or port, also when its output goes
 //! through a pipe that Ctrl-C closes first (`vigil demo | tee log`).
 
+mod demo_support;
+
+use demo_support::{Demo, Narration, children_of, get_json, said, spawn_demo};
 use serde_json::Value;
 use std::io::Write;
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 // Each test takes a port block unlikely to collide with other tests (other tests use
 // ephemeral ports): 17800 and 17900.
 const SERVICES: u16 = 6;
-
-async fn get_json(url: &str) -> Option<Value> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3))
-        .build()
-        .ok()?;
-    let r = client.get(url).send().await.ok()?;
-    if !r.status().is_success() {
-        return None;
-    }
-    r.json().await.ok()
-}
 
 /// Polls `cond` every 250 ms until it holds; panics naming `what` after `timeout`.
 macro_rules! wait_for {
@@ -47,37 +38,6 @@ macro_rules! wait_for {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }};
-}
-
-struct Demo(Child);
-
-impl Drop for Demo {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        // Fields after the command (which may contain spaces) start after the last ')'.
-        let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
-        let ppid = after
-            .split_whitespace()
-            .nth(1)
-            .and_then(|x| x.parse::<u32>().ok());
-        if ppid == Some(pid) {
-            out.push(p);
-        }
-    }
-    out
 }
 
 /// The running demo's endpoints, as the README's table describes them.
@@ -202,48 +162,23 @@ impl Tour {
     }
 }
 
-/// What the demo printed on stdout so far, a line each.
-type Narration = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
-
-/// Whether the demo has printed a line containing every one of `needles`.
-fn said(narration: &Narration, needles: &[&str]) -> bool {
-    narration
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|l| needles.iter().all(|n| l.contains(n)))
-}
-
 /// Starts `vigil demo` on `base` with piped stdin and its narration echoed and kept.
 fn start_demo(base: u16, dir: &std::path::Path) -> (Demo, std::process::ChildStdin, Narration) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vigil"))
-        .args(["demo", "--base-port", &base.to_string()])
-        .args(["--services", &SERVICES.to_string(), "--rps", "20"])
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
+    let args = [
+        "--base-port".to_string(),
+        base.to_string(),
+        "--services".into(),
+        SERVICES.to_string(),
+        "--rps".into(),
+        "20".into(),
+        "--data-dir".into(),
+        dir.display().to_string(),
+        "--db".into(),
+        "postgres://nobody@127.0.0.1:1/none".into(),
         // The services' keys (the queue's: tests/demo_queue.rs).
-        .arg("--no-queue")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start vigil demo");
-    let stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let narration = Narration::default();
-    let kept = narration.clone();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            println!("[demo] {line}");
-            kept.lock().unwrap().push(line);
-        }
-    });
-    (Demo(child), stdin, narration)
+        "--no-queue".into(),
+    ];
+    spawn_demo(&args)
 }
 
 /// Every key of the README's table, in the table's order, each followed by `r`: each does

@@ -4,66 +4,15 @@
 //! comparing it with its three peers and acts on it once, on it alone. Stopping the
 //! demo leaves none of its processes (the workers included) behind.
 
+mod demo_support;
+
+use demo_support::{Demo, Narration, children_of, get_json, said, spawn_demo};
 use serde_json::Value;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 // A port block away from tests/demo.rs' (17800, 17900).
 const BASE: u16 = 18000;
 const DEADLINE: Duration = Duration::from_secs(60);
-
-struct Demo(Child);
-
-impl Drop for Demo {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-type Narration = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
-
-fn said(narration: &Narration, needles: &[&str]) -> bool {
-    narration
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|l| needles.iter().all(|n| l.contains(n)))
-}
-
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        // Fields after the command (which may contain spaces) start after the last ')'.
-        let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
-        let ppid = after
-            .split_whitespace()
-            .nth(1)
-            .and_then(|x| x.parse::<u32>().ok());
-        if ppid == Some(pid) {
-            out.push(p);
-        }
-    }
-    out
-}
-
-async fn get_json(url: &str) -> Option<Value> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3))
-        .build()
-        .ok()?;
-    let r = client.get(url).send().await.ok()?;
-    if !r.status().is_success() {
-        return None;
-    }
-    r.json().await.ok()
-}
 
 /// Polls `cond` every 250 ms until it returns Some; panics naming `what` after DEADLINE.
 async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
@@ -91,39 +40,36 @@ async fn actions(ctl: &str) -> Option<Vec<Value>> {
 
 /// Starts `vigil demo` on `base` with `--break fault` 15 s in; its narration echoed
 /// and kept. Returns once its queue runs.
-async fn start_demo(base: u16, fault: &str, dir: &std::path::Path) -> (Demo, Narration) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vigil"))
-        .args(["demo", "--base-port", &base.to_string()])
-        .args(["--services", "2", "--rps", "5"])
-        .args(["--break", fault, "--break-after", "15s"])
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start vigil demo");
-    let stdout = child.stdout.take().unwrap();
-    let demo = Demo(child);
-    let narration = Narration::default();
-    let kept = narration.clone();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            println!("[demo] {line}");
-            kept.lock().unwrap().push(line);
-        }
-    });
+async fn start_demo(
+    base: u16,
+    fault: &str,
+    dir: &std::path::Path,
+) -> (Demo, std::process::ChildStdin, Narration) {
+    let args = [
+        "--base-port".to_string(),
+        base.to_string(),
+        "--services".into(),
+        "2".into(),
+        "--rps".into(),
+        "5".into(),
+        "--break".into(),
+        fault.into(),
+        "--break-after".into(),
+        "15s".into(),
+        "--data-dir".into(),
+        dir.display().to_string(),
+        "--db".into(),
+        "postgres://nobody@127.0.0.1:1/none".into(),
+    ];
+    // No key is pressed: the fault comes from --break; stdin stays open (and unused)
+    // for as long as the demo runs.
+    let (demo, stdin, narration) = spawn_demo(&args);
     wait_for("the demo runs its queue", || async {
         (said(&narration, &["queue", "4 workers"]) && said(&narration, &["worker-4", "/worker"]))
             .then_some(())
     })
     .await;
-    (demo, narration)
+    (demo, stdin, narration)
 }
 
 /// Worker `id`'s report, at the address the demo's banner gave.
@@ -142,7 +88,7 @@ async fn worker_report(narration: &Narration, id: &str) -> Option<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_demo_black_hole_key_pauses_worker_3_and_the_controller_acts_on_it_once() {
     let dir = tempfile::tempdir().unwrap();
-    let (demo, narration) = start_demo(BASE, "black-hole", dir.path()).await;
+    let (demo, _stdin, narration) = start_demo(BASE, "black-hole", dir.path()).await;
     let ctl = format!("http://127.0.0.1:{}", BASE + 2);
     assert!(
         actions(&ctl).await.is_some_and(|a| a.is_empty()),
@@ -218,7 +164,7 @@ async fn heavy_demo_black_hole_key_pauses_worker_3_and_the_controller_acts_on_it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_demo_worker_disk_key_stops_worker_2_pulling_and_no_message_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let (_demo, narration) = start_demo(BASE + 20, "worker-disk", dir.path()).await;
+    let (_demo, _stdin, narration) = start_demo(BASE + 20, "worker-disk", dir.path()).await;
     let ctl = format!("http://127.0.0.1:{}", BASE + 20 + 2);
     wait_for("worker-2 stops pulling on its disk check", || async {
         said(&narration, &["worker-2 STOPPED PULLING", "disk:free"]).then_some(())

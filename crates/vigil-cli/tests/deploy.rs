@@ -19,7 +19,10 @@
 //! - the same rollout through a signed install webhook and an HTTP drain API;
 //! - the same rollout draining its hosts through a real `vigil lb`'s admin API
 //!   (`drain.kind = "http"`): the balancer never routes to a host being restarted;
-//! - a second `run` while one drives is refused; `abort` reaches the running one.
+//! - a second `run` while one drives is refused; `abort` reaches the running one;
+//! - with a real `vigil controller`: a host it holds counts against the floor and is
+//!   not touched, the hosts can be its targets, and a controller that cannot be read
+//!   holds the rollout (fail closed) until it answers.
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -437,6 +440,28 @@ mod http_get {
 
     pub fn health(port: u16) -> Option<(u16, String)> {
         get(port, "/health")
+    }
+
+    /// `method path` with a bearer token and a JSON body: the status (0: no answer).
+    pub fn call(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> u16 {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return 0;
+        };
+        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if s.write_all(req.as_bytes()).is_err() {
+            return 0;
+        }
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text.split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0)
     }
 
     /// GET `path`: the status and the JSON body.
@@ -1088,4 +1113,287 @@ url = "http://127.0.0.1:{admin}/admin/targets/{{host}}/drain?wait=10s"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A real `vigil controller` probing the fleet's hosts (group `web`) and one more target
+/// of another group, on `port`. Its guard is slow to judge (a host restarted by its
+/// wave fails a probe or two; only an operator's hold should count here).
+struct ControllerProc {
+    child: Child,
+    port: u16,
+}
+
+const CONTROLLER_TOKEN: &str = "deploy-test-token";
+
+impl ControllerProc {
+    fn start(fleet: &Fleet, port: u16) -> ControllerProc {
+        let dir = fleet.dir.join("controller");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut text = format!(
+            r#"listen = "127.0.0.1:{port}"
+data_dir = "data"
+api_token = "{CONTROLLER_TOKEN}"
+[probe]
+interval = "200ms"
+timeout = "1s"
+[guard]
+grace = "0s"
+min_failing = "60s"
+[guard.thresholds]
+healthy_threshold = 1
+unhealthy_threshold = 50
+[[targets]]
+id = "db0"
+url = "http://127.0.0.1:1"
+zone = "a"
+group = "db"
+"#
+        );
+        for (h, zone) in fleet.hosts.lock().unwrap().iter().zip(ZONES) {
+            text.push_str(&format!(
+                "[[targets]]\nid = \"{}\"\nurl = \"http://127.0.0.1:{}\"\nzone = \"{zone}\"\ngroup = \"web\"\n",
+                h.id, h.port
+            ));
+        }
+        std::fs::write(dir.join("fleet.toml"), text).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(fleet.dir.join("controller.log"))
+            .unwrap();
+        let child = Command::new(vigil_bin())
+            .args(["controller", "-c"])
+            .arg(dir.join("fleet.toml"))
+            .env("RUST_LOG", "info")
+            .env_remove("VIGIL_API_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start vigil controller");
+        let c = ControllerProc { child, port };
+        // Up once it lists every host with a state from a probe.
+        let started = Instant::now();
+        loop {
+            let states = c.states();
+            if states.len() == 6
+                && states
+                    .iter()
+                    .filter(|(id, _)| id.starts_with('h'))
+                    .all(|(_, s)| s == "healthy")
+            {
+                return c;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "the controller never saw the fleet healthy: {states:?}\n{}",
+                fleet.log("controller.log")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Each target's display state.
+    fn states(&self) -> BTreeMap<String, String> {
+        let Some((200, body)) = http_get::get(self.port, "/api/targets") else {
+            return BTreeMap::new();
+        };
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        v["targets"]
+            .as_array()
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| {
+                        (
+                            t["id"].as_str().unwrap_or("").to_string(),
+                            t["state"].as_str().unwrap_or("").to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Puts `host` in maintenance (`true`) or lifts it, through the API with the token.
+    fn maintenance(&self, host: &str, on: bool) {
+        let (method, body) = if on {
+            ("POST", r#"{"reason": "disk swap"}"#)
+        } else {
+            ("DELETE", "")
+        };
+        let code = http_get::call(
+            self.port,
+            method,
+            &format!("/api/targets/{host}/maintenance"),
+            Some(CONTROLLER_TOKEN),
+            body,
+        );
+        assert!(
+            (200..300).contains(&code),
+            "{method} maintenance of {host}: HTTP {code}"
+        );
+        let want = if on { "maintenance" } else { "healthy" };
+        let started = Instant::now();
+        while self.states().get(host).map(String::as_str) != Some(want) {
+            assert!(started.elapsed() < DEADLINE, "{host} never {want}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ControllerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// deploy.toml with the exec hooks and `controller` as its `[controller]` table; with
+/// `hosts_from_controller` the `[[hosts]]` tables are left out (the controller's
+/// `web` targets are the hosts).
+fn controller_config(fleet: &Fleet, controller: &str, hosts_from_controller: bool) -> PathBuf {
+    let path = fleet.config("30s");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    if hosts_from_controller {
+        text.truncate(text.find("[[hosts]]").expect("hosts tables"));
+    }
+    text.push_str(&format!("[controller]\n{controller}\n"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Waits until the deployer's log says `what`.
+fn wait_log(fleet: &Fleet, what: &str) {
+    let started = Instant::now();
+    while !fleet.log("deploy.log").contains(what) {
+        assert!(
+            started.elapsed() < DEADLINE / 2,
+            "the deployer never said {what:?}\n{}",
+            fleet.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue 18: a host the controller holds (an operator's maintenance here) counts as out
+/// of service against the floor: 5 hosts, floor 3, one held leaves room for one host a
+/// wave, not two; the held host is never touched while held, and is deployed once the
+/// hold is lifted. The hosts are the controller's `web` targets (its `db` target is
+/// left out).
+#[test]
+fn hosts_the_controller_holds_count_against_the_floor_and_are_not_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start(dir.path(), "v1");
+    let controller = ControllerProc::start(&fleet, free_port());
+    controller.maintenance("h1", true);
+    let config = controller_config(
+        &fleet,
+        &format!(
+            "url = \"http://127.0.0.1:{}\"\nhosts = \"controller\"\ngroup = \"web\"\ntoken = \"{CONTROLLER_TOKEN}\"",
+            controller.port
+        ),
+        true,
+    );
+
+    let (code, plan, err) = deploy_output(&config, &["plan", "--revision", "v2"]);
+    assert_eq!(code, 0, "plan: {err}");
+    assert!(
+        plan.contains("host h1: held by the controller")
+            && plan.contains("wave 1 of v2: h0 (1 hosts")
+            && !plan.contains("db0"),
+        "the plan counts the held host: one host a wave, and only the web group:\n{plan}"
+    );
+
+    let d = deploy(dir.path(), &config, &["run", "--revision", "v2"]);
+    wait_log(
+        &fleet,
+        "every host left to deploy is held by the controller (h1)",
+    );
+    let log = fleet.log("deploy.log");
+    assert!(
+        log.contains("wave 1 of v2: h0 (1 hosts") && log.contains("wave 2 of v2: h2 (1 hosts"),
+        "waves of one host while h1 is held, its zone's turn not kept waiting:\n{log}"
+    );
+    assert!(
+        !fleet.log("drains.log").contains(" h1") && !fleet.log("installs.log").contains("h1 "),
+        "a held host is never touched:\n{}",
+        fleet.diagnostics()
+    );
+    assert!(
+        max_drained(&fleet.dir) <= 1,
+        "floor 3 of 5 with one held: at most one host out for the rollout\n{}",
+        fleet.log("drains.log")
+    );
+    controller.maintenance("h1", false);
+    let code = d.wait(dir.path());
+    assert_eq!(
+        code,
+        0,
+        "released, h1 is deployed and the rollout completes\n{}",
+        fleet.diagnostics()
+    );
+    fleet.wait_serving("v2");
+    let log = fleet.log("deploy.log");
+    assert!(log.contains("h1 released by the controller"), "{log}");
+    assert_eq!(fleet.installs().len(), 5, "{:?}", fleet.installs());
+    assert_floor_kept(&fleet);
+}
+
+/// Issue 18: a controller that cannot be read holds the rollout before any wave (fail
+/// closed, said in the decision log with why), then the rollout goes on once the
+/// controller answers; and a deployer that takes its hosts from a controller that is
+/// down does not start (exit 1, `run` again later).
+#[test]
+fn an_unreadable_controller_holds_the_rollout_until_it_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start(dir.path(), "v1");
+    let port = free_port();
+    let url = format!("url = \"http://127.0.0.1:{port}\"\ntimeout = \"500ms\"");
+
+    let listing = controller_config(&fleet, &format!("{url}\nhosts = \"controller\""), true);
+    let (code, _, err) = deploy_output(&listing, &["run", "--revision", "v2"]);
+    assert_eq!(code, 1, "no hosts without the controller: {err}");
+    assert!(
+        err.contains("cannot list the hosts from the controller"),
+        "{err}"
+    );
+
+    let config = controller_config(&fleet, &url, false);
+    let d = deploy(dir.path(), &config, &["run", "--revision", "v2"]);
+    wait_log(&fleet, "wave 1 held: the controller cannot be read");
+    // Several probe rounds later: still no wave, and said once.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        fleet.log("drains.log").is_empty() && fleet.log("installs.log").is_empty(),
+        "no host touched while the controller cannot be read\n{}",
+        fleet.diagnostics()
+    );
+    let (code, explain, _) = deploy_output(&config, &["explain"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        explain
+            .matches("held: the controller cannot be read")
+            .count(),
+        1,
+        "the hold is stored and said once:\n{explain}"
+    );
+    assert!(explain.contains("fail closed"), "{explain}");
+
+    let _controller = ControllerProc::start(&fleet, port);
+    let code = d.wait(dir.path());
+    assert_eq!(
+        code,
+        0,
+        "the rollout goes on once the controller answers\n{}",
+        fleet.diagnostics()
+    );
+    assert!(
+        fleet
+            .log("deploy.log")
+            .contains("the controller can be read again"),
+        "{}",
+        fleet.log("deploy.log")
+    );
+    fleet.wait_serving("v2");
+    assert_floor_kept(&fleet);
 }

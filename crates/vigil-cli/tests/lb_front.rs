@@ -1,4 +1,4 @@
-//! Real-process tests of `vigil lb`'s client side (`vigil_lb::front`): the real binary
+//! Real-process tests of `vigil lb`'s client side (`vigil_lb::downstream`): the real binary
 //! on loopback, raw sockets on the client side, and scripted raw backends (tokio) that
 //! record exactly which requests reached them. Health checks are off so that the only
 //! requests a backend sees are the ones the tests send. Every read is bounded in time.

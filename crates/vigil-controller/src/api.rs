@@ -91,6 +91,8 @@ pub struct AppState {
     pub balancers: crate::balancers::BalancerViews,
     /// Who leads (several replicas on PostgreSQL), for `GET /api/leader`.
     pub leadership: watch::Receiver<crate::leader::Leadership>,
+    /// What this replica probes, and the live replicas sharing the probing.
+    pub probing: watch::Receiver<Arc<crate::probing::Probing>>,
     /// How each discovery source fared, for `GET /api/discovery`.
     pub discovery: Arc<crate::discovery::DiscoveryStatus>,
 }
@@ -151,6 +153,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/api/guard", get(guard))
         .route("/api/leader", get(leader))
+        .route("/api/probing", get(probing))
         .route("/api/discovery", get(discovery))
         .route("/api/heartbeat", post(heartbeat))
         .merge(heavy)
@@ -174,9 +177,31 @@ impl From<EngineError> for ApiError {
         let code = match &e {
             EngineError::UnknownTarget(_) | EngineError::NoHold { .. } => StatusCode::NOT_FOUND,
             EngineError::OtherHold { .. } => StatusCode::CONFLICT,
-            EngineError::Store(_) | EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+            EngineError::Store(_) | EngineError::Stopped | EngineError::NotLeader { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         };
         ApiError(code, e.to_string())
+    }
+}
+
+/// An engine refusal as the API answers it: its status and `{"error": ...}`, and for
+/// a follower the replica that leads (`"leader"`, null when nobody does now), where a
+/// client sends the mutation instead.
+fn refusal(e: EngineError) -> Response {
+    let leader = match &e {
+        EngineError::NotLeader { leader, .. } => Some(leader.clone()),
+        _ => None,
+    };
+    let ApiError(code, message) = ApiError::from(e);
+    match leader {
+        Some(leader) => (
+            code,
+            [(header::RETRY_AFTER, RETRY_AFTER_S)],
+            Json(json!({ "error": message, "leader": leader })),
+        )
+            .into_response(),
+        None => ApiError(code, message).into_response(),
     }
 }
 
@@ -533,6 +558,53 @@ async fn leader(State(st): State<AppState>) -> Response {
     no_store(axum::Json(body).into_response())
 }
 
+/// Which replicas probe which targets: the live members as this replica last read
+/// them, its own share, and each probed target's probers (rendezvous hashing).
+async fn probing(State(st): State<AppState>) -> Response {
+    let p = st.probing.borrow().clone();
+    let plan = st.plan.borrow().clone();
+    let mut shares: std::collections::BTreeMap<&str, usize> = p
+        .shard
+        .iter()
+        .flat_map(|s| s.members().iter().map(|m| (m.as_str(), 0)))
+        .collect();
+    let mut share = 0usize;
+    let targets: Vec<serde_json::Value> = plan
+        .targets
+        .iter()
+        .map(|t| {
+            let probers: Vec<&str> = match (&p.shard, t.heartbeat) {
+                (Some(s), false) => s.probers_of(&t.id),
+                _ => vec![p.replica.as_str()],
+            };
+            for m in &probers {
+                *shares.entry(m).or_default() += 1;
+            }
+            let here = p.probes(t);
+            share += usize::from(here);
+            serde_json::json!({"id": t.id, "probers": probers, "here": here, "heartbeat": t.heartbeat})
+        })
+        .collect();
+    let body = serde_json::json!({
+        "replica": p.replica,
+        "sharded": p.shard.is_some(),
+        "probers": p.shard.as_ref().map_or(1, |s| s.probers()),
+        "live": p.shard.as_ref().map_or_else(|| vec![p.replica.clone()], |s| s.members().to_vec()),
+        "members": p.members,
+        "share": share,
+        "shares": shares,
+        "targets": targets,
+        "summary": match &p.shard {
+            Some(s) => format!(
+                "{} live replicas share the probing, {} per target; replica {} probes {share} of {} targets",
+                s.members().len(), s.probers().min(s.members().len()), p.replica, plan.targets.len()
+            ),
+            None => format!("replica {} alone probes all {} targets", p.replica, plan.targets.len()),
+        },
+    });
+    no_store(axum::Json(body).into_response())
+}
+
 /// Each discovery source's state: a failing source keeps its last list, and this is
 /// where that shows (besides the ERROR log lines and `vigil_controller_discovery_up`).
 async fn discovery(State(st): State<AppState>) -> Response {
@@ -706,7 +778,7 @@ async fn set_hold(st: &AppState, id: String, kind: HoldKind, body: &[u8]) -> Res
 async fn answer(rx: oneshot::Receiver<Result<(), EngineError>>, ok: serde_json::Value) -> Response {
     match rx.await {
         Ok(Ok(())) => Json(ok).into_response(),
-        Ok(Err(e)) => ApiError::from(e).into_response(),
+        Ok(Err(e)) => refusal(e),
         Err(_) => ApiError::from(EngineError::Stopped).into_response(),
     }
 }
@@ -935,6 +1007,7 @@ async fn dashboard_data(st: &AppState) -> Result<(Arc<FleetView>, dashboard::Rec
                 actions: s.actions(dashboard::RECENT_ACTIONS)?,
                 balancers: Arc::default(),
                 dry_run: false,
+                rollouts: s.recent_rollouts(dashboard::rollouts::RECENT_ROLLOUTS)?,
             })
         })
         .await
@@ -958,7 +1031,7 @@ mod tests {
     use super::*;
     use crate::config::TargetConfig;
     use crate::store::SqliteStore;
-    use vigil_core::Health;
+    use vigil_core::HealthState;
 
     fn info(id: &str, zone: &str, state: &'static str) -> TargetInfo {
         TargetInfo {
@@ -971,7 +1044,7 @@ mod tests {
                 interval: None,
             }),
             state,
-            health: Health::Healthy,
+            health: HealthState::Healthy,
             consecutive_failures: 0,
             failing_since_ms: None,
             failing_checks: Vec::new(),
@@ -980,6 +1053,7 @@ mod tests {
             flapping: false,
             hold: None,
             reported_at_ms: None,
+            in_doubt: false,
             last_probe: None,
         }
     }
@@ -1034,6 +1108,7 @@ mod tests {
             config: watch::channel(Arc::new(crate::config::ControllerConfig::default())).1,
             balancers: Arc::default(),
             leadership: watch::channel(crate::leader::Leadership::alone("test".into())).1,
+            probing: watch::channel(Arc::new(crate::probing::Probing::alone("test".into()))).1,
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

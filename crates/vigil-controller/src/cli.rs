@@ -254,9 +254,15 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
                     }
                 })
             };
-            let s = open(url).await?.for_replica(CONTROLLER_LEASE, &replica);
+            // Every statement bounded well inside the lease: a hung database or a
+            // lock held elsewhere fails a call in time, it does not freeze the leader.
+            let (statement, lock) = crate::store::pg::limits_for_lease(cfg.replicas.lease_ttl);
+            let s = open(url)
+                .await?
+                .for_replica(CONTROLLER_LEASE, &replica)
+                .with_limits(statement, lock);
             let shown = s.url().to_string();
-            let lease = open(url).await?;
+            let lease = open(url).await?.with_limits(statement, lock);
             lead_tx.send_modify(|l| {
                 l.store = "postgres";
                 l.lease = CONTROLLER_LEASE.to_string();
@@ -299,8 +305,17 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
             "recovering the guard from the store {shown}: {e:#}\nrefusing to start: starting over would lose {RESET_LOSES}; --reset-store starts over (the file is kept aside)"
         ))
     })?;
+    let (probing_tx, probing_rx) =
+        watch::channel(Arc::new(crate::probing::Probing::alone(replica.clone())));
     let lease_task = lease_store.map(|lease_store| {
         engine.replicated(lead_rx.clone());
+        engine.sharded(crate::probing::Sharding::new(
+            replica.clone(),
+            cfg.replicas.probers,
+            cfg.replicas.lease_ttl,
+            cfg.probe.interval,
+            probing_tx.clone(),
+        ));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(crate::leader::run(
             lease_store,
@@ -385,8 +400,13 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     ));
     tasks.spawn(scheduler::run(
         plan_rx.clone(),
+        probing_rx.clone(),
         engine_tx.clone(),
-        Prober::new(cfg.probe.keep_alive),
+        if lease_task.is_some() {
+            Prober::new(cfg.probe.keep_alive).for_replica(&replica)
+        } else {
+            Prober::new(cfg.probe.keep_alive)
+        },
         heartbeats.clone(),
         metrics.clone(),
         shutdown_rx.clone(),
@@ -430,6 +450,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         config: config_rx.clone(),
         balancers,
         leadership: lead_rx,
+        probing: probing_rx,
         discovery: discovery_status,
     });
     let mut server_shutdown = shutdown_rx.clone();

@@ -409,13 +409,21 @@ pub struct ReplicasConfig {
     /// third of it and stops acting a fifth of it before it ends. Defaults to 10 s.
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
+    /// How many live replicas probe each target (rendezvous hashing); a target is
+    /// judged failing only when all of them see it fail. Defaults to 2.
+    pub probers: usize,
 }
+
+/// Default probers per target: `vigil_core::shard::DEFAULT_PROBERS` (2): the least
+/// that keeps one partitioned prober from making a target unhealthy alone.
+pub const DEFAULT_PROBERS: usize = vigil_core::shard::DEFAULT_PROBERS;
 
 impl Default for ReplicasConfig {
     fn default() -> Self {
         ReplicasConfig {
             id: None,
             lease_ttl: DEFAULT_LEASE_TTL,
+            probers: DEFAULT_PROBERS,
         }
     }
 }
@@ -635,6 +643,9 @@ impl ControllerConfig {
                 ),
             ));
         }
+        if self.replicas.probers == 0 {
+            return Err(Invalid::new("replicas.probers", "must be at least 1"));
+        }
         if self.replicas.id.as_deref() == Some("") {
             return Err(Invalid::new("replicas.id", "must not be empty"));
         }
@@ -733,6 +744,7 @@ mod tests {
         let bad = |toml: &str| parse(toml).unwrap().validate().unwrap_err().key;
         assert_eq!(bad("store = \"mysql://x\""), "store.url");
         assert_eq!(bad("[replicas]\nlease_ttl = \"0s\""), "replicas.lease_ttl");
+        assert_eq!(bad("[replicas]\nprobers = 0"), "replicas.probers");
     }
 
     #[test]

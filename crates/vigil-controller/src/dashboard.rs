@@ -13,7 +13,10 @@
 //! replaced, when, with what result); the recent decisions, whose freeze reasons point
 //! to the guard instead of repeating its sentence on every row; then every other
 //! target, compact, by zone. The order of severity and the legend's words come from
-//! [`crate::view::STATES`].
+//! [`crate::view::STATES`]. Below the actions, the `vigil deploy` rollouts in the store
+//! ([`rollouts`]): waves, hosts and their steps, verdicts and why.
+
+pub mod rollouts;
 
 use crate::clock::rfc3339_ms;
 use crate::store::{ActionRecord, DecisionRecord};
@@ -37,6 +40,8 @@ pub struct Recent {
     pub balancers: std::sync::Arc<Vec<crate::balancers::BalancerView>>,
     /// The actuator only logs (`log`): nothing is replaced.
     pub dry_run: bool,
+    /// The latest `vigil deploy` rollouts, newest first.
+    pub rollouts: Vec<crate::store::StoredRollout>,
 }
 
 const STYLE: &str = r#"
@@ -71,6 +76,14 @@ td, th { text-align: left; padding: 2px 6px; border-bottom: 1px solid #ddd; vert
 .done { color: #2e7d32; font-weight: 600; } .failed { color: #c62828; font-weight: 600; } .intended { color: #ef6c00; font-weight: 600; }
 .frozen-ref { color: #c62828; }
 .calm { color: #555; }
+.rollout { border: 1px solid #ddd; border-radius: 6px; padding: .4em .8em; margin-bottom: .6em; background: #fff; }
+.rollout-head { padding: .2em .4em; border-radius: 4px; margin-bottom: .3em; }
+.rollout-head.ok { background: #e6f4ea; } .rollout-head.moving { background: #e3f2fd; }
+.rollout-head.warn { background: #fff3e0; } .rollout-head.bad { background: #fdecea; }
+.rollout-head .phase { font-weight: 600; }
+table.waves { width: auto; min-width: 50%; margin: .3em 0; }
+ul.verdicts { margin: .3em 0; padding-left: 1.2em; font-size: .85em; }
+ol.decisions { font-size: .8em; }
 "#;
 
 const SCRIPT: &str = r#"
@@ -165,6 +178,7 @@ pub fn live(fleet: &FleetView, recent: &Recent) -> Markup {
             }
         }
         (actions(&recent.actions))
+        (rollouts::rollouts(&recent.rollouts))
         (workers(&fleet.workers))
         (decisions(&recent.decisions))
         @for (zone, (calm, held)) in &zones {
@@ -187,10 +201,10 @@ pub fn live(fleet: &FleetView, recent: &Recent) -> Markup {
 
 /// The queue workers, each with its failure rate beside its group's: what the
 /// controller's peer comparison (`vigil_core::anomaly`) sees, outliers first.
-fn workers(verdicts: &[vigil_core::anomaly::Verdict]) -> Markup {
+fn workers(verdicts: &[vigil_core::anomaly::MemberVerdict]) -> Markup {
     use vigil_core::anomaly::Finding;
     let pct = |r: f64| format!("{:.1}%", r * 100.0);
-    let mut rows: Vec<&vigil_core::anomaly::Verdict> = verdicts.iter().collect();
+    let mut rows: Vec<&vigil_core::anomaly::MemberVerdict> = verdicts.iter().collect();
     rows.sort_by(|a, b| {
         (!a.is_outlier(), &a.cohort, &a.member).cmp(&(!b.is_outlier(), &b.cohort, &b.member))
     });
@@ -451,15 +465,16 @@ mod tests {
             actions: Vec::new(),
             balancers: Default::default(),
             dry_run: false,
+            rollouts: Vec::new(),
         }
     }
 
     #[test]
     fn a_queue_worker_shows_its_failure_rate_beside_its_groups() {
-        use vigil_core::anomaly::{Counts, Finding, Peers, Verdict};
+        use vigil_core::anomaly::{Counts, Finding, MemberVerdict, Peers};
         let calm = live(&FleetView::empty(), &recent(Vec::new())).into_string();
         assert!(!calm.contains("id=\"workers\""), "no workers, no section");
-        let verdict = |member: &str, counts: Counts, peers: Counts, finding| Verdict {
+        let verdict = |member: &str, counts: Counts, peers: Counts, finding| MemberVerdict {
             member: member.into(),
             cohort: "q".into(),
             rate: counts.rate(),

@@ -33,6 +33,7 @@ use crate::history::History;
 use crate::leader::Leadership;
 use crate::metrics::{Metrics, TargetLabels};
 use crate::prober::ProbeRecord;
+use crate::probing::{Judged, Sharding};
 use crate::store::{
     ActionRecord, Batch, Fence, NewDecision, NewTransition, Recovered, StoreError, StoreHandle,
     StoreHealth,
@@ -45,16 +46,18 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
-use vigil_core::anomaly::{AnomalyDetector, Counts, Verdict};
+use vigil_core::anomaly::{AnomalyDetector, AnomalyState, Counts, MemberVerdict};
 use vigil_core::guard::{
-    Applied, Decision, FreezeScope, GuardConfig, GuardState, Hold, HoldKind, Observation, Op,
-    Outcome, Reason, SafetyGuard, TargetView, WhenFrozen,
+    Applied, Decision, FreezeScope, GuardConfig, GuardState, GuardTargetView, Hold, HoldKind,
+    Observation, Op, Outcome, Reason, SafetyGuard, WhenFrozen,
 };
-use vigil_core::{Health, Time};
+use vigil_core::{HealthState, Time};
 
 /// The outcome of a freeze alert's decision, and the kind of its action's event
 /// (a replacement's is `replace`).
 pub const ALERT: &str = "alert";
+/// How a follower's `failing` state begins (the readiness and dashboard text).
+const NOT_LEADER: &str = "not the leader: ";
 /// Commands drained at most per turn, so queries and shutdown are never starved.
 const MAX_COMMANDS_PER_TURN: usize = 4096;
 /// Guard ticks (hold expiry, flap release): once a second is finer than any hold.
@@ -66,6 +69,10 @@ const BULK_CHANGES: usize = 256;
 /// A guard that changed nothing is snapshotted this often all the same (its stored
 /// time, which a restart never goes back before, keeps up with the clock).
 const QUIET_SNAPSHOT_EVERY: Duration = Duration::from_secs(600);
+/// The workers' peer comparison changes with every heartbeat: a change of it alone
+/// snapshots the guard at most this often (a crash forgets at most this much of the
+/// comparison; a graceful stop nothing).
+const ANOMALY_SNAPSHOT_EVERY: Duration = Duration::from_secs(30);
 /// Recent guard events kept for the dashboard.
 const RECENT_EVENTS: usize = 20;
 /// While the store fails, how often it is tried again (with a snapshot of the
@@ -207,6 +214,15 @@ pub enum EngineError {
     /// The store could not commit it: it was not applied.
     #[error("store failing, not applied: {0}")]
     Store(String),
+    /// This replica does not lead (several replicas on PostgreSQL, or its term ended
+    /// under it): only the leader takes mutations; nothing was applied.
+    #[error("not the leader: {detail}")]
+    NotLeader {
+        /// The replica that leads, as last read from the store (None: nobody now).
+        leader: Option<String>,
+        /// Who leads, in words (or why this replica's term ended).
+        detail: String,
+    },
     /// The engine has stopped (its command channel is closed): nothing was applied.
     #[error("engine stopped")]
     Stopped,
@@ -221,7 +237,8 @@ pub fn hold_path(kind: HoldKind) -> &'static str {
 }
 
 /// The guard config and state as snapshotted together (the ops after a snapshot were
-/// made under its config until a `Reconfigure` op says otherwise).
+/// made under its config until a `Reconfigure` op says otherwise), with the queue
+/// workers' peer comparison, so a restart judges them on the window they had.
 #[derive(Serialize, Deserialize)]
 struct Snapshot {
     config: GuardConfig,
@@ -229,6 +246,10 @@ struct Snapshot {
     /// Guard time of the snapshot: the clock never restarts earlier than this.
     #[serde(default)]
     at: Time,
+    /// The anomaly detector's windows (absent before the first heartbeat worker, and in
+    /// snapshots written before they were kept).
+    #[serde(default)]
+    anomaly: AnomalyState,
 }
 
 /// [`Snapshot`] as written.
@@ -237,6 +258,8 @@ struct SnapshotRef<'a> {
     config: &'a GuardConfig,
     state: &'a GuardState,
     at: Time,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    anomaly: Option<&'a AnomalyState>,
 }
 
 struct TargetRuntime {
@@ -315,8 +338,10 @@ pub struct Engine {
     /// Queue workers compared with their peers (cohort: the target's group). Not
     /// persisted: after a restart it judges again after one window.
     anomaly: AnomalyDetector,
+    /// Heartbeat counters were recorded since the last snapshot.
+    anomaly_changed: bool,
     /// The last verdict of each worker, by target id (refreshed every tick).
-    verdicts: BTreeMap<String, Verdict>,
+    verdicts: BTreeMap<String, MemberVerdict>,
     /// Several replicas: who leads (None: this process alone, always leads, unfenced).
     lead: Option<watch::Receiver<Leadership>>,
     /// The term the guard was loaded in, while this replica leads: every batch carries
@@ -327,17 +352,22 @@ pub struct Engine {
     following: bool,
     /// When a follower next reloads the leader's state.
     follow_reload_at: Instant,
+    /// Several replicas share the probing: this replica reports its results through
+    /// the store, and the leader judges each target by its probers' agreement.
+    sharding: Option<Sharding>,
 }
 
 pub use vigil_core::anomaly::PEER_CHECK;
 
 /// The guard rebuilt from what the store holds: the snapshot, then the ops after it.
-/// Returns it with the latest time it has seen and the number of ops replayed.
+/// Returns it with the latest time it has seen, the number of ops replayed and the
+/// workers' comparison as snapshotted.
 fn rebuild(
     rec: &Recovered,
     config: &GuardConfig,
-) -> Result<(SafetyGuard, Time, usize), anyhow::Error> {
+) -> Result<(SafetyGuard, Time, usize, AnomalyState), anyhow::Error> {
     let mut latest = Time::ZERO;
+    let mut anomaly = AnomalyState::default();
     let mut guard = match &rec.snapshot {
         Some(text) => {
             let snap: Snapshot = serde_json::from_str(text).map_err(|e| {
@@ -346,6 +376,7 @@ fn rebuild(
                 )
             })?;
             latest = snap.at;
+            anomaly = snap.anomaly;
             SafetyGuard::restore(snap.config, snap.state)
         }
         None => SafetyGuard::new(config.clone()),
@@ -369,7 +400,7 @@ fn rebuild(
             latest = latest.max(t);
         }
     }
-    Ok((guard, latest, replayed))
+    Ok((guard, latest, replayed, anomaly))
 }
 
 /// What recovery found, for the log.
@@ -394,7 +425,7 @@ impl Engine {
         plan: watch::Sender<Arc<Plan>>,
     ) -> Result<(Engine, RecoveryReport), anyhow::Error> {
         let rec = store.call(|s| s.recover()).await?;
-        let (guard, latest, replayed) = rebuild(&rec, &config.guard)?;
+        let (guard, latest, replayed, anomaly) = rebuild(&rec, &config.guard)?;
         metrics.store_healthy(true);
         let clock = Clock::start(latest);
         let report = RecoveryReport {
@@ -435,12 +466,14 @@ impl Engine {
             last_publish: Instant::now(),
             view_dirty: true,
             decided: false,
-            anomaly: AnomalyDetector::new(config.anomaly.clone()),
+            anomaly: AnomalyDetector::restore(config.anomaly.clone(), anomaly),
+            anomaly_changed: false,
             verdicts: BTreeMap::new(),
             lead: None,
             term: None,
             following: false,
             follow_reload_at: Instant::now(),
+            sharding: None,
         };
         // Targets the guard remembers keep their state only if still configured; the
         // caller sends both sources before the first flush.
@@ -563,7 +596,83 @@ impl Engine {
         let who = lead.borrow().describe();
         self.lead = Some(lead);
         self.following = true;
-        self.failing = Some(format!("not the leader: {who}"));
+        self.failing = Some(format!("{NOT_LEADER}{who}"));
+    }
+
+    /// Makes this replica share the probing with the others (see [`crate::probing`]):
+    /// its results reach the leader through the store, and while it leads it judges a
+    /// probed target only by the agreement of the target's probers, never by a probe
+    /// of its own alone. Call before [`Engine::run`].
+    pub fn sharded(&mut self, sharding: Sharding) {
+        self.sharding = Some(sharding);
+    }
+
+    /// Reports this replica's results (and heartbeat) to the store; the leader reads
+    /// everyone's back and judges the targets due.
+    async fn report(&mut self) {
+        let leading = self.term.is_some() && !self.following;
+        let Some(sh) = self.sharding.as_mut() else {
+            return;
+        };
+        let runtime = &self.runtime;
+        let report = sh.report(leading, &|id: &str| {
+            runtime.get(id).map(|rt| rt.spec.heartbeat)
+        });
+        let sent = report.clone();
+        match self.store.call(move |s| s.report(&sent)).await {
+            Ok(state) => {
+                let sh = self.sharding.as_mut().expect("checked above");
+                if sh.answered(state, leading) {
+                    self.view_dirty = true;
+                }
+                if leading && self.failing.is_none() {
+                    self.judge_agreed();
+                }
+            }
+            Err(e) => {
+                self.metrics.store_error();
+                if let Some(sh) = self.sharding.as_mut() {
+                    sh.failed(report, &e);
+                }
+            }
+        }
+    }
+
+    /// The leader: every probed target due for a verdict gets one observation, the
+    /// agreement of its probers, or doubt while they do not agree on one.
+    fn judge_agreed(&mut self) {
+        let now = Instant::now();
+        let (interval, timeout) = (self.config.probe.interval, self.config.probe.timeout);
+        let due: Vec<(Arc<str>, Judged)> = {
+            let Some(sh) = self.sharding.as_mut() else {
+                return;
+            };
+            sh.retain(|id| self.runtime.contains_key(id));
+            self.runtime
+                .iter()
+                .filter_map(|(id, rt)| {
+                    let every = rt.spec.interval.unwrap_or(interval);
+                    let heartbeat = rt.spec.heartbeat;
+                    sh.verdict(id, &rt.spec.zone, every, timeout, heartbeat, now)
+                        .map(|judged| (id.clone(), judged))
+                })
+                .collect()
+        };
+        for (id, judged) in due {
+            let at = self.clock.now();
+            let op = match judged {
+                Judged::Seen(obs) => Op::Observe { at, obs },
+                Judged::InDoubt => Op::Doubt {
+                    at,
+                    id: id.to_string(),
+                },
+            };
+            let applied = self.guard.apply(&op);
+            if applied.changed() {
+                self.view_dirty = true;
+                self.logged(op, applied.into_decision(), Some(&id));
+            }
+        }
     }
 
     /// The leadership changed: a new term reloads and leads, an ended one follows.
@@ -576,6 +685,9 @@ impl Engine {
             tracing::warn!(replica = %l.replica, epoch = ?l.epoch, "leading: the guard is reloaded from what the store holds, then judging starts");
             self.term = fence;
             self.following = false;
+            if let Some(sh) = self.sharding.as_mut() {
+                sh.all_due();
+            }
             self.batch = Batch::default();
             self.dirty = true;
             self.retry_store().await;
@@ -595,20 +707,31 @@ impl Engine {
             tracing::warn!(replica = %l.replica, "the term ended: this replica follows and decides nothing");
             self.follow(l.describe());
         } else if self.following {
-            self.failing = Some(format!("not the leader: {}", l.describe()));
+            self.failing = Some(format!("{NOT_LEADER}{}", l.describe()));
             self.view_dirty = true;
         }
+    }
+
+    /// The refusal of a follower: who leads as last read, and `detail`.
+    fn not_leader(&self, detail: String) -> EngineError {
+        let leader = self.lead.as_ref().and_then(|l| {
+            l.borrow()
+                .leader
+                .as_ref()
+                .filter(|r| r.live())
+                .map(|r| r.holder.clone())
+        });
+        EngineError::NotLeader { leader, detail }
     }
 
     /// Stops judging: what was not committed is dropped (a successor decides it again).
     fn follow(&mut self, who: String) {
         self.term = None;
         self.following = true;
-        self.failing = Some(format!("not the leader: {who}"));
+        self.failing = Some(format!("{NOT_LEADER}{who}"));
         self.batch = Batch::default();
         for (tx, _) in std::mem::take(&mut self.replies) {
-            let _asker_may_be_gone =
-                tx.send(Err(EngineError::Store(format!("not the leader: {who}"))));
+            let _asker_may_be_gone = tx.send(Err(self.not_leader(who.clone())));
         }
         self.targets_pending = true;
         self.dirty = true;
@@ -628,9 +751,13 @@ impl Engine {
         self.publish();
         loop {
             let lead = self.lead.clone();
+            let report_at = self.sharding.as_ref().map(|s| s.next_report);
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => break,
+                _ = async { tokio::time::sleep_until(report_at.expect("checked by the guard").into()).await }, if report_at.is_some() => {
+                    self.report().await;
+                }
                 r = async { lead.expect("checked by the guard").changed().await }, if lead.is_some() => {
                     if r.is_err() {
                         // The lease task is gone: nobody renews, so nobody leads here.
@@ -706,7 +833,12 @@ impl Engine {
                 | Command::Unfreeze { reply },
                 Some(e),
             ) => {
-                let _asker_may_be_gone = reply.send(Err(EngineError::Store(e.clone())));
+                let refusal = if self.following {
+                    self.not_leader(e.trim_start_matches(NOT_LEADER).to_string())
+                } else {
+                    EngineError::Store(e.clone())
+                };
+                let _asker_may_be_gone = reply.send(Err(refusal));
                 return;
             }
             (cmd, _) => cmd,
@@ -726,6 +858,7 @@ impl Engine {
                 if let Some(totals) = worker {
                     self.anomaly
                         .record_totals(self.clock.now(), &id, &rt.spec.group, totals);
+                    self.anomaly_changed = true;
                     if let Some(v) = self.verdicts.get(id.as_str()) {
                         // The worker's standing among its peers, on every record: an
                         // outlier fails the peer check (the verdict says why).
@@ -764,6 +897,20 @@ impl Engine {
                 self.metrics
                     .probe(&rt.up, record.ok, record.duration_ms / 1000.0);
                 rt.history.push(record, self.config.probe.history);
+                let heartbeat = rt.spec.heartbeat;
+                if let Some(sh) = self.sharding.as_mut() {
+                    // Shared probing: this result reaches the leader through the
+                    // store; the leader judges by every prober's result together (a
+                    // heartbeat target's by every replica's: a worker's heartbeats
+                    // reach whichever replica its address leads to).
+                    let id = self
+                        .runtime
+                        .get_key_value(id.as_str())
+                        .map(|(k, _)| k.clone())
+                        .expect("looked up above");
+                    sh.record(&id, &obs, heartbeat);
+                    return;
+                }
                 if self.failing.is_some() {
                     // Shown, not judged: a decision now could not be committed. A
                     // target still failing is decided again once the store works.
@@ -881,6 +1028,9 @@ impl Engine {
     }
 
     fn reconfigure(&mut self, config: Arc<ControllerConfig>) {
+        if let Some(sh) = self.sharding.as_mut() {
+            sh.set_probers(config.replicas.probers);
+        }
         self.config_targets = config.targets.iter().cloned().map(Arc::new).collect();
         self.config = config.clone();
         self.discovery_pending &= config.discovery.is_some();
@@ -1204,14 +1354,14 @@ impl Engine {
         }
         let now = self.clock.now();
         self.anomaly.expire(now);
-        let verdicts: BTreeMap<String, Verdict> = self
+        let verdicts: BTreeMap<String, MemberVerdict> = self
             .anomaly
             .evaluate(now)
             .into_iter()
             .map(|v| (v.member.clone(), v))
             .collect();
         for (id, v) in &verdicts {
-            let was = self.verdicts.get(id).is_some_and(Verdict::is_outlier);
+            let was = self.verdicts.get(id).is_some_and(MemberVerdict::is_outlier);
             match (was, v.is_outlier()) {
                 (false, true) => {
                     tracing::warn!(target_id = %id, verdict = %v, "worker fails far more than its peers")
@@ -1272,6 +1422,7 @@ impl Engine {
             config: self.guard.config(),
             state: self.guard.state(),
             at: self.clock.now(),
+            anomaly: (!self.anomaly.is_empty()).then(|| self.anomaly.state()),
         };
         // One buffer of about the last snapshot's size, not a chain of doublings.
         let mut buf = Vec::with_capacity(self.snapshot_size + self.snapshot_size / 8);
@@ -1281,6 +1432,7 @@ impl Engine {
         self.batch.snapshot = Some((text, unix_ms(self.clock.now())));
         self.last_snapshot = Instant::now();
         self.ops_since_snapshot = 0;
+        self.anomaly_changed = false;
     }
 
     /// Commits the batch; then runs its actions and answers its commands.
@@ -1291,7 +1443,9 @@ impl Engine {
         let since = self.last_snapshot.elapsed();
         if self.failing.is_none()
             && since >= self.config.store.snapshot_every
-            && (self.ops_since_snapshot > 0 || since >= QUIET_SNAPSHOT_EVERY)
+            && (self.ops_since_snapshot > 0
+                || since >= QUIET_SNAPSHOT_EVERY
+                || (self.anomaly_changed && since >= ANOMALY_SNAPSHOT_EVERY))
         {
             self.snapshot();
         }
@@ -1365,7 +1519,7 @@ impl Engine {
             Err(e @ StoreError::Fenced { .. }) => {
                 tracing::error!(error = %e, actions_not_run = n_actions, "another replica took over: this batch is rolled back and its actions are NOT run; following");
                 for (tx, _) in replies {
-                    let _asker_may_be_gone = tx.send(Err(EngineError::Store(e.to_string())));
+                    let _asker_may_be_gone = tx.send(Err(self.not_leader(e.to_string())));
                 }
                 self.recovering = false;
                 self.follow(e.to_string());
@@ -1422,7 +1576,9 @@ impl Engine {
             }
         };
         match rebuild(&rec, &self.config.guard) {
-            Ok((guard, _, replayed)) => {
+            // The workers' comparison stays this replica's own: a leader undoing a
+            // failed commit has a newer one than the store's.
+            Ok((guard, _, replayed, _)) => {
                 tracing::debug!(ops_replayed = replayed, "guard rebuilt from the store");
                 self.guard = guard;
                 self.dirty = false;
@@ -1563,6 +1719,7 @@ impl Engine {
                 })
             }),
             reported_at_ms: v.reported_at.map(unix_ms),
+            in_doubt: v.in_doubt,
             last_probe: rt.history.last(),
         })
     }
@@ -1605,7 +1762,7 @@ fn log_store_error(e: &StoreError, n_actions: usize) {
 }
 
 /// The state a target is shown in, most important first.
-pub fn display_state(v: &TargetView<'_>) -> &'static str {
+pub fn display_state(v: &GuardTargetView<'_>) -> &'static str {
     match v.hold {
         Some(h) if h.kind == HoldKind::Maintenance => return "maintenance",
         Some(_) => return "silenced",
@@ -1619,7 +1776,7 @@ pub fn display_state(v: &TargetView<'_>) -> &'static str {
         "reported"
     } else if v.flapping {
         "flapping"
-    } else if v.health == Health::Unhealthy {
+    } else if v.health == HealthState::Unhealthy {
         "unhealthy"
     } else if v.last_ok == Some(false) {
         "failing"
@@ -1628,7 +1785,7 @@ pub fn display_state(v: &TargetView<'_>) -> &'static str {
     }
 }
 
-fn describe(v: &TargetView<'_>) -> String {
+fn describe(v: &GuardTargetView<'_>) -> String {
     let mut parts = Vec::new();
     if v.endpoint_failed {
         parts.push("endpoint failed".to_string());

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::{oneshot, watch};
 use vigil_core::Time;
-use vigil_core::lease::{Answer, Change, LeaderLease, LeaseConfig};
+use vigil_core::lease::{Change, LeaderLease, LeaseConfig, StoreReply};
 
 /// Who leads, as this replica knows it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -128,22 +128,22 @@ pub async fn run(
             r = async { pending.as_mut().expect("checked by the guard").await }, if pending.is_some() => {
                 pending = None;
                 let (answer, row) = match r {
-                    Ok(Ok(LeaseAnswer::Granted(row))) => (Answer::Granted(row.epoch as u64), Some(Some(row))),
-                    Ok(Ok(LeaseAnswer::Held(row))) => (Answer::Held, Some(Some(row))),
-                    Ok(Ok(LeaseAnswer::Vacant)) => (Answer::Failed, Some(None)),
+                    Ok(Ok(LeaseAnswer::Granted(row))) => (StoreReply::Granted(row.epoch as u64), Some(Some(row))),
+                    Ok(Ok(LeaseAnswer::Held(row))) => (StoreReply::Held, Some(Some(row))),
+                    Ok(Ok(LeaseAnswer::Vacant)) => (StoreReply::Failed, Some(None)),
                     Ok(Err(e)) => {
                         if !last_error_logged {
                             tracing::error!(error = %e, "leader lease: the store did not answer; retrying");
                             last_error_logged = true;
                         }
-                        (Answer::Failed, None)
+                        (StoreReply::Failed, None)
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "leader lease: the store call panicked");
-                        (Answer::Failed, None)
+                        (StoreReply::Failed, None)
                     }
                 };
-                if !matches!(answer, Answer::Failed) {
+                if !matches!(answer, StoreReply::Failed) {
                     last_error_logged = false;
                 }
                 match keeper.answer(now(), answer) {

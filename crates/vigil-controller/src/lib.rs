@@ -6,6 +6,8 @@
 //!   guard call is an op committed to the store before anything acts.
 //! - [`scheduler`] and [`prober`]: deep-health probing with jitter, timeouts, bounded
 //!   concurrency and pooled connections; heartbeat targets.
+//! - [`probing`]: sharded probing among several replicas (who probes what, results
+//!   through the store, the leader's verdict by agreement).
 //! - [`discovery`]: the watched target file.
 //! - [`heartbeat`]: heartbeat signatures (a key per target, HMAC over time and body).
 //! - [`history`]: each target's recent probes, packed, for the API.
@@ -38,6 +40,7 @@ pub mod history;
 pub mod leader;
 pub mod metrics;
 pub mod prober;
+pub mod probing;
 pub mod scheduler;
 pub mod store;
 pub mod view;

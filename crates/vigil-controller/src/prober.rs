@@ -43,6 +43,9 @@ pub struct ProbeRecord {
     pub detail: String,
 }
 
+/// The `User-Agent` of every probe.
+pub const USER_AGENT: &str = "vigil-controller";
+
 /// The HTTP prober (cheap to clone: the pool is shared).
 ///
 /// A deliberately small HTTP/1.1 client: one `GET`, the response head parsed with
@@ -54,6 +57,8 @@ pub struct ProbeRecord {
 #[derive(Clone)]
 pub struct Prober {
     keep_alive: bool,
+    /// The `User-Agent` sent (names the replica when there are several).
+    agent: Arc<str>,
     pool: Arc<Mutex<Pool>>,
 }
 
@@ -117,11 +122,19 @@ impl Prober {
     pub fn new(keep_alive: bool) -> Prober {
         Prober {
             keep_alive,
+            agent: Arc::from(USER_AGENT),
             pool: Arc::new(Mutex::new(Pool {
                 idle: HashMap::new(),
                 last_sweep: Instant::now(),
             })),
         }
+    }
+
+    /// Sends `User-Agent: vigil-controller (replica <id>)`, so a target's logs tell
+    /// the replicas that probe it apart.
+    pub fn for_replica(mut self, id: &str) -> Prober {
+        self.agent = Arc::from(format!("{USER_AGENT} (replica {id})"));
+        self
     }
 
     /// Idle connections in the pool now.
@@ -252,7 +265,8 @@ impl Prober {
         let key = authority.as_str();
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: {key}\r\nAccept: application/health+json, application/json\r\nUser-Agent: vigil-controller\r\n{}\r\n",
+            "GET {path} HTTP/1.1\r\nHost: {key}\r\nAccept: application/health+json, application/json\r\nUser-Agent: {}\r\n{}\r\n",
+            self.agent,
             if self.keep_alive {
                 ""
             } else {

@@ -4,11 +4,15 @@
 //! One task holds a min-heap of due times over a slab of targets. Removed targets are
 //! dropped lazily (their heap entries carry a slot and an epoch that no longer match). New targets get a random first
 //! slot within one interval, so a fleet added at once is not probed at once.
+//!
+//! With several replicas it probes this replica's share only ([`Probing::probes`]):
+//! a membership change replans, keeping the schedule of the targets still its own.
 
 use crate::config::TargetConfig;
 use crate::engine::{Command, Plan};
 use crate::metrics::Metrics;
 use crate::prober::{ProbeRecord, Prober};
+use crate::probing::Probing;
 use rand::Rng;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -99,8 +103,12 @@ fn since(base: Instant, t: Instant) -> u64 {
 }
 
 /// Runs the scheduler until `shutdown` flips or the engine is gone.
+// The task's inputs, each its own channel or handle; a struct holding them would only
+// be taken apart again on the first line.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     mut plan_rx: watch::Receiver<Arc<Plan>>,
+    mut probing_rx: watch::Receiver<Arc<Probing>>,
     engine: mpsc::Sender<Command>,
     prober: Prober,
     heartbeats: Arc<Heartbeats>,
@@ -116,6 +124,7 @@ pub async fn run(
     let mut plan = plan_rx.borrow_and_update().clone();
     let mut permits = Arc::new(Semaphore::new(plan.probe.concurrency));
     let mut replan = true;
+    let mut probing_open = true;
     loop {
         if replan {
             replan = false;
@@ -128,15 +137,25 @@ pub async fn run(
                 .map(|(i, t)| (t.id.as_str(), i))
                 .collect();
             heartbeats.retain(|id| by_id.get(id).is_some_and(|&i| plan.targets[i].heartbeat));
-            let mut kept = vec![false; plan.targets.len()];
+            // Several replicas share the probing: this one probes its share only.
+            let mine: Vec<&Arc<TargetConfig>> = {
+                let probing = probing_rx.borrow_and_update();
+                plan.targets.iter().filter(|t| probing.probes(t)).collect()
+            };
+            let by_id: HashMap<&str, usize> = mine
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.id.as_str(), i))
+                .collect();
+            let mut kept = vec![false; mine.len()];
             for (si, slot) in slots.iter_mut().enumerate() {
                 let Some(s) = slot else { continue };
                 match by_id.get(s.spec.id.as_str()) {
-                    Some(&ti) if !kept[ti] && *plan.targets[ti] == *s.spec => {
+                    Some(&ti) if !kept[ti] && **mine[ti] == *s.spec => {
                         // Same target: keep its schedule; the plan's copy is the live
                         // one.
                         kept[ti] = true;
-                        s.spec = plan.targets[ti].clone();
+                        s.spec = mine[ti].clone();
                     }
                     _ => {
                         // Removed or changed: its heap entries are skipped from now on.
@@ -145,14 +164,14 @@ pub async fn run(
                     }
                 }
             }
-            for (t, _) in plan.targets.iter().zip(&kept).filter(|(_, k)| !**k) {
+            for (t, _) in mine.iter().zip(&kept).filter(|(_, k)| !**k) {
                 epoch = epoch.wrapping_add(1);
                 let si = free.pop().unwrap_or_else(|| {
                     slots.push(None);
                     u32::try_from(slots.len() - 1).expect("fewer than 2^32 targets")
                 });
                 slots[si as usize] = Some(Slot {
-                    spec: t.clone(),
+                    spec: (*t).clone(),
                     epoch,
                 });
                 let first = now
@@ -175,6 +194,11 @@ pub async fn run(
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
+            changed = probing_rx.changed(), if probing_open => {
+                // Its sender gone (the engine stopping): the share stays as it is.
+                probing_open = changed.is_ok();
+                replan = true;
+            }
             changed = plan_rx.changed() => {
                 if changed.is_err() {
                     break;

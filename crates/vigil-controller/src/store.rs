@@ -95,6 +95,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use std::path::Path;
+use std::time::Duration;
 
 /// SQLite's page cache, as `PRAGMA cache_size` (negative: KiB). The controller writes
 /// small batches, a snapshot now and then, and reads the newest rows: 512 KiB serves
@@ -453,6 +454,74 @@ pub struct Recovered {
     pub pending: Vec<ActionRecord>,
 }
 
+/// One replica's latest result for one target, as it writes it: on change only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeResultRow {
+    /// The target.
+    pub target: String,
+    /// The probe passed.
+    pub ok: bool,
+    /// The failing observation (the guard's `Observation`, JSON); None when it passed.
+    pub observation: Option<String>,
+}
+
+/// What one replica tells the others at each report (sharded probing): "I am alive,
+/// and every result of mine not changed here is still current as of now".
+#[derive(Clone, Debug, Default)]
+pub struct ReplicaReport {
+    /// Its id.
+    pub replica: String,
+    /// Its first report since it started: its rows from an earlier run are dropped
+    /// first (they say nothing about now).
+    pub first: bool,
+    /// Results that changed since the last report.
+    pub upserts: Vec<ProbeResultRow>,
+    /// Targets it no longer probes: their rows go.
+    pub removed: Vec<String>,
+    /// A replica is live while its last report is at most this old.
+    pub member_ttl: Duration,
+    /// Answer with every live replica's results too (the leader asks).
+    pub read_results: bool,
+}
+
+/// A live replica, as the store saw it (UNIX ms of the database's clock).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MemberRow {
+    /// Its id.
+    pub id: String,
+    /// When it first reported in this run.
+    pub since_ms: i64,
+    /// Its last report.
+    pub seen_ms: i64,
+}
+
+/// A result as the leader reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResult {
+    /// The target.
+    pub target: String,
+    /// The prober.
+    pub replica: String,
+    /// It passed.
+    pub ok: bool,
+    /// The failing observation (JSON), if it failed.
+    pub observation: Option<String>,
+    /// Current as of (its change, or its prober's last report if later), UNIX ms of
+    /// the database's clock.
+    pub as_of_ms: i64,
+}
+
+/// The answer to a [`ReplicaReport`].
+#[derive(Clone, Debug, Default)]
+pub struct ReplicaState {
+    /// The database's `now()`, UNIX ms.
+    pub now_ms: i64,
+    /// The live replicas (this one included once its report is in).
+    pub members: Vec<MemberRow>,
+    /// Every live replica's results, when asked for.
+    pub results: Vec<StoredResult>,
+}
+
 /// The controller's persistence. Implementations are blocking; the controller calls
 /// them from one dedicated thread ([`StoreHandle`]).
 pub trait Store: Send {
@@ -488,6 +557,19 @@ pub trait Store: Send {
     /// Lease `name` as it stands (None: never held, or a store without leases).
     fn lease(&mut self, _name: &str) -> Result<Option<LeaseRow>, StoreError> {
         Ok(None)
+    }
+    /// Several replicas: records this replica's heartbeat and changed results in one
+    /// transaction, and answers the live replicas (and their results, if asked). Only
+    /// a shared store has replicas: the default refuses.
+    fn report(&mut self, _report: &ReplicaReport) -> Result<ReplicaState, StoreError> {
+        Err(StoreError::Unusable {
+            path: "this store".into(),
+            why: "has no replicas (sharded probing needs PostgreSQL)".into(),
+        })
+    }
+    /// The latest `vigil deploy` rollouts, newest first (none: a store without them).
+    fn recent_rollouts(&mut self, _limit: usize) -> Result<Vec<StoredRollout>, StoreError> {
+        Ok(Vec::new())
     }
 }
 
@@ -736,6 +818,10 @@ fn action_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ActionRecord> {
 const ACTION_COLUMNS: &str = "id, decision_id, target, idempotency_key, state, attempts, created_ms, finished_ms, result, event";
 
 impl Store for SqliteStore {
+    fn recent_rollouts(&mut self, limit: usize) -> Result<Vec<StoredRollout>, StoreError> {
+        SqliteStore::recent_rollouts(self, limit)
+    }
+
     fn recover(&mut self) -> Result<Recovered, StoreError> {
         let e = self.err();
         let mut snap: Option<(i64, String)> = self

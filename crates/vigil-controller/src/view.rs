@@ -29,7 +29,7 @@ use arc_swap::ArcSwap;
 use serde::{Serialize, Serializer};
 use std::sync::Arc;
 use std::time::Duration;
-use vigil_core::Health;
+use vigil_core::HealthState;
 use vigil_core::guard::HoldKind;
 
 /// A display state: its name, whether it needs an operator's eye, and what it means.
@@ -149,7 +149,7 @@ pub struct FleetView {
     /// Each queue worker's standing among the peers of its group (`vigil_core::anomaly`),
     /// by target id; absent when no heartbeat carries worker counters.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub workers: Vec<vigil_core::anomaly::Verdict>,
+    pub workers: Vec<vigil_core::anomaly::MemberVerdict>,
     /// Answers already serialised from this view, by query.
     #[serde(skip)]
     pub answers: AnswerCache,
@@ -292,7 +292,7 @@ pub struct TargetInfo {
     /// Display state, one of [`STATES`].
     pub state: &'static str,
     /// Rise/fall verdict.
-    pub health: Health,
+    pub health: HealthState,
     /// Consecutive failed probes.
     pub consecutive_failures: u32,
     /// Failing since (UNIX ms).
@@ -309,6 +309,9 @@ pub struct TargetInfo {
     pub hold: Option<Box<HoldInfo>>,
     /// Reported for replacement at (UNIX ms).
     pub reported_at_ms: Option<i64>,
+    /// No verdict now, or a disputed pass (its probers disagree or are silent): it
+    /// counts as failing when the guard weighs an action on its peers.
+    pub in_doubt: bool,
     /// Last probe.
     pub last_probe: Option<ProbeRecord>,
 }
@@ -345,7 +348,7 @@ struct TargetWire<'a> {
     group: &'a str,
     heartbeat: bool,
     state: &'a str,
-    health: Health,
+    health: HealthState,
     consecutive_failures: u32,
     failing_since_ms: Option<i64>,
     failing_checks: &'a [String],
@@ -354,6 +357,7 @@ struct TargetWire<'a> {
     flapping: bool,
     hold: Option<&'a HoldInfo>,
     reported_at_ms: Option<i64>,
+    in_doubt: bool,
     last_probe: Option<&'a ProbeRecord>,
 }
 
@@ -375,6 +379,7 @@ impl Serialize for TargetInfo {
             flapping: self.flapping,
             hold: self.hold.as_deref(),
             reported_at_ms: self.reported_at_ms,
+            in_doubt: self.in_doubt,
             last_probe: self.last_probe.as_ref(),
         }
         .serialize(s)

@@ -92,6 +92,7 @@ fn observe(c: &mut Criterion) {
         zone: zones[7 % 3].to_string(),
         endpoint_failed: false,
         failing_checks: vec!["disk:utilization".to_string()],
+        disputed: false,
     };
     c.bench_function("SafetyGuard::observe (1,000 targets, one failing)", |b| {
         b.iter(|| {

@@ -8,7 +8,7 @@
 //! window and judges each member against the other members of its **cohort** (members
 //! grouped by version, zone or whatever the driver chooses, so a canary is compared with
 //! its own kind). It is sans-IO: counts come in with the time they were observed, and
-//! [`AnomalyDetector::evaluate`] returns one [`Verdict`] per member; acting on an outlier
+//! [`AnomalyDetector::evaluate`] returns one [`MemberVerdict`] per member; acting on an outlier
 //! is the driver's business, through the [`SafetyGuard`](crate::guard::SafetyGuard)
 //! (budget, fraction cap, flap damping) like any other candidate.
 //!
@@ -325,7 +325,7 @@ pub enum Finding {
 
 /// The judgement of one member against its peers.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Verdict {
+pub struct MemberVerdict {
     /// The member's id.
     pub member: String,
     /// Its cohort.
@@ -342,14 +342,14 @@ pub struct Verdict {
     pub finding: Finding,
 }
 
-impl Verdict {
+impl MemberVerdict {
     /// True when the member is an outlier that may be acted on.
     pub fn is_outlier(&self) -> bool {
         self.finding == Finding::Outlier
     }
 }
 
-impl fmt::Display for Verdict {
+impl fmt::Display for MemberVerdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -479,7 +479,7 @@ impl AnomalyDetector {
     }
 
     /// Judges every member against its cohort's peers, in member order.
-    pub fn evaluate(&self, now: Time) -> Vec<Verdict> {
+    pub fn evaluate(&self, now: Time) -> Vec<MemberVerdict> {
         let c = &self.config;
         // Window counts per member, grouped by cohort.
         let mut cohorts: BTreeMap<&str, Vec<(&str, Counts)>> = BTreeMap::new();
@@ -538,7 +538,7 @@ impl AnomalyDetector {
                 } else {
                     Finding::Outlier
                 };
-                verdicts.push(Verdict {
+                verdicts.push(MemberVerdict {
                     member: id.to_string(),
                     cohort: cohort.to_string(),
                     counts,

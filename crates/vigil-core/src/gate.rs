@@ -52,7 +52,7 @@
 //! ```
 
 use crate::invalid::Invalid;
-use crate::thresholds::{Health, Thresholds, ThresholdsConfig};
+use crate::thresholds::{HealthState, Thresholds, ThresholdsConfig};
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -291,12 +291,13 @@ impl WorkerGate {
 
     /// True when the worker may pull messages.
     pub fn may_pull(&self) -> bool {
-        self.readiness.health() != Health::Unhealthy && !matches!(self.switch, Switch::Open { .. })
+        self.readiness.health() != HealthState::Unhealthy
+            && !matches!(self.switch, Switch::Open { .. })
     }
 
     /// Why it does not pull, if it does not.
     pub fn pause(&self) -> Option<Pause> {
-        if self.readiness.health() == Health::Unhealthy {
+        if self.readiness.health() == HealthState::Unhealthy {
             return Some(Pause::Unready {
                 reason: self.unready_reason.clone(),
             });

@@ -32,9 +32,15 @@
 //!    two blips coincide) and never counts towards a freeze. Targets that fail together
 //!    reach N one probe at a time, so the first of them could be confirmed before its
 //!    peers count: an action therefore also needs the *eager* fraction (targets whose
-//!    last probe failed, or unhealthy) under the cap, else it waits
+//!    last probe failed, or unhealthy, or *in doubt*) under the cap, else it waits
 //!    ([`Reason::PeersFailing`], no freeze announced); the next probes tell a shared
-//!    failure (the freeze follows) from coinciding blips (the action goes ahead).
+//!    failure (the freeze follows) from coinciding blips (the action goes ahead). A
+//!    target is in doubt when its driver cannot tell that it passes: its probers
+//!    disagree ([`Observation::disputed`]) or have no fresh result
+//!    ([`SafetyGuard::doubt`]), as when a prober stops or is cut off just as a
+//!    shared failure starts. A guard that cannot see part of the fleet does not take
+//!    it for healthy (while one of several probers sees every target failing, the
+//!    guard holds, as a single controller cut off from the fleet would).
 //!
 //!    The freeze's reason says what the evidence shows ([`FreezeEvidence`]): how many of
 //!    the unhealthy targets fail which check, local or dependency, or fail as a whole
@@ -153,7 +159,7 @@ mod tests;
 use crate::invalid::Invalid;
 use crate::report::HealthReport;
 use crate::status::Status;
-use crate::thresholds::{Health, Thresholds, ThresholdsConfig};
+use crate::thresholds::{HealthState, Thresholds, ThresholdsConfig};
 use crate::time::Time;
 use budget::BudgetConfig;
 use cause::{Cause, CauseConfig};
@@ -339,6 +345,12 @@ pub struct Observation {
     pub endpoint_failed: bool,
     /// Names of the checks that failed in its health+json report.
     pub failing_checks: Vec<String>,
+    /// A pass that another of the target's probers disputes: its own fresh result
+    /// fails (several probers, verdict by agreement: a pass from any one of them is the
+    /// target's pass). The target passes, but stays *in doubt*: it counts as failing in
+    /// the eager fraction that holds actions (rule 1) until an undisputed observation.
+    #[serde(default, skip_serializing_if = "state::is_false")]
+    pub disputed: bool,
 }
 
 impl Observation {
@@ -349,6 +361,7 @@ impl Observation {
             zone: zone.into(),
             endpoint_failed: false,
             failing_checks: Vec::new(),
+            disputed: false,
         }
     }
 
@@ -394,6 +407,14 @@ impl Observation {
         }
     }
 
+    /// This pass, disputed by another prober (see [`Observation::disputed`]).
+    pub fn disputed(self) -> Self {
+        Observation {
+            disputed: true,
+            ..self
+        }
+    }
+
     /// Whether the probe passed.
     pub fn is_ok(&self) -> bool {
         !self.endpoint_failed && self.failing_checks.is_empty()
@@ -423,13 +444,13 @@ pub struct SafetyGuard {
 
 /// A read-only view of one target.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TargetView<'a> {
+pub struct GuardTargetView<'a> {
     /// Its id.
     pub id: &'a str,
     /// Its zone.
     pub zone: &'a str,
     /// Its rise/fall verdict.
-    pub health: Health,
+    pub health: HealthState,
     /// Still in its grace period (nothing observed counts yet).
     pub in_grace: bool,
     /// Whether its last observation passed (None: none yet).
@@ -450,6 +471,9 @@ pub struct TargetView<'a> {
     pub hold: Option<&'a Hold>,
     /// When it was reported for replacement (until it recovers).
     pub reported_at: Option<Time>,
+    /// Its driver cannot tell that it passes ([`SafetyGuard::doubt`]): it counts as
+    /// failing in the eager fraction.
+    pub in_doubt: bool,
 }
 
 /// The guard's overall state at a moment, for dashboards and APIs.
@@ -552,6 +576,7 @@ impl SafetyGuard {
             hold: None,
             reported: None,
             last_signature: None,
+            in_doubt: false,
         };
         self.index.apply(&self.config.cause, &t, true);
         self.state.targets.insert(id.into(), t);
@@ -595,6 +620,22 @@ impl SafetyGuard {
         let mut had = false;
         self.modify(now, id, |t| had = t.hold.take().is_some())?;
         Ok(had)
+    }
+
+    /// The driver has no verdict on a target now: the probers it trusts disagree
+    /// without a pass, or their results are stale or missing (a prober stopped, cut
+    /// off, or just assigned). Nothing about the target itself changes (its streak,
+    /// verdict and reasons stay); it is *in doubt* until its next observation, and
+    /// counts as failing in the eager fraction that holds actions (rule 1): a guard
+    /// that cannot see part of the fleet does not take it for healthy. Returns whether
+    /// anything changed (false when it was in doubt already).
+    pub fn doubt(&mut self, now: Time, id: &str) -> Result<bool, UnknownTarget> {
+        let mut changed = false;
+        self.modify(now, id, |t| {
+            changed = !t.in_doubt;
+            t.in_doubt = true;
+        })?;
+        Ok(changed)
     }
 
     /// Freezes the guard by hand: nobody is acted on until [`SafetyGuard::unfreeze`].
@@ -694,7 +735,7 @@ impl SafetyGuard {
         let ok = obs.is_ok();
         t.failures = if ok { 0 } else { t.failures.saturating_add(1) };
         if let Some(tr) = t.thresholds.observe(now, ok)
-            && tr.to == Health::Healthy
+            && tr.to == HealthState::Healthy
         {
             // Recovered: if it fails again later, it may be reported again.
             t.reported = None;
@@ -706,6 +747,7 @@ impl SafetyGuard {
             });
         }
         t.last_ok = Some(ok);
+        t.in_doubt = ok && obs.disputed;
         t.endpoint_failed = obs.endpoint_failed;
         t.failing_checks.clone_from(&obs.failing_checks);
         self.index.apply(&cfg.cause, t, true);
@@ -734,6 +776,7 @@ impl SafetyGuard {
     fn is_quiet(&self, now: Time, obs: &Observation) -> bool {
         if self.freeze_stale
             || !obs.is_ok()
+            || obs.disputed
             || self.index.next_hold_expiry.is_some_and(|n| n <= now)
             || self.alert_due(now)
         {
@@ -749,8 +792,9 @@ impl SafetyGuard {
             && !t.endpoint_failed
             && t.failing_checks.is_empty()
             && t.last_signature.is_none()
+            && !t.in_doubt
             && !t.damper.is_suppressed()
-            && t.thresholds.health() == Health::Healthy
+            && t.thresholds.health() == HealthState::Healthy
             && t.thresholds.consecutive_successes() > 0
     }
 
@@ -786,21 +830,21 @@ impl SafetyGuard {
     }
 
     /// A view of one target at `now`.
-    pub fn target(&self, now: Time, id: &str) -> Option<TargetView<'_>> {
+    pub fn target(&self, now: Time, id: &str) -> Option<GuardTargetView<'_>> {
         let (id, t) = self.state.targets.get_key_value(id)?;
         Some(self.view(now, id, t))
     }
 
     /// Views of every target at `now`, in id order.
-    pub fn targets(&self, now: Time) -> impl Iterator<Item = TargetView<'_>> {
+    pub fn targets(&self, now: Time) -> impl Iterator<Item = GuardTargetView<'_>> {
         self.state
             .targets
             .iter()
             .map(move |(id, t)| self.view(now, id, t))
     }
 
-    fn view<'a>(&'a self, now: Time, id: &'a str, t: &'a GuardTarget) -> TargetView<'a> {
-        TargetView {
+    fn view<'a>(&'a self, now: Time, id: &'a str, t: &'a GuardTarget) -> GuardTargetView<'a> {
+        GuardTargetView {
             id,
             zone: &t.zone,
             health: t.thresholds.health(),
@@ -814,6 +858,7 @@ impl SafetyGuard {
             flapping: t.damper.is_suppressed(),
             hold: t.hold.as_deref(),
             reported_at: t.reported,
+            in_doubt: t.in_doubt,
         }
     }
 
@@ -1088,14 +1133,25 @@ impl SafetyGuard {
             causes,
         }];
         // Targets failing together reach the thresholds one probe at a time: before any
-        // of them is acted on, the eager count (last probe failed) must be under the cap
-        // too, so a freeze that is starting is never raced (rule 1).
+        // of them is acted on, the eager count (last probe failed, or in doubt) must be
+        // under the cap too, so a freeze that is starting is never raced (rule 1).
         if hold.is_empty() && confirmed {
             let (zt, _, zf) = self.index.zones.get(&*t.zone).copied().unwrap_or_default();
+            // How many of them are in doubt: counted only when an action waits.
+            let in_doubt = |zone: Option<&str>| {
+                let n = self
+                    .state
+                    .targets
+                    .values()
+                    .filter(|o| o.in_doubt && o.counted() && zone.is_none_or(|z| *o.zone == *z))
+                    .count();
+                u32::try_from(n).unwrap_or(u32::MAX)
+            };
             if self.exceeds(self.index.failing, self.index.total) {
                 hold.push(Reason::PeersFailing {
                     zone: None,
                     failing: self.index.failing,
+                    in_doubt: in_doubt(None),
                     total: self.index.total,
                     cap: cfg.max_unhealthy_fraction,
                 });
@@ -1103,6 +1159,7 @@ impl SafetyGuard {
                 hold.push(Reason::PeersFailing {
                     zone: Some(t.zone.to_string()),
                     failing: zf,
+                    in_doubt: in_doubt(Some(&t.zone)),
                     total: zt,
                     cap: cfg.max_unhealthy_fraction,
                 });

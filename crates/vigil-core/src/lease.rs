@@ -7,7 +7,7 @@
 //!
 //! 1. **One request at a time.** [`LeaderLease::poll`] hands out a request (acquire, or
 //!    renew the epoch held) only when none is in flight; the driver answers every one
-//!    ([`LeaderLease::answer`]), a timeout or a lost connection as [`Answer::Failed`].
+//!    ([`LeaderLease::answer`]), a timeout or a lost connection as [`StoreReply::Failed`].
 //! 2. **Renew at a fraction of the TTL.** A leader renews `renew_every` (default a third
 //!    of the TTL) after it *sent* its last successful request; after a failed one it
 //!    tries again every `retry_every`. A follower asks every `retry_every`, so a lease
@@ -100,7 +100,7 @@ pub struct Request {
 
 /// The store's answer to a [`Request`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Answer {
+pub enum StoreReply {
     /// Ours at this epoch.
     Granted(u64),
     /// Held by someone else (or by us at another epoch).
@@ -165,13 +165,13 @@ impl LeaderLease {
     }
 
     /// The answer to the request in flight, at `now`. Returns a change of role.
-    pub fn answer(&mut self, now: Time, answer: Answer) -> Option<Change> {
+    pub fn answer(&mut self, now: Time, answer: StoreReply) -> Option<Change> {
         let Some(req) = self.in_flight.take() else {
             return None; // Nothing asked: nothing to learn.
         };
         let c = self.config;
         match answer {
-            Answer::Granted(epoch) => {
+            StoreReply::Granted(epoch) => {
                 self.next_request = req.sent + c.renew_every;
                 let deadline = req.sent + c.ttl.saturating_sub(c.margin);
                 // A term past its deadline is over, whatever this answer says (rule 4).
@@ -201,14 +201,14 @@ impl LeaderLease {
                     }
                 }
             }
-            Answer::Held => {
+            StoreReply::Held => {
                 self.next_request = now + c.retry_every;
                 self.term
                     .take()
                     .map(|t| Change::Demoted(t.epoch))
                     .or_else(|| self.expire(now))
             }
-            Answer::Failed => {
+            StoreReply::Failed => {
                 self.next_request = now + c.retry_every;
                 self.expire(now)
             }

@@ -20,6 +20,8 @@
 //! - [`rollout`]: health-gated rollouts in waves, with report-back and latched rollback.
 //! - [`lease`]: a replica's view of the leader lease: when to renew, when to stop
 //!   trusting it (the controller's several replicas).
+//! - [`shard`]: sharded probing among controller replicas (rendezvous assignment) and
+//!   the verdict by agreement of a target's probers.
 //! - [`judge`](mod@judge): the one judge of an HTTP health answer (status code + optional
 //!   health+json body -> verdict), with its rule table.
 //! - [`build`]: the version and git commit this was built from.
@@ -40,6 +42,7 @@ pub mod pool;
 pub mod report;
 pub mod retry;
 pub mod rollout;
+pub mod shard;
 pub mod status;
 pub mod thresholds;
 pub mod time;
@@ -48,5 +51,5 @@ pub use invalid::Invalid;
 pub use judge::{Answers, Judgement, judge};
 pub use report::{CheckResult, HEALTH_JSON, HealthReport, ParseError};
 pub use status::{Criticality, Status};
-pub use thresholds::{Health, Thresholds, ThresholdsConfig, Transition};
+pub use thresholds::{HealthState, Thresholds, ThresholdsConfig, Transition};
 pub use time::Time;

@@ -82,7 +82,7 @@
 //! assert!(matches!(back.as_slice(), [OutlierEvent::Readmitted { .. }]));
 //! ```
 
-use crate::anomaly::Verdict;
+use crate::anomaly::MemberVerdict;
 use crate::invalid::Invalid;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
@@ -291,7 +291,7 @@ pub enum EjectReason {
 
 impl EjectReason {
     /// The success-rate reason carrying an outlier verdict's numbers.
-    pub fn success_rate(v: &Verdict) -> EjectReason {
+    pub fn success_rate(v: &MemberVerdict) -> EjectReason {
         EjectReason::SuccessRate {
             failed: v.counts.failed,
             requests: v.counts.total(),

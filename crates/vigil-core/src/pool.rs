@@ -50,10 +50,10 @@
 //! # Rules
 //!
 //! **In service.** A target is *in service* when its active-check verdict is
-//! [`Health::Healthy`], outlier detection has not ejected it and it is not drained. Active checks go through
+//! [`HealthState::Healthy`], outlier detection has not ejected it and it is not drained. Active checks go through
 //! [`Pool::observe_probe`] (`ok` = the check passed; a health+json `warn` is `ok`),
 //! request outcomes through [`Pool::observe_request`], and [`Pool::tick`] readmits
-//! targets whose ejection time ended. A new target starts [`Health::Unknown`] and gets no
+//! targets whose ejection time ended. A new target starts [`HealthState::Unknown`] and gets no
 //! traffic until `healthy_threshold` checks pass, unless
 //! [`PoolConfig::new_targets`] is [`NewTargets::Healthy`] (e.g. no active checks).
 //!
@@ -125,7 +125,7 @@ mod selection;
 
 use crate::invalid::Invalid;
 use crate::outlier::{Ejection, OutlierConfig, OutlierDetector, OutlierEvent, RequestOutcome};
-use crate::thresholds::{Health, Thresholds, ThresholdsConfig};
+use crate::thresholds::{HealthState, Thresholds, ThresholdsConfig};
 use crate::time::Time;
 pub use retry_budget::{
     DEFAULT_MIN_RETRIES_PER_SECOND, DEFAULT_RETRY_RATIO, DEFAULT_RETRY_WINDOW, RetryBudget,
@@ -282,7 +282,7 @@ impl Default for TargetSpec {
 
 /// The last active check of a target.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProbeRecord {
+pub struct LastProbe {
     /// When it completed.
     pub at: Time,
     /// Whether it passed.
@@ -332,9 +332,9 @@ pub enum PoolEvent<K> {
         /// The target.
         target: K,
         /// Verdict before.
-        from: Health,
+        from: HealthState,
         /// Verdict after.
-        to: Health,
+        to: HealthState,
         /// Consecutive checks that caused it.
         streak: u32,
         /// What the last check saw.
@@ -381,8 +381,8 @@ impl<K: Clone> PoolEvent<K> {
         match self {
             PoolEvent::Health {
                 target,
-                from: Health::Healthy,
-                to: Health::Unhealthy,
+                from: HealthState::Healthy,
+                to: HealthState::Unhealthy,
                 ..
             } => Some(target),
             PoolEvent::Outlier {
@@ -405,7 +405,7 @@ impl<K: fmt::Display> fmt::Display for PoolEvent<K> {
                 streak,
                 detail,
             } => {
-                let what = if *to == Health::Healthy {
+                let what = if *to == HealthState::Healthy {
                     "passed"
                 } else {
                     "failed"
@@ -502,7 +502,7 @@ struct Member<K> {
     key: K,
     spec: TargetSpec,
     thresholds: Thresholds,
-    last_probe: Option<ProbeRecord>,
+    last_probe: Option<LastProbe>,
     /// When it last entered service (starts the slow-start ramp).
     entered_service: Option<Time>,
     /// Drained: no new traffic, left out of the healthy fraction.
@@ -519,11 +519,11 @@ pub struct TargetView<'a, K> {
     /// The one-word state.
     pub state: TargetState,
     /// The active checks' verdict.
-    pub health: Health,
+    pub health: HealthState,
     /// When that verdict began.
     pub health_since: Time,
     /// The last active check.
-    pub last_probe: Option<&'a ProbeRecord>,
+    pub last_probe: Option<&'a LastProbe>,
     /// The current ejection, if any.
     pub ejection: Option<Ejection>,
     /// How many times outlier detection ejected it.
@@ -654,7 +654,7 @@ impl<K: Ord + Clone> Pool<K> {
         let detail = detail.into();
         let was_in = self.in_service(i);
         let m = &mut self.members[i];
-        m.last_probe = Some(ProbeRecord {
+        m.last_probe = Some(LastProbe {
             at: now,
             ok,
             detail: detail.clone(),
@@ -737,7 +737,7 @@ impl<K: Ord + Clone> Pool<K> {
     }
 
     /// The active checks' verdict on `key` (`None`: not a target of this pool).
-    pub fn health(&self, key: &K) -> Option<Health> {
+    pub fn health(&self, key: &K) -> Option<HealthState> {
         self.index(key).map(|i| self.members[i].thresholds.health())
     }
 
@@ -797,7 +797,7 @@ impl<K: Ord + Clone> Pool<K> {
         let known = self
             .members
             .iter()
-            .filter(|m| m.thresholds.health() != Health::Unknown && !m.drained)
+            .filter(|m| m.thresholds.health() != HealthState::Unknown && !m.drained)
             .count();
         let healthy = (0..self.members.len())
             .filter(|&i| self.in_service(i))
@@ -858,10 +858,10 @@ impl<K: Ord + Clone> Pool<K> {
             let state = match (m.thresholds.health(), ejection) {
                 _ if m.drained => TargetState::Drained,
                 (_, Some(_)) => TargetState::Ejected,
-                (Health::Unknown, None) => TargetState::Unknown,
-                (Health::Unhealthy, None) => TargetState::Unhealthy,
-                (Health::Healthy, None) if ramp.is_some() => TargetState::SlowStart,
-                (Health::Healthy, None) => TargetState::Healthy,
+                (HealthState::Unknown, None) => TargetState::Unknown,
+                (HealthState::Unhealthy, None) => TargetState::Unhealthy,
+                (HealthState::Healthy, None) if ramp.is_some() => TargetState::SlowStart,
+                (HealthState::Healthy, None) => TargetState::Healthy,
             };
             let route = Route {
                 key: (),
@@ -893,7 +893,9 @@ impl<K: Ord + Clone> Pool<K> {
 
     fn in_service(&self, i: usize) -> bool {
         let m = &self.members[i];
-        m.thresholds.health() == Health::Healthy && !m.drained && !self.outlier.is_ejected(&m.key)
+        m.thresholds.health() == HealthState::Healthy
+            && !m.drained
+            && !self.outlier.is_ejected(&m.key)
     }
 
     fn ramp(&self, m: &Member<K>, now: Time) -> Option<Ramp> {

@@ -15,6 +15,11 @@
 //!    `fleet - floor - (hosts already unhealthy or held by the guard)` hosts, capped by
 //!    `max_wave`; when that is zero the rollout *holds* and says why, it never dips below
 //!    the floor. By default a wave stays within one zone (`zones = "one-at-a-time"`).
+//!    Held hosts are never touched while held. The driver tells the policy what the
+//!    controller holds ([`Rollout::held`]); when it cannot read the controller it says so
+//!    ([`Rollout::controller_view`]) and no new wave starts until it can: an unreadable
+//!    signal fails closed, as CodeDeploy's unreadable alarms do (a wave in progress still
+//!    finishes its report-back and bake, and a rollback still runs).
 //! 2. **Report-back.** A host is drained, installed, and must then *report back*: its
 //!    health answer shows the new revision and passes. The `progress_deadline` (default
 //!    10 minutes, from the drain) **acts**: a host that has not reported back by then fails
@@ -286,6 +291,19 @@ impl HostSpec {
     }
 }
 
+/// What the driver could read of the controller's view of the hosts this round.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ControllerView {
+    /// Read: these hosts are held (the controller holds, quarantines or judges them
+    /// unhealthy); every other host is not.
+    Read {
+        /// The held hosts.
+        held: BTreeSet<String>,
+    },
+    /// Could not be read (why, in words): no new wave starts (fail closed).
+    Unreadable(String),
+}
+
 /// What the driver must do.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -408,7 +426,7 @@ pub enum Phase {
 /// A wave's verdict.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
-pub enum Verdict {
+pub enum WaveVerdict {
     /// Proceed.
     Pass,
     /// Roll back.
@@ -463,6 +481,33 @@ pub struct Rollout {
     /// Commands produced but not yet taken by `poll`.
     #[serde(default)]
     outbox: Vec<Command>,
+    /// Why the controller's view cannot be read now (None: it can, or none is used).
+    #[serde(default)]
+    unreadable: Option<String>,
+    /// The hosts of every wave started, in order (a rollback's reinstall is not a wave).
+    #[serde(default)]
+    wave_log: Vec<Vec<String>>,
+}
+
+/// One host of a rollout as it stands (for display: the dashboard, `status`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RolloutHost<'a> {
+    /// Its id.
+    pub id: &'a str,
+    /// Its zone.
+    pub zone: &'a str,
+    /// What it runs, as last reported.
+    pub revision: &'a str,
+    /// What it ran before the rollout (a rollback's target).
+    pub previous: &'a str,
+    /// Serving, as last reported.
+    pub healthy: bool,
+    /// Held by the controller.
+    pub held: bool,
+    /// Where it is.
+    pub step: &'a HostStep,
+    /// Samples taken.
+    pub samples: usize,
 }
 
 /// Why a rollout cannot start.
@@ -498,7 +543,33 @@ impl Rollout {
         now: Time,
         bad: BTreeSet<String>,
     ) -> Result<Rollout, StartError> {
+        let held = BTreeSet::new();
+        Self::start_seeing(
+            config,
+            hosts,
+            revision,
+            now,
+            bad,
+            ControllerView::Read { held },
+        )
+    }
+
+    /// Like [`Rollout::start_with_bad`], with what the driver could read of the
+    /// controller at the start: hosts it holds are held (as well as those whose
+    /// [`HostSpec::held`] says so); unreadable, the first wave is held (fail closed).
+    pub fn start_seeing(
+        config: RolloutConfig,
+        hosts: Vec<HostSpec>,
+        revision: &str,
+        now: Time,
+        bad: BTreeSet<String>,
+        view: ControllerView,
+    ) -> Result<Rollout, StartError> {
         config.validate().map_err(StartError::Config)?;
+        let (view_held, unreadable) = match view {
+            ControllerView::Read { held } => (held, None),
+            ControllerView::Unreadable(why) => (BTreeSet::new(), Some(why)),
+        };
         if bad.contains(revision) {
             return Err(StartError::Bad(revision.to_string()));
         }
@@ -517,13 +588,14 @@ impl Rollout {
                 } else {
                     HostStep::Pending
                 };
+                let held = h.held || view_held.contains(&h.id);
                 (
                     h.id,
                     Host {
                         zone: h.zone,
                         revision: h.revision,
                         healthy: h.healthy,
-                        held: h.held,
+                        held,
                         step,
                         samples: Vec::new(),
                     },
@@ -542,6 +614,8 @@ impl Rollout {
             bad,
             decisions: Vec::new(),
             outbox: Vec::new(),
+            unreadable,
+            wave_log: Vec::new(),
         };
         let n = r.hosts.len();
         let floor = r.config.min_healthy.of(n);
@@ -589,6 +663,30 @@ impl Rollout {
     /// Hosts of the current wave.
     pub fn wave_hosts(&self) -> &[String] {
         &self.wave_hosts
+    }
+
+    /// The hosts of every wave started so far, in order.
+    pub fn waves(&self) -> &[Vec<String>] {
+        &self.wave_log
+    }
+
+    /// Every host as it stands, by id.
+    pub fn hosts(&self) -> impl Iterator<Item = RolloutHost<'_>> {
+        self.hosts.iter().map(|(id, h)| RolloutHost {
+            id,
+            zone: &h.zone,
+            revision: &h.revision,
+            previous: self.previous.get(id).map_or("", String::as_str),
+            healthy: h.healthy,
+            held: h.held,
+            step: &h.step,
+            samples: h.samples.len(),
+        })
+    }
+
+    /// Why the controller cannot be read now, if it cannot.
+    pub fn controller_unreadable(&self) -> Option<&str> {
+        self.unreadable.as_deref()
     }
 
     /// True when nothing more will happen without a human.
@@ -715,12 +813,71 @@ impl Rollout {
         self.advance(now);
     }
 
-    /// The guard holds or releases a host.
-    pub fn held(&mut self, now: Time, host: &str, held: bool) {
-        if let Some(h) = self.hosts.get_mut(host) {
-            h.held = held;
+    /// The guard holds or releases a host (the controller holds it, quarantines it or
+    /// judges it unhealthy): a held host counts as out of service and is not touched.
+    /// Returns true when the hold changed.
+    pub fn held(&mut self, now: Time, host: &str, held: bool) -> bool {
+        let changed = match self.hosts.get_mut(host) {
+            Some(h) if h.held != held => {
+                h.held = held;
+                true
+            }
+            _ => false,
+        };
+        if changed {
+            self.decide_hold(now, host, held);
         }
         self.advance(now);
+        changed
+    }
+
+    /// What the driver read of the controller this round: every host's hold at once
+    /// (then one step, so no wave starts on half of them), or that it could not be
+    /// read, which starts no new wave until it is read again (said once, with why; the
+    /// holds stay as last read).
+    pub fn controller_view(&mut self, now: Time, view: ControllerView) {
+        match view {
+            ControllerView::Read { held } => {
+                let changed: Vec<(String, bool)> = self
+                    .hosts
+                    .iter_mut()
+                    .filter_map(|(id, h)| {
+                        let want = held.contains(id);
+                        (h.held != want).then(|| {
+                            h.held = want;
+                            (id.clone(), want)
+                        })
+                    })
+                    .collect();
+                for (id, held) in changed {
+                    self.decide_hold(now, &id, held);
+                }
+                if self.unreadable.take().is_some() {
+                    self.decide(now, "the controller can be read again".to_string());
+                }
+            }
+            ControllerView::Unreadable(why) => self.unreadable = Some(why),
+        }
+        self.advance(now);
+    }
+
+    fn decide_hold(&mut self, now: Time, host: &str, held: bool) {
+        self.decide(
+            now,
+            format!(
+                "{host} {} by the controller",
+                if held {
+                    "held (out of service, not touched)"
+                } else {
+                    "released"
+                }
+            ),
+        );
+    }
+
+    /// Whether the host is held by the controller now.
+    pub fn is_held(&self, host: &str) -> bool {
+        self.hosts.get(host).is_some_and(|h| h.held)
     }
 
     /// A sample (e.g. the host's error rate over the last interval, 0..1).
@@ -765,6 +922,13 @@ impl Rollout {
             self.decide(now, format!("completed: every host runs {}", self.revision));
             return;
         }
+        if let Some(why) = self.unreadable.clone() {
+            let reason = format!(
+                "the controller cannot be read ({why}): no new wave until it can (fail closed)"
+            );
+            self.hold(now, wave, reason);
+            return;
+        }
         let n = self.hosts.len();
         let floor = self.floor();
         let out_now = self.out_of_service();
@@ -776,7 +940,13 @@ impl Rollout {
         // out already. Prefer them.
         let mut chosen: Vec<String> = Vec::new();
         let zone = match self.config.zones {
-            Zones::OneAtATime => pending.first().map(|id| self.hosts[id].zone.clone()),
+            // The zone of the first host that may be taken: a held host must not keep
+            // its zone's turn (and so every other zone) waiting.
+            Zones::OneAtATime => pending
+                .iter()
+                .find(|id| !self.hosts[*id].held)
+                .or(pending.first())
+                .map(|id| self.hosts[id].zone.clone()),
             Zones::Any => None,
         };
         for id in &pending {
@@ -795,19 +965,22 @@ impl Rollout {
             }
         }
         if chosen.is_empty() {
-            let reason = format!(
-                "floor: {floor} of {n} hosts must stay in service and {out_now} are out (unhealthy, held or in a wave): no host can be taken now"
-            );
-            if self.phase
-                != (Phase::Held {
-                    wave,
-                    reason: reason.clone(),
-                })
-            {
-                self.decide(now, format!("wave {} held: {reason}", wave + 1));
-            }
-            self.wave_hosts.clear();
-            self.phase = Phase::Held { wave, reason };
+            let held: Vec<&str> = pending
+                .iter()
+                .filter(|id| self.hosts[*id].held)
+                .map(String::as_str)
+                .collect();
+            let reason = if held.len() == pending.len() {
+                format!(
+                    "every host left to deploy is held by the controller ({}): waiting for it to release them",
+                    held.join(", ")
+                )
+            } else {
+                format!(
+                    "floor: {floor} of {n} hosts must stay in service and {out_now} are out (unhealthy, held or in a wave): no host can be taken now"
+                )
+            };
+            self.hold(now, wave, reason);
             return;
         }
         self.waves += 1;
@@ -828,8 +1001,23 @@ impl Rollout {
             }
             self.outbox.push(Command::Drain { host: id.clone() });
         }
+        self.wave_log.push(chosen.clone());
         self.wave_hosts = chosen;
         self.phase = Phase::Deploying { wave };
+    }
+
+    /// Holds before wave `wave` for `reason` (said once while it stays the reason).
+    fn hold(&mut self, now: Time, wave: usize, reason: String) {
+        if self.phase
+            != (Phase::Held {
+                wave,
+                reason: reason.clone(),
+            })
+        {
+            self.decide(now, format!("wave {} held: {reason}", wave + 1));
+        }
+        self.wave_hosts.clear();
+        self.phase = Phase::Held { wave, reason };
     }
 
     fn next_wave(&mut self, now: Time) {
@@ -922,12 +1110,12 @@ impl Rollout {
     fn judge(&mut self, now: Time, wave: usize, since: Time) {
         let (verdict, why) = self.verdict(since);
         match verdict {
-            Verdict::Pass => {
+            WaveVerdict::Pass => {
                 self.decide(now, format!("wave {} passes: {why}", wave + 1));
                 self.next_wave(now);
             }
-            Verdict::Fail => self.fail(now, format!("wave {} fails: {why}", wave + 1)),
-            Verdict::Inconclusive => {
+            WaveVerdict::Fail => self.fail(now, format!("wave {} fails: {why}", wave + 1)),
+            WaveVerdict::Inconclusive => {
                 let reason = format!(
                     "inconclusive: {why}; waiting for more data (or a human: approve / abort)"
                 );
@@ -949,12 +1137,12 @@ impl Rollout {
     }
 
     /// The verdict of the current wave over samples since `since`.
-    pub fn verdict(&self, since: Time) -> (Verdict, String) {
+    pub fn verdict(&self, since: Time) -> (WaveVerdict, String) {
         let c = self.compare(since);
         let cfg = &self.config;
         if c.new_samples < cfg.min_samples {
             return (
-                Verdict::Inconclusive,
+                WaveVerdict::Inconclusive,
                 format!(
                     "{} samples from the new hosts, {} needed",
                     c.new_samples, cfg.min_samples
@@ -963,7 +1151,7 @@ impl Rollout {
         }
         let Some(p) = c.p_value else {
             return (
-                Verdict::Pass,
+                WaveVerdict::Pass,
                 format!(
                     "no old-revision host left to compare with: judged on the fixed limit only (median {:.4} over {} samples, limit {:.4})",
                     c.new_median, c.new_samples, cfg.max_error_rate
@@ -972,7 +1160,7 @@ impl Rollout {
         };
         if c.old_samples < cfg.min_samples {
             return (
-                Verdict::Inconclusive,
+                WaveVerdict::Inconclusive,
                 format!(
                     "{} samples from the old hosts, {} needed",
                     c.old_samples, cfg.min_samples
@@ -993,9 +1181,9 @@ impl Rollout {
             cfg.min_effect
         );
         if p < cfg.alpha && effect >= cfg.min_effect {
-            (Verdict::Fail, stats)
+            (WaveVerdict::Fail, stats)
         } else {
-            (Verdict::Pass, stats)
+            (WaveVerdict::Pass, stats)
         }
     }
 

@@ -6,7 +6,7 @@
 //! the current verdict changes nothing, which is what keeps one lost packet from
 //! ejecting a server.
 //!
-//! A new target starts [`Health::Unknown`] and needs the same streaks to get a verdict,
+//! A new target starts [`HealthState::Unknown`] and needs the same streaks to get a verdict,
 //! so a load balancer can withhold traffic until it has been checked
 //! ([`Thresholds::new_unknown`]), or assume it healthy until proven otherwise
 //! ([`Thresholds::new_healthy`]).
@@ -58,7 +58,7 @@ impl ThresholdsConfig {
 /// A target's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Health {
+pub enum HealthState {
     /// Not yet checked enough to say.
     Unknown,
     /// Serving.
@@ -67,12 +67,12 @@ pub enum Health {
     Unhealthy,
 }
 
-impl fmt::Display for Health {
+impl fmt::Display for HealthState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Health::Unknown => "unknown",
-            Health::Healthy => "healthy",
-            Health::Unhealthy => "unhealthy",
+            HealthState::Unknown => "unknown",
+            HealthState::Healthy => "healthy",
+            HealthState::Unhealthy => "unhealthy",
         })
     }
 }
@@ -81,9 +81,9 @@ impl fmt::Display for Health {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transition {
     /// Verdict before.
-    pub from: Health,
+    pub from: HealthState,
     /// Verdict after.
-    pub to: Health,
+    pub to: HealthState,
     /// Length of the streak that caused it.
     pub streak: u32,
     /// When the streak began (the first result of it).
@@ -94,7 +94,7 @@ pub struct Transition {
 #[derive(Clone, Debug)]
 pub struct Thresholds {
     config: ThresholdsConfig,
-    health: Health,
+    health: HealthState,
     since: Time,
     /// Consecutive results agreeing with `streak_ok`; reset when a result disagrees.
     streak: u32,
@@ -105,16 +105,16 @@ pub struct Thresholds {
 impl Thresholds {
     /// A target with no verdict yet: it needs a full streak either way.
     pub fn new_unknown(config: ThresholdsConfig, now: Time) -> Self {
-        Self::with_health(config, Health::Unknown, now)
+        Self::with_health(config, HealthState::Unknown, now)
     }
 
     /// A target assumed healthy until `unhealthy_threshold` failures say otherwise.
     pub fn new_healthy(config: ThresholdsConfig, now: Time) -> Self {
-        Self::with_health(config, Health::Healthy, now)
+        Self::with_health(config, HealthState::Healthy, now)
     }
 
     /// A target in a given state (e.g. restored from a store).
-    pub fn with_health(config: ThresholdsConfig, health: Health, now: Time) -> Self {
+    pub fn with_health(config: ThresholdsConfig, health: HealthState, now: Time) -> Self {
         Thresholds {
             config,
             health,
@@ -134,9 +134,9 @@ impl Thresholds {
         }
         self.streak = self.streak.saturating_add(1);
         let (target, needed) = if ok {
-            (Health::Healthy, self.config.healthy_threshold)
+            (HealthState::Healthy, self.config.healthy_threshold)
         } else {
-            (Health::Unhealthy, self.config.unhealthy_threshold)
+            (HealthState::Unhealthy, self.config.unhealthy_threshold)
         };
         if self.health != target && self.streak >= needed {
             let t = Transition {
@@ -154,7 +154,7 @@ impl Thresholds {
 
     /// Forces a verdict (an operator's action, or a passive ejection); the streak restarts.
     /// Returns the transition when it changed anything.
-    pub fn force(&mut self, now: Time, health: Health) -> Option<Transition> {
+    pub fn force(&mut self, now: Time, health: HealthState) -> Option<Transition> {
         self.streak = 0;
         if self.health == health {
             return None;
@@ -171,7 +171,7 @@ impl Thresholds {
     }
 
     /// The current verdict.
-    pub fn health(&self) -> Health {
+    pub fn health(&self) -> HealthState {
         self.health
     }
 
@@ -228,7 +228,7 @@ mod tests {
             .expect("third failure must eject");
         assert_eq!(
             (tr.from, tr.to, tr.streak),
-            (Health::Healthy, Health::Unhealthy, 3)
+            (HealthState::Healthy, HealthState::Unhealthy, 3)
         );
         assert_eq!(tr.streak_started, Time::from_secs(1));
         assert_eq!(t.since(), Time::from_secs(3));
@@ -248,7 +248,11 @@ mod tests {
         assert_eq!(t.consecutive_failures(), 0);
         t.observe(Time::from_secs(4), false);
         t.observe(Time::from_secs(5), false);
-        assert_eq!(t.health(), Health::Healthy, "the streak restarted at t=4");
+        assert_eq!(
+            t.health(),
+            HealthState::Healthy,
+            "the streak restarted at t=4"
+        );
         assert_eq!(t.failing_since(), Some(Time::from_secs(4)));
     }
 
@@ -256,16 +260,22 @@ mod tests {
     fn unknown_needs_a_full_streak_either_way() {
         let mut t = Thresholds::new_unknown(cfg(2, 3), Time::ZERO);
         assert_eq!(t.observe(Time::from_secs(1), true), None);
-        assert_eq!(t.health(), Health::Unknown);
+        assert_eq!(t.health(), HealthState::Unknown);
         let tr = t.observe(Time::from_secs(2), true).unwrap();
-        assert_eq!((tr.from, tr.to), (Health::Unknown, Health::Healthy));
+        assert_eq!(
+            (tr.from, tr.to),
+            (HealthState::Unknown, HealthState::Healthy)
+        );
     }
 
     #[test]
     fn force_restarts_the_streak() {
         let mut t = Thresholds::new_healthy(cfg(2, 3), Time::ZERO);
         t.observe(Time::from_secs(1), true);
-        assert!(t.force(Time::from_secs(2), Health::Unhealthy).is_some());
+        assert!(
+            t.force(Time::from_secs(2), HealthState::Unhealthy)
+                .is_some()
+        );
         assert_eq!(t.observe(Time::from_secs(3), true), None);
         assert!(t.observe(Time::from_secs(4), true).is_some());
     }
@@ -297,7 +307,7 @@ mod tests {
                 last = Some(ok);
                 let before = t.health();
                 let tr = t.observe(Time::from_secs(i as u64 + 1), ok);
-                let (target, needed) = if ok { (Health::Healthy, rise) } else { (Health::Unhealthy, fall) };
+                let (target, needed) = if ok { (HealthState::Healthy, rise) } else { (HealthState::Unhealthy, fall) };
                 if before == target {
                     prop_assert!(tr.is_none(), "no transition into the state it is already in");
                 } else if streak < needed {

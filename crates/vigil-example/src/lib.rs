@@ -5,10 +5,13 @@
 //! - [`service`]: routes, checks, cache, fault injection, start and drain.
 //! - [`store`]: the PostgreSQL / SQLite item store and its fault switches.
 //! - [`cli`]: arguments (`vigil example-service`, `cargo run --example service`).
-//! - [`worker`]: the example queue worker (`vigil example-worker`): RabbitMQ through the
-//!   library's worker gate, with fault injection, and heartbeats to a controller.
+//! - [`worker`]: the example queue worker (`vigil example-worker`): RabbitMQ or NATS
+//!   JetStream through the library's worker gate, with fault injection, and heartbeats
+//!   to a controller.
+//! - [`broker`]: the queue layout on either broker, for the worker and the producer.
 //! - [`producer`]: a steady producer for the worker's queue (`vigil example-producer`).
 
+pub mod broker;
 pub mod cli;
 pub mod producer;
 pub mod service;

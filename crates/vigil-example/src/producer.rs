@@ -3,76 +3,10 @@
 //! confirmed by the broker, and counts what the broker confirmed, so that a run can check
 //! that nothing was lost (published = acknowledged + dead-lettered + still queued).
 
-use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use crate::broker::Broker;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-/// Connects to `amqp` and opens a channel.
-pub async fn connect(amqp: &str) -> anyhow::Result<(Connection, Channel)> {
-    let conn = Connection::connect(amqp, ConnectionProperties::default())
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to RabbitMQ at {amqp}: {e}"))?;
-    let channel = conn.create_channel().await?;
-    Ok((conn, channel))
-}
-
-/// Declares `queue` and `<queue>.dead` (durable) if missing, as the example worker does.
-pub async fn declare_queues(channel: &Channel, queue: &str) -> anyhow::Result<()> {
-    for q in [queue.to_string(), format!("{queue}.dead")] {
-        channel
-            .queue_declare(
-                q.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot declare queue {q}: {e}"))?;
-    }
-    Ok(())
-}
-
-/// Messages ready in `queue` and in `<queue>.dead` now (a passive declare: the broker's
-/// own count, without consuming).
-pub async fn depths(channel: &Channel, queue: &str) -> anyhow::Result<(u32, u32)> {
-    let mut n = [0; 2];
-    for (slot, q) in n
-        .iter_mut()
-        .zip([queue.to_string(), format!("{queue}.dead")])
-    {
-        *slot = channel
-            .queue_declare(
-                q.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot read queue {q}: {e}"))?
-            .message_count();
-    }
-    Ok((n[0], n[1]))
-}
-
-/// Empties `queue` and `<queue>.dead` (a fresh start for the demo and the benchmark).
-pub async fn purge_queues(channel: &Channel, queue: &str) -> anyhow::Result<()> {
-    for q in [queue.to_string(), format!("{queue}.dead")] {
-        channel
-            .queue_purge(q.as_str().into(), QueuePurgeOptions::default())
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot purge queue {q}: {e}"))?;
-    }
-    Ok(())
-}
 
 /// A running producer; [`Producer::stop`] ends it.
 pub struct Producer {
@@ -82,24 +16,21 @@ pub struct Producer {
 }
 
 impl Producer {
-    /// Connects to `amqp`, declares the queues and publishes `rate` messages a second to
-    /// `queue` until stopped. Must be called within a tokio runtime.
-    pub async fn start(amqp: &str, queue: &str, rate: f64) -> anyhow::Result<Producer> {
+    /// Connects to the broker at `url` (RabbitMQ or NATS: [`Broker`]), declares the
+    /// queues and publishes `rate` messages a second to `queue`, each confirmed, until
+    /// stopped. Must be called within a tokio runtime.
+    pub async fn start(url: &str, queue: &str, rate: f64) -> anyhow::Result<Producer> {
         anyhow::ensure!(
             rate.is_finite() && rate > 0.0,
             "rate must be above 0, not {rate}"
         );
-        let (conn, channel) = connect(amqp).await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        declare_queues(&channel, queue).await?;
+        let broker = Broker::connect(url).await?;
+        broker.declare(queue).await?;
         let published = Arc::new(AtomicU64::new(0));
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let (count, queue) = (published.clone(), queue.to_string());
         let every = Duration::from_secs_f64(1.0 / rate);
         let task = tokio::spawn(async move {
-            let _conn = conn;
             let mut tick = tokio::time::interval(every);
             // A late tick is made up for (Burst): the rate is kept on average.
             loop {
@@ -109,17 +40,7 @@ impl Producer {
                     _ = tick.tick() => {}
                 }
                 let n = count.load(Ordering::Relaxed);
-                let confirm = channel
-                    .basic_publish(
-                        "".into(),
-                        queue.as_str().into(),
-                        BasicPublishOptions::default(),
-                        n.to_string().as_bytes(),
-                        BasicProperties::default().with_delivery_mode(2),
-                    )
-                    .await?
-                    .await?;
-                anyhow::ensure!(confirm.is_ack(), "the broker refused message {n}");
+                broker.publish(&queue, n.to_string()).await?;
                 count.fetch_add(1, Ordering::Relaxed);
             }
         });
@@ -155,9 +76,9 @@ pub struct Args {
     /// The queue to publish to (declared if missing, with `<queue>.dead`).
     #[arg(long, env = "VIGIL_WORKER_QUEUE", default_value = "vigil-jobs")]
     pub queue: String,
-    /// RabbitMQ URL.
-    #[arg(long, env = "VIGIL_WORKER_AMQP", default_value = crate::worker::DEFAULT_AMQP)]
-    pub amqp: String,
+    /// The broker: `amqp://...` (RabbitMQ) or `nats://host:port` (NATS JetStream).
+    #[arg(long, alias = "amqp", env = "VIGIL_WORKER_BROKER", default_value = crate::worker::DEFAULT_AMQP)]
+    pub broker: String,
     /// Messages per second.
     #[arg(long, default_value_t = 40.0)]
     pub rate: f64,
@@ -167,10 +88,18 @@ pub struct Args {
     /// Empty the queue and `<queue>.dead` before publishing.
     #[arg(long)]
     pub purge: bool,
+    /// Publish nothing: print the broker's counts, `QUEUED <n> DEAD <m>` (messages in the
+    /// queue, ready or held by a worker, and in `<queue>.dead`), and exit.
+    #[arg(long, conflicts_with_all = ["purge", "delete", "duration"])]
+    pub depths: bool,
+    /// Publish nothing: delete the queue and `<queue>.dead` (on NATS: the stream), and exit.
+    #[arg(long, conflicts_with_all = ["purge", "duration"])]
+    pub delete: bool,
 }
 
 /// Publishes until `--for` has passed or SIGTERM/Ctrl-C, then prints `PUBLISHED <n>`
-/// (messages the broker confirmed) and exits 0; exit 1 on a broker error.
+/// (messages the broker confirmed) and exits 0; exit 1 on a broker error. With
+/// `--depths` or `--delete`, does that instead and exits.
 pub fn run(args: Args) -> std::process::ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -183,13 +112,34 @@ pub fn run(args: Args) -> std::process::ExitCode {
         }
     };
     runtime.block_on(async move {
+        if args.depths || args.delete {
+            let result = async {
+                let broker = Broker::connect(&args.broker).await?;
+                if args.delete {
+                    broker.delete(&args.queue).await?;
+                    println!("DELETED {}", args.queue);
+                } else {
+                    let (queued, dead) = broker.depths(&args.queue).await?;
+                    println!("QUEUED {queued} DEAD {dead}");
+                }
+                anyhow::Ok(())
+            }
+            .await;
+            return match result {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("example producer: {e:#}");
+                    std::process::ExitCode::FAILURE
+                }
+            };
+        }
         let result = async {
             if args.purge {
-                let (_conn, channel) = connect(&args.amqp).await?;
-                declare_queues(&channel, &args.queue).await?;
-                purge_queues(&channel, &args.queue).await?;
+                let broker = Broker::connect(&args.broker).await?;
+                broker.declare(&args.queue).await?;
+                broker.purge(&args.queue).await?;
             }
-            let producer = Producer::start(&args.amqp, &args.queue, args.rate).await?;
+            let producer = Producer::start(&args.broker, &args.queue, args.rate).await?;
             println!("PRODUCING queue={} rate={}", args.queue, args.rate);
             let until = async {
                 match args.duration {

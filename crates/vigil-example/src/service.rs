@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use vigil::checks::{Amount, DiskSpace, FileDescriptors, InFlight, Memory, Saturation};
-use vigil::{Check, CheckOptions, Criticality, FnCheck, Health, HealthConfig, Observation, Status};
+use vigil::{Check, CheckOptions, CheckResult, Criticality, FnCheck, Health, HealthConfig, Status};
 
 /// A read waits at most this long for the database before answering from the cache.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
@@ -128,7 +128,7 @@ pub(crate) struct DiskWithFault {
 }
 
 impl Check for DiskWithFault {
-    async fn check(&self) -> Observation {
+    async fn check(&self) -> CheckResult {
         if self.fault.load(Ordering::SeqCst) {
             let mut o = self.impossible.check().await;
             o.output = o
@@ -151,22 +151,22 @@ struct StoreCheck {
 }
 
 impl Check for StoreCheck {
-    async fn check(&self) -> Observation {
+    async fn check(&self) -> CheckResult {
         let started = Instant::now();
         let result = tokio::time::timeout(DB_CHECK_TIMEOUT, self.store.ping()).await;
         let took = started.elapsed();
         let ms = (took.as_secs_f64() * 100_000.0).round() / 100.0;
         let kind = self.store.kind();
         let observation = match result {
-            Ok(Ok(())) if took > DB_SLOW => Observation::new(Status::Warn).with_output(format!(
+            Ok(Ok(())) if took > DB_SLOW => CheckResult::new(Status::Warn).with_output(format!(
                 "{kind}: SELECT 1 took {ms} ms, slower than {}",
                 humantime::format_duration(DB_SLOW)
             )),
             Ok(Ok(())) => {
-                Observation::new(Status::Pass).with_output(format!("{kind}: SELECT 1 in {ms} ms"))
+                CheckResult::new(Status::Pass).with_output(format!("{kind}: SELECT 1 in {ms} ms"))
             }
-            Ok(Err(e)) => Observation::fail(format!("{e}; reads served from the cache")),
-            Err(_) => Observation::fail(format!(
+            Ok(Err(e)) => CheckResult::fail(format!("{e}; reads served from the cache")),
+            Err(_) => CheckResult::fail(format!(
                 "{kind}: no answer within {}; reads served from the cache",
                 humantime::format_duration(DB_CHECK_TIMEOUT)
             )),
@@ -273,11 +273,11 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
             let n = cache.len();
             let up = db_up.load(Ordering::SeqCst);
             let o = if n > 0 {
-                Observation::new(Status::Pass).with_output(format!("{n} items cached"))
+                CheckResult::new(Status::Pass).with_output(format!("{n} items cached"))
             } else if up {
-                Observation::new(Status::Pass).with_output("cache empty; reads go to the database")
+                CheckResult::new(Status::Pass).with_output("cache empty; reads go to the database")
             } else {
-                Observation::fail("cannot serve: the database is unreachable and nothing is cached")
+                CheckResult::fail("cannot serve: the database is unreachable and nothing is cached")
             };
             std::future::ready(o.with_observed(n, "count"))
         })

@@ -1,6 +1,7 @@
-//! The example queue worker (`vigil example-worker`): consumes a RabbitMQ queue through
-//! the library's worker gate (`vigil::worker`), with fault injection, for the demo, the
-//! benchmark and anyone trying the gate on a real broker.
+//! The example queue worker (`vigil example-worker`): consumes a RabbitMQ queue or a NATS
+//! JetStream work stream (`--broker`, by the URL's scheme; the layout: [`crate::broker`])
+//! through the library's worker gate (`vigil::worker`), with fault injection, for the
+//! demo, the benchmark and anyone trying the gate on a real broker.
 //!
 //! Each message takes `work_time` to process. Its local checks (disk, fds, memory) feed
 //! the gate: while they pass it pulls, when one fails it stops and sends back what it
@@ -24,11 +25,11 @@
 //! `/health` report (local checks) and its counters (processed, failed, in flight, the
 //! oldest message's age), which the controller compares with its peers'.
 
+use crate::broker::Broker;
 use crate::service::DiskWithFault;
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::routing::{get, post};
-use lapin::{Connection, ConnectionProperties};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,12 +38,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use vigil::checks::{Amount, DiskSpace, FileDescriptors, Memory};
 use vigil::heartbeat::{HeartbeatConfig, Heartbeats};
-use vigil::worker::rabbitmq::{RabbitConfig, consume};
+use vigil::worker::nats::NatsConfig;
+use vigil::worker::rabbitmq::RabbitConfig;
 use vigil::worker::{GateConfig, KillSwitchConfig, Worker};
 use vigil::{CheckOptions, Health};
 
 /// Default broker: the machine's RabbitMQ.
 pub const DEFAULT_AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// The machine's NATS (with JetStream), for `--broker`.
+pub const DEFAULT_NATS: &str = "nats://127.0.0.1:4222";
 /// Default worker address (faults, report, health).
 pub const DEFAULT_WORKER_LISTEN: &str = "127.0.0.1:8090";
 
@@ -52,9 +56,9 @@ pub struct Args {
     /// The queue to consume (declared if missing, with `<queue>.dead` for poison).
     #[arg(long, env = "VIGIL_WORKER_QUEUE", default_value = "vigil-jobs")]
     pub queue: String,
-    /// RabbitMQ URL.
-    #[arg(long, env = "VIGIL_WORKER_AMQP", default_value = DEFAULT_AMQP)]
-    pub amqp: String,
+    /// The broker: `amqp://...` (RabbitMQ) or `nats://host:port` (NATS JetStream).
+    #[arg(long, alias = "amqp", env = "VIGIL_WORKER_BROKER", default_value = DEFAULT_AMQP)]
+    pub broker: String,
     /// The worker's id (stamped on the messages it fails; its target id for heartbeats).
     #[arg(long, env = "VIGIL_WORKER_ID", default_value = "worker")]
     pub id: String,
@@ -67,7 +71,7 @@ pub struct Args {
     /// Time a black hole takes to fail one message.
     #[arg(long, env = "VIGIL_WORKER_FAIL_TIME", default_value = "2ms", value_parser = humantime::parse_duration)]
     pub fail_time: Duration,
-    /// Messages in flight (RabbitMQ prefetch).
+    /// Messages in flight (RabbitMQ prefetch; the fetch batch on NATS).
     #[arg(long, env = "VIGIL_WORKER_PREFETCH", default_value_t = 4)]
     pub prefetch: u16,
     /// Local check interval.
@@ -96,7 +100,7 @@ impl Args {
     pub fn new(queue: impl Into<String>, id: impl Into<String>) -> Args {
         Args {
             queue: queue.into(),
-            amqp: DEFAULT_AMQP.to_string(),
+            broker: DEFAULT_AMQP.to_string(),
             id: id.into(),
             listen: DEFAULT_WORKER_LISTEN
                 .parse()
@@ -213,32 +217,57 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         }
     };
 
-    let conn = Connection::connect(&args.amqp, ConnectionProperties::default())
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to RabbitMQ at {}: {e}", args.amqp))?;
-    let channel = conn.create_channel().await?;
-    crate::producer::declare_queues(&channel, &args.queue).await?;
+    let broker = Broker::connect(&args.broker).await?;
+    broker.declare(&args.queue).await?;
     let dead = format!("{}.dead", args.queue);
-    let mut config = RabbitConfig::new(args.queue.clone());
-    config.prefetch = args.prefetch;
-    config.dead_letter_queue = Some(dead);
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let consumer = {
         let (worker, faults) = (worker.clone(), faults.clone());
         let (work, fail) = (args.work_time, args.fail_time);
+        let (queue, prefetch) = (args.queue.clone(), args.prefetch);
         tokio::spawn(async move {
             let handler = move |_body: bytes::Bytes| {
                 let faults = faults.clone();
                 async move { handle(&faults, work, fail).await }
             };
             let mut stopped = stopped;
-            let r = consume(&worker, &channel, &config, handler, async move {
+            let shutdown = async move {
                 let _ = stopped.wait_for(|s| *s).await;
-            })
-            .await;
-            drop(conn);
-            r.map_err(anyhow::Error::from)
+            };
+            match broker {
+                Broker::Rabbit { conn, channel } => {
+                    let mut config = RabbitConfig::new(queue);
+                    config.prefetch = prefetch;
+                    config.dead_letter_queue = Some(dead);
+                    let r = vigil::worker::rabbitmq::consume(
+                        &worker, &channel, &config, handler, shutdown,
+                    )
+                    .await;
+                    drop(conn);
+                    r.map_err(anyhow::Error::from)
+                }
+                Broker::Nats { js } => {
+                    let name = crate::broker::stream_name(&queue);
+                    let consumer = js
+                        .get_stream(&name)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("cannot read stream {name}: {e}"))?
+                        .get_consumer(crate::broker::NATS_WORKERS)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("cannot read consumer of {name}: {e}"))?;
+                    let config = NatsConfig {
+                        batch: prefetch.max(1).into(),
+                        dead_letter_subject: Some(dead),
+                        ..NatsConfig::default()
+                    };
+                    vigil::worker::nats::consume(
+                        &worker, &js, &consumer, &config, handler, shutdown,
+                    )
+                    .await
+                    .map_err(anyhow::Error::from)
+                }
+            }
         })
     };
 
@@ -256,7 +285,7 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    tracing::info!(%addr, queue = %args.queue, naive = args.naive, controller = ?args.controller, "example worker consuming");
+    tracing::info!(%addr, queue = %args.queue, broker = %args.broker, naive = args.naive, controller = ?args.controller, "example worker consuming");
     Ok(Running {
         addr,
         worker,

@@ -1,77 +1,47 @@
-//! The example worker on the machine's real RabbitMQ (127.0.0.1:5672, guest/guest, on
-//! every machine, CI's included), its faults switched over real HTTP as an operator would:
-//! a worker whose disk fails stops pulling and fails nothing; a black hole among its peers
-//! pauses itself and every message is still processed, none lost; a naive worker keeps
-//! eating the queue.
+//! The example worker on the machine's real brokers (RabbitMQ at 127.0.0.1:5672,
+//! guest/guest, and NATS with JetStream at 127.0.0.1:4222, on every machine, CI's
+//! included), its faults switched over real HTTP as an operator would: a worker whose
+//! disk fails stops pulling and fails nothing; a black hole among its peers pauses itself
+//! and every message is still processed, none lost (the broker holds none afterwards,
+//! none dead-lettered); a naive worker keeps eating the queue. Each test runs once per
+//! broker (`rabbitmq_*`, `nats_*`), through the same [`Broker`] layout the demo and the
+//! benchmark use.
 
-use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use std::time::{Duration, Instant};
-use vigil_example::worker::{Args, DEFAULT_AMQP, Running, start};
+use vigil_example::broker::Broker;
+use vigil_example::worker::{Args, DEFAULT_AMQP, DEFAULT_NATS, Running, start};
 
-async fn channel() -> (Connection, Channel) {
-    let conn = Connection::connect(DEFAULT_AMQP, ConnectionProperties::default())
-        .await
-        .unwrap_or_else(|e| {
-            panic!("RabbitMQ must be reachable at {DEFAULT_AMQP} (scripts/install-test-deps.sh checks it): {e}")
-        });
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    (conn, ch)
+async fn broker(url: &str) -> Broker {
+    Broker::connect(url).await.unwrap_or_else(|e| {
+        panic!(
+            "the broker must be reachable at {url} (scripts/install-test-deps.sh checks it): {e:#}"
+        )
+    })
 }
 
-/// A fresh durable queue and its `.dead` queue, named for the test and the process.
-async fn fresh_queue(ch: &Channel, test: &str) -> String {
+/// A fresh queue (and its `.dead`), named for the test and the process.
+async fn fresh_queue(b: &Broker, test: &str) -> String {
     let q = format!("vigil-example-{test}-{}", std::process::id());
-    for name in [q.clone(), format!("{q}.dead")] {
-        let _ = ch
-            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-            .await;
-        ch.queue_declare(
-            name.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    }
+    let _ = b.delete(&q).await;
+    b.declare(&q).await.unwrap();
     q
 }
 
-async fn delete_queue(ch: &Channel, q: &str) {
-    for name in [q.to_string(), format!("{q}.dead")] {
-        let _ = ch
-            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
-}
-
-async fn publish(ch: &Channel, q: &str, n: u32) {
+async fn publish(b: &Broker, q: &str, n: u32) {
     for i in 0..n {
-        ch.basic_publish(
-            "".into(),
-            q.into(),
-            BasicPublishOptions::default(),
-            i.to_string().as_bytes(),
-            BasicProperties::default(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        b.publish(q, i.to_string()).await.unwrap();
     }
 }
 
-fn args(queue: &str, id: &str, naive: bool) -> Args {
+/// Once every worker has stopped: nothing is left on the broker, nothing dead.
+async fn nothing_left(b: &Broker, q: &str) {
+    let (queued, dead) = b.depths(q).await.unwrap();
+    assert_eq!((queued, dead), (0, 0), "messages left in {q} and {q}.dead");
+}
+
+fn args(url: &str, queue: &str, id: &str, naive: bool) -> Args {
     Args {
+        broker: url.to_string(),
         listen: "127.0.0.1:0".parse().unwrap(),
         work_time: Duration::from_millis(20),
         check_interval: Duration::from_millis(200),
@@ -126,12 +96,11 @@ fn sum(reports: &[serde_json::Value], key: &str) -> u64 {
     reports.iter().map(|r| r[key].as_u64().unwrap()).sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_whose_disk_fails_stops_pulling_and_fails_nothing() {
-    let (_conn, ch) = channel().await;
-    let q = fresh_queue(&ch, "disk").await;
-    let sick = start(args(&q, "w-sick", false)).await.unwrap();
-    let well = start(args(&q, "w-well", false)).await.unwrap();
+async fn a_worker_whose_disk_fails_stops_pulling_and_fails_nothing(url: &str) {
+    let b = broker(url).await;
+    let q = fresh_queue(&b, "disk").await;
+    let sick = start(args(url, &q, "w-sick", false)).await.unwrap();
+    let well = start(args(url, &q, "w-well", false)).await.unwrap();
     // Both pull once their first checks have run.
     until(
         &[&sick, &well],
@@ -155,7 +124,7 @@ async fn a_worker_whose_disk_fails_stops_pulling_and_fails_nothing() {
     let status = readyz.status();
     let body = readyz.text().await.unwrap();
     assert_eq!(status, 503, "its /readyz says why it stopped: {body}");
-    publish(&ch, &q, 60).await;
+    publish(&b, &q, 60).await;
     let r = until(
         &[&sick, &well],
         Duration::from_secs(30),
@@ -181,20 +150,20 @@ async fn a_worker_whose_disk_fails_stops_pulling_and_fails_nothing() {
     .await;
     sick.stop().await.unwrap();
     well.stop().await.unwrap();
-    delete_queue(&ch, &q).await;
+    nothing_left(&b, &q).await;
+    b.delete(&q).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_black_hole_pauses_itself_and_its_peers_process_every_message() {
-    let (_conn, ch) = channel().await;
-    let q = fresh_queue(&ch, "black-hole").await;
-    let hole = start(args(&q, "w-hole", false)).await.unwrap();
-    let a = start(args(&q, "w-a", false)).await.unwrap();
-    let b = start(args(&q, "w-b", false)).await.unwrap();
+async fn a_black_hole_pauses_itself_and_its_peers_process_every_message(url: &str) {
+    let b = broker(url).await;
+    let q = fresh_queue(&b, "black-hole").await;
+    let hole = start(args(url, &q, "w-hole", false)).await.unwrap();
+    let a = start(args(url, &q, "w-a", false)).await.unwrap();
+    let bw = start(args(url, &q, "w-b", false)).await.unwrap();
     post(&hole, "/fault/black-hole?on=true").await;
-    publish(&ch, &q, 400).await;
+    publish(&b, &q, 400).await;
     let r = until(
-        &[&hole, &a, &b],
+        &[&hole, &a, &bw],
         Duration::from_secs(60),
         "every message processed",
         |r| sum(r, "processed") == 400,
@@ -219,20 +188,20 @@ async fn a_black_hole_pauses_itself_and_its_peers_process_every_message() {
     );
     // It failed far fewer messages than the 400 it would have eaten again and again.
     assert!(failed < 400, "{r:#?}");
-    for w in [hole, a, b] {
+    for w in [hole, a, bw] {
         w.stop().await.unwrap();
     }
-    delete_queue(&ch, &q).await;
+    nothing_left(&b, &q).await;
+    b.delete(&q).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_naive_black_hole_never_pauses() {
-    let (_conn, ch) = channel().await;
-    let q = fresh_queue(&ch, "naive").await;
-    let hole = start(args(&q, "n-hole", true)).await.unwrap();
-    let a = start(args(&q, "n-a", true)).await.unwrap();
+async fn a_naive_black_hole_never_pauses(url: &str) {
+    let b = broker(url).await;
+    let q = fresh_queue(&b, "naive").await;
+    let hole = start(args(url, &q, "n-hole", true)).await.unwrap();
+    let a = start(args(url, &q, "n-a", true)).await.unwrap();
     post(&hole, "/fault/black-hole?on=true").await;
-    publish(&ch, &q, 200).await;
+    publish(&b, &q, 200).await;
     let r = until(
         &[&hole, &a],
         Duration::from_secs(60),
@@ -253,5 +222,33 @@ async fn a_naive_black_hole_never_pauses() {
     for w in [hole, a] {
         w.stop().await.unwrap();
     }
-    delete_queue(&ch, &q).await;
+    nothing_left(&b, &q).await;
+    b.delete(&q).await.unwrap();
+}
+
+/// Each scenario once per broker.
+macro_rules! on_both_brokers {
+    ($($scenario:ident => $rabbit:ident, $nats:ident;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $rabbit() {
+            $scenario(DEFAULT_AMQP).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $nats() {
+            $scenario(DEFAULT_NATS).await;
+        }
+    )*};
+}
+
+on_both_brokers! {
+    a_worker_whose_disk_fails_stops_pulling_and_fails_nothing =>
+        rabbitmq_a_worker_whose_disk_fails_stops_pulling_and_fails_nothing,
+        nats_a_worker_whose_disk_fails_stops_pulling_and_fails_nothing;
+    a_black_hole_pauses_itself_and_its_peers_process_every_message =>
+        rabbitmq_a_black_hole_pauses_itself_and_its_peers_process_every_message,
+        nats_a_black_hole_pauses_itself_and_its_peers_process_every_message;
+    a_naive_black_hole_never_pauses =>
+        rabbitmq_a_naive_black_hole_never_pauses,
+        nats_a_naive_black_hole_never_pauses;
 }

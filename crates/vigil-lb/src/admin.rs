@@ -5,9 +5,11 @@
 //! that it can stay private: that address is its only protection (it binds loopback by
 //! default), as for the reads; changes are refused from browsers (a request with an
 //! `Origin` field), so a web page cannot drain targets through a local admin port.
+//!
+//! Floor 3, downstream (floors: the crate doc): imports pool and metrics.
 
-use crate::balancer::PoolRt;
 use crate::metrics::Metrics;
+use crate::pool::PoolRt;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
@@ -84,13 +86,13 @@ pub fn targets_json(pools: &BTreeMap<String, Arc<PoolRt>>) -> Value {
 /// vigil's own 502/503/504), the success rate since start and over the recent window
 /// (`recent`: about the last minute). Errors are 5xx and gateway errors; `success_rate`
 /// is `null` with no answer to judge.
-fn requests_json(c: &crate::balancer::ClientCounts) -> Value {
+fn requests_json(c: &crate::pool::ClientCounts) -> Value {
     let rate = |answered: u64, errors: u64| {
         (answered > 0).then(|| (answered - errors.min(answered)) as f64 / answered as f64)
     };
     let mut out = serde_json::Map::new();
     out.insert("answered".into(), c.answered().into());
-    for (name, n) in crate::balancer::CLIENT_CLASSES.iter().zip(c.classes) {
+    for (name, n) in crate::pool::CLIENT_CLASSES.iter().zip(c.classes) {
         out.insert((*name).into(), n.into());
     }
     out.insert("errors".into(), c.errors().into());
@@ -110,7 +112,7 @@ fn requests_json(c: &crate::balancer::ClientCounts) -> Value {
 /// The success-rate rule's last verdict on a target: its numbers, the rule that decided
 /// (`finding`: `outlier`, `low_volume`, `too_few_peers`, `shared_failure`,
 /// `below_floor`, `not_worse`, `not_significant`) and the verdict in words.
-fn verdict_json(v: &vigil_core::anomaly::Verdict) -> Value {
+fn verdict_json(v: &vigil_core::anomaly::MemberVerdict) -> Value {
     let finding = serde_json::to_value(&v.finding).unwrap_or(Value::Null);
     json!({
         "requests": v.counts.total(),

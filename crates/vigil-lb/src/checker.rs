@@ -2,16 +2,19 @@
 //! measured from one check's start to the next) on a fresh connection, judged by
 //! status code and optionally by the health+json body.
 //!
+//! Floor 4, proxy, beside the data path (floors: the crate doc): imports pool, and the
+//! shared config, http_util and metrics.
+//!
 //! A fresh connection per check (like HAProxy) is deliberate: it tests that the target
 //! still accepts connections, which a pooled connection would hide. Results go to the
-//! pool policy ([`crate::balancer::PoolRt::observe_probe`]) with a detail string saying
+//! pool policy ([`crate::pool::PoolRt::observe_probe`]) with a detail string saying
 //! what the check saw; the policy decides (rise/fall thresholds) and the balancer logs
 //! transitions, not every probe.
 
-use crate::balancer::PoolRt;
 use crate::config::{CheckType, DEFAULT_HEALTH_PATH, HealthCheckConfig, LbConfig, StatusSet};
+use crate::http_util::ErrorChain;
 use crate::metrics::CheckLabels;
-use crate::proxy::ErrorChain;
+use crate::pool::PoolRt;
 use bytes::Bytes;
 use http::{Request, header};
 use http_body_util::{BodyExt, Empty, Limited};
@@ -25,7 +28,7 @@ use vigil_core::report::MAX_REPORT_BYTES;
 
 /// The result of one check: passed or not, and what it saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
+pub struct CheckVerdict {
     /// Whether the check passed.
     pub ok: bool,
     /// What it saw, for logs and `/admin/targets`.
@@ -50,8 +53,8 @@ pub async fn probe(
     addr: &str,
     hc: &HealthCheckConfig,
     expected: &StatusSet,
-) -> Verdict {
-    let fail = |detail: String| Verdict {
+) -> CheckVerdict {
+    let fail = |detail: String| CheckVerdict {
         ok: false,
         detail,
         code: None,
@@ -93,7 +96,7 @@ pub async fn probe(
                 detail.push_str("; ");
                 detail.push_str(DEFAULT_PATH_404_HINT);
             }
-            Verdict {
+            CheckVerdict {
                 ok,
                 detail,
                 code: Some(code),
@@ -153,19 +156,19 @@ const SERVING: u64 = 1;
 /// The two messages are written and read by hand: `HealthCheckRequest` is one string
 /// (field 1) and `HealthCheckResponse` one enum (field 1); a protobuf runtime and
 /// generated code (tonic-health) would be more code in the balancer than this.
-pub async fn grpc_probe(addr: &str, service: &str) -> Verdict {
+pub async fn grpc_probe(addr: &str, service: &str) -> CheckVerdict {
     match grpc_check(addr, service).await {
-        Ok(SERVING) => Verdict {
+        Ok(SERVING) => CheckVerdict {
             ok: true,
             detail: "gRPC SERVING".into(),
             code: None,
         },
-        Ok(status) => Verdict {
+        Ok(status) => CheckVerdict {
             ok: false,
             detail: format!("gRPC {}", serving_status_name(status)),
             code: None,
         },
-        Err(detail) => Verdict {
+        Err(detail) => CheckVerdict {
             ok: false,
             detail,
             code: None,

@@ -1,6 +1,9 @@
 //! Command-line entry point of `vigil lb`: `vigil lb -c lb.toml` runs the balancer,
 //! `vigil lb check-config -c lb.toml` validates a file like `nginx -t`.
 //!
+//! Floor 1, command (floors: the crate doc): imports the daemon, the checker's path
+//! warnings, tls and config.
+//!
 //! The config path follows the rule of every vigil daemon: `-c/--config FILE`, before
 //! or after the verb, else `$VIGIL_LB_CONFIG`, else `lb.toml` in the current directory
 //! (`vigil controller`: `$VIGIL_CONTROLLER_CONFIG`, `fleet.toml`).
@@ -12,8 +15,6 @@ use crate::config;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Exit code of a bad configuration (sysexits' EX_CONFIG).
-pub const EXIT_BAD_CONFIG: u8 = 78;
 /// The config file when neither `-c` nor `$VIGIL_LB_CONFIG` names one.
 pub const DEFAULT_CONFIG: &str = "lb.toml";
 
@@ -49,7 +50,7 @@ pub fn run(args: Args) -> ExitCode {
             .and_then(|c| {
                 crate::tls::install_crypto_provider();
                 // Certificates too, as `nginx -t` reads them.
-                crate::tls::load(&c, crate::server::config_dir(&args.config))
+                crate::tls::load(&c, crate::daemon::config_dir(&args.config))
                     .map(|_| c)
                     .map_err(|e| format!("{}: {e}", args.config.display()))
             }) {
@@ -70,7 +71,7 @@ pub fn run(args: Args) -> ExitCode {
             }
             Err(e) => {
                 eprintln!("{e}");
-                ExitCode::from(EXIT_BAD_CONFIG)
+                ExitCode::from(config::EXIT_BAD_CONFIG)
             }
         },
         None => {
@@ -79,10 +80,10 @@ pub fn run(args: Args) -> ExitCode {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("{e}");
-                    return ExitCode::from(EXIT_BAD_CONFIG);
+                    return ExitCode::from(config::EXIT_BAD_CONFIG);
                 }
             };
-            let code = crate::server::run(config, path);
+            let code = crate::daemon::run(config, path);
             ExitCode::from(code)
         }
     }

@@ -1,6 +1,8 @@
 //! `lb.toml`: the load balancer's configuration, its defaults, and errors that name the
 //! file, line and key.
 //!
+//! Floor 7, shared (floors: the crate doc): imports no other module of this crate.
+//!
 //! Every section is `#[serde(default, deny_unknown_fields)]`: an empty file is a valid
 //! (if useless) configuration, a misspelt key is an error. Loading ends in
 //! [`LbConfig::validate`], whose errors name the key; [`load`] turns both parse and
@@ -20,6 +22,10 @@ use vigil_core::pool::{NewTargets, PoolConfig, RetryBudgetConfig};
 use vigil_core::thresholds::{
     DEFAULT_HEALTHY_THRESHOLD, DEFAULT_UNHEALTHY_THRESHOLD, ThresholdsConfig,
 };
+
+/// Exit code of a configuration that does not load (sysexits' EX_CONFIG): `vigil lb`,
+/// `vigil lb check-config`, and the daemon at start.
+pub const EXIT_BAD_CONFIG: u8 = 78;
 
 /// Default client listener: loopback, a non-privileged port.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";

@@ -1,5 +1,7 @@
 //! Prometheus metrics of the load balancer (prometheus-client, no global registry).
 //!
+//! Floor 7, shared (floors: the crate doc): imports no other module of this crate.
+//!
 //! | metric | labels | meaning |
 //! |---|---|---|
 //! | `vigil_lb_requests_total` | pool, target, code | client requests answered (target `none`: answered by vigil itself) |

@@ -1,6 +1,8 @@
 //! Idle keep-alive client connections, parked off the runtime.
 //!
-//! A client connection is a task ([`crate::front`]). While it waits for its next request
+//! Floor 7, shared (floors: the crate doc): imports no other module of this crate.
+//!
+//! A client connection is a task ([`crate::downstream`]). While it waits for its next request
 //! it holds no buffer ([`crate::spare`]), but the task itself, its timer and the
 //! runtime's registration of its socket still cost about 1.5 KB of resident memory:
 //! tokio aligns both to cache lines. nginx keeps an idle keep-alive connection in

@@ -1,7 +1,10 @@
 //! The data path: pick a target, forward, retry, hedge, and answer. The client side
-//! ([`crate::front`]) has already matched a route to a pool, serialised the request
+//! ([`crate::downstream`]) has already matched a route to a pool, serialised the request
 //! (hop-by-hop fields removed, `X-Forwarded-For`, `X-Forwarded-Proto` and `Via` added)
 //! and read a small body whole; a large one is streamed from the client by the attempt.
+//!
+//! Floor 4, proxy (floors: the crate doc): imports pool, upstream, and the shared body,
+//! http_util, config and metrics.
 //!
 //! One request's life here:
 //! 1. pick a target (P2C or round-robin over the pool's routing snapshot); none: 503
@@ -17,12 +20,13 @@
 //! 4. report every outcome to outlier detection; answer 502 (connect failure, reset,
 //!    garbage), 504 (no response header in time), or the target's response.
 //!
-//! Errors record where they came from and whether a retry is allowed ([`Failure`]).
+//! Errors record where they came from and whether a retry is allowed ([`AttemptFailure`]).
 
-use crate::balancer::{PoolRt, TargetRt};
+use crate::body::BodyReader;
 use crate::config::RetryMethods;
-use crate::front::BodyReader;
+use crate::http_util::{AttemptFailure, describe};
 use crate::metrics::{Metrics, PoolLabels, RequestLabels, RetryLabels};
+use crate::pool::{PoolRt, TargetRt};
 use crate::upstream::{AttemptTimeouts, Outgoing, UpstreamResponse};
 use smallvec::SmallVec;
 use std::future::Future;
@@ -33,7 +37,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::futures::OwnedNotified;
 use vigil_core::outlier::RequestOutcome;
-use vigil_core::retry::{self, AttemptEnd, Retry, Trigger};
+use vigil_core::retry::{self, Retry, Trigger};
 
 /// What the proxy needs from the current configuration, per request.
 pub struct ProxyTable {
@@ -98,130 +102,12 @@ impl ProxyTable {
     }
 }
 
-/// Why an attempt failed, and what that allows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// No connection: nothing was sent; any request may be retried.
-    Connect,
-    /// The connection broke before a response header: only idempotent requests may be
-    /// retried (the target may have acted on it).
-    Reset,
-    /// The target answered something that is not HTTP: 502, no retry (the target is
-    /// broken, and the request may have been acted on).
-    Garbage,
-    /// No response header within the attempt's time (`timeouts.per_try`, bounded by
-    /// what is left of `timeouts.response_header`): retried like a reset while the
-    /// overall time allows, else 504.
-    Timeout,
-    /// The target took none of the request for `timeouts.send` (it stopped reading: a
-    /// frozen target, or one refusing an upload without answering): 504, held against
-    /// the target as a timeout, retried like [`Failure::Timeout`].
-    SendStall,
-    /// The request's overall deadline (`timeouts.request`) passed during a streamed
-    /// upload: 504, held against no one (the client may be the slow one), not retried.
-    Deadline,
-    /// The client's streamed body broke (it stalled, closed, or sent a malformed chunk):
-    /// this status (408 or 400) to the client, and nothing held against the target.
-    Client(u16),
-}
-
-impl Failure {
-    /// What outlier detection hears of this failure: nothing when it is the client's.
-    pub(crate) fn outcome(self) -> Option<RequestOutcome> {
-        match self {
-            Failure::Connect => Some(RequestOutcome::ConnectFailure),
-            Failure::Reset | Failure::Garbage => Some(RequestOutcome::Reset),
-            Failure::Timeout | Failure::SendStall => Some(RequestOutcome::Timeout),
-            Failure::Client(_) | Failure::Deadline => None,
-        }
-    }
-
-    fn status(self) -> u16 {
-        match self {
-            Failure::Timeout | Failure::SendStall | Failure::Deadline => 504,
-            Failure::Client(code) => code,
-            _ => 502,
-        }
-    }
-
-    /// The end of the attempt as the retry rules see it (`vigil_core::retry`).
-    pub(crate) fn end(self) -> AttemptEnd {
-        match self {
-            Failure::Connect => AttemptEnd::Connect,
-            Failure::Reset => AttemptEnd::Reset,
-            Failure::Garbage => AttemptEnd::Garbage,
-            Failure::Timeout => AttemptEnd::Timeout,
-            Failure::SendStall => AttemptEnd::SendStall,
-            Failure::Deadline => AttemptEnd::Deadline,
-            Failure::Client(_) => AttemptEnd::Client,
-        }
-    }
-
-    pub(crate) fn name(self) -> &'static str {
-        self.end().name()
-    }
-}
-
-/// Whether a request with this method may be sent twice (RFC 9110 9.2.2).
-pub fn is_idempotent(method: &str) -> bool {
-    matches!(
-        method,
-        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
-    )
-}
-
-/// The header names a `Connection` field value lists, to be removed with it: not the
-/// usual `keep-alive` and `close` tokens, and never `Host`, `Content-Length` or
-/// `Transfer-Encoding` (a client or target naming those would take away the host the
-/// request was routed by, or the framing the message is read by).
-pub(crate) fn connection_options(value: &[u8]) -> impl Iterator<Item = &[u8]> + '_ {
-    const KEPT: [&[u8]; 5] = [
-        b"keep-alive",
-        b"close",
-        b"host",
-        b"content-length",
-        b"transfer-encoding",
-    ];
-    value
-        .split(|&b| b == b',')
-        .map(<[u8]>::trim_ascii)
-        .filter(|n| !n.is_empty() && !KEPT.iter().any(|k| k.eq_ignore_ascii_case(n)))
-}
-
-/// Fields that describe one connection (RFC 9110 7.6.1 and the usual non-standard
-/// ones) and are never forwarded; `Connection` first.
-const HOP_BY_HOP: [&[u8]; 9] = [
-    b"connection",
-    b"te",
-    b"trailer",
-    b"transfer-encoding",
-    b"upgrade",
-    b"proxy-authorization",
-    b"proxy-authenticate",
-    b"keep-alive",
-    b"proxy-connection",
-];
-
-/// The index of `Upgrade` in [`HOP_BY_HOP`].
-pub(crate) const UPGRADE: usize = 4;
-
-/// The index of the field name `name` (any case) in [`HOP_BY_HOP`]; 0 is `Connection`.
-/// Lengths are compared first, so most names cost a few integer comparisons.
-pub(crate) fn hop_by_hop(name: &[u8]) -> Option<usize> {
-    HOP_BY_HOP
-        .iter()
-        .position(|h| h.len() == name.len() && h.eq_ignore_ascii_case(name))
-}
-
-/// `Via` as vigil adds it.
-pub const VIA: &str = "1.1 vigil";
-
 /// What the client gets for a request.
 // The target's head (its field spans inline) is moved twice per request; boxing it
 // would cost an allocation each time to save copying ~300 bytes.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum Answer {
+pub enum Reply {
     /// The target's response.
     Target(UpstreamResponse),
     /// One of vigil's own: a status code and a one-line message.
@@ -244,7 +130,7 @@ impl Drop for OutstandingGuard {
     }
 }
 
-type AttemptResult = Result<UpstreamResponse, Failure>;
+type AttemptResult = Result<UpstreamResponse, AttemptFailure>;
 type AttemptFuture<'a> = Pin<Box<dyn Future<Output = AttemptResult> + Send + 'a>>;
 
 /// An attempt in flight: one with a buffered body owns everything it uses (it can be
@@ -276,7 +162,7 @@ struct Attempt<'a> {
     guard: OutstandingGuard,
 }
 
-#[allow(clippy::large_enum_variant)] // as Answer: not boxed on purpose
+#[allow(clippy::large_enum_variant)] // as Reply: not boxed on purpose
 enum Event {
     Done(usize, AttemptResult),
     Left(usize),
@@ -294,7 +180,7 @@ impl Proxy {
         out: Outgoing,
         mut streamed: Option<&'a mut BodyReader<'b>>,
         deadline: Option<tokio::time::Instant>,
-    ) -> Answer {
+    ) -> Reply {
         let start = Instant::now();
         pool.budget.lock().expect("budget lock").deposit(pool.now());
         let section = pool.section.load_full();
@@ -303,7 +189,7 @@ impl Proxy {
         let mut tried: SmallVec<[Arc<TargetRt>; 3]> = SmallVec::new();
         let mut attempts: SmallVec<[Attempt<'a>; 2]> = SmallVec::new();
         let mut retries = 0u32;
-        let mut last_failure: Option<(Failure, String)>;
+        let mut last_failure: Option<(AttemptFailure, String)>;
         let replay = retry::Replay {
             buffered: streamed.is_none(),
             idempotent: out.is_idempotent(),
@@ -388,7 +274,7 @@ impl Proxy {
         if !start_attempt(&mut tried, &mut attempts) {
             self.count_local(&pool.name, 503);
             pool.clients.record(503, true);
-            return Answer::Local(503, format!("pool {}: no target available", pool.name));
+            return Reply::Local(503, format!("pool {}: no target available", pool.name));
         }
 
         loop {
@@ -426,8 +312,8 @@ impl Proxy {
                     }
                     if let Some(i) = attempts.iter().position(|a| a.deadline <= now) {
                         let f = match attempts[i].fut {
-                            AttemptFut::Buffered(_) => Failure::Timeout,
-                            AttemptFut::Streamed(_) => Failure::Deadline,
+                            AttemptFut::Buffered(_) => AttemptFailure::Timeout,
+                            AttemptFut::Streamed(_) => AttemptFailure::Deadline,
                         };
                         return Poll::Ready(Event::Done(i, Err(f)));
                     }
@@ -451,7 +337,7 @@ impl Proxy {
                     for loser in attempts.drain(..) {
                         finish_alone(pool, loser);
                     }
-                    return Answer::Target(resp);
+                    return Reply::Target(resp);
                 }
                 Event::Done(i, Err(f)) => {
                     let a = attempts.swap_remove(i);
@@ -459,11 +345,11 @@ impl Proxy {
                         pool.observe_request(&a.target, outcome);
                     }
                     let kind = match f {
-                        Failure::Timeout if a.deadline < overall => Some("per_try"),
-                        Failure::Timeout if overall < header_due => Some("request"),
-                        Failure::Timeout => Some("response_header"),
-                        Failure::SendStall => Some("send"),
-                        Failure::Deadline => Some("request"),
+                        AttemptFailure::Timeout if a.deadline < overall => Some("per_try"),
+                        AttemptFailure::Timeout if overall < header_due => Some("request"),
+                        AttemptFailure::Timeout => Some("response_header"),
+                        AttemptFailure::SendStall => Some("send"),
+                        AttemptFailure::Deadline => Some("request"),
                         _ => None,
                     };
                     if let Some(kind) = kind {
@@ -518,7 +404,7 @@ impl Proxy {
         self.count_local(&pool.name, code);
         pool.clients.record(code, true);
         pool.duration.observe(start.elapsed().as_secs_f64());
-        Answer::Local(
+        Reply::Local(
             code,
             format!("pool {}: target {addr}: {}", pool.name, describe(f)),
         )
@@ -621,73 +507,4 @@ fn finish_alone(pool: &Arc<PoolRt>, loser: Attempt<'_>) {
             pool.observe_request(&target, o);
         }
     });
-}
-
-fn describe(f: Failure) -> &'static str {
-    match f {
-        Failure::Connect => "connection failed",
-        Failure::Reset => "connection reset before the response",
-        Failure::Garbage => "invalid HTTP response",
-        Failure::Timeout => "no response header in time (timeouts.per_try, response_header)",
-        Failure::SendStall => "the target took none of the request within timeouts.send",
-        Failure::Deadline => "the request's deadline (timeouts.request) passed",
-        Failure::Client(_) => "the request body did not arrive whole from the client",
-    }
-}
-
-/// Displays an error with its sources.
-pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
-
-impl std::fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut s = self.0.source();
-        while let Some(e) = s {
-            write!(f, ": {e}")?;
-            s = e.source();
-        }
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hop_by_hop_names_match_in_any_case_and_only_whole() {
-        for (i, n) in HOP_BY_HOP.iter().enumerate() {
-            assert_eq!(hop_by_hop(n), Some(i));
-            assert_eq!(hop_by_hop(&n.to_ascii_uppercase()), Some(i));
-        }
-        for other in [
-            &b"host"[..],
-            b"tee",
-            b"connections",
-            b"x-forwarded-for",
-            b"",
-        ] {
-            assert_eq!(
-                hop_by_hop(other),
-                None,
-                "{}",
-                String::from_utf8_lossy(other)
-            );
-        }
-    }
-
-    #[test]
-    fn connection_options_leave_out_keep_alive_close_host_and_framing() {
-        let named: Vec<&[u8]> = connection_options(
-            b" Keep-Alive, x-secret ,close,,Upgrade, Host, content-length,Transfer-Encoding",
-        )
-        .collect();
-        assert_eq!(named, vec![&b"x-secret"[..], b"Upgrade"]);
-    }
-
-    #[test]
-    fn idempotent_methods_per_rfc_9110() {
-        assert!(is_idempotent("GET") && is_idempotent("PUT") && is_idempotent("DELETE"));
-        assert!(!is_idempotent("POST") && !is_idempotent("PATCH") && !is_idempotent("get"));
-    }
 }

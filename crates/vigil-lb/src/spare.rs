@@ -1,4 +1,8 @@
-//! Client connection buffers, kept per worker thread while their connections are idle.
+//! Connection buffers, kept per worker thread while their connections are idle: client
+//! connections waiting for their next request and pooled target connections
+//! ([`crate::upstream`]) give theirs here.
+//!
+//! Floor 7, shared (floors: the crate doc): imports no other module of this crate.
 //!
 //! A keep-alive connection waiting for its next request holds no buffer: it gives its
 //! read and write buffers here the moment it has nothing to read, and takes one back
@@ -7,7 +11,7 @@
 //! as it has connections, and taking one back costs no allocation: the last one given
 //! is the first taken (still in the CPU's cache).
 //!
-//! A worker thread runs its connections' tasks (`server.rs`: one runtime per thread), so
+//! A worker thread runs its connections' tasks (`daemon.rs`: one runtime per thread), so
 //! the spare list is the thread's own: no lock, no atomic. At most [`KEPT`] of each kind
 //! are kept, none over [`LARGEST`] bytes (a buffer grown by a large head or body is
 //! freed instead).

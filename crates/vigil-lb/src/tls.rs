@@ -2,6 +2,8 @@
 //! handshake by the name the client asks for (SNI), and replaced on SIGHUP without
 //! touching the connections already open.
 //!
+//! Floor 3, downstream (floors: the crate doc): imports config.
+//!
 //! rustls (through tokio-rustls) does the TLS; its crypto provider is chosen here
 //! explicitly, aws-lc-rs (the workspace compiles both ring and aws-lc-rs into the
 //! binary, and rustls refuses to guess between two: `/work/shared/ECOSYSTEM.md`, trap

@@ -3,7 +3,9 @@
 //! HTTP/1.1 upgrade), until either side closes, the tunnel idles past
 //! `timeouts.tunnel_idle`, or the balancer's drain time runs out.
 //!
-//! Only a request that [`crate::front`] judged a valid upgrade (a GET without a body,
+//! Floor 4, proxy (floors: the crate doc): imports metrics.
+//!
+//! Only a request that [`crate::downstream`] judged a valid upgrade (a GET without a body,
 //! one `Upgrade` field named by `Connection`, not `h2c`) is sent with its `Upgrade`,
 //! and only the target's `101` to it opens a tunnel: any other answer is an ordinary
 //! response and the client connection goes on as HTTP. The rules of the request path

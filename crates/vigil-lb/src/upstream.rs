@@ -1,8 +1,11 @@
 //! Connections to targets: a lean HTTP/1.1 client over a per-target pool of TCP
 //! connections, driven inside the client request's own task.
 //!
+//! Floor 6, upstream (floors: the crate doc): imports the shared body and http_util; its
+//! child [`http2`] imports from it.
+//!
 //! Why not hyper's client: a proxy knows its target, its request is already parsed and
-//! valid, and its answer goes straight back out to the client ([`crate::front`]). hyper's client
+//! valid, and its answer goes straight back out to the client ([`crate::downstream`]). hyper's client
 //! runs each connection as a task of its own and hands requests, responses and body
 //! chunks across channels, which on a busy balancer cost more than the parsing (four
 //! task wake-ups per request, measured with `perf`). Here the request's task writes the
@@ -20,10 +23,17 @@
 //! target closed is noticed at checkout from the readiness epoll already reported (no
 //! system call in the normal case); one that closes in the very moment a request is sent
 //! on it is noticed by the empty answer, and an idempotent request then goes again on a
-//! new connection to the same target.
+//! new connection to the same target. An idle connection holds no buffer: its read and
+//! write buffers go to the worker's spare list ([`crate::spare`]) when it is checked in
+//! and it takes them back for its next exchange, so a burst that leaves hundreds of
+//! idle connections behind does not keep 16 KB each (`bench/lb/memory.py --burst`).
 
-use crate::front::BodyReader;
-use crate::proxy::{Failure, connection_options, hop_by_hop};
+/// HTTP/2 to targets (gRPC).
+pub mod http2;
+
+use crate::body::{BodyReader, MIN_READ_ROOM, READ_RESERVE, poll_read_more};
+use crate::http_util::{AttemptFailure, connection_options, hop_by_hop};
+use crate::spare;
 use bytes::{Buf, Bytes, BytesMut};
 use hyper::body::{Body, Frame, SizeHint};
 use smallvec::SmallVec;
@@ -44,9 +54,7 @@ use vigil_core::http1::{self, ChunkedDecoder, Decoded, Framing};
 pub const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// A buffered request body up to this size goes out in the same write as the head.
 const INLINE_BODY: usize = 16 * 1024;
-/// Read buffer space allocated when a read finds less than [`MIN_READ_ROOM`] left.
-const READ_RESERVE: usize = 16 * 1024;
-const MIN_READ_ROOM: usize = 2 * 1024;
+
 /// Idle connections kept per target (shared out among the workers, at least
 /// [`MIN_IDLE_PER_WORKER`] each); more close when their exchange ends.
 const MAX_IDLE_PER_TARGET: usize = 512;
@@ -72,9 +80,6 @@ pub fn set_workers(n: usize) {
 pub fn set_worker(k: usize) {
     WORKER.with(|w| w.set(k));
 }
-/// A read buffer grown past this (a large head) is not kept in the pool.
-const KEEP_BUFFER: usize = 64 * 1024;
-
 /// One client request as every attempt sends it: serialised once.
 #[derive(Debug)]
 pub struct Outgoing {
@@ -439,21 +444,6 @@ impl Conn {
     }
 }
 
-/// Reads what the socket has into `buf` (0: closed). A short read tells tokio the socket
-/// is drained, so the next read waits for epoll without a system call.
-pub(crate) fn poll_read_more<S: tokio::io::AsyncRead + Unpin>(
-    tcp: &mut S,
-    buf: &mut BytesMut,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<usize>> {
-    // Room for a read: most messages fit many times in what is left of the buffer,
-    // whose earlier bytes may still be shared by messages in flight.
-    if buf.capacity() - buf.len() < MIN_READ_ROOM {
-        buf.reserve(READ_RESERVE);
-    }
-    tokio_util::io::poll_read_buf(Pin::new(tcp), cx, buf)
-}
-
 #[derive(Debug)]
 struct Idle {
     conn: Box<Conn>,
@@ -474,7 +464,7 @@ pub struct ConnPool {
     /// Whether the target speaks HTTP/2 (`protocol = "h2"`; set on reload).
     h2: std::sync::atomic::AtomicBool,
     /// Its HTTP/2 connections, one per worker.
-    h2_conns: crate::upstream_h2::H2Conns,
+    h2_conns: crate::upstream::http2::H2Conns,
 }
 
 /// The time limits of one attempt.
@@ -496,7 +486,7 @@ enum ExchangeError {
     /// connection, most likely closed by the target while idle.
     NoAnswer,
     /// Anything else.
-    Failed(Failure),
+    Failed(AttemptFailure),
 }
 
 impl ConnPool {
@@ -509,7 +499,7 @@ impl ConnPool {
             idle: (0..workers).map(|_| Mutex::new(Vec::new())).collect(),
             idle_cap: (MAX_IDLE_PER_TARGET / workers).max(MIN_IDLE_PER_WORKER),
             h2: std::sync::atomic::AtomicBool::new(false),
-            h2_conns: crate::upstream_h2::H2Conns::new(addr, workers),
+            h2_conns: crate::upstream::http2::H2Conns::new(addr, workers),
         })
     }
 
@@ -529,6 +519,21 @@ impl ConnPool {
     /// This worker's idle connections.
     fn shard(&self) -> &Mutex<Vec<Idle>> {
         &self.idle[WORKER.with(Cell::get) % self.idle.len()]
+    }
+
+    /// Bytes of buffer the idle connections hold (none: they gave them away).
+    #[cfg(test)]
+    fn idle_buffer_bytes(&self) -> usize {
+        self.idle
+            .iter()
+            .flat_map(|s| {
+                s.lock()
+                    .expect("idle lock")
+                    .iter()
+                    .map(|i| i.conn.rbuf.capacity() + i.conn.wbuf.capacity())
+                    .collect::<Vec<_>>()
+            })
+            .sum()
     }
 
     /// Closes idle connections unused for `max_idle` or more, or closed by the target.
@@ -558,9 +563,9 @@ impl ConnPool {
         if !conn.rbuf.is_empty() {
             return;
         }
-        if conn.rbuf.capacity() > KEEP_BUFFER {
-            conn.rbuf = BytesMut::new();
-        }
+        // Idle, it holds no buffer (one grown large by a big head or body is freed).
+        spare::give_read(std::mem::take(&mut conn.rbuf));
+        spare::give_write(std::mem::take(&mut conn.wbuf));
         let mut idle = self.shard().lock().expect("idle lock");
         // Past the cap (a burst's worth), the connection closes rather than idles.
         if idle.len() < self.idle_cap {
@@ -571,7 +576,7 @@ impl ConnPool {
         }
     }
 
-    async fn connect(&self, timeout: Duration) -> Result<Box<Conn>, Failure> {
+    async fn connect(&self, timeout: Duration) -> Result<Box<Conn>, AttemptFailure> {
         let connecting = async {
             let tcp = match self.sock {
                 Some(sa) => TcpStream::connect(sa).await,
@@ -588,11 +593,11 @@ impl ConnPool {
             })),
             Ok(Err(e)) => {
                 tracing::debug!(target_addr = %self.addr, "connect failed: {e}");
-                Err(Failure::Connect)
+                Err(AttemptFailure::Connect)
             }
             Err(_) => {
                 tracing::debug!(target_addr = %self.addr, "connect timed out");
-                Err(Failure::Connect)
+                Err(AttemptFailure::Connect)
             }
         }
     }
@@ -607,7 +612,7 @@ impl ConnPool {
         host: &[u8],
         mut streamed: Option<&mut BodyReader<'_>>,
         t: AttemptTimeouts,
-    ) -> Result<UpstreamResponse, Failure> {
+    ) -> Result<UpstreamResponse, AttemptFailure> {
         if self.h2.load(Ordering::Relaxed) {
             let worker = WORKER.with(Cell::get);
             return self.h2_conns.send(worker, req, host, streamed, t).await;
@@ -626,7 +631,7 @@ impl ConnPool {
                 Err(ExchangeError::NoAnswer) if reused && replayable && req.idempotent => {
                     tracing::debug!(target_addr = %self.addr, "pooled connection closed by the target: sending again on a new one");
                 }
-                Err(ExchangeError::NoAnswer) => return Err(Failure::Reset),
+                Err(ExchangeError::NoAnswer) => return Err(AttemptFailure::Reset),
                 Err(ExchangeError::Failed(f)) => return Err(f),
             }
         }
@@ -641,6 +646,13 @@ impl ConnPool {
         streamed: Option<&mut BodyReader<'_>>,
         t: AttemptTimeouts,
     ) -> Result<Head, ExchangeError> {
+        // A pooled connection gave its buffers away while idle.
+        if conn.wbuf.capacity() == 0 {
+            conn.wbuf = spare::take_write();
+        }
+        if conn.rbuf.capacity() == 0 {
+            conn.rbuf = spare::take_read();
+        }
         conn.wbuf.clear();
         conn.wbuf.extend_from_slice(&req.head);
         if req.needs_host {
@@ -660,7 +672,7 @@ impl ConnPool {
         // A target that takes nothing for `t.send` is frozen: a 504, not a wait forever.
         let stalled = |_| {
             tracing::debug!(target_addr = %self.addr, "the target took none of the request within timeouts.send");
-            ExchangeError::Failed(Failure::SendStall)
+            ExchangeError::Failed(AttemptFailure::SendStall)
         };
         tokio::time::timeout(t.send, conn.tcp.write_all(&conn.wbuf))
             .await
@@ -683,7 +695,7 @@ impl ConnPool {
             // The response-header timeout runs from the end of the upload.
             match tokio::time::timeout(t.head, self.read_head(conn, req, cut_short)).await {
                 Ok(r) => r,
-                Err(_) => Err(ExchangeError::Failed(Failure::Timeout)),
+                Err(_) => Err(ExchangeError::Failed(AttemptFailure::Timeout)),
             }
         } else {
             self.read_head(conn, req, cut_short).await
@@ -752,7 +764,7 @@ impl ConnPool {
                         };
                         let Some(fields) = fields else {
                             tracing::debug!(target_addr = %self.addr, "101 Switching Protocols to a request without Upgrade, or without its own");
-                            return Err(ExchangeError::Failed(Failure::Garbage));
+                            return Err(ExchangeError::Failed(AttemptFailure::Garbage));
                         };
                         return Ok(Head { h, fields, read });
                     }
@@ -762,7 +774,7 @@ impl ConnPool {
                     }
                     Ok(Some(h)) if odd_coding && h.status >= 200 => {
                         tracing::debug!(target_addr = %self.addr, "a transfer coding other than chunked in the response");
-                        return Err(ExchangeError::Failed(Failure::Garbage));
+                        return Err(ExchangeError::Failed(AttemptFailure::Garbage));
                     }
                     Ok(Some(mut h)) => {
                         h.keep_alive &= !cut_short;
@@ -770,12 +782,12 @@ impl ConnPool {
                     }
                     Ok(None) if read.len() >= MAX_RESPONSE_HEAD => {
                         tracing::debug!(target_addr = %self.addr, "response head over {MAX_RESPONSE_HEAD} bytes");
-                        return Err(ExchangeError::Failed(Failure::Garbage));
+                        return Err(ExchangeError::Failed(AttemptFailure::Garbage));
                     }
                     Ok(None) => conn.rbuf = unfreeze(read),
                     Err(e) => {
                         tracing::debug!(target_addr = %self.addr, "{e}");
-                        return Err(ExchangeError::Failed(Failure::Garbage));
+                        return Err(ExchangeError::Failed(AttemptFailure::Garbage));
                     }
                 }
             }
@@ -783,11 +795,11 @@ impl ConnPool {
                 Ok(0) | Err(_) if !answered => return Err(ExchangeError::NoAnswer),
                 Ok(0) => {
                     tracing::debug!(target_addr = %self.addr, "connection closed in the response head");
-                    return Err(ExchangeError::Failed(Failure::Reset));
+                    return Err(ExchangeError::Failed(AttemptFailure::Reset));
                 }
                 Err(e) => {
                     tracing::debug!(target_addr = %self.addr, "reading the response failed: {e}");
-                    return Err(ExchangeError::Failed(Failure::Reset));
+                    return Err(ExchangeError::Failed(AttemptFailure::Reset));
                 }
                 Ok(_) => {}
             }
@@ -816,7 +828,7 @@ impl ConnPool {
                 } else {
                     400
                 };
-                ExchangeError::Failed(Failure::Client(code))
+                ExchangeError::Failed(AttemptFailure::Client(code))
             })?;
             if data.is_empty() {
                 continue;
@@ -840,7 +852,7 @@ impl ConnPool {
                 }
                 Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                     tracing::debug!(target_addr = %self.addr, "the target took none of the request body within timeouts.send");
-                    return Err(ExchangeError::Failed(Failure::SendStall));
+                    return Err(ExchangeError::Failed(AttemptFailure::SendStall));
                 }
                 Err(e) => return Ok(failed("sending the request body failed", &e)),
             }
@@ -850,7 +862,7 @@ impl ConnPool {
                 Ok(true) => {}
                 Ok(false) => return Ok(true),
                 Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    return Err(ExchangeError::Failed(Failure::SendStall));
+                    return Err(ExchangeError::Failed(AttemptFailure::SendStall));
                 }
                 Err(e) => return Ok(failed("sending the request body failed", &e)),
             }
@@ -864,7 +876,7 @@ impl ConnPool {
         self: &Arc<Self>,
         mut conn: Box<Conn>,
         head: Head,
-    ) -> Result<UpstreamResponse, Failure> {
+    ) -> Result<UpstreamResponse, AttemptFailure> {
         let Head { h, fields, read } = head;
         let after = read.slice(h.len..);
         if h.status == 101 {
@@ -953,7 +965,7 @@ fn switching_fields(head: &[u8], base: usize) -> Option<SmallVec<[FieldSpan; 12]
     for f in resp.headers.iter() {
         let name = f.name.as_bytes();
         match hop_by_hop(name) {
-            Some(crate::proxy::UPGRADE) => upgrade = true,
+            Some(crate::http_util::UPGRADE) => upgrade = true,
             Some(_) => continue,
             None if named
                 .iter()
@@ -1192,11 +1204,14 @@ mod tests {
     const HELLO: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-a: 1\r\n\r\nhello";
 
     /// A GET of `/` on `pool`, up to the response head.
-    async fn send_get(pool: &Arc<ConnPool>) -> Result<UpstreamResponse, Failure> {
+    async fn send_get(pool: &Arc<ConnPool>) -> Result<UpstreamResponse, AttemptFailure> {
         fetch_head(pool, &get("GET")).await
     }
 
-    async fn fetch_head(pool: &Arc<ConnPool>, req: &Outgoing) -> Result<UpstreamResponse, Failure> {
+    async fn fetch_head(
+        pool: &Arc<ConnPool>,
+        req: &Outgoing,
+    ) -> Result<UpstreamResponse, AttemptFailure> {
         let t = AttemptTimeouts {
             connect: SECOND,
             idle: MINUTE,
@@ -1207,7 +1222,7 @@ mod tests {
     }
 
     /// Status and whole body of `req` sent on `pool`.
-    async fn fetch(pool: &Arc<ConnPool>, req: &Outgoing) -> Result<(u16, Vec<u8>), Failure> {
+    async fn fetch(pool: &Arc<ConnPool>, req: &Outgoing) -> Result<(u16, Vec<u8>), AttemptFailure> {
         let resp = fetch_head(pool, req).await?;
         let status = resp.head.status;
         let body = resp.body.collect().await.unwrap().to_bytes();
@@ -1330,6 +1345,11 @@ mod tests {
                 1,
                 "back in the pool before the body is read"
             );
+            assert_eq!(
+                pool.idle_buffer_bytes(),
+                0,
+                "an idle connection holds no buffer"
+            );
             let body = resp.body.collect().await.unwrap().to_bytes();
             assert_eq!(&body[..], b"hello");
         }
@@ -1441,7 +1461,7 @@ mod tests {
         let (addr, _) = serve(b"SSH-2.0-OpenSSH\r\n\r\n".to_vec(), usize::MAX).await;
         assert_eq!(
             fetch(&ConnPool::new(&addr), &get("GET")).await,
-            Err(Failure::Garbage)
+            Err(AttemptFailure::Garbage)
         );
         let (addr, _) = serve(
             b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nx".to_vec(),
@@ -1450,18 +1470,18 @@ mod tests {
         .await;
         assert_eq!(
             fetch(&ConnPool::new(&addr), &get("GET")).await,
-            Err(Failure::Garbage)
+            Err(AttemptFailure::Garbage)
         );
         let (addr, _) = serve(b"HTTP/1.1 200 OK\r\ncontent-le".to_vec(), 1).await;
         assert_eq!(
             fetch(&ConnPool::new(&addr), &get("GET")).await,
-            Err(Failure::Reset)
+            Err(AttemptFailure::Reset)
         );
         // Nothing at all in answer on a new connection: reset, not retried.
         let (addr, accepted) = serve(Vec::new(), 1).await;
         assert_eq!(
             fetch(&ConnPool::new(&addr), &get("GET")).await,
-            Err(Failure::Reset)
+            Err(AttemptFailure::Reset)
         );
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
         let port = {
@@ -1469,7 +1489,10 @@ mod tests {
             l.local_addr().unwrap().port()
         };
         let pool = ConnPool::new(&format!("127.0.0.1:{port}"));
-        assert_eq!(fetch(&pool, &get("GET")).await, Err(Failure::Connect));
+        assert_eq!(
+            fetch(&pool, &get("GET")).await,
+            Err(AttemptFailure::Connect)
+        );
     }
 
     #[tokio::test]

@@ -32,8 +32,8 @@ pub mod sim;
 pub mod summary;
 
 pub use scenario::{Scenario, ScenarioError};
-pub use sim::Outcome;
-pub use summary::{Summary, Verdict};
+pub use sim::RunOutcome;
+pub use summary::{ExpectationVerdict, Summary};
 
 /// Which policies a run uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,7 +60,7 @@ pub fn run(
     policies: Policies,
     seed: u64,
     progress: &mut dyn FnMut(f64),
-) -> Outcome {
+) -> RunOutcome {
     match policies {
         Policies::Vigil => sim::run(&scenario.config, seed, policies, progress),
         Policies::Naive => sim::run(&scenario.config.naive(), seed, policies, progress),
@@ -71,11 +71,11 @@ pub fn run(
 /// for it) and every expectation's verdict.
 pub struct Checked {
     /// The vigil run.
-    pub vigil: Outcome,
+    pub vigil: RunOutcome,
     /// The naive run, when the scenario has naive expectations or a comparison was asked.
-    pub naive: Option<Outcome>,
+    pub naive: Option<RunOutcome>,
     /// Verdicts, vigil's first.
-    pub verdicts: Vec<Verdict>,
+    pub verdicts: Vec<ExpectationVerdict>,
 }
 
 impl Checked {

@@ -4,7 +4,7 @@
 
 use crate::Checked;
 use crate::scenario::Scenario;
-use crate::sim::{DecisionMark, Mark, Outcome, Sample};
+use crate::sim::{DecisionMark, Mark, RunOutcome, Sample};
 use crate::summary::Summary;
 use std::fmt::Write as _;
 
@@ -222,7 +222,7 @@ fn fail_open_bands(series: &[Sample], bucket: f64) -> Vec<(f64, f64)> {
     bands
 }
 
-fn runs(checked: &Checked) -> Vec<(&Outcome, &'static str, bool)> {
+fn runs(checked: &Checked) -> Vec<(&RunOutcome, &'static str, bool)> {
     let mut v = vec![(&checked.vigil, VIGIL_COLOR, false)];
     if let Some(n) = &checked.naive {
         v.push((n, NAIVE_COLOR, true));

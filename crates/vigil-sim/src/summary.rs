@@ -313,7 +313,7 @@ pub fn group(n: u64) -> String {
 
 /// Result of checking one expectation.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Verdict {
+pub struct ExpectationVerdict {
     /// `vigil` or `naive`.
     pub policies: &'static str,
     /// The expectation, as written.
@@ -325,12 +325,12 @@ pub struct Verdict {
 }
 
 /// Checks expectations against a summary.
-pub fn verdicts(expect: &[Expectation], s: &Summary) -> Vec<Verdict> {
+pub fn verdicts(expect: &[Expectation], s: &Summary) -> Vec<ExpectationVerdict> {
     expect
         .iter()
         .map(|e| {
             let (ok, measured) = e.check(s);
-            Verdict {
+            ExpectationVerdict {
                 policies: s.policies,
                 expectation: e.to_string(),
                 ok,
@@ -341,7 +341,7 @@ pub fn verdicts(expect: &[Expectation], s: &Summary) -> Vec<Verdict> {
 }
 
 /// The terminal summary: one column per run, then the expectations.
-pub fn render_text(runs: &[&Summary], verdicts: &[Verdict]) -> String {
+pub fn render_text(runs: &[&Summary], verdicts: &[ExpectationVerdict]) -> String {
     let mut out = String::new();
     let Some(first) = runs.first() else {
         return out;

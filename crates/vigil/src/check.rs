@@ -4,8 +4,10 @@ use futures::future::BoxFuture;
 use std::future::Future;
 use vigil_core::{CheckResult, Status};
 
-/// What a check saw. The registry adds the name, timing and criticality around it to
-/// make a [`CheckResult`].
+/// The old name of [`CheckResult`], what a check returns (one type: the registry fills
+/// in its name, timing and criticality). `vigil_core::guard::Observation` is the one
+/// `Observation` of the workspace: one probe of one target, as the safety guard sees it.
+#[deprecated(since = "0.1.0", note = "renamed to `CheckResult` (the same type)")]
 pub type Observation = CheckResult;
 
 /// A health check: something that can be asked, asynchronously, how a component is.
@@ -15,7 +17,7 @@ pub type Observation = CheckResult;
 /// cuts it at its timeout and publishes the result.
 pub trait Check: Send + Sync + 'static {
     /// Runs the check once.
-    fn check(&self) -> impl Future<Output = Observation> + Send;
+    fn check(&self) -> impl Future<Output = CheckResult> + Send;
 
     /// The draft's `componentType` for this check (`system`, `datastore`, `component`).
     /// Defaults to `component`.
@@ -27,13 +29,13 @@ pub trait Check: Send + Sync + 'static {
 /// Object-safe form of [`Check`], so a registry can hold checks of different types.
 pub trait DynCheck: Send + Sync + 'static {
     /// Runs the check once, boxed.
-    fn check_boxed(&self) -> BoxFuture<'_, Observation>;
+    fn check_boxed(&self) -> BoxFuture<'_, CheckResult>;
     /// See [`Check::component_type`].
     fn component_type(&self) -> &str;
 }
 
 impl<C: Check> DynCheck for C {
-    fn check_boxed(&self) -> BoxFuture<'_, Observation> {
+    fn check_boxed(&self) -> BoxFuture<'_, CheckResult> {
         Box::pin(Check::check(self))
     }
     fn component_type(&self) -> &str {
@@ -41,7 +43,7 @@ impl<C: Check> DynCheck for C {
     }
 }
 
-/// A check from an async closure: `FnCheck::new(|| async { Observation::new(Status::Pass) })`.
+/// A check from an async closure: `FnCheck::new(|| async { CheckResult::new(Status::Pass) })`.
 pub struct FnCheck<F> {
     f: F,
 }
@@ -49,7 +51,7 @@ pub struct FnCheck<F> {
 impl<F, Fut> FnCheck<F>
 where
     F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Observation> + Send,
+    Fut: Future<Output = CheckResult> + Send,
 {
     /// Wraps the closure.
     pub fn new(f: F) -> Self {
@@ -60,14 +62,31 @@ where
 impl<F, Fut> Check for FnCheck<F>
 where
     F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Observation> + Send,
+    Fut: Future<Output = CheckResult> + Send,
 {
-    fn check(&self) -> impl Future<Output = Observation> + Send {
+    fn check(&self) -> impl Future<Output = CheckResult> + Send {
         (self.f)()
     }
 }
 
 /// Shorthand for a passing observation.
-pub fn pass() -> Observation {
-    Observation::new(Status::Pass)
+pub fn pass() -> CheckResult {
+    CheckResult::new(Status::Pass)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(deprecated)]
+    fn the_old_name_observation_is_still_the_check_result() {
+        let old: crate::Observation = CheckResult::fail("down");
+        let new: CheckResult = old;
+        assert_eq!(
+            new.status,
+            Status::Fail,
+            "code written against `Observation` keeps compiling"
+        );
+    }
 }

@@ -2,7 +2,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use vigil::{CheckOptions, FnCheck, Health, Observation, Status};
+//! use vigil::{CheckOptions, FnCheck, Health, CheckResult, Status};
 //!
 //! # async fn db_ping() -> bool { true }
 //! #[tokio::main]
@@ -11,7 +11,7 @@
 //!         .dependency(
 //!             "postgres:connect",
 //!             FnCheck::new(|| async {
-//!                 if db_ping().await { vigil::check::pass() } else { Observation::fail("no connection") }
+//!                 if db_ping().await { vigil::check::pass() } else { CheckResult::fail("no connection") }
 //!             }),
 //!             CheckOptions::every(Duration::from_secs(5)).timeout(Duration::from_secs(1)),
 //!         )
@@ -70,7 +70,9 @@ pub mod worker;
 
 /// The built-in checks under their first name: the same module as [`builtin`].
 pub use builtin as checks;
-pub use check::{Check, DynCheck, FnCheck, Observation};
+#[allow(deprecated)]
+pub use check::Observation;
+pub use check::{Check, DynCheck, FnCheck};
 pub use health::{BuildError, CheckKind, CheckerFault, Health, HealthBuilder};
 pub use options::{CheckOptions, HealthConfig};
 pub use reserved::ReservedServer;

@@ -306,7 +306,7 @@ impl Collector for HealthCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CheckOptions, FnCheck, Observation};
+    use crate::{CheckOptions, CheckResult, FnCheck};
     use std::time::Duration;
 
     #[tokio::test(start_paused = true)]
@@ -319,7 +319,7 @@ mod tests {
             )
             .dependency(
                 "db:ping",
-                FnCheck::new(|| async { Observation::fail("down") }),
+                FnCheck::new(|| async { CheckResult::fail("down") }),
                 CheckOptions::every(Duration::from_secs(1)),
             )
             .start();

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use vigil::{CheckOptions, CheckerFault, FnCheck, Health, HealthConfig, Lifecycle, Status};
 
 type Log = Arc<Mutex<Vec<Duration>>>;
-type BoxedObs = std::pin::Pin<Box<dyn std::future::Future<Output = vigil::Observation> + Send>>;
+type BoxedObs = std::pin::Pin<Box<dyn std::future::Future<Output = vigil::CheckResult> + Send>>;
 
 /// A check that logs when it starts (relative to `t0`) and takes `takes` to finish.
 fn logging_check(
@@ -222,7 +222,7 @@ async fn only_gating_checks_hold_start_up() {
         )
         .dependency(
             "db:ping",
-            FnCheck::new(|| async { vigil::Observation::fail("down") }),
+            FnCheck::new(|| async { vigil::CheckResult::fail("down") }),
             CheckOptions::every(Duration::from_millis(200)),
         )
         .start();
@@ -239,7 +239,7 @@ async fn only_gating_checks_hold_start_up() {
         .config(config())
         .dependency(
             "db:ping",
-            FnCheck::new(|| async { vigil::Observation::fail("down") }),
+            FnCheck::new(|| async { vigil::CheckResult::fail("down") }),
             CheckOptions::every(Duration::from_millis(200)).gates_startup(true),
         )
         .start();

@@ -10,9 +10,9 @@ use vigil::Check;
 use vigil::checks::{
     Amount, CgroupMemory, CgroupVersion, DiskSpace, Memory, ProcessAlive, Saturation,
 };
-use vigil::{Observation, Status};
+use vigil::{CheckResult, Status};
 
-fn output(o: &Observation) -> &str {
+fn output(o: &CheckResult) -> &str {
     o.output.as_deref().unwrap_or("")
 }
 

@@ -5,11 +5,11 @@ use axum::routing::get;
 use std::net::SocketAddr;
 use std::time::Duration;
 use vigil::Check;
+use vigil::Status;
 use vigil::checks::{HttpGet, TcpConnect};
-use vigil::{Observation, Status};
 use vigil_core::{CheckResult, Criticality, HEALTH_JSON, HealthReport};
 
-fn output(o: &Observation) -> &str {
+fn output(o: &CheckResult) -> &str {
     o.output.as_deref().unwrap_or("")
 }
 

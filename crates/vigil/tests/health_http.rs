@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use vigil::{
-    CheckOptions, CheckerFault, FnCheck, Health, HealthConfig, HealthReport, Lifecycle,
-    Observation, Status,
+    CheckOptions, CheckResult, CheckerFault, FnCheck, Health, HealthConfig, HealthReport,
+    Lifecycle, Status,
 };
 
 /// Short periods so the watchdog acts within a test, generous enough for a loaded
@@ -25,7 +25,7 @@ fn every(ms: u64) -> CheckOptions {
     CheckOptions::every(Duration::from_millis(ms)).jitter(0.0)
 }
 
-fn pass_check() -> FnCheck<impl Fn() -> std::future::Ready<Observation> + Send + Sync> {
+fn pass_check() -> FnCheck<impl Fn() -> std::future::Ready<CheckResult> + Send + Sync> {
     FnCheck::new(|| std::future::ready(vigil::check::pass()))
 }
 
@@ -33,12 +33,12 @@ fn pass_check() -> FnCheck<impl Fn() -> std::future::Ready<Observation> + Send +
 fn switch_check(
     up: Arc<AtomicBool>,
     why: &'static str,
-) -> FnCheck<impl Fn() -> std::future::Ready<Observation> + Send + Sync> {
+) -> FnCheck<impl Fn() -> std::future::Ready<CheckResult> + Send + Sync> {
     FnCheck::new(move || {
         std::future::ready(if up.load(Ordering::SeqCst) {
             vigil::check::pass()
         } else {
-            Observation::fail(why)
+            CheckResult::fail(why)
         })
     })
 }
@@ -124,7 +124,7 @@ async fn endpoints_speak_health_json_with_no_store_and_the_right_codes() {
         .local("disk:free", pass_check(), every(100))
         .dependency(
             "cache:ping",
-            FnCheck::new(|| async { Observation::fail("cache down") }),
+            FnCheck::new(|| async { CheckResult::fail("cache down") }),
             every(100).non_critical(),
         )
         .version("1.2.3")
@@ -327,12 +327,12 @@ async fn exclude_leaves_a_check_out_of_body_and_status() {
         .local("disk:free", pass_check(), every(100))
         .local(
             "mem:rss",
-            FnCheck::new(|| async { Observation::fail("rss over limit") }),
+            FnCheck::new(|| async { CheckResult::fail("rss over limit") }),
             every(100).gates_startup(false),
         )
         .dependency(
             "postgres:connect",
-            FnCheck::new(|| async { Observation::fail("refused") }),
+            FnCheck::new(|| async { CheckResult::fail("refused") }),
             every(100),
         )
         .start();
@@ -374,13 +374,13 @@ async fn health_json_entries_have_component_type_and_no_output_when_passing() {
         .local(
             "disk:free",
             FnCheck::new(|| async {
-                Observation::new(Status::Pass).with_output("12 GiB free, plenty")
+                CheckResult::new(Status::Pass).with_output("12 GiB free, plenty")
             }),
             every(100),
         )
         .dependency(
             "postgres:connect",
-            FnCheck::new(|| async { Observation::fail("refused") }),
+            FnCheck::new(|| async { CheckResult::fail("refused") }),
             every(100).non_critical(),
         )
         .start();

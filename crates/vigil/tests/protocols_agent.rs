@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use vigil::agent::AgentCheck;
-use vigil::{CheckOptions, CheckerFault, FnCheck, Health, Observation, Status};
+use vigil::{CheckOptions, CheckResult, CheckerFault, FnCheck, Health, Status};
 
 mod support;
 use support::{Knob, fast};
@@ -84,7 +84,7 @@ async fn agent_says_down_when_the_health_checker_stalls() {
     let health = Health::builder()
         .local(
             "disk:free",
-            FnCheck::new(|| std::future::ready(Observation::new(Status::Pass))),
+            FnCheck::new(|| std::future::ready(CheckResult::new(Status::Pass))),
             CheckOptions::every(Duration::from_millis(50)).jitter(0.0),
         )
         .start();

@@ -17,7 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::AsyncBufReadExt;
-use vigil_example::producer::{self, Producer};
+use vigil_example::broker::Broker;
+use vigil_example::producer::Producer;
 use vigil_example::worker::DEFAULT_AMQP;
 
 /// Workers in the demo's queue: enough peers (3) for the controller to judge one.
@@ -57,7 +58,7 @@ fn id(i: usize) -> String {
 
 /// Whether RabbitMQ answers within 3 s.
 pub(super) async fn reachable() -> Result<()> {
-    tokio::time::timeout(Duration::from_secs(3), producer::connect(DEFAULT_AMQP))
+    tokio::time::timeout(Duration::from_secs(3), Broker::connect(DEFAULT_AMQP))
         .await
         .map_err(|_| anyhow::anyhow!("no answer from {DEFAULT_AMQP} within 3s"))??;
     Ok(())
@@ -92,9 +93,9 @@ fn heartbeat_key(id: &str) -> String {
 pub(super) async fn start(launcher: &Launcher<'_>, fleet: &mut Fleet) -> Result<Queue> {
     let name = format!("vigil-demo-{}", launcher.ports.lb);
     {
-        let (_conn, channel) = producer::connect(DEFAULT_AMQP).await?;
-        producer::declare_queues(&channel, &name).await?;
-        producer::purge_queues(&channel, &name).await?;
+        let broker = Broker::connect(DEFAULT_AMQP).await?;
+        broker.declare(&name).await?;
+        broker.purge(&name).await?;
     }
     let controller = format!("http://127.0.0.1:{}", launcher.ports.controller);
     let mut workers = Vec::new();

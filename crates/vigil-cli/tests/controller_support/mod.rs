@@ -425,3 +425,36 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
         rest.strip_prefix(' ')?.split(' ').next()?.parse().ok()
     })
 }
+
+/// One keep-alive connection to a test's own health endpoint (GETs without bodies,
+/// answered in order): each request head goes to `fails`, and the answer is
+/// `{"status":"pass"}` (200) or `{"status":"fail"}` (500, a failing report naming no
+/// check) as it says.
+pub async fn serve_health(mut conn: tokio::net::TcpStream, mut fails: impl FnMut(&str) -> bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            match conn.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+        buf.drain(..end + 4);
+        let (status, body) = if fails(&head) {
+            ("500 Internal Server Error", r#"{"status":"fail"}"#)
+        } else {
+            ("200 OK", r#"{"status":"pass"}"#)
+        };
+        let answer = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/health+json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if conn.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}

@@ -167,7 +167,7 @@ async fn describe(
     client: &Client,
     id: &str,
     retry: &mut Retry,
-) -> Result<Option<Seen>, crate::aws::client::Failure> {
+) -> Result<Option<Seen>, crate::aws::client::AwsFailure> {
     let a = client
         .call(
             Service::AutoScaling,
@@ -176,7 +176,7 @@ async fn describe(
             retry,
         )
         .await?;
-    let doc = a.doc().map_err(|error| crate::aws::client::Failure {
+    let doc = a.doc().map_err(|error| crate::aws::client::AwsFailure {
         error,
         attempts: a.attempts,
     })?;

@@ -121,7 +121,7 @@ impl AwsError {
 /// A call that failed for good: the last error, and how many attempts it took.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{error}{}", if *.attempts > 1 { format!("; gave up after {} attempts", .attempts) } else if .error.retryable() { String::new() } else { "; not retried".to_string() })]
-pub struct Failure {
+pub struct AwsFailure {
     /// The last error.
     pub error: AwsError,
     /// Attempts made.
@@ -130,7 +130,7 @@ pub struct Failure {
 
 /// A success answer.
 #[derive(Clone, Debug)]
-pub struct Answer {
+pub struct AwsReply {
     /// The XML document.
     pub xml: String,
     /// AWS's request id (from the `x-amzn-requestid` header or the document).
@@ -139,7 +139,7 @@ pub struct Answer {
     pub attempts: u32,
 }
 
-impl Answer {
+impl AwsReply {
     /// The document, parsed.
     pub fn doc(&self) -> Result<roxmltree::Document<'_>, AwsError> {
         roxmltree::Document::parse(&self.xml).map_err(|e| AwsError::Answer(e.to_string()))
@@ -269,7 +269,7 @@ impl Client {
         action: &str,
         params: &[(String, String)],
         retry: &mut Retry,
-    ) -> Result<Answer, Failure> {
+    ) -> Result<AwsReply, AwsFailure> {
         loop {
             retry.attempts += 1;
             match self.once(service, action, params, retry.left()).await {
@@ -284,7 +284,7 @@ impl Client {
                             continue;
                         }
                     }
-                    return Err(Failure {
+                    return Err(AwsFailure {
                         error,
                         attempts: retry.attempts,
                     });
@@ -300,7 +300,7 @@ impl Client {
         action: &str,
         params: &[(String, String)],
         left: Duration,
-    ) -> Result<Answer, AwsError> {
+    ) -> Result<AwsReply, AwsError> {
         let creds = credentials::resolve(self.profile.as_deref()).map_err(AwsError::Credentials)?;
         let url = match service {
             Service::AutoScaling => &self.autoscaling,
@@ -346,7 +346,7 @@ impl Client {
                 .or_else(|| find_text(doc.root(), &["RequestId", "requestId"]).map(str::to_string))
                 .unwrap_or_default();
             drop(doc);
-            return Ok(Answer {
+            return Ok(AwsReply {
                 xml: text,
                 request_id,
                 attempts: 1,
@@ -525,7 +525,7 @@ mod tests {
 
     #[test]
     fn a_failure_says_whether_it_was_retried() {
-        let final_error = Failure {
+        let final_error = AwsFailure {
             error: AwsError::Api {
                 status: 400,
                 code: "ValidationError".into(),
@@ -538,7 +538,7 @@ mod tests {
             final_error.to_string(),
             "ValidationError: m (HTTP 400); not retried"
         );
-        let retried = Failure {
+        let retried = AwsFailure {
             error: AwsError::Transport("refused".into()),
             attempts: 4,
         };

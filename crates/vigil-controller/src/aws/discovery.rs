@@ -17,7 +17,7 @@
 //!   `poll`). Until the first good list after a start, the targets the store knows keep
 //!   their guard state, unprobed, as with a discovery file that cannot be read.
 
-use crate::aws::client::{Client, Failure, Retry, Service, child, child_text, list};
+use crate::aws::client::{AwsFailure, Client, Retry, Service, child, child_text, list};
 use crate::aws::config::{AwsDiscoveryConfig, Piece, parse_template};
 use crate::config::{ControllerConfig, TargetConfig};
 use crate::engine::{Command, Source};
@@ -160,7 +160,7 @@ pub async fn list_targets(client: &Client, cfg: &AwsDiscoveryConfig) -> Result<L
     Ok(listing)
 }
 
-fn failed(call: &str, f: Failure) -> String {
+fn failed(call: &str, f: AwsFailure) -> String {
     format!("{call}: {f}")
 }
 

@@ -112,10 +112,13 @@ pub fn run(args: Args) -> ExitCode {
         }
     };
     if let Verb::CheckConfig = args.command {
+        let hosts = match cfg.controller.hosts {
+            config::HostSource::Config => format!("{} hosts", cfg.hosts.len()),
+            config::HostSource::Controller => format!("hosts from {}", cfg.controller.url),
+        };
         println!(
-            "{}: ok ({} hosts, install {:?}, drain {:?}, store {})",
+            "{}: ok ({hosts}, install {:?}, drain {:?}, store {})",
             args.config.display(),
-            cfg.hosts.len(),
             cfg.install.kind,
             cfg.drain.kind,
             cfg.store.display()
@@ -166,7 +169,7 @@ async fn verb(cfg: Arc<DeployConfig>, verb: Verb) -> ExitCode {
         };
     }
     match verb {
-        Verb::Plan { revision } => plan(&cfg, &revision).await,
+        Verb::Plan { revision } => plan(cfg, &revision).await,
         Verb::Run { revision } => run_rollout(cfg, revision).await,
         Verb::Status { json } => with_db(&cfg, |db| status(cfg.clone(), db, json)).await,
         Verb::Abort { reason } => {
@@ -211,7 +214,7 @@ fn fail(e: &DriveError) -> ExitCode {
     eprintln!("vigil deploy: {e}");
     ExitCode::from(match e {
         DriveError::Refused(_) => EXIT_REFUSED,
-        DriveError::Store(_) | DriveError::BadState(_) => EXIT_FAILURE,
+        DriveError::Store(_) | DriveError::BadState(_) | DriveError::Unavailable(_) => EXIT_FAILURE,
     })
 }
 
@@ -274,7 +277,18 @@ fn interrupted(id: &str, signal: &str) -> ExitCode {
 
 // === plan ===
 
-async fn plan(cfg: &DeployConfig, revision: &str) -> ExitCode {
+async fn plan(cfg: Arc<DeployConfig>, revision: &str) -> ExitCode {
+    let resolved = match driver::resolve(cfg).await {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    if let Some(Err(why)) = &resolved.view {
+        println!(
+            "note: the controller cannot be read ({why}): `run` would hold before its first wave (fail closed)"
+        );
+    }
+    let view = resolved.policy_view();
+    let cfg = &*resolved.cfg;
     // Read-only: a store that is not there yet holds no bad revision and is not created.
     let (bad, in_progress) = if cfg.store.exists() {
         let db = match Db::open(&cfg.store) {
@@ -322,7 +336,12 @@ async fn plan(cfg: &DeployConfig, revision: &str) -> ExitCode {
             if h.healthy { "healthy" } else { "unhealthy" }
         );
     }
-    match dry_run(&cfg.rollout, hosts, revision, bad) {
+    if let vigil_core::rollout::ControllerView::Read { held } = &view {
+        for h in held {
+            println!("host {h}: held by the controller (out of service, not touched)");
+        }
+    }
+    match dry_run(&cfg.rollout, hosts, revision, bad, view) {
         Ok(decisions) => {
             println!("plan for {revision} (assuming every host reports back passing):");
             for d in decisions {
@@ -350,13 +369,14 @@ pub fn dry_run(
     hosts: Vec<vigil_core::rollout::HostSpec>,
     revision: &str,
     bad: std::collections::BTreeSet<String>,
+    view: vigil_core::rollout::ControllerView,
 ) -> Result<Vec<String>, vigil_core::rollout::StartError> {
     let cfg = RolloutConfig {
         bake: Duration::ZERO,
         min_samples: 0,
         ..config.clone()
     };
-    let mut r = Rollout::start_with_bad(cfg, hosts, revision, Time::ZERO, bad)?;
+    let mut r = Rollout::start_seeing(cfg, hosts, revision, Time::ZERO, bad, view)?;
     let mut now = Time::ZERO;
     for _ in 0..PLAN_STEPS {
         if r.is_finished() {
@@ -626,7 +646,13 @@ async fn save_direct(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vigil_core::rollout::{Floor, HostSpec};
+    use vigil_core::rollout::{ControllerView, Floor, HostSpec};
+
+    fn read_nothing() -> ControllerView {
+        ControllerView::Read {
+            held: Default::default(),
+        }
+    }
 
     #[test]
     fn a_plan_shows_the_waves_within_the_floor_and_a_zone_at_a_time() {
@@ -641,7 +667,7 @@ mod tests {
             min_healthy: Floor::Percent(60),
             ..RolloutConfig::default()
         };
-        let plan = dry_run(&cfg, hosts, "v2", Default::default()).unwrap();
+        let plan = dry_run(&cfg, hosts, "v2", Default::default(), read_nothing()).unwrap();
         let waves: Vec<&String> = plan
             .iter()
             .filter(|d| d.starts_with("wave ") && d.contains(" of v2: "))
@@ -660,7 +686,7 @@ mod tests {
     fn a_plan_of_a_bad_revision_is_refused() {
         let hosts = vec![HostSpec::new("a1", "a", "v1")];
         let bad = ["v2".to_string()].into_iter().collect();
-        let e = dry_run(&RolloutConfig::default(), hosts, "v2", bad).unwrap_err();
+        let e = dry_run(&RolloutConfig::default(), hosts, "v2", bad, read_nothing()).unwrap_err();
         assert!(e.to_string().contains("marked bad"), "{e}");
     }
 }

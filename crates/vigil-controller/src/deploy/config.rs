@@ -29,6 +29,22 @@ pub const DEFAULT_PROBE_PATH: &str = crate::config::DEFAULT_PROBE_PATH;
 /// (pulling an image, restarting a service with its own drain); a hook that takes
 /// longer is killed and the install counts as failed.
 pub const DEFAULT_INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default timeout of one read of the controller's API: 2 s. Its answer comes from a
+/// published view (no store access); slower means the controller is in trouble, and
+/// the rollout then holds (fail closed) rather than wait.
+pub const DEFAULT_CONTROLLER_TIMEOUT: Duration = Duration::from_secs(2);
+/// The controller's display states that count a host as held: out of service for the
+/// floor and never touched by a wave. Unhealthy, reported (for replacement) and
+/// flapping are the guard's judgements; silenced and maintenance are an operator's
+/// holds. `failing` (one failed probe, not yet judged) is not: the deployer's own
+/// probe sees the same host, and a host restarted by its own wave fails a probe or two.
+pub const HELD_STATES: [&str; 5] = [
+    "unhealthy",
+    "reported",
+    "flapping",
+    "silenced",
+    "maintenance",
+];
 /// Default drain timeout: 1 minute for a drain or undrain hook (a balancer's admin call,
 /// or a script that waits for connections to finish).
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -51,7 +67,10 @@ pub struct DeployConfig {
     pub install: InstallConfig,
     /// How a host is taken out of service and put back (optional).
     pub drain: DrainConfig,
-    /// The hosts.
+    /// The controller whose view of the hosts counts (holds, and optionally the host
+    /// list itself). Defaults to none.
+    pub controller: DeployControllerConfig,
+    /// The hosts (empty when `controller.hosts = "controller"`).
     pub hosts: Vec<HostConfig>,
 }
 
@@ -64,6 +83,7 @@ impl Default for DeployConfig {
             probe: DeployProbeConfig::default(),
             install: InstallConfig::default(),
             drain: DrainConfig::default(),
+            controller: DeployControllerConfig::default(),
             hosts: Vec::new(),
         }
     }
@@ -229,6 +249,69 @@ impl Default for DrainConfig {
     }
 }
 
+/// Where the hosts come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HostSource {
+    /// The `[[hosts]]` tables (the default).
+    #[default]
+    Config,
+    /// The controller's targets (`GET /api/targets`), selected by `group` and `zone`,
+    /// read when a rollout starts or resumes.
+    Controller,
+}
+
+/// `[controller]`: a `vigil controller` whose view counts. Each probe round the
+/// deployer reads its `GET /api/targets`: a host it holds, quarantines or judges
+/// unhealthy ([`HELD_STATES`]) counts as out of service and is not touched; when it
+/// cannot be read, no new wave starts (fail closed).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeployControllerConfig {
+    /// The controller's API (`http://host:port`). Defaults to none (no controller).
+    pub url: String,
+    /// Bearer token sent with each read (reads are open on the controller itself; a
+    /// proxy in front may want one). `VIGIL_API_TOKEN` wins. Defaults to none.
+    pub token: Option<String>,
+    /// Timeout of one read. Defaults to 2 s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// `config` (the `[[hosts]]` tables, the default) or `controller` (its targets).
+    pub hosts: HostSource,
+    /// With `hosts = "controller"`: only targets of this group. Defaults to any.
+    pub group: String,
+    /// With `hosts = "controller"`: only targets of this zone. Defaults to any.
+    pub zone: String,
+}
+
+impl Default for DeployControllerConfig {
+    fn default() -> Self {
+        DeployControllerConfig {
+            url: String::new(),
+            token: None,
+            timeout: DEFAULT_CONTROLLER_TIMEOUT,
+            hosts: HostSource::Config,
+            group: String::new(),
+            zone: String::new(),
+        }
+    }
+}
+
+impl DeployControllerConfig {
+    /// Whether a controller is configured.
+    pub fn is_set(&self) -> bool {
+        !self.url.is_empty()
+    }
+
+    /// The token in force: `VIGIL_API_TOKEN` if set and non-empty, else the config's.
+    pub fn token(&self) -> Option<String> {
+        std::env::var("VIGIL_API_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+            .or_else(|| self.token.clone().filter(|t| !t.is_empty()))
+    }
+}
+
 /// One host.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -337,8 +420,46 @@ impl DeployConfig {
         if self.drain.timeout.is_zero() {
             return Err(Invalid::new("drain.timeout", "must be longer than 0s"));
         }
-        if self.hosts.is_empty() {
-            return Err(Invalid::new("hosts", "must list at least one host"));
+        let c = &self.controller;
+        if c.is_set() && !c.url.starts_with("http://") {
+            return Err(Invalid::new(
+                "controller.url",
+                format!("must be an http:// URL, got {:?}", c.url),
+            ));
+        }
+        if c.timeout.is_zero() {
+            return Err(Invalid::new("controller.timeout", "must be longer than 0s"));
+        }
+        match c.hosts {
+            HostSource::Controller => {
+                if !c.is_set() {
+                    return Err(Invalid::new(
+                        "controller.hosts",
+                        "\"controller\" needs controller.url",
+                    ));
+                }
+                if !self.hosts.is_empty() {
+                    return Err(Invalid::new(
+                        "hosts",
+                        "must be left out when controller.hosts = \"controller\" (the hosts are the controller's targets)",
+                    ));
+                }
+            }
+            HostSource::Config => {
+                if !c.group.is_empty() || !c.zone.is_empty() {
+                    return Err(Invalid::new(
+                        if c.group.is_empty() {
+                            "controller.zone"
+                        } else {
+                            "controller.group"
+                        },
+                        "selects the controller's targets: only with controller.hosts = \"controller\"",
+                    ));
+                }
+                if self.hosts.is_empty() {
+                    return Err(Invalid::new("hosts", "must list at least one host"));
+                }
+            }
         }
         let mut seen = std::collections::BTreeSet::new();
         for (i, h) in self.hosts.iter().enumerate() {
@@ -486,6 +607,32 @@ mod tests {
             "hosts[0].url"
         );
         assert_eq!(bad("[install.exec]\ncommand = [\"true\"]"), "hosts");
+        assert_eq!(
+            bad(&format!("{MINIMAL}[controller]\nurl = \"https://c\"")),
+            "controller.url"
+        );
+        assert_eq!(
+            bad(&format!("{MINIMAL}[controller]\nhosts = \"controller\"")),
+            "controller.hosts"
+        );
+        assert_eq!(
+            bad(&format!(
+                "{MINIMAL}[controller]\nurl = \"http://c\"\nhosts = \"controller\""
+            )),
+            "hosts"
+        );
+        assert_eq!(
+            bad(&format!(
+                "{MINIMAL}[controller]\nurl = \"http://c\"\ngroup = \"web\""
+            )),
+            "controller.group"
+        );
+        let c = parse(
+            "[install.exec]\ncommand = [\"true\"]\n[controller]\nurl = \"http://c:1\"\nhosts = \"controller\"\ngroup = \"web\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.controller.hosts, HostSource::Controller);
         assert_eq!(
             bad("[install]\nkind = \"webhook\"\n[[hosts]]\nid = \"a\"\nurl = \"http://x\""),
             "install.webhook.url"

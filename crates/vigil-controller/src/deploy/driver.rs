@@ -5,16 +5,17 @@
 //! itself: every decision is the policy's, and is logged as it is made.
 
 use super::config::{DeployConfig, HostConfig};
+use super::controller::{ControllerClient, ControllerTarget};
 use super::hooks::{HookContext, Hooks};
 use crate::clock::{Clock, unix_ms, wall_ms};
 use crate::prober::Prober;
 use crate::store::{ActionState, RolloutSave, RolloutStep, SqliteStore, StoreError, StoredRollout};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vigil_core::Time;
-use vigil_core::rollout::{Command, HostSpec, HostStep, Phase, Rollout};
+use vigil_core::rollout::{Command, ControllerView, HostSpec, HostStep, Phase, Rollout};
 
 /// How often the state is saved when only samples changed (every step, decision and
 /// phase change is saved at once). Samples lost to a crash are re-collected; saving
@@ -46,6 +47,84 @@ pub enum DriveError {
     /// The stored state cannot be used.
     #[error("{0}")]
     BadState(String),
+    /// Something the rollout needs cannot be read now (the controller that lists the
+    /// hosts): `run` again once it can.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// The config with its hosts resolved, and the controller whose view counts.
+pub struct Resolved {
+    /// The config; its `hosts` are the rollout's (the controller's, when it lists them).
+    pub cfg: Arc<DeployConfig>,
+    /// The controller, when one is configured.
+    pub controller: Option<ControllerClient>,
+    /// What the first read of it gave (None without a controller).
+    pub view: Option<Result<BTreeMap<String, ControllerTarget>, String>>,
+}
+
+impl Resolved {
+    /// What the policy is told of this read, for these hosts.
+    pub fn policy_view(&self) -> ControllerView {
+        view_of(self.view.as_ref(), &self.cfg.hosts)
+    }
+}
+
+/// The policy's view of a read of the controller (no controller: nothing held).
+fn view_of(
+    read: Option<&Result<BTreeMap<String, ControllerTarget>, String>>,
+    hosts: &[HostConfig],
+) -> ControllerView {
+    match read {
+        None => ControllerView::Read {
+            held: BTreeSet::new(),
+        },
+        Some(Err(why)) => ControllerView::Unreadable(why.clone()),
+        Some(Ok(targets)) => ControllerView::Read {
+            held: hosts
+                .iter()
+                .filter(|h| targets.get(&h.id).is_some_and(ControllerTarget::held))
+                .map(|h| h.id.clone())
+                .collect(),
+        },
+    }
+}
+
+/// Reads the controller (if any) and resolves the hosts: the config's, or the
+/// controller's targets when it lists them (then a failed read is an error: there is
+/// no rollout without its hosts).
+pub async fn resolve(cfg: Arc<DeployConfig>) -> Result<Resolved, DriveError> {
+    let Some(client) = ControllerClient::new(&cfg.controller) else {
+        return Ok(Resolved {
+            cfg,
+            controller: None,
+            view: None,
+        });
+    };
+    let read = client.targets().await;
+    let cfg = match (&read, cfg.controller.hosts) {
+        (_, super::config::HostSource::Config) => cfg,
+        (Err(why), super::config::HostSource::Controller) => {
+            return Err(DriveError::Unavailable(format!(
+                "cannot list the hosts from the controller: {why}"
+            )));
+        }
+        (Ok(targets), super::config::HostSource::Controller) => {
+            let hosts =
+                super::controller::select_hosts(&cfg, targets).map_err(DriveError::Refused)?;
+            let mut c = (*cfg).clone();
+            c.hosts = hosts;
+            Arc::new(c)
+        }
+    };
+    if let Err(why) = &read {
+        tracing::warn!(controller = %client.url(), error = %why, "the controller cannot be read: no new wave until it can (fail closed)");
+    }
+    Ok(Resolved {
+        cfg,
+        controller: Some(client),
+        view: Some(read),
+    })
 }
 
 /// The store, on the blocking pool (rusqlite blocks).
@@ -277,6 +356,8 @@ pub struct Driver {
     logged: usize,
     /// Each host's last reported revision (a host that stops answering keeps it).
     last_revision: HashMap<String, String>,
+    /// The controller whose view counts (holds; unreadable holds the next wave).
+    controller: Option<ControllerClient>,
     _lock: DriverLock,
 }
 
@@ -303,6 +384,8 @@ impl Driver {
         let db = Db::open(&cfg.store)?;
         let name = cfg.name.clone();
         let latest = db.call(move |s| s.latest_rollout(&name)).await?;
+        let resolved = resolve(cfg).await?;
+        let cfg = resolved.cfg.clone();
         let prober = Prober::new(true);
         let hooks = Hooks::new(cfg.clone());
         if let Some(l) = latest.as_ref().filter(|l| !l.finished) {
@@ -323,6 +406,7 @@ impl Driver {
             tracing::info!(rollout = %l.id, revision = %l.revision, phase = %l.phase, "resuming the rollout in progress");
             let clock = Clock::start(Time::from_millis(u64::try_from(l.clock_ms).unwrap_or(0)));
             let mut d = Driver::new(cfg, db, prober, hooks, rollout, l, clock, lock);
+            d.controller = resolved.controller;
             // Decisions made before the restart were logged by the run that made them.
             d.logged = d.rollout.decisions().len();
             return Ok(d);
@@ -361,12 +445,13 @@ impl Driver {
         }
         let not_before = latest.as_ref().map_or(0, |l| l.clock_ms);
         let clock = Clock::start(Time::from_millis(u64::try_from(not_before).unwrap_or(0)));
-        let rollout = Rollout::start_with_bad(
+        let rollout = Rollout::start_seeing(
             cfg.rollout.clone(),
             hosts.clone(),
             revision,
             clock.now(),
             bad,
+            resolved.policy_view(),
         )
         .map_err(|e| DriveError::Refused(e.to_string()))?;
         let id = rollout.id().to_string();
@@ -385,6 +470,7 @@ impl Driver {
             tracing::info!(host = %h.id, zone = %h.zone, revision = %h.revision, healthy = h.healthy, "host before the rollout");
         }
         let mut d = Driver::new(cfg, db, prober, hooks, rollout, &stored, clock, lock);
+        d.controller = resolved.controller;
         d.save(Vec::new(), Vec::new(), Vec::new()).await?;
         Ok(d)
     }
@@ -409,6 +495,7 @@ impl Driver {
             saved_at: Instant::now(),
             logged: 0,
             last_revision: HashMap::new(),
+            controller: None,
             rollout,
             id: stored.id.clone(),
             started_ms: stored.started_ms,
@@ -473,8 +560,24 @@ impl Driver {
             .filter(|h| self.rollout.host_step(&h.id).is_some())
             .cloned()
             .collect();
-        let answers = probe_hosts(&self.cfg, &self.prober, &hosts).await;
+        let (answers, read) = match &self.controller {
+            None => (probe_hosts(&self.cfg, &self.prober, &hosts).await, None),
+            Some(c) => {
+                let (a, r) =
+                    tokio::join!(probe_hosts(&self.cfg, &self.prober, &hosts), c.targets());
+                (a, Some(r))
+            }
+        };
         let now = self.clock.now();
+        if let Some(read) = &read {
+            if let Err(why) = read {
+                tracing::warn!(error = %why, "the controller cannot be read: no new wave until it can (fail closed)");
+            }
+            // Holds first, in one step, before this round's health: a wave is never
+            // started on a view half applied.
+            self.rollout
+                .controller_view(now, view_of(Some(read), &hosts));
+        }
         for h in &hosts {
             let Some(a) = answers.get(&h.id) else {
                 continue;

@@ -14,6 +14,9 @@
 //!   what it commands, then probes every host (the controller's prober, vigil-core's
 //!   one judge) and feeds the policy each host's reported revision (`releaseId`, else
 //!   `version`), health and an error-rate sample.
+//! - [`controller`]: the controller's view (`GET /api/targets`): hosts it holds or
+//!   judges unhealthy count as held; unreadable, no new wave starts (fail closed); it
+//!   can list the hosts too.
 //! - [`cli`]: `vigil deploy plan|run|status|abort|approve|clear-bad|explain|check-config`.
 //!
 //! # Crash safety
@@ -34,5 +37,6 @@
 
 pub mod cli;
 pub mod config;
+pub mod controller;
 pub mod driver;
 pub mod hooks;

@@ -20,7 +20,9 @@
 //! `vigil_schema`; [`PG_MIGRATIONS`] run in order, each in a transaction that first locks
 //! `vigil_schema` (replicas starting together migrate once, the others wait and see the
 //! new version). Versions 1 to 3 hold the same tables as SQLite's (PostgreSQL types:
-//! identity columns for `AUTOINCREMENT`); version 4 adds the lease. A schema from a newer
+//! identity columns for `AUTOINCREMENT`); version 4 adds the lease, version 5 the
+//! replicas' heartbeats and probe results (`replicas`, `probe_results`: sharded
+//! probing, written by every replica, unfenced: a result is a fact, not a decision). A schema from a newer
 //! vigil is refused ([`StoreError::TooNew`]), and so are a search_path naming no schema
 //! and a schema holding vigil's tables without `vigil_schema`.
 //!
@@ -59,7 +61,8 @@
 
 use super::{
     ACTION_COLUMNS, ActionRecord, ActionState, Batch, DecisionRecord, KEEP_DECISIONS,
-    KEEP_TRANSITIONS, Recovered, SNAPSHOT_PART, Store, StoreError, TransitionRecord, parts,
+    KEEP_TRANSITIONS, MemberRow, Recovered, ReplicaReport, ReplicaState, SNAPSHOT_PART, Store,
+    StoreError, StoredResult, TransitionRecord, parts,
 };
 use postgres::{Client, NoTls};
 use std::time::Duration;
@@ -69,7 +72,8 @@ use std::time::Duration;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Schema migrations, in order; `vigil_schema.version` counts those applied. 1-3 are
-/// SQLite's [`super::MIGRATIONS`] in PostgreSQL's dialect; 4 is the lease.
+/// SQLite's [`super::MIGRATIONS`] in PostgreSQL's dialect; 4 is the lease, 5 the
+/// replicas' membership and probe results (sharded probing).
 pub const PG_MIGRATIONS: &[&str] = &[
     // 1: the initial schema.
     "CREATE TABLE guard_snapshot (
@@ -165,7 +169,74 @@ pub const PG_MIGRATIONS: &[&str] = &[
         expires_at TIMESTAMPTZ NOT NULL
     );
     ALTER TABLE actions ADD COLUMN epoch BIGINT;",
+    // 5: sharded probing: the live replicas, and each one's latest result per target
+    // (written on change; see `crate::probing`).
+    "CREATE TABLE replicas (
+        id TEXT PRIMARY KEY,
+        started_at TIMESTAMPTZ NOT NULL,
+        seen_at TIMESTAMPTZ NOT NULL
+    );
+    CREATE TABLE probe_results (
+        target TEXT NOT NULL,
+        replica TEXT NOT NULL,
+        ok BOOLEAN NOT NULL,
+        observation TEXT,
+        changed_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (target, replica)
+    );
+    CREATE INDEX probe_results_replica ON probe_results (replica);",
 ];
+
+/// A replica not heard from for this long is forgotten with its results (a replica
+/// that restarts with the same id starts over anyway).
+const FORGET_REPLICAS_AFTER: &str = "1 hour";
+
+/// A statement of a store opened without a lease runs at most this long: the
+/// largest write (a snapshot of 10,000 targets, about a megabyte) takes well under a
+/// second on a database that works.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A lock is waited for at most this long by a store opened without a lease.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The bounds of a replica's statements for lease TTL `ttl`: a statement runs at most
+/// `ttl / 2`, a lock is waited for at most `ttl / 5`. The lease task's request then
+/// fails in time for another attempt before the leader's local deadline
+/// (`ttl - ttl / 5`), and an engine commit stuck behind a lock (which holds the lease
+/// row `FOR UPDATE`, so renewals would queue behind it) gives the row back within
+/// `ttl / 5` instead of freezing every replica until the lock goes.
+pub fn limits_for_lease(ttl: Duration) -> (Duration, Duration) {
+    (
+        (ttl / 2).max(Duration::from_millis(1)),
+        (ttl / 5).max(Duration::from_millis(1)),
+    )
+}
+
+/// `SET LOCAL` of the bounds: transaction-scoped, so it holds through a transaction
+/// pooler (PgBouncer in transaction mode hands each transaction any server
+/// connection; a session `SET` or a startup option would stay on one it no longer
+/// uses, or be refused). A transaction left idle for longer than a statement may run
+/// (its process paused by SIGSTOP or cut off in the middle of a commit) is ended by the
+/// server (`idle_in_transaction_session_timeout`), so the lease row it holds
+/// `FOR UPDATE` is freed for the other replicas instead of staying locked until TCP
+/// gives up on the session.
+fn limits_sql(statement: Duration, lock: Duration) -> String {
+    let statement = statement.as_millis().max(1);
+    format!(
+        "SET LOCAL statement_timeout = '{statement}ms'; SET LOCAL lock_timeout = '{}ms'; \
+         SET LOCAL idle_in_transaction_session_timeout = '{statement}ms'",
+        lock.as_millis().max(1)
+    )
+}
+
+/// A transaction whose statements are bounded by `limits`.
+fn begin<'a>(
+    client: &'a mut Client,
+    limits: &str,
+) -> Result<postgres::Transaction<'a>, postgres::Error> {
+    let mut tx = client.transaction()?;
+    tx.batch_execute(limits)?;
+    Ok(tx)
+}
 
 /// The lease every controller replica of one store competes for.
 pub const CONTROLLER_LEASE: &str = "controller";
@@ -206,11 +277,18 @@ pub enum LeaseAnswer {
 /// The controller's PostgreSQL store.
 pub struct PostgresStore {
     client: Client,
+    /// What `client` was made from: a connection that broke (a partition past
+    /// `tcp_user_timeout`, a restarted server, a terminated backend) is made again
+    /// from it at the next call ([`PostgresStore::connection`]).
+    config: postgres::Config,
     /// The URL without its password, for messages.
     url: String,
     keep: (i64, i64),
     /// Set for a replica: its lease and id. Commits then need a fence.
     replica: Option<(String, String)>,
+    /// `SET LOCAL statement_timeout ...; SET LOCAL lock_timeout ...`, run first in
+    /// every transaction (see [`limits_sql`]).
+    limits: String,
 }
 
 /// `url` without the password, for logs and errors.
@@ -268,6 +346,11 @@ impl PostgresStore {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
+        if config.get_tcp_user_timeout().is_none() {
+            // A statement sent to a server that vanished (no ACK) fails after this
+            // rather than at the kernel's default of about 15 minutes.
+            config.tcp_user_timeout(CONNECT_TIMEOUT);
+        }
         if config.get_application_name().is_none() {
             config.application_name("vigil-controller");
         }
@@ -279,9 +362,11 @@ impl PostgresStore {
         migrate(&mut client, &shown)?;
         Ok(PostgresStore {
             client,
+            config,
             url: shown,
             keep: (KEEP_DECISIONS, KEEP_TRANSITIONS),
             replica: None,
+            limits: limits_sql(DEFAULT_STATEMENT_TIMEOUT, DEFAULT_LOCK_TIMEOUT),
         })
     }
 
@@ -290,6 +375,50 @@ impl PostgresStore {
     pub fn for_replica(mut self, lease: &str, id: &str) -> Self {
         self.replica = Some((lease.to_string(), id.to_string()));
         self
+    }
+
+    /// Bounds every statement of this store by `statement` and every lock wait by
+    /// `lock` (see [`limits_for_lease`]).
+    pub fn with_limits(mut self, statement: Duration, lock: Duration) -> Self {
+        self.limits = limits_sql(statement, lock);
+        self
+    }
+
+    /// The connection, made again first if the last one broke. A `postgres::Client`
+    /// whose connection ended stays closed: every later call would fail with
+    /// "connection closed" forever, so a replica cut off from the database for longer
+    /// than `tcp_user_timeout` (or whose backend was restarted or terminated) would
+    /// never lead, commit or report again once the database was back. The call that
+    /// met the break has already failed (its outcome unknown to the caller, who treats
+    /// it as not done); nothing is retried here.
+    fn connection(&mut self) -> Result<&mut Client, StoreError> {
+        if self.client.is_closed() {
+            let client = self
+                .config
+                .connect(NoTls)
+                .map_err(|e| StoreError::Postgres {
+                    url: self.url.clone(),
+                    why: format!("reconnecting: {}", describe(&e)),
+                    source: e,
+                })?;
+            tracing::warn!(store = %self.url, "PostgreSQL connection made again after it broke");
+            self.client = client;
+        }
+        Ok(&mut self.client)
+    }
+
+    /// Runs `f` in a transaction of its own, bounded like every other.
+    fn once<T>(
+        &mut self,
+        what: &'static str,
+        f: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T, postgres::Error>,
+    ) -> Result<T, StoreError> {
+        let err = self.err(what);
+        let limits = self.limits.clone();
+        let mut tx = begin(self.connection()?, &limits).map_err(&err)?;
+        let v = f(&mut tx).map_err(&err)?;
+        tx.commit().map_err(&err)?;
+        Ok(v)
     }
 
     /// Changes how many decisions and transitions are kept (tests use small numbers).
@@ -345,10 +474,9 @@ impl PostgresStore {
             x = ms_of("expires_at"),
             n = ms_of("now()"),
         );
-        let rows = self
-            .client
-            .query(&sql, &[&lease, &holder, &ttl_ms, &epoch])
-            .map_err(self.err("acquiring or renewing the lease"))?;
+        let rows = self.once("acquiring or renewing the lease", |c| {
+            c.query(&sql, &[&lease, &holder, &ttl_ms, &epoch])
+        })?;
         let Some(r) = rows.first() else {
             return Ok(LeaseAnswer::Vacant);
         };
@@ -369,13 +497,10 @@ impl PostgresStore {
     /// Gives `lease` up at once (expires now) if `holder` holds it at `epoch`, so
     /// another replica takes over at its next attempt. Returns whether it did.
     pub fn resign(&mut self, lease: &str, holder: &str, epoch: i64) -> Result<bool, StoreError> {
-        let n = self
-            .client
-            .execute(
+        let n = self.once("resigning the lease", |c| c.execute(
                 "UPDATE leases SET expires_at = now() WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()",
                 &[&lease, &holder, &epoch],
-            )
-            .map_err(self.err("resigning the lease"))?;
+            ))?;
         Ok(n == 1)
     }
 
@@ -387,10 +512,7 @@ impl PostgresStore {
             x = ms_of("expires_at"),
             n = ms_of("now()"),
         );
-        let row = self
-            .client
-            .query_opt(&sql, &[&lease])
-            .map_err(self.err("reading the lease"))?;
+        let row = self.once("reading the lease", |c| c.query_opt(&sql, &[&lease]))?;
         Ok(row.map(|r| LeaseRow {
             holder: r.get(0),
             epoch: r.get(1),
@@ -527,6 +649,7 @@ impl Store for PostgresStore {
             .read_only(true)
             .start()
             .map_err(&e)?;
+        tx.batch_execute(&self.limits).map_err(&e)?;
         let snap = tx
             .query_opt("SELECT seq, state FROM guard_snapshot WHERE id = 1", &[])
             .map_err(&e)?
@@ -590,7 +713,8 @@ impl Store for PostgresStore {
                     .into(),
             ));
         }
-        let mut tx = self.client.transaction().map_err(e)?;
+        let limits = self.limits.clone();
+        let mut tx = begin(self.connection()?, &limits).map_err(e)?;
         let mut epoch = None;
         if let Some(f) = &batch.fence {
             // The fence: the lease row, locked until this transaction ends, must still
@@ -742,24 +866,23 @@ impl Store for PostgresStore {
 
     fn start_attempt(&mut self, id: i64) -> Result<(), StoreError> {
         let Some((lease, holder)) = self.replica.clone() else {
-            self.client
-                .execute(
+            self.once("counting an attempt", |c| {
+                c.execute(
                     "UPDATE actions SET attempts = attempts + 1 WHERE id = $1",
                     &[&id],
                 )
-                .map_err(self.err("counting an attempt"))?;
+            })?;
             return Ok(());
         };
         // A replica runs an action only while it holds the lease: a deposed leader's
         // actuator must not start a run its successor will also start.
-        let n = self
-            .client
-            .execute(
+        let n = self.once("counting an attempt", |c| {
+            c.execute(
                 "UPDATE actions SET attempts = attempts + 1 WHERE id = $1 AND EXISTS (
                     SELECT 1 FROM leases WHERE name = $2 AND holder = $3 AND expires_at > now())",
                 &[&id, &lease, &holder],
             )
-            .map_err(self.err("counting an attempt"))?;
+        })?;
         if n == 1 {
             return Ok(());
         }
@@ -779,12 +902,12 @@ impl Store for PostgresStore {
         result: &str,
     ) -> Result<(), StoreError> {
         // Not fenced: a run that happened is a fact, whoever reports it.
-        self.client
-            .execute(
+        self.once("finishing an action", |c| {
+            c.execute(
                 "UPDATE actions SET state = $2, finished_ms = $3, result = $4 WHERE id = $1",
                 &[&id, &state.as_str(), &at_ms, &result],
             )
-            .map_err(self.err("finishing an action"))?;
+        })?;
         Ok(())
     }
 
@@ -794,14 +917,13 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> Result<Vec<DecisionRecord>, StoreError> {
         let limit = limit as i64;
-        let rows = self
-            .client
-            .query(
+        let rows = self.once("reading decisions", |c| {
+            c.query(
                 "SELECT id, at_ms, target, zone, outcome, reasons, summary FROM decisions
                  WHERE ($1::TEXT IS NULL OR target = $1) ORDER BY id DESC LIMIT $2",
                 &[&target, &limit],
             )
-            .map_err(self.err("reading decisions"))?;
+        })?;
         Ok(rows
             .iter()
             .map(|r| DecisionRecord {
@@ -819,13 +941,12 @@ impl Store for PostgresStore {
 
     fn actions(&mut self, limit: usize) -> Result<Vec<ActionRecord>, StoreError> {
         let limit = limit as i64;
-        let rows = self
-            .client
-            .query(
+        let rows = self.once("reading actions", |c| {
+            c.query(
                 &format!("SELECT {ACTION_COLUMNS} FROM actions ORDER BY id DESC LIMIT $1"),
                 &[&limit],
             )
-            .map_err(self.err("reading actions"))?;
+        })?;
         Ok(rows.iter().map(action_from_row).collect())
     }
 
@@ -835,14 +956,13 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> Result<Vec<TransitionRecord>, StoreError> {
         let limit = limit as i64;
-        let rows = self
-            .client
-            .query(
+        let rows = self.once("reading transitions", |c| {
+            c.query(
                 "SELECT id, at_ms, target, from_state, to_state, detail FROM transitions
                  WHERE target = $1 ORDER BY id DESC LIMIT $2",
                 &[&target, &limit],
             )
-            .map_err(self.err("reading transitions"))?;
+        })?;
         Ok(rows
             .iter()
             .map(|r| TransitionRecord {
@@ -858,6 +978,107 @@ impl Store for PostgresStore {
 
     fn lease(&mut self, name: &str) -> Result<Option<LeaseRow>, StoreError> {
         PostgresStore::lease(self, name)
+    }
+
+    fn report(&mut self, r: &ReplicaReport) -> Result<ReplicaState, StoreError> {
+        let e = self.err("reporting probe results");
+        let ttl_ms = i64::try_from(r.member_ttl.as_millis()).unwrap_or(i64::MAX);
+        let limits = self.limits.clone();
+        let mut tx = begin(self.connection()?, &limits).map_err(&e)?;
+        if r.first {
+            // A new run: rows of an earlier run of this id say nothing about now, and
+            // replicas long gone are forgotten.
+            tx.execute(
+                "DELETE FROM probe_results WHERE replica = $1",
+                &[&r.replica],
+            )
+            .map_err(&e)?;
+            tx.batch_execute(&format!(
+                "DELETE FROM probe_results WHERE replica IN (
+                    SELECT id FROM replicas WHERE seen_at < now() - INTERVAL '{FORGET_REPLICAS_AFTER}');
+                 DELETE FROM replicas WHERE seen_at < now() - INTERVAL '{FORGET_REPLICAS_AFTER}';"
+            ))
+            .map_err(&e)?;
+        }
+        tx.execute(
+            "INSERT INTO replicas AS r (id, started_at, seen_at) VALUES ($1, now(), now())
+             ON CONFLICT (id) DO UPDATE SET seen_at = now(),
+                 started_at = CASE WHEN $2 THEN now() ELSE r.started_at END",
+            &[&r.replica, &r.first],
+        )
+        .map_err(&e)?;
+        if !r.upserts.is_empty() {
+            let targets: Vec<&str> = r.upserts.iter().map(|u| u.target.as_str()).collect();
+            let oks: Vec<bool> = r.upserts.iter().map(|u| u.ok).collect();
+            let obs: Vec<Option<&str>> =
+                r.upserts.iter().map(|u| u.observation.as_deref()).collect();
+            tx.execute(
+                "INSERT INTO probe_results (target, replica, ok, observation, changed_at)
+                 SELECT t, $1, o, b, now() FROM unnest($2::TEXT[], $3::BOOLEAN[], $4::TEXT[]) AS u(t, o, b)
+                 ON CONFLICT (target, replica) DO UPDATE SET
+                     ok = EXCLUDED.ok, observation = EXCLUDED.observation, changed_at = now()",
+                &[&r.replica, &targets, &oks, &obs],
+            )
+            .map_err(&e)?;
+        }
+        if !r.removed.is_empty() {
+            tx.execute(
+                "DELETE FROM probe_results WHERE replica = $1 AND target = ANY($2)",
+                &[&r.replica, &r.removed],
+            )
+            .map_err(&e)?;
+        }
+        let live = "seen_at > now() - $1::BIGINT * INTERVAL '1 millisecond'";
+        let members = tx
+            .query(
+                &format!(
+                    "SELECT id, {s}, {n} FROM replicas WHERE {live} ORDER BY id",
+                    s = ms_of("started_at"),
+                    n = ms_of("seen_at"),
+                ),
+                &[&ttl_ms],
+            )
+            .map_err(&e)?
+            .iter()
+            .map(|row| MemberRow {
+                id: row.get(0),
+                since_ms: row.get(1),
+                seen_ms: row.get(2),
+            })
+            .collect();
+        let now_ms: i64 = tx
+            .query_one(&format!("SELECT {}", ms_of("now()")), &[])
+            .map_err(&e)?
+            .get(0);
+        let mut results = Vec::new();
+        if r.read_results {
+            for row in tx
+                .query(
+                    &format!(
+                        "SELECT p.target, p.replica, p.ok, p.observation, {a}
+                         FROM probe_results p JOIN replicas r ON r.id = p.replica
+                         WHERE r.{live}",
+                        a = ms_of("GREATEST(p.changed_at, r.seen_at)"),
+                    ),
+                    &[&ttl_ms],
+                )
+                .map_err(&e)?
+            {
+                results.push(StoredResult {
+                    target: row.get(0),
+                    replica: row.get(1),
+                    ok: row.get(2),
+                    observation: row.get(3),
+                    as_of_ms: row.get(4),
+                });
+            }
+        }
+        tx.commit().map_err(&e)?;
+        Ok(ReplicaState {
+            now_ms,
+            members,
+            results,
+        })
     }
 }
 
@@ -945,6 +1166,47 @@ mod tests {
             .err()
             .expect("no version table");
         assert!(err.to_string().contains("no vigil_schema"), "{err}");
+    }
+
+    #[test]
+    fn a_store_whose_connection_broke_connects_again_at_the_next_call() {
+        let schema = PgSchema::new();
+        let mut s = PostgresStore::open(&schema.url).unwrap();
+        let backend = |s: &mut PostgresStore| -> i32 {
+            s.client()
+                .query_one("SELECT pg_backend_pid()", &[])
+                .unwrap()
+                .get(0)
+        };
+        let before = backend(&mut s);
+        // The server ends the connection (as a restart, or a partition past
+        // tcp_user_timeout, does from the client's side).
+        schema
+            .client()
+            .execute("SELECT pg_terminate_backend($1)", &[&before])
+            .unwrap();
+        // The call that meets the break may fail; the one after it must work.
+        let mut failed = Vec::new();
+        let answered = (0..2).find_map(|_| match s.lease(CONTROLLER_LEASE) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                failed.push(e.to_string());
+                None
+            }
+        });
+        assert!(
+            answered.is_some(),
+            "the store never connected again after its connection broke: {failed:?}"
+        );
+        assert_ne!(backend(&mut s), before, "a new connection");
+        // And a fenced commit works on it too.
+        granted(s.try_lease(CONTROLLER_LEASE, "a", TTL, None).unwrap());
+        let mut s = s.for_replica(CONTROLLER_LEASE, "a");
+        s.commit(&Batch {
+            fence: fence("a", 1),
+            ..Batch::default()
+        })
+        .expect("a commit after the reconnection");
     }
 
     #[test]
@@ -1093,6 +1355,162 @@ mod tests {
             Some(1),
             "an action records the term it was decided in"
         );
+    }
+
+    #[test]
+    fn replicas_report_results_on_change_and_a_silent_replica_drops_out() {
+        use crate::store::{ProbeResultRow, ReplicaReport};
+        let schema = PgSchema::new();
+        let mut a = PostgresStore::open(&schema.url).unwrap();
+        let mut b = PostgresStore::open(&schema.url).unwrap();
+        let row = |t: &str, ok: bool| ProbeResultRow {
+            target: t.into(),
+            ok,
+            observation: (!ok).then(|| "{}".to_string()),
+        };
+        let report = |id: &str, first, upserts, removed, read| ReplicaReport {
+            replica: id.into(),
+            first,
+            upserts,
+            removed,
+            member_ttl: TTL,
+            read_results: read,
+        };
+        a.report(&report(
+            "a",
+            true,
+            vec![row("x", true), row("y", false)],
+            vec![],
+            false,
+        ))
+        .unwrap();
+        let st = b
+            .report(&report("b", true, vec![row("x", false)], vec![], true))
+            .unwrap();
+        let ids: Vec<&str> = st.members.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"]);
+        let mut got: Vec<(String, String, bool)> = st
+            .results
+            .iter()
+            .map(|r| (r.target.clone(), r.replica.clone(), r.ok))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("x".into(), "a".into(), true),
+                ("x".into(), "b".into(), false),
+                ("y".into(), "a".into(), false)
+            ]
+        );
+        assert!(st.results.iter().all(|r| r.as_of_ms <= st.now_ms));
+        // A heartbeat without changes keeps a's rows current; a removal drops one.
+        std::thread::sleep(TTL / 2);
+        a.report(&report("a", false, vec![], vec!["y".into()], false))
+            .unwrap();
+        let st = b.report(&report("b", false, vec![], vec![], true)).unwrap();
+        let x_a = st
+            .results
+            .iter()
+            .find(|r| r.target == "x" && r.replica == "a")
+            .expect("a's unchanged row is kept");
+        assert!(
+            st.now_ms - x_a.as_of_ms < (TTL / 2).as_millis() as i64,
+            "an unchanged row is current as of its prober's last report"
+        );
+        assert!(!st.results.iter().any(|r| r.target == "y"), "removed");
+        // a falls silent past the TTL: it is no member, and its rows are not read.
+        std::thread::sleep(TTL + Duration::from_millis(50));
+        let st = b.report(&report("b", false, vec![], vec![], true)).unwrap();
+        let ids: Vec<&str> = st.members.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["b"]);
+        assert!(st.results.iter().all(|r| r.replica == "b"));
+        // a restarts: its earlier run's rows go at its first report.
+        a.report(&report("a", true, vec![], vec![], false)).unwrap();
+        let st = b.report(&report("b", false, vec![], vec![], true)).unwrap();
+        assert!(
+            st.results.iter().all(|r| r.replica == "b"),
+            "{:?}",
+            st.results
+        );
+    }
+
+    /// Replica "a" holding the lease, its statements bounded for a 1 s lease TTL: the
+    /// schema, the store and its (statement, lock) bounds.
+    fn leader_with_bounds() -> (PgSchema, PostgresStore, Duration, Duration) {
+        let schema = PgSchema::new();
+        let (statement, lock) = limits_for_lease(Duration::from_millis(1000));
+        let mut a = PostgresStore::open(&schema.url)
+            .unwrap()
+            .for_replica(CONTROLLER_LEASE, "a")
+            .with_limits(statement, lock);
+        granted(a.try_lease(CONTROLLER_LEASE, "a", TTL, None).unwrap());
+        (schema, a, statement, lock)
+    }
+
+    #[test]
+    fn a_transaction_left_idle_past_the_statement_bound_is_ended_and_its_locks_freed() {
+        // A replica paused (SIGSTOP) in the middle of a commit holding the lease row.
+        let (schema, mut a, statement, lock) = leader_with_bounds();
+        let mut paused = schema.client();
+        let mut tx = paused.transaction().unwrap();
+        tx.batch_execute(&limits_sql(statement, lock)).unwrap();
+        tx.batch_execute("SELECT * FROM leases FOR UPDATE").unwrap();
+        // It stays idle past the bound: the server ends it, and the row is free.
+        std::thread::sleep(statement * 3);
+        a.try_lease(CONTROLLER_LEASE, "a", TTL, Some(1))
+            .expect("the lease row is free once the idle transaction was ended");
+        let err = tx
+            .batch_execute("SELECT 1")
+            .expect_err("the idle transaction's session was ended");
+        let why = format!("{err:?}");
+        assert!(
+            why.contains("idle-in-transaction") || err.is_closed(),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_lock_held_by_another_connection_makes_the_store_fail_in_time_not_hang() {
+        let (schema, mut a, _, lock) = leader_with_bounds();
+        // Another session holds the lease table: every read and write of it waits.
+        let mut other = schema.client();
+        let mut held = other.transaction().unwrap();
+        held.batch_execute("LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
+            .unwrap();
+        let bound = lock + Duration::from_millis(500);
+        let started = std::time::Instant::now();
+        let err = a
+            .commit(&Batch {
+                ops: vec!["a1".into()],
+                fence: fence("a", 1),
+                ..Batch::default()
+            })
+            .unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            took < bound,
+            "the commit waited {took:?} (lock_timeout {lock:?})"
+        );
+        assert!(err.to_string().contains("lock timeout"), "{err}");
+        let started = std::time::Instant::now();
+        let err = a
+            .try_lease(CONTROLLER_LEASE, "a", TTL, Some(1))
+            .unwrap_err();
+        assert!(
+            started.elapsed() < bound,
+            "the renewal waited {:?}",
+            started.elapsed()
+        );
+        assert!(err.to_string().contains("lock timeout"), "{err}");
+        // The lock gone, the store works again.
+        held.rollback().unwrap();
+        a.commit(&Batch {
+            ops: vec!["a2".into()],
+            fence: fence("a", 1),
+            ..Batch::default()
+        })
+        .expect("commits once the lock is gone");
     }
 
     #[test]

@@ -163,6 +163,24 @@ impl SqliteStore {
             .map_err(e)
     }
 
+    /// The latest rollouts of every deployment, newest first (the dashboard's).
+    pub fn recent_rollouts(&mut self, limit: usize) -> Result<Vec<StoredRollout>, StoreError> {
+        let e = self.err();
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {ROLLOUT_COLUMNS} FROM rollouts
+                 ORDER BY started_ms DESC, rowid DESC LIMIT ?1"
+            ))
+            .map_err(&e)?;
+        let rows = stmt
+            .query_map(params![limit as i64], rollout_from_row)
+            .map_err(&e)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(&e)?;
+        Ok(rows)
+    }
+
     /// Rollouts of deployment `name`, newest first.
     pub fn rollouts(&mut self, name: &str, limit: usize) -> Result<Vec<StoredRollout>, StoreError> {
         let e = self.err();

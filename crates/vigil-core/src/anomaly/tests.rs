@@ -28,7 +28,7 @@ fn feed(
     }
 }
 
-fn finding_of<'a>(v: &'a [Verdict], member: &str) -> &'a Verdict {
+fn finding_of<'a>(v: &'a [MemberVerdict], member: &str) -> &'a MemberVerdict {
     v.iter()
         .find(|v| v.member == member)
         .expect("every member has a verdict")

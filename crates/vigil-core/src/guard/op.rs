@@ -8,7 +8,7 @@
 //! the guard can be missing from the log.
 //!
 //! The form on disk is the controller's store format since its first release: a JSON
-//! object tagged by `op` (`observe`, `add`, `remove`, `set_hold`, `clear_hold`,
+//! object tagged by `op` (`observe`, `add`, `remove`, `doubt`, `set_hold`, `clear_hold`,
 //! `freeze`, `unfreeze`, `tick`, `reconfigure`), with `at` in integer nanoseconds since
 //! the driver's epoch ([`Time`]'s own serialisation).
 
@@ -38,6 +38,13 @@ pub enum Op {
     },
     /// A target is forgotten ([`SafetyGuard::remove_target`]).
     Remove {
+        /// When.
+        at: Time,
+        /// Target id.
+        id: String,
+    },
+    /// No verdict on a target now ([`SafetyGuard::doubt`]).
+    Doubt {
         /// When.
         at: Time,
         /// Target id.
@@ -90,6 +97,7 @@ impl Op {
             Op::Observe { at, .. }
             | Op::Add { at, .. }
             | Op::Remove { at, .. }
+            | Op::Doubt { at, .. }
             | Op::SetHold { at, .. }
             | Op::ClearHold { at, .. }
             | Op::Freeze { at, .. }
@@ -105,6 +113,7 @@ impl Op {
             Op::Observe { obs, .. } => Some(&obs.target),
             Op::Add { id, .. }
             | Op::Remove { id, .. }
+            | Op::Doubt { id, .. }
             | Op::SetHold { id, .. }
             | Op::ClearHold { id, .. } => Some(id),
             Op::Freeze { .. } | Op::Unfreeze { .. } | Op::Tick { .. } | Op::Reconfigure { .. } => {
@@ -159,6 +168,11 @@ impl SafetyGuard {
                 Applied::Changed(None)
             }
             Op::Remove { at, id } => known(self.remove_target(*at, id)),
+            Op::Doubt { at, id } => match self.doubt(*at, id) {
+                Ok(true) => Applied::Changed(None),
+                Ok(false) => Applied::Unchanged,
+                Err(_) => Applied::UnknownTarget,
+            },
             Op::SetHold { at, id, hold } => known(self.set_hold(*at, id, hold.clone()).is_ok()),
             Op::ClearHold { at, id } => known(self.clear_hold(*at, id).is_ok()),
             Op::Freeze { at, reason } => {
@@ -221,8 +235,21 @@ mod tests {
             for i in 0..10 {
                 let id = format!("t{i}");
                 let zone = format!("z{}", i % 2);
+                // t7's probers go quiet for a while (in doubt, twice), then one
+                // disputes its pass.
+                if i == 7 && (20..23).contains(&k) {
+                    for _ in 0..2 {
+                        ops.push(Op::Doubt {
+                            at: s(k),
+                            id: id.clone(),
+                        });
+                    }
+                    continue;
+                }
                 let obs = if i == 3 && k > 5 {
                     Observation::failed_checks(&id, &zone, ["disk:free"])
+                } else if i == 7 && (23..25).contains(&k) {
+                    Observation::pass(&id, &zone).disputed()
                 } else {
                     Observation::pass(&id, &zone)
                 };
@@ -289,6 +316,7 @@ mod tests {
         let at = Time::from_secs(1);
         for op in [
             Op::Remove { at, id: "x".into() },
+            Op::Doubt { at, id: "x".into() },
             Op::ClearHold { at, id: "x".into() },
             Op::SetHold {
                 at,

@@ -86,8 +86,12 @@ pub enum Reason {
     PeersFailing {
         /// The zone, when it is the zone's count; `None` for the fleet's.
         zone: Option<String>,
-        /// Targets failing their last probe (or unhealthy).
+        /// Targets failing their last probe (or unhealthy, or in doubt).
         failing: u32,
+        /// How many of them are in doubt: no verdict now, their probers disagree or
+        /// are silent (absent from decisions stored before it existed: 0).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        in_doubt: u32,
         /// Targets counted.
         total: u32,
         /// The cap, 0..1.
@@ -245,6 +249,7 @@ impl fmt::Display for Reason {
             Reason::PeersFailing {
                 zone,
                 failing,
+                in_doubt,
                 total,
                 cap,
             } => {
@@ -252,9 +257,16 @@ impl fmt::Display for Reason {
                     Some(z) => write!(f, "{failing}/{total} of zone {z}")?,
                     None => write!(f, "{failing}/{total} of the fleet")?,
                 }
+                write!(f, " failing right now")?;
+                if *in_doubt > 0 {
+                    write!(
+                        f,
+                        " ({in_doubt} of them in doubt: their probers disagree or have no fresh result)"
+                    )?;
+                }
                 write!(
                     f,
-                    " failing right now, above the cap ({}): waiting for the next probes to tell a shared failure from coincidence",
+                    ", above the cap ({}): waiting for the next probes to tell a shared failure from coincidence",
                     pct(*cap)
                 )
             }

@@ -4,7 +4,7 @@
 use super::budget::Budget;
 use super::cause::{CauseConfig, SharedIndex};
 use super::damping::FlapDamper;
-use crate::thresholds::{Health, Thresholds};
+use crate::thresholds::{HealthState, Thresholds};
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -111,6 +111,11 @@ pub(super) struct GuardTarget {
     pub(super) reported: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) last_signature: Option<Box<str>>,
+    /// The driver cannot tell it passes: its probers disagree, or their results are
+    /// stale ([`super::SafetyGuard::doubt`], [`super::Observation::disputed`]). Counted as
+    /// failing in the eager fraction, nowhere else; an undisputed observation clears it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub(super) in_doubt: bool,
 }
 
 pub(super) fn is_false(b: &bool) -> bool {
@@ -140,12 +145,13 @@ impl GuardTarget {
     /// Unhealthy by the thresholds: what the fraction cap counts (a single failed probe
     /// is noise, see rule 1).
     pub(super) fn unhealthy(&self) -> bool {
-        self.thresholds.health() == Health::Unhealthy
+        self.thresholds.health() == HealthState::Unhealthy
     }
 
-    /// Failing now: its last probe failed, or it is unhealthy.
+    /// Failing now, or possibly: its last probe failed, it is unhealthy, or its
+    /// driver cannot tell that it passes (in doubt).
     pub(super) fn failing(&self) -> bool {
-        self.last_ok == Some(false) || self.unhealthy()
+        self.last_ok == Some(false) || self.unhealthy() || self.in_doubt
     }
 }
 
@@ -315,7 +321,7 @@ mod shared_str {
 /// replay cannot cross a threshold: a saved streak that had crossed one would already
 /// have changed the verdict).
 mod thresholds_serde {
-    use crate::thresholds::{Health, Thresholds, ThresholdsConfig};
+    use crate::thresholds::{HealthState, Thresholds, ThresholdsConfig};
     use crate::time::Time;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -324,7 +330,7 @@ mod thresholds_serde {
     struct Snapshot {
         #[serde(default, skip_serializing_if = "super::is_default")]
         config: ThresholdsConfig,
-        health: Health,
+        health: HealthState,
         since: Time,
         #[serde(default, skip_serializing_if = "super::is_zero")]
         failures: u32,

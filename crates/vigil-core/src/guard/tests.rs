@@ -73,6 +73,62 @@ fn one_failing_target_of_ten_is_acted_on_exactly_once_after_n_and_t() {
 }
 
 #[test]
+fn targets_in_doubt_count_as_failing_peers_until_they_are_seen_again() {
+    // t4 fails on its own. First t5..t7 have no fresh verdict (their probers stopped),
+    // then t0..t2 pass but one of their probers disputes it. Either way the eager
+    // count is 4/10, over the 30% cap: t4 waits; once they are seen, it is acted on.
+    let mut g = SafetyGuard::new(cfg());
+    let mut all = Vec::new();
+    for s in (0..20).step_by(10) {
+        all.extend(round(&mut g, s, 10, |i| (i == 4).then(|| disk(i))));
+    }
+    assert!(all.is_empty(), "not before N and T: {all:?}");
+    let at = Time::from_secs(19);
+    for i in 5..8 {
+        assert_eq!(g.doubt(at, &id(i)), Ok(true));
+        assert_eq!(g.doubt(at, &id(i)), Ok(false), "in doubt already");
+    }
+    assert_eq!(g.doubt(at, "nobody"), Err(UnknownTarget("nobody".into())));
+    let v = g.target(at, "t5").unwrap();
+    assert!(v.in_doubt && v.last_ok == Some(true) && v.health == HealthState::Healthy);
+    // The round goes in id order: t4 is judged while t5..t7 are still in doubt.
+    let held = round(&mut g, 20, 10, |i| (i == 4).then(|| disk(i)));
+    assert_eq!(acts(&held), 0, "{held:?}");
+    let reason = held[0].to_string();
+    assert!(
+        held[0].reasons.iter().any(|r| r.kind() == "peers_failing"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("4/10 of the fleet failing right now (3 of them in doubt"),
+        "{reason}"
+    );
+    assert!(!g.target(Time::from_secs(20), "t5").unwrap().in_doubt);
+    // Disputed passes, judged before t4: the same.
+    let held = round(&mut g, 25, 10, |i| match i {
+        0..=2 => Some(Observation::pass(id(i), "a").disputed()),
+        4 => Some(disk(i)),
+        _ => None,
+    });
+    assert_eq!(acts(&held), 0, "{held:?}");
+    assert!(
+        held[0].to_string().contains("(3 of them in doubt"),
+        "{}",
+        held[0]
+    );
+    let v = g.target(Time::from_secs(25), "t0").unwrap();
+    assert!(v.in_doubt && v.health == HealthState::Healthy && v.consecutive_failures == 0);
+    assert!(
+        !g.status(Time::from_secs(25)).fleet_frozen,
+        "doubt never freezes"
+    );
+    // Seen again, undisputed: 1/10 failing, t4 is acted on.
+    let ds = round(&mut g, 30, 10, |i| (i == 4).then(|| disk(i)));
+    assert_eq!(acts(&ds), 1, "{ds:?}");
+    assert!(!g.target(Time::from_secs(30), "t0").unwrap().in_doubt);
+}
+
+#[test]
 fn n_failures_are_not_enough_without_min_failing_duration() {
     let mut g = SafetyGuard::new(GuardConfig {
         min_failing: Duration::from_secs(60),
@@ -622,6 +678,8 @@ enum Op {
     Silence(usize, bool),
     Freeze(bool),
     Remove(usize),
+    /// The driver has no verdict on the target now.
+    Doubt(usize),
     Restore,
 }
 
@@ -629,13 +687,14 @@ const TARGETS: usize = 8;
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        10 => (0..TARGETS, 0u8..5).prop_map(|(t, k)| Op::Observe(t, k)),
+        10 => (0..TARGETS, 0u8..6).prop_map(|(t, k)| Op::Observe(t, k)),
         10 => (any::<u8>(), 1u8..5).prop_map(|(m, k)| Op::Round(m & (m >> 1 | m >> 3), k)),
         10 => (1u64..40).prop_map(Op::Advance),
         1 => (0..TARGETS, any::<bool>()).prop_map(|(t, b)| Op::Maintenance(t, b)),
         1 => (0..TARGETS, any::<bool>()).prop_map(|(t, b)| Op::Silence(t, b)),
         1 => any::<bool>().prop_map(Op::Freeze),
         1 => (0..TARGETS).prop_map(Op::Remove),
+        3 => (0..TARGETS).prop_map(Op::Doubt),
         1 => Just(Op::Restore),
     ]
 }
@@ -675,13 +734,20 @@ fn obs(t: usize, kind: u8) -> Observation {
         1 => Observation::endpoint_failure(id(t), zone),
         2 => Observation::failed_checks(id(t), zone, ["disk:free"]),
         3 => Observation::failed_checks(id(t), zone, ["db:connect"]),
+        5 => Observation::pass(id(t), zone).disputed(),
         _ => Observation::failed_checks(id(t), zone, ["db:connect", "disk:free"]),
     }
 }
 
-/// The unhealthy counts recomputed from scratch from the public views (independent of
+/// How many counted targets (not in grace, not in maintenance) `is` holds for, and how
+/// many are counted, fleet-wide and in `zone`, from the public views (independent of
 /// the incremental index).
-fn recount(g: &SafetyGuard, now: Time, zone: &str) -> ((u32, u32), (u32, u32)) {
+fn tally(
+    g: &SafetyGuard,
+    now: Time,
+    zone: &str,
+    is: impl Fn(&GuardTargetView<'_>) -> bool,
+) -> ((u32, u32), (u32, u32)) {
     let (mut fleet, mut z) = ((0, 0), (0, 0));
     for v in g.targets(now) {
         let maint = matches!(
@@ -694,15 +760,27 @@ fn recount(g: &SafetyGuard, now: Time, zone: &str) -> ((u32, u32), (u32, u32)) {
         if v.in_grace || maint {
             continue;
         }
-        let sick = u32::from(v.health == Health::Unhealthy);
-        fleet.0 += sick;
+        let hit = u32::from(is(&v));
+        fleet.0 += hit;
         fleet.1 += 1;
         if v.zone == zone {
-            z.0 += sick;
+            z.0 += hit;
             z.1 += 1;
         }
     }
     (fleet, z)
+}
+
+/// The unhealthy counts, fleet and `zone`.
+fn recount(g: &SafetyGuard, now: Time, zone: &str) -> ((u32, u32), (u32, u32)) {
+    tally(g, now, zone, |v| v.health == HealthState::Unhealthy)
+}
+
+/// The eager counts (failing, unhealthy or in doubt), fleet and `zone`.
+fn recount_eager(g: &SafetyGuard, now: Time, zone: &str) -> ((u32, u32), (u32, u32)) {
+    tally(g, now, zone, |v| {
+        v.health == HealthState::Unhealthy || v.last_ok == Some(false) || v.in_doubt
+    })
 }
 
 proptest! {
@@ -750,6 +828,13 @@ proptest! {
                         let cap = config.max_unhealthy_fraction;
                         let above = (fu >= 2 && f64::from(fu) > cap * f64::from(ft))
                             || (zu >= 2 && f64::from(zu) > cap * f64::from(zt));
+                        if !above {
+                            // Nor while the eager count is (doubt included).
+                            let ((fe, ft), (ze, zt)) = recount_eager(&g, now, &d.zone);
+                            let eager = (fe >= 2 && f64::from(fe) > cap * f64::from(ft))
+                                || (ze >= 2 && f64::from(ze) > cap * f64::from(zt));
+                            prop_assert!(!eager, "acted with {}/{} (zone {}/{}) failing or in doubt: {}", fe, ft, ze, zt, d);
+                        }
                         if above {
                             // Only act-slowly's local, persistent failures, never where
                             // everyone is unhealthy, within the slow budget.
@@ -798,6 +883,13 @@ proptest! {
                     prop_assert_eq!(g.remove_target(now, &id(t)), twin.remove_target(now, &id(t)));
                     replica.remove_target(now, &id(t));
                 }
+                Op::Doubt(t) => {
+                    let r = g.doubt(now, &id(t));
+                    prop_assert_eq!(&r, &twin.doubt(now, &id(t)));
+                    if r == Ok(true) {
+                        prop_assert_eq!(replica.doubt(now, &id(t)), Ok(true));
+                    }
+                }
                 Op::Restore => {
                     let saved = serde_json::to_string(twin.state()).unwrap();
                     twin = SafetyGuard::restore(config.clone(), serde_json::from_str(&saved).unwrap());
@@ -845,7 +937,7 @@ fn a_healthy_target_is_snapshotted_small_and_a_state_with_every_field_still_load
         "budget":{"spent":[]},"manual_freeze":null,"frozen":[]}"#;
     let old = SafetyGuard::restore(cfg(), serde_json::from_str(full).unwrap());
     let v = old.target(Time::from_secs(30), "t1").unwrap();
-    assert_eq!(v.health, Health::Unhealthy);
+    assert_eq!(v.health, HealthState::Unhealthy);
     assert_eq!(v.consecutive_failures, 3);
     assert_eq!(v.failing_checks, ["disk:free".to_string()]);
     assert_eq!(v.hold.map(|h| h.kind), Some(HoldKind::Silenced));

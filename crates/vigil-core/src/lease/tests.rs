@@ -19,7 +19,7 @@ fn a_follower_asks_at_once_and_a_grant_makes_it_lead_until_its_local_deadline() 
     assert_eq!(l.poll(ms(1)), None, "one request at a time");
     assert_eq!(l.next_wake(), None, "a follower waits for its answer");
     assert_eq!(
-        l.answer(ms(50), Answer::Granted(7)),
+        l.answer(ms(50), StoreReply::Granted(7)),
         Some(Change::Promoted(7))
     );
     assert_eq!(l.leading(ms(50)), Some(7));
@@ -38,12 +38,12 @@ fn a_follower_asks_at_once_and_a_grant_makes_it_lead_until_its_local_deadline() 
 fn a_leader_renews_at_a_third_of_the_ttl_and_keeps_its_epoch() {
     let mut l = LeaderLease::new(LeaseConfig::new(TTL), ms(0));
     l.poll(ms(0));
-    l.answer(ms(10), Answer::Granted(1));
+    l.answer(ms(10), StoreReply::Granted(1));
     assert_eq!(l.poll(ms(300)), None);
     assert_eq!(l.poll(ms(333)), None, "due at 333.3 ms");
     let r = l.poll(ms(334)).expect("renewal due");
     assert_eq!(r.renew, Some(1));
-    assert_eq!(l.answer(ms(340), Answer::Granted(1)), None, "same term");
+    assert_eq!(l.answer(ms(340), StoreReply::Granted(1)), None, "same term");
     assert_eq!(l.leading(ms(1133)), Some(1), "deadline moved to 334 + 800");
     assert_eq!(l.leading(ms(1134)), None);
 }
@@ -52,17 +52,21 @@ fn a_leader_renews_at_a_third_of_the_ttl_and_keeps_its_epoch() {
 fn a_slow_grant_promotes_nobody_and_a_failed_renewal_demotes_at_the_deadline() {
     let mut l = LeaderLease::new(LeaseConfig::new(TTL), ms(0));
     l.poll(ms(0));
-    assert_eq!(l.answer(ms(900), Answer::Granted(1)), None, "past 0 + 800");
+    assert_eq!(
+        l.answer(ms(900), StoreReply::Granted(1)),
+        None,
+        "past 0 + 800"
+    );
     assert_eq!(l.leading(ms(900)), None);
     l.poll(ms(900)).expect("asks again at once");
-    l.answer(ms(910), Answer::Granted(2));
+    l.answer(ms(910), StoreReply::Granted(2));
     l.poll(ms(1234)).expect("renewal due");
-    assert_eq!(l.answer(ms(1240), Answer::Failed), None);
+    assert_eq!(l.answer(ms(1240), StoreReply::Failed), None);
     assert_eq!(l.leading(ms(1240)), Some(2), "still inside its term");
     assert!(l.poll(ms(1500)).is_none(), "retry not due yet");
     l.poll(ms(1574))
         .expect("retry a third of the TTL (under a second) after the failure");
-    l.answer(ms(1600), Answer::Failed);
+    l.answer(ms(1600), StoreReply::Failed);
     assert_eq!(l.tick(ms(1700)), Some(Change::Demoted(2)), "900 + 800");
 }
 
@@ -70,13 +74,16 @@ fn a_slow_grant_promotes_nobody_and_a_failed_renewal_demotes_at_the_deadline() {
 fn told_the_lease_is_held_a_leader_steps_down_at_once_and_resigning_returns_the_epoch() {
     let mut l = LeaderLease::new(LeaseConfig::new(TTL), ms(0));
     l.poll(ms(0));
-    l.answer(ms(1), Answer::Granted(3));
+    l.answer(ms(1), StoreReply::Granted(3));
     l.poll(ms(334)).expect("renewal due");
-    assert_eq!(l.answer(ms(335), Answer::Held), Some(Change::Demoted(3)));
+    assert_eq!(
+        l.answer(ms(335), StoreReply::Held),
+        Some(Change::Demoted(3))
+    );
     assert_eq!(l.leading(ms(335)), None);
     l.poll(ms(669)).expect("a follower asks again");
     assert_eq!(
-        l.answer(ms(670), Answer::Granted(4)),
+        l.answer(ms(670), StoreReply::Granted(4)),
         Some(Change::Promoted(4))
     );
     assert_eq!(l.resign(), Some(4));
@@ -136,19 +143,19 @@ struct Db {
 
 impl Db {
     /// The one statement: renew (holder and epoch, unexpired) or acquire (expired).
-    fn try_lease(&mut self, now: u64, who: usize, renew: Option<u64>) -> Answer {
+    fn try_lease(&mut self, now: u64, who: usize, renew: Option<u64>) -> StoreReply {
         let ttl = TTL.as_millis() as u64;
         let live = self.epoch > 0 && self.expires > now;
         if live && self.holder == who && renew == Some(self.epoch) {
             self.expires = now + ttl;
-            Answer::Granted(self.epoch)
+            StoreReply::Granted(self.epoch)
         } else if !live {
             self.epoch += 1;
             self.holder = who;
             self.expires = now + ttl;
-            Answer::Granted(self.epoch)
+            StoreReply::Granted(self.epoch)
         } else {
-            Answer::Held
+            StoreReply::Held
         }
     }
 }
@@ -158,7 +165,7 @@ struct InFlight {
     apply_at: u64,
     answer_at: u64,
     reached: bool,
-    answer: Option<Answer>,
+    answer: Option<StoreReply>,
 }
 
 struct Replica {
@@ -270,7 +277,7 @@ fn run(faults: &[(u64, usize, Fault)], offsets: [u64; REPLICAS]) -> Result<Outco
                 let lost = t < r.cut_until;
                 let answer = match (&req.answer, lost) {
                     (Some(a), false) => a.clone(),
-                    _ => Answer::Failed,
+                    _ => StoreReply::Failed,
                 };
                 r.request = None;
                 if let Some(Change::Promoted(_)) = r.lease.answer(now, answer) {

@@ -74,7 +74,7 @@ fn new_targets_get_no_traffic_until_checked() {
         matches!(
             ev.as_slice(),
             [PoolEvent::Health {
-                to: Health::Healthy,
+                to: HealthState::Healthy,
                 ..
             }]
         ),

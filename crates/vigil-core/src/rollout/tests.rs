@@ -105,6 +105,9 @@ fn a_good_revision_goes_through_every_wave_within_the_floor() {
         .filter(|d| d.what.starts_with("wave ") && d.what.contains(" of v2: "))
         .collect();
     assert_eq!(waves.len(), 4, "{waves:#?}");
+    assert_eq!(r.waves().len(), 4, "the wave log keeps every wave's hosts");
+    assert_eq!(r.waves()[0], ["h00", "h02"]);
+    assert!(r.hosts().all(|h| h.revision == "v2" && h.previous == "v1"));
     assert!(
         waves[0].what.contains("h00, h02"),
         "one zone at a time: {}",
@@ -256,6 +259,139 @@ fn unhealthy_hosts_shrink_the_waves_and_no_room_holds() {
 }
 
 #[test]
+fn a_held_host_is_never_touched_does_not_keep_its_zone_waiting_and_is_deployed_once_released() {
+    // Two zones; z0's first host held. Floor 75% of 4 = 3: the hold takes the only room.
+    let mut hosts = fleet(4, 2);
+    hosts[0].held = true;
+    let mut config = quick();
+    config.bake = Duration::ZERO;
+    config.min_samples = 0;
+    let mut r = Rollout::start(config, hosts, "v2", Time::ZERO).unwrap();
+    assert_eq!(
+        r.wave_hosts(),
+        Vec::<String>::new(),
+        "no room: {:#?}",
+        r.decisions()
+    );
+    assert!(
+        matches!(r.phase(), Phase::Held { reason, .. } if reason.contains("floor")),
+        "{:?}",
+        r.phase()
+    );
+    // A floor of 2 leaves room for one host a wave: never the held h00, whose zone
+    // does not keep z1 waiting.
+    r.config.min_healthy = Floor::Count(2);
+    let mut now = secs(1);
+    let mut touched = Vec::new();
+    for _ in 0..100 {
+        now = now + Duration::from_secs(1);
+        for c in r.poll(now) {
+            match c {
+                Command::Drain { host } => {
+                    touched.push(host.clone());
+                    r.drained(now, &host)
+                }
+                Command::Install { host, revision, .. } => {
+                    r.installed(now, &host, Ok(()));
+                    r.report(now, &host, &revision, true);
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        !touched.contains(&"h00".to_string()),
+        "a held host is never drained: {touched:?}"
+    );
+    assert_eq!(touched.len(), 3, "{touched:?} {:#?}", r.decisions());
+    let Phase::Held { reason, .. } = r.phase().clone() else {
+        panic!("held for h00: {:?}", r.phase())
+    };
+    assert!(reason.contains("held by the controller (h00)"), "{reason}");
+    assert!(r.held(now, "h00", false), "the release is a change");
+    assert!(!r.held(now, "h00", false), "releasing again is not");
+    for _ in 0..10 {
+        now = now + Duration::from_secs(1);
+        for c in r.poll(now) {
+            match c {
+                Command::Drain { host } => r.drained(now, &host),
+                Command::Install { host, revision, .. } => {
+                    r.installed(now, &host, Ok(()));
+                    r.report(now, &host, &revision, true);
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(r.phase(), &Phase::Completed, "{:#?}", r.decisions());
+}
+
+#[test]
+fn an_unreadable_controller_holds_the_next_wave_until_it_is_read_again() {
+    let mut config = quick();
+    config.bake = Duration::ZERO;
+    config.min_samples = 0;
+    let mut r = Rollout::start_seeing(
+        config.clone(),
+        fleet(4, 1),
+        "v2",
+        Time::ZERO,
+        BTreeSet::new(),
+        ControllerView::Unreadable("connection refused".into()),
+    )
+    .unwrap();
+    assert!(
+        r.poll(secs(1)).is_empty(),
+        "no wave while the controller is unreadable"
+    );
+    let Phase::Held { reason, .. } = r.phase().clone() else {
+        panic!("{:?}", r.phase())
+    };
+    assert!(
+        reason.contains("connection refused") && reason.contains("fail closed"),
+        "{reason}"
+    );
+    r.controller_view(
+        secs(2),
+        ControllerView::Read {
+            held: BTreeSet::new(),
+        },
+    );
+    let c = r.poll(secs(2));
+    assert!(matches!(&c[..], [Command::Drain { .. }]), "{c:?}");
+    // Unreadable in the middle of a wave: the wave finishes, the next does not start.
+    r.controller_view(secs(3), ControllerView::Unreadable("timed out".into()));
+    r.drained(secs(3), "h00");
+    r.installed(secs(3), "h00", Ok(()));
+    r.report(secs(3), "h00", "v2", true);
+    let c = r.poll(secs(4));
+    assert!(
+        c.iter().all(|c| !matches!(c, Command::Drain { .. })),
+        "no new wave: {c:?}"
+    );
+    assert_eq!(r.host_step("h00"), Some(&HostStep::Done { at: secs(3) }));
+    assert!(matches!(r.phase(), Phase::Held { reason, .. } if reason.contains("timed out")));
+    let said = r
+        .decisions()
+        .iter()
+        .filter(|d| d.what.contains("cannot be read (timed out)"))
+        .count();
+    r.poll(secs(5));
+    r.poll(secs(6));
+    assert_eq!(
+        said,
+        r.decisions()
+            .iter()
+            .filter(|d| d.what.contains("cannot be read (timed out)"))
+            .count(),
+        "said once"
+    );
+    // The state keeps it (a deployer restarted while blind stays held).
+    let back: Rollout = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+    assert_eq!(back, r);
+}
+
+#[test]
 fn a_failed_rollback_stops_and_alerts() {
     let mut r = Rollout::start(quick(), fleet(4, 1), "v2", Time::ZERO).unwrap();
     let now = secs(1);
@@ -335,15 +471,17 @@ proptest! {
         unhealthy in proptest::collection::vec(any::<bool>(), 12),
         behaviour in 0u8..3,
         pct in 50u8..100,
+        held in proptest::collection::vec(any::<bool>(), 12),
     ) {
         let mut hosts = fleet(n, zones);
         let mut already_out = 0;
-        for (h, bad) in hosts.iter_mut().zip(&unhealthy) {
-            if *bad && already_out < n / 3 {
-                h.healthy = false;
+        for ((h, bad), held) in hosts.iter_mut().zip(&unhealthy).zip(&held) {
+            if (*bad || *held) && already_out < n / 3 {
+                if *bad { h.healthy = false } else { h.held = true }
                 already_out += 1;
             }
         }
+        let held_ids: Vec<String> = hosts.iter().filter(|h| h.held).map(|h| h.id.clone()).collect();
         let mut config = quick();
         config.min_healthy = Floor::Percent(pct);
         config.min_samples = 10;
@@ -352,6 +490,9 @@ proptest! {
         let floor = r.floor();
         let (r, installs, max_out) = drive(r, new, 0.001, 20_000);
         prop_assert!(max_out <= (n - floor).max(already_out) + already_out, "{} out, floor {} of {}", max_out, floor, n);
+        for h in &held_ids {
+            prop_assert!(!installs.contains_key(h), "held host {} was installed", h);
+        }
         for v in installs.values() {
             prop_assert!(v.iter().filter(|r| *r == "v2").count() <= 1, "{:?}", v);
             prop_assert!(v.len() <= 2);

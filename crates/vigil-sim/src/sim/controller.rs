@@ -9,7 +9,7 @@ use std::time::Duration;
 use vigil_core::anomaly::{AnomalyDetector, Counts};
 use vigil_core::gate::WorkerGate;
 use vigil_core::guard::{GuardEvent, Observation, Outcome as GuardOutcome, SafetyGuard};
-use vigil_core::{Health, Thresholds};
+use vigil_core::{HealthState, Thresholds};
 
 impl<'a> Sim<'a> {
     pub(super) fn on_ctl_probe(&mut self, i: u32) {
@@ -74,7 +74,7 @@ impl<'a> Sim<'a> {
             ControllerMode::Off => {}
             ControllerMode::Naive => {
                 if let Some(t) = self.ctl.naive[iu].observe(now, ok)
-                    && t.to == Health::Unhealthy
+                    && t.to == HealthState::Unhealthy
                 {
                     self.note(format!(
                         "controller (naive): {} unhealthy after {} failed probes: replacing",
@@ -90,6 +90,7 @@ impl<'a> Sim<'a> {
                     zone: zone.clone(),
                     endpoint_failed,
                     failing_checks: self.check_names(failing),
+                    disputed: false,
                 };
                 let decision = self.ctl.guard.observe(now, &obs);
                 self.guard_events();

@@ -6,13 +6,13 @@ use super::model::Life;
 use super::{MAX_EJECTION_MARKS, RECOVERED, Sample, Sim, TIMEOUT};
 use crate::clients::Tally;
 use crate::scenario::CheckPath;
-use vigil_core::Health;
+use vigil_core::HealthState;
 use vigil_core::outlier::{OutlierEvent, RequestOutcome};
 use vigil_core::pool::PoolEvent;
 
 impl<'a> Sim<'a> {
     pub(super) fn in_service(&self, i: usize) -> bool {
-        self.lb_health[i] == Health::Healthy && !self.ejected[i]
+        self.lb_health[i] == HealthState::Healthy && !self.ejected[i]
     }
 
     pub(super) fn pool_events(&mut self, events: Vec<PoolEvent<u32>>) {
@@ -24,7 +24,7 @@ impl<'a> Sim<'a> {
                 } => {
                     let i = *target as usize;
                     self.lb_health[i] = *to;
-                    if *from == Health::Healthy && *to == Health::Unhealthy {
+                    if *from == HealthState::Healthy && *to == HealthState::Unhealthy {
                         self.s.lb_removals += 1;
                     }
                 }
@@ -91,9 +91,9 @@ impl<'a> Sim<'a> {
         // Exact elision: a result equal to the previous one, on a target whose verdict
         // already agrees with it, only lengthens a streak past its threshold.
         let settled = if p.ok {
-            Health::Healthy
+            HealthState::Healthy
         } else {
-            Health::Unhealthy
+            HealthState::Unhealthy
         };
         let elide = p.ok == self.lb_last_ok[iu] && self.lb_health[iu] == settled;
         if !elide {

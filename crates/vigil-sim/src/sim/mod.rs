@@ -79,7 +79,7 @@ use vigil_core::gate::WorkerGate;
 use vigil_core::guard::{Observation, SafetyGuard};
 use vigil_core::outlier::RequestOutcome;
 use vigil_core::pool::{Pool, RoutingSet, TargetSpec};
-use vigil_core::{Health, Thresholds, Time};
+use vigil_core::{HealthState, Thresholds, Time};
 
 /// Policy time is simulation time plus this epoch, so the fleet can be warmed up
 /// (checked healthy, past every grace period) "before" the run starts at t = 0.
@@ -169,7 +169,7 @@ const MAX_EJECTION_MARKS: usize = 200;
 
 /// Everything a run produced.
 #[derive(Clone, Debug)]
-pub struct Outcome {
+pub struct RunOutcome {
     /// The numbers.
     pub summary: Summary,
     /// The timeline.
@@ -220,7 +220,7 @@ pub struct Sim<'a> {
     pool: Pool<u32>,
     routes: RoutingSet<u32>,
     routes_dirty: bool,
-    lb_health: Vec<Health>,
+    lb_health: Vec<HealthState>,
     lb_last_ok: Vec<bool>,
     ejected: Vec<bool>,
     outlier_dirty: Vec<bool>,
@@ -276,7 +276,7 @@ pub fn run(
     seed: u64,
     policies: Policies,
     progress: &mut dyn FnMut(f64),
-) -> Outcome {
+) -> RunOutcome {
     let mut sim = Sim::new(cfg, seed, policies);
     sim.run(progress);
     sim.finish()
@@ -420,7 +420,7 @@ impl<'a> Sim<'a> {
             pool,
             routes: RoutingSet::default(),
             routes_dirty: true,
-            lb_health: vec![Health::Healthy; n],
+            lb_health: vec![HealthState::Healthy; n],
             lb_last_ok: vec![true; n],
             ejected: vec![false; n],
             outlier_dirty: vec![false; n],
@@ -483,7 +483,7 @@ impl<'a> Sim<'a> {
         sim
     }
 
-    fn finish(mut self) -> Outcome {
+    fn finish(mut self) -> RunOutcome {
         let end = self.now;
         if let Some(since) = self.fail_open_since.take() {
             self.s.fail_open_time += end.since(since);
@@ -526,7 +526,7 @@ impl<'a> Sim<'a> {
             self.log
                 .push((end.as_elapsed(), format!("... and {n} more events")));
         }
-        Outcome {
+        RunOutcome {
             summary: self.s,
             series: self.series,
             marks: self.marks,

@@ -1,7 +1,7 @@
 //! `DiskSpace`: free space on the filesystem holding a path, against warn and fail levels.
 
 use super::{assert_percent, human_bytes, observe_blocking, round2};
-use crate::{Check, Observation};
+use crate::{Check, CheckResult};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -154,11 +154,11 @@ impl DiskSpace {
         &self.path
     }
 
-    fn observe(&self) -> Observation {
+    fn observe(&self) -> CheckResult {
         let vfs = match rustix::fs::statvfs(&self.path) {
             Ok(vfs) => vfs,
             Err(e) => {
-                return Observation::fail(format!(
+                return CheckResult::fail(format!(
                     "cannot stat the filesystem of {}: {e}",
                     self.path.display()
                 ));
@@ -170,7 +170,7 @@ impl DiskSpace {
     }
 
     /// Grades `free` bytes out of `total`.
-    fn grade(&self, free: u64, total: u64) -> Observation {
+    fn grade(&self, free: u64, total: u64) -> CheckResult {
         let free_pct = if total == 0 {
             0.0
         } else {
@@ -196,7 +196,7 @@ impl DiskSpace {
             human_bytes(total),
             free_pct
         );
-        let observation = Observation::new(status).with_output(output);
+        let observation = CheckResult::new(status).with_output(output);
         match self.fail_below {
             Amount::Percent(_) => observation.with_observed(round2(free_pct), "percent"),
             Amount::Bytes(_) => observation.with_observed(free, "bytes"),
@@ -205,7 +205,7 @@ impl DiskSpace {
 }
 
 impl Check for DiskSpace {
-    async fn check(&self) -> Observation {
+    async fn check(&self) -> CheckResult {
         let this = self.clone();
         observe_blocking("disk", move || this.observe()).await
     }

@@ -1,7 +1,7 @@
 //! `FileDescriptors`: open file descriptors against the process's soft `RLIMIT_NOFILE`.
 
 use super::{PercentLevels, percent_of, round2};
-use crate::{Check, Observation};
+use crate::{Check, CheckResult};
 use rustix::process::{Resource, getrlimit};
 use std::io;
 use std::path::PathBuf;
@@ -72,18 +72,18 @@ impl FileDescriptors {
         Ok(n.saturating_sub(1))
     }
 
-    fn observe(&self) -> Observation {
+    fn observe(&self) -> CheckResult {
         let limit = getrlimit(Resource::Nofile).current;
         let open = match self.count_open() {
             Ok(n) => n,
             Err(e) if e.raw_os_error() == Some(rustix::io::Errno::MFILE.raw_os_error()) => {
                 let limit = limit.map_or("unlimited".to_string(), |l| l.to_string());
-                return Observation::fail(format!(
+                return CheckResult::fail(format!(
                     "file descriptors exhausted: not one left to list {PROC_SELF_FD} (EMFILE, soft limit {limit})"
                 ));
             }
             Err(e) => {
-                return Observation::fail(format!(
+                return CheckResult::fail(format!(
                     "cannot count open file descriptors in {}: {e}",
                     self.fd_dir.display()
                 ));
@@ -93,16 +93,16 @@ impl FileDescriptors {
     }
 
     /// Grades `open` descriptors against the soft `limit` (`None`: unlimited).
-    fn grade(&self, open: u64, limit: Option<u64>) -> Observation {
+    fn grade(&self, open: u64, limit: Option<u64>) -> CheckResult {
         let Some(limit) = limit.filter(|l| *l > 0) else {
-            return Observation::new(Status::Pass)
+            return CheckResult::new(Status::Pass)
                 .with_observed(open, "count")
                 .with_output(format!(
                     "{open} file descriptors open; no soft limit (RLIMIT_NOFILE unlimited)"
                 ));
         };
         let used = percent_of(open, limit);
-        Observation::new(self.levels.grade(used))
+        CheckResult::new(self.levels.grade(used))
             .with_observed(open, "count")
             .with_output(format!(
                 "{open} of {limit} file descriptors in use ({:.1}%); {}",
@@ -113,7 +113,7 @@ impl FileDescriptors {
 }
 
 impl Check for FileDescriptors {
-    async fn check(&self) -> Observation {
+    async fn check(&self) -> CheckResult {
         // Listing /proc/self/fd is a handful of getdents calls on a pseudo-filesystem
         // that never blocks on a device: done inline.
         self.observe()

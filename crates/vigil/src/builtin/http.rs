@@ -1,7 +1,7 @@
 //! `HttpGet`: an HTTP GET answers with the expected status, optionally a health+json body
 //! whose status becomes this check's.
 
-use crate::{Check, Observation};
+use crate::{Check, CheckResult};
 use bytes::Bytes;
 use http::{Request, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Empty, Limited};
@@ -160,15 +160,15 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Check for HttpGet {
-    async fn check(&self) -> Observation {
+    async fn check(&self) -> CheckResult {
         let started = Instant::now();
         let result = tokio::time::timeout(self.timeout, self.exchange()).await;
         let ms = (started.elapsed().as_secs_f64() * 1000.0 * 100.0).round() / 100.0;
         let (code, content_type, body) = match result {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Observation::fail(e).with_observed(ms, "ms"),
+            Ok(Err(e)) => return CheckResult::fail(e).with_observed(ms, "ms"),
             Err(_) => {
-                return Observation::fail(format!(
+                return CheckResult::fail(format!(
                     "GET {} timed out after {}",
                     self.uri,
                     humantime::format_duration(self.timeout)
@@ -207,7 +207,7 @@ impl Check for HttpGet {
                 )
             }
         };
-        Observation::new(status)
+        CheckResult::new(status)
             .with_observed(ms, "ms")
             .with_output(output)
     }

@@ -12,7 +12,7 @@
 //! With neither, the check passes and reports the RSS, saying no limit applies.
 
 use super::{PercentLevels, human_bytes, percent_of, round2};
-use crate::{Check, Observation};
+use crate::{Check, CheckResult};
 use std::fs;
 use std::path::{Path, PathBuf};
 use vigil_core::Status;
@@ -353,10 +353,10 @@ impl Memory {
         self
     }
 
-    fn observe(&self) -> Observation {
+    fn observe(&self) -> CheckResult {
         let rss = match rss_bytes() {
             Ok(r) => r,
-            Err(e) => return Observation::fail(e),
+            Err(e) => return CheckResult::fail(e),
         };
         let mut usages = Vec::new();
         let mut notes = Vec::new();
@@ -376,7 +376,7 @@ impl Memory {
                     limit,
                 }),
                 Ok(CgroupReading { limit: None, .. }) => notes.push("cgroup sets no limit"),
-                Err(e) => return Observation::fail(format!("cgroup memory: {e}")),
+                Err(e) => return CheckResult::fail(format!("cgroup memory: {e}")),
             }
         } else if !matches!(self.cgroup, CgroupSource::Off) {
             notes.push("no memory cgroup");
@@ -391,7 +391,7 @@ impl Memory {
         self.grade(rss, usages, &notes)
     }
 
-    fn grade(&self, rss: u64, usages: Vec<Usage>, notes: &[&str]) -> Observation {
+    fn grade(&self, rss: u64, usages: Vec<Usage>, notes: &[&str]) -> CheckResult {
         let pct = |u: &Usage| percent_of(u.used, u.limit);
         let Some(worst) = usages.iter().max_by(|a, b| pct(a).total_cmp(&pct(b))) else {
             let why = if notes.is_empty() {
@@ -399,12 +399,12 @@ impl Memory {
             } else {
                 format!("no memory limit ({})", notes.join(", "))
             };
-            return Observation::new(Status::Pass)
+            return CheckResult::new(Status::Pass)
                 .with_observed(rss, "bytes")
                 .with_output(format!("RSS {}; {why}", human_bytes(rss)));
         };
         let used = pct(worst);
-        Observation::new(self.levels.grade(used))
+        CheckResult::new(self.levels.grade(used))
             .with_observed(worst.used, "bytes")
             .with_output(format!(
                 "{} {} of {} limit ({:.1}%); RSS {}; {}",
@@ -419,7 +419,7 @@ impl Memory {
 }
 
 impl Check for Memory {
-    async fn check(&self) -> Observation {
+    async fn check(&self) -> CheckResult {
         // A few small reads from /proc and cgroupfs, pseudo-filesystems that do not
         // block on devices: done inline.
         self.observe()

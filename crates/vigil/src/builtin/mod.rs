@@ -39,7 +39,7 @@ pub use process::ProcessAlive;
 pub use saturation::{InFlight, InFlightGuard, Saturation};
 pub use tcp::TcpConnect;
 
-use crate::Observation;
+use crate::CheckResult;
 use levels::PercentLevels;
 
 /// `part` as a percentage of `whole`; a `whole` of zero counts as full (100%).
@@ -55,11 +55,11 @@ fn percent_of(part: u64, whole: u64) -> f64 {
 /// the check, naming it by `what`.
 async fn observe_blocking(
     what: &str,
-    observe: impl FnOnce() -> Observation + Send + 'static,
-) -> Observation {
+    observe: impl FnOnce() -> CheckResult + Send + 'static,
+) -> CheckResult {
     match tokio::task::spawn_blocking(observe).await {
         Ok(observation) => observation,
-        Err(e) => Observation::fail(format!("{what} check task failed: {e}")),
+        Err(e) => CheckResult::fail(format!("{what} check task failed: {e}")),
     }
 }
 

@@ -4,7 +4,7 @@
 //! name (a process in `/proc` whose `comm` or first argument's file name matches).
 
 use super::observe_blocking;
-use crate::{Check, Observation};
+use crate::{Check, CheckResult};
 use std::fs;
 use std::path::{Path, PathBuf};
 use vigil_core::Status;
@@ -42,23 +42,23 @@ impl ProcessAlive {
         }
     }
 
-    fn observe(&self) -> Observation {
+    fn observe(&self) -> CheckResult {
         match &self.target {
             Target::PidFile(path) => self.observe_pid_file(path),
             Target::Name(name) => self.observe_name(name),
         }
     }
 
-    fn observe_pid_file(&self, path: &Path) -> Observation {
+    fn observe_pid_file(&self, path: &Path) -> CheckResult {
         let text = match fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) => {
-                return Observation::fail(format!("cannot read pid file {}: {e}", path.display()))
+                return CheckResult::fail(format!("cannot read pid file {}: {e}", path.display()))
                     .with_observed(0, "count");
             }
         };
         let Ok(pid) = text.trim().parse::<u32>() else {
-            return Observation::fail(format!(
+            return CheckResult::fail(format!(
                 "pid file {} holds {:?}, not a pid",
                 path.display(),
                 text.trim()
@@ -66,27 +66,27 @@ impl ProcessAlive {
             .with_observed(0, "count");
         };
         match self.state_of(pid) {
-            Some(state) if state != 'Z' && state != 'X' => Observation::new(Status::Pass)
+            Some(state) if state != 'Z' && state != 'X' => CheckResult::new(Status::Pass)
                 .with_observed(1, "count")
                 .with_output(format!(
                     "pid {pid} from {} is running (state {state})",
                     path.display()
                 )),
-            Some(state) => Observation::fail(format!(
+            Some(state) => CheckResult::fail(format!(
                 "pid {pid} from {} is dead (state {state}, not yet reaped)",
                 path.display()
             ))
             .with_observed(0, "count"),
-            None => Observation::fail(format!("pid {pid} from {} is not running", path.display()))
+            None => CheckResult::fail(format!("pid {pid} from {} is not running", path.display()))
                 .with_observed(0, "count"),
         }
     }
 
-    fn observe_name(&self, name: &str) -> Observation {
+    fn observe_name(&self, name: &str) -> CheckResult {
         let entries = match fs::read_dir(&self.proc_root) {
             Ok(e) => e,
             Err(e) => {
-                return Observation::fail(format!("cannot list {}: {e}", self.proc_root.display()));
+                return CheckResult::fail(format!("cannot list {}: {e}", self.proc_root.display()));
             }
         };
         // comm holds at most 15 bytes of the name.
@@ -119,12 +119,12 @@ impl ProcessAlive {
             }
         }
         if pids.is_empty() {
-            Observation::fail(format!("no process named {name:?} is running"))
+            CheckResult::fail(format!("no process named {name:?} is running"))
                 .with_observed(0, "count")
         } else {
             let shown: Vec<String> = pids.iter().take(5).map(u32::to_string).collect();
             let more = if pids.len() > 5 { ", ..." } else { "" };
-            Observation::new(Status::Pass)
+            CheckResult::new(Status::Pass)
                 .with_observed(pids.len(), "count")
                 .with_output(format!(
                     "{} process(es) named {name:?} running (pid {}{more})",
@@ -145,7 +145,7 @@ impl ProcessAlive {
 }
 
 impl Check for ProcessAlive {
-    async fn check(&self) -> Observation {
+    async fn check(&self) -> CheckResult {
         // Scanning /proc by name touches every process: keep it off the runtime workers.
         let this = self.clone();
         observe_blocking("process", move || this.observe()).await

@@ -13,7 +13,7 @@
 //!   yields; the in-flight count has no such lag.
 
 use super::{PercentLevels, percent_of, round2};
-use crate::{Check, Observation, ShedStats};
+use crate::{Check, CheckResult, ShedStats};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -157,9 +157,9 @@ impl Saturation {
         self
     }
 
-    fn grade_count(&self, n: usize, max: usize) -> Observation {
+    fn grade_count(&self, n: usize, max: usize) -> CheckResult {
         let used = percent_of(n as u64, max as u64);
-        Observation::new(self.levels.grade(used))
+        CheckResult::new(self.levels.grade(used))
             .with_observed(n, "count")
             .with_output(format!(
                 "{n} of {max} requests in flight ({:.1}%); {}",
@@ -168,7 +168,7 @@ impl Saturation {
             ))
     }
 
-    fn observe(&self) -> Observation {
+    fn observe(&self) -> CheckResult {
         match &self.mechanism {
             Mechanism::InFlight { tracker, max } => self.grade_count(tracker.current(), *max),
             Mechanism::Shed(stats) => self.grade_count(stats.in_flight(), stats.limit()),
@@ -184,7 +184,7 @@ impl Saturation {
                     .expect("saturation sample lock poisoned")
                     .replace((now, busy));
                 let Some((then, busy_then)) = previous else {
-                    return Observation::new(Status::Pass).with_output(format!(
+                    return CheckResult::new(Status::Pass).with_output(format!(
                         "runtime busy ratio: baseline taken over {workers} workers"
                     ));
                 };
@@ -194,7 +194,7 @@ impl Saturation {
                 } else {
                     (busy.saturating_sub(busy_then).as_secs_f64() * 100.0 / wall).min(100.0)
                 };
-                Observation::new(self.levels.grade(used))
+                CheckResult::new(self.levels.grade(used))
                     .with_observed(round2(used), "percent")
                     .with_output(format!(
                         "runtime workers busy {:.1}% of the time since the last check ({workers} workers); {}",
@@ -207,7 +207,7 @@ impl Saturation {
 }
 
 impl Check for Saturation {
-    async fn check(&self) -> Observation {
+    async fn check(&self) -> CheckResult {
         self.observe()
     }
 

@@ -1,6 +1,6 @@
 //! `TcpConnect`: a TCP connection to an address opens within a timeout.
 
-use crate::{Check, Observation};
+use crate::{Check, CheckResult};
 use std::time::{Duration, Instant};
 use vigil_core::Status;
 
@@ -43,7 +43,7 @@ impl TcpConnect {
 }
 
 impl Check for TcpConnect {
-    async fn check(&self) -> Observation {
+    async fn check(&self) -> CheckResult {
         let started = Instant::now();
         let result =
             tokio::time::timeout(self.timeout, tokio::net::TcpStream::connect(&self.addr)).await;
@@ -66,14 +66,14 @@ impl Check for TcpConnect {
                     ),
                     None => (Status::Pass, String::new()),
                 };
-                Observation::new(status)
+                CheckResult::new(status)
                     .with_observed(ms, "ms")
                     .with_output(format!("connected to {peer} in {ms} ms{tail}"))
             }
             Ok(Err(e)) => {
-                Observation::fail(format!("connect to {}: {e}", self.addr)).with_observed(ms, "ms")
+                CheckResult::fail(format!("connect to {}: {e}", self.addr)).with_observed(ms, "ms")
             }
-            Err(_) => Observation::fail(format!(
+            Err(_) => CheckResult::fail(format!(
                 "connect to {} timed out after {}",
                 self.addr,
                 humantime::format_duration(self.timeout)

@@ -6,7 +6,7 @@ pub mod queue;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
-use vigil::{CheckOptions, FnCheck, Observation, Status};
+use vigil::{CheckOptions, CheckResult, FnCheck, Status};
 
 /// A check whose status the test sets.
 #[derive(Clone, Default)]
@@ -25,7 +25,7 @@ impl Knob {
     }
     pub fn check(
         &self,
-    ) -> FnCheck<impl Fn() -> std::future::Ready<Observation> + Send + Sync + 'static> {
+    ) -> FnCheck<impl Fn() -> std::future::Ready<CheckResult> + Send + Sync + 'static> {
         let knob = self.0.clone();
         FnCheck::new(move || {
             let status = match knob.load(Ordering::SeqCst) {
@@ -33,7 +33,7 @@ impl Knob {
                 1 => Status::Warn,
                 _ => Status::Fail,
             };
-            std::future::ready(Observation::new(status).with_output("set by the test"))
+            std::future::ready(CheckResult::new(status).with_output("set by the test"))
         })
     }
 }

@@ -1,12 +1,15 @@
 //! HTTP/2 from clients: over TLS when ALPN chose `h2`, or in cleartext when a plain
 //! connection opens with the HTTP/2 preface (prior knowledge, `h2c`; the HTTP/1.1
-//! `Upgrade: h2c` dance is refused on purpose, see [`crate::front`]). On the `h2`
+//! `Upgrade: h2c` dance is refused on purpose, see [`crate::downstream`]). On the `h2`
 //! crate, beside the own HTTP/1.1 server, as pingora runs its HTTP/2 sessions.
+//!
+//! Floor 3, downstream, a child of [`crate::downstream`] (floors: the crate doc): imports
+//! its parent, proxy, upstream, and the shared body and http_util.
 //!
 //! Each stream is one request, served in a task of its own. It is written out as the
 //! HTTP/1.1 head it would have been (pingora's `pseudo_raw_h1_request_header`), and
 //! that head goes through the very parser and rewrite of the HTTP/1.1 side
-//! (`http1::parse_request`, `front::prepare`): one set of header rules (hop-by-hop,
+//! (`http1::parse_request`, `downstream::prepare`): one set of header rules (hop-by-hop,
 //! underscores, `X-Forwarded-*`, `Via`, routing) whichever protocol the client spoke.
 //! The body is buffered when it is small and its length known (so the request can be
 //! retried), else streamed ([`BodyReader`] over the HTTP/2 stream). The answer, from an
@@ -16,10 +19,12 @@
 //! SIGTERM: the connection is told GOAWAY and serves the streams it has; the h2 crate
 //! ends it when they are done.
 
-use crate::front::{BodyReader, FrontSettings, Stop, prepare};
-use crate::proxy::{Answer, Proxy, VIA};
+use crate::body::BodyReader;
+use crate::downstream::{FrontSettings, Stop, prepare};
+use crate::http_util::VIA;
+use crate::proxy::{Proxy, Reply};
+use crate::upstream::http2::send_all;
 use crate::upstream::{Outgoing, OutgoingBody, ResponseHead, UpstreamResponse};
-use crate::upstream_h2::send_all;
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use std::io;
@@ -213,8 +218,8 @@ async fn serve_stream(
         proxy.forward(&table, &pool, out, None, deadline).await
     };
     match answer {
-        Answer::Local(code, msg) => local(&mut respond, code, &msg, head_request),
-        Answer::Target(resp) => {
+        Reply::Local(code, msg) => local(&mut respond, code, &msg, head_request),
+        Reply::Target(resp) => {
             let stall = table.response_body_timeout;
             if let Some(kind) = relay(
                 respond,

@@ -2,6 +2,10 @@
 //! reads a request head, turns it into the bytes every attempt sends, hands it to the
 //! proxy, and writes the answer back; then the next request on the same connection.
 //!
+//! Floor 3, downstream (floors: the crate doc): imports proxy, tunnel, pool and upstream,
+//! and the shared helpers (body, http_util, worker, spare, park, config); its child
+//! [`http2`] imports from it.
+//!
 //! Why not hyper's server: a proxy forwards header fields, it does not look at them.
 //! hyper builds an `http::HeaderMap` of every request (a hashed, allocated entry per
 //! field) that the proxy then serialised again for the target, and encoded a second
@@ -27,15 +31,16 @@
 //!
 //! Not done here: HTTP/2, forwarding request trailers.
 
+/// HTTP/2 from clients (TLS ALPN `h2`, cleartext prior knowledge).
+pub mod http2;
+
+use crate::body::{BodyReader, CONTINUE, ClientStream, poll_read_more};
 use crate::config::Underscores;
+use crate::http_util::{UPGRADE, VIA, connection_options, hop_by_hop, is_idempotent};
 use crate::park::{self, PARK_AFTER};
-use crate::proxy::{
-    Answer, Proxy, ProxyTable, UPGRADE, VIA, connection_options, hop_by_hop, is_idempotent,
-};
+use crate::proxy::{Proxy, ProxyTable, Reply};
 use crate::spare;
-use crate::upstream::{
-    Outgoing, OutgoingBody, ResponseHead, Upgraded, UpstreamResponse, poll_read_more,
-};
+use crate::upstream::{Outgoing, OutgoingBody, ResponseHead, Upgraded, UpstreamResponse};
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
 use smallvec::SmallVec;
@@ -51,9 +56,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
-use vigil_core::http1::{
-    self, ChunkedDecoder, Decoded, Framing, MAX_HEADERS, RequestBody, RequestError,
-};
+use vigil_core::http1::{self, Framing, MAX_HEADERS, RequestBody, RequestError};
 
 /// Settings of the client side fixed at start.
 #[derive(Clone, Copy, Debug)]
@@ -67,87 +70,9 @@ pub struct FrontSettings {
     pub write_timeout: Duration,
 }
 
-const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// How the HTTP/2 connection preface starts (RFC 9113 3.4): a request line httparse
 /// refuses (version 2.0), so it is looked for only when a first head fails to parse.
 const H2_PREFACE_START: &[u8] = b"PRI * HTTP/2.0\r\n";
-
-/// A client connection: plain TCP, or TLS over it (after the handshake).
-///
-/// An enum rather than a type parameter so that [`BodyReader`], which the proxy and
-/// the upstream side take, stays one type; a branch per read or write costs nothing
-/// measurable beside the system call.
-#[derive(Debug)]
-pub enum ClientStream {
-    /// Cleartext.
-    Plain(TcpStream),
-    /// TLS (boxed: its session state is large, a plain connection should not carry it).
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
-
-impl ClientStream {
-    /// Ready when a read may return something. TLS may hold decrypted bytes the socket
-    /// no longer shows, so it is always ready (a TLS connection that gave its buffers
-    /// back takes a buffer again at once: the release saves memory on plain ones only).
-    fn poll_read_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
-        match self {
-            ClientStream::Plain(tcp) => tcp.poll_read_ready(cx),
-            ClientStream::Tls(_) => Poll::Ready(Ok(())),
-        }
-    }
-
-    /// Writes all of `buf` and flushes it (TLS keeps records until flushed).
-    async fn write_now(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.write_all(buf).await?;
-        match self {
-            ClientStream::Plain(_) => Ok(()),
-            ClientStream::Tls(t) => t.flush().await,
-        }
-    }
-}
-
-impl tokio::io::AsyncRead for ClientStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(t) => Pin::new(t).poll_read(cx, buf),
-            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl tokio::io::AsyncWrite for ClientStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ClientStream::Plain(t) => Pin::new(t).poll_write(cx, buf),
-            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(t) => Pin::new(t).poll_flush(cx),
-            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(t) => Pin::new(t).poll_shutdown(cx),
-            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
 
 /// A client connection's socket and buffers.
 struct ClientConn {
@@ -181,7 +106,7 @@ pub(crate) struct Prepared {
     pub(crate) http10: bool,
     pub(crate) expect_continue: bool,
     /// The matching route's pool, or none (404).
-    pub(crate) pool: Option<Arc<crate::balancer::PoolRt>>,
+    pub(crate) pool: Option<Arc<crate::pool::PoolRt>>,
     /// The configuration it was routed by.
     pub(crate) table: Arc<ProxyTable>,
 }
@@ -258,7 +183,7 @@ pub async fn serve_tls(
     };
     proxy.count_handshake("ok");
     if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-        let h2 = crate::front_h2::serve_h2(tls, peer, proxy, settings, stop, true);
+        let h2 = crate::downstream::http2::serve_h2(tls, peer, proxy, settings, stop, true);
         return Box::pin(h2).await;
     }
     let served = serve_connection(
@@ -357,10 +282,10 @@ async fn serve(
             }
             HeadRead::H2 => {
                 let ClientConn { tcp, rbuf, .. } = c;
-                let io = crate::front_h2::Prefixed::new(rbuf.freeze(), tcp);
+                let io = crate::downstream::http2::Prefixed::new(rbuf.freeze(), tcp);
                 // Boxed, as every path but the common one: the task of every
                 // connection is as large as its largest state.
-                let h2 = crate::front_h2::serve_h2(io, peer, proxy, settings, stop, false);
+                let h2 = crate::downstream::http2::serve_h2(io, peer, proxy, settings, stop, false);
                 return Box::pin(h2).await;
             }
             HeadRead::Refused(code, msg) => {
@@ -379,7 +304,7 @@ async fn serve(
         // Boxed: a request being forwarded is the largest state by far, and an idle
         // connection's task should not be the size of it.
         match Box::pin(c.exchange(req, &proxy, &stop)).await {
-            Ok(true) => crate::server::share_cpu(),
+            Ok(true) => crate::worker::share_cpu(),
             // A tunnel closed both ways already: nothing to linger for.
             Ok(false) if c.tunneled => return,
             Ok(false) => return Box::pin(c.linger()).await,
@@ -634,18 +559,13 @@ impl ClientConn {
             out.set_upgrade();
         }
         let (answer, body_done) = if out.is_streamed() {
-            let mut reader = BodyReader {
-                src: BodySource::H1 {
-                    tcp: &mut self.tcp,
-                    rbuf: &mut self.rbuf,
-                    state: match length {
-                        Some(n) => Remaining::Length(n),
-                        None => Remaining::Chunked(ChunkedDecoder::new()),
-                    },
-                    continue_due: req.expect_continue,
-                },
-                idle_timeout: table.client_body_timeout,
-            };
+            let mut reader = BodyReader::h1(
+                &mut self.tcp,
+                &mut self.rbuf,
+                length,
+                req.expect_continue,
+                table.client_body_timeout,
+            );
             let answer = proxy
                 .forward(&table, &pool, out, Some(&mut reader), deadline)
                 .await;
@@ -656,7 +576,7 @@ impl ClientConn {
         };
         let keep = req.keep_alive && body_done && !shutdown.is_cancelled();
         let answer = match answer {
-            Answer::Target(mut resp) if resp.upgraded.is_some() => {
+            Reply::Target(mut resp) if resp.upgraded.is_some() => {
                 let up = resp.upgraded.take().expect("checked just before");
                 self.tunnel(resp, up, &table, proxy, &pool.name, stop)
                     .await?;
@@ -665,11 +585,11 @@ impl ClientConn {
             other => other,
         };
         match answer {
-            Answer::Local(code, msg) => {
+            Reply::Local(code, msg) => {
                 self.write_local(code, &msg, keep, req.head_request).await?;
                 Ok(keep)
             }
-            Answer::Target(resp) => {
+            Reply::Target(resp) => {
                 let limits = BodyLimits {
                     stall: table.response_body_timeout,
                     deadline,
@@ -1182,146 +1102,6 @@ pub(crate) fn prepare(
         pool,
         table,
     })
-}
-
-/// What is left of a streamed request body.
-#[derive(Debug)]
-enum Remaining {
-    Length(u64),
-    Chunked(ChunkedDecoder),
-    Done,
-}
-
-/// A client's request body, read as the target connection sends it on (too large to
-/// buffer, or of unknown length). Borrowed from the client connection for one request
-/// (HTTP/1.1), or owning the request's HTTP/2 stream.
-pub struct BodyReader<'c> {
-    src: BodySource<'c>,
-    /// Longest wait for more of the body.
-    idle_timeout: Duration,
-}
-
-enum BodySource<'c> {
-    H1 {
-        tcp: &'c mut ClientStream,
-        rbuf: &'c mut BytesMut,
-        state: Remaining,
-        /// `100 Continue` is owed to the client before reading.
-        continue_due: bool,
-    },
-    /// `None` once read to the end or handed over ([`BodyReader::take_h2`]).
-    H2(Option<h2::RecvStream>),
-}
-
-impl<'c> BodyReader<'c> {
-    /// The body of an HTTP/2 request.
-    pub(crate) fn h2(recv: h2::RecvStream, idle_timeout: Duration) -> BodyReader<'c> {
-        BodyReader {
-            src: BodySource::H2(Some(recv)),
-            idle_timeout,
-        }
-    }
-
-    /// The HTTP/2 stream itself, for a target that takes the body while it answers
-    /// (an HTTP/2 target: gRPC streams both ways at once); `None` for HTTP/1.1.
-    pub fn take_h2(&mut self) -> Option<h2::RecvStream> {
-        match &mut self.src {
-            BodySource::H2(recv) => recv.take(),
-            BodySource::H1 { .. } => None,
-        }
-    }
-
-    /// The next piece of the body (decoded from chunks), or `None` at its end.
-    pub async fn next_data(&mut self) -> Option<io::Result<Bytes>> {
-        let idle_timeout = self.idle_timeout;
-        let (tcp, rbuf, state, continue_due) = match &mut self.src {
-            BodySource::H1 {
-                tcp,
-                rbuf,
-                state,
-                continue_due,
-            } => (tcp, rbuf, state, continue_due),
-            BodySource::H2(slot) => {
-                let recv = slot.as_mut()?;
-                return match tokio::time::timeout(idle_timeout, recv.data()).await {
-                    Ok(Some(Ok(data))) => {
-                        let _ = recv.flow_control().release_capacity(data.len());
-                        Some(Ok(data))
-                    }
-                    Ok(Some(Err(e))) => Some(Err(io::Error::other(e))),
-                    Ok(None) => {
-                        *slot = None;
-                        None
-                    }
-                    Err(_) => Some(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the client's request body stalled",
-                    ))),
-                };
-            }
-        };
-        loop {
-            match state {
-                Remaining::Done => return None,
-                Remaining::Length(0) => {
-                    *state = Remaining::Done;
-                    return None;
-                }
-                Remaining::Length(left) if !rbuf.is_empty() => {
-                    let n = rbuf.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
-                    *left -= n as u64;
-                    return Some(Ok(rbuf.split_to(n).freeze()));
-                }
-                Remaining::Chunked(dec) if !rbuf.is_empty() => match dec.decode(rbuf) {
-                    Ok((_, Decoded::Data(r))) => {
-                        rbuf.advance(r.start);
-                        return Some(Ok(rbuf.split_to(r.len()).freeze()));
-                    }
-                    Ok((n, Decoded::NeedMore)) => rbuf.advance(n),
-                    Ok((n, Decoded::End)) => {
-                        rbuf.advance(n);
-                        *state = Remaining::Done;
-                        return None;
-                    }
-                    Err(e) => {
-                        return Some(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
-                    }
-                },
-                _ => {}
-            }
-            if *continue_due {
-                *continue_due = false;
-                if let Err(e) = tcp.write_now(CONTINUE).await {
-                    return Some(Err(e));
-                }
-            }
-            let more = std::future::poll_fn(|cx| poll_read_more(&mut **tcp, rbuf, cx));
-            match tokio::time::timeout(idle_timeout, more).await {
-                Ok(Ok(0)) => {
-                    return Some(Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the client closed the connection in the request body",
-                    )));
-                }
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Some(Err(e)),
-                Err(_) => {
-                    return Some(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the client's request body stalled",
-                    )));
-                }
-            }
-        }
-    }
-
-    /// True once the body was read to its end (the next request can follow).
-    pub fn is_done(&self) -> bool {
-        match &self.src {
-            BodySource::H1 { state, .. } => matches!(state, Remaining::Done),
-            BodySource::H2(recv) => recv.is_none(),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
 //! The daemon: listeners, the tick loop, health checkers, SIGHUP reload and SIGTERM
 //! drain.
 //!
+//! Floor 2, daemon (floors: the crate doc): imports every floor below (downstream, admin,
+//! tls, proxy, checker, pool, upstream) and the shared helpers.
+//!
 //! Reload builds the new configuration completely (parse, validate) before touching
 //! anything; a bad file is logged with its file/line/key error and the running
 //! configuration stays. A good one is applied in place: pools that remain keep their
@@ -9,12 +12,12 @@
 //! addresses and the worker count need a restart (logged when they change).
 
 use crate::admin;
-use crate::balancer::{Clock, PoolRt};
 use crate::checker;
 use crate::config::{self, LbConfig};
-use crate::front::{self, FrontSettings};
+use crate::downstream::{self, FrontSettings};
 use crate::metrics::Metrics;
 use crate::park::Park;
+use crate::pool::{Clock, PoolRt};
 use crate::proxy::{Proxy, ProxyTable, RouteRule};
 use crate::tls::{self, TlsSlot};
 use arc_swap::ArcSwap;
@@ -26,13 +29,12 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use socket2::{Domain, Protocol, Socket, Type};
-use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -264,7 +266,7 @@ pub fn run(config: LbConfig, path: PathBuf) -> u8 {
         Ok(t) => t,
         Err(e) => {
             eprintln!("{}: {e}", path.display());
-            return crate::cli::EXIT_BAD_CONFIG;
+            return config::EXIT_BAD_CONFIG;
         }
     };
     let workers = match config.workers {
@@ -350,10 +352,10 @@ async fn accept_loop(
     tls: Option<TlsSlot>,
     proxy: Arc<Proxy>,
     settings: FrontSettings,
-    stop: front::Stop,
+    stop: downstream::Stop,
     connections: TaskTracker,
 ) {
-    // Idle plain connections wait here (front.rs parks them); TLS ones keep their task.
+    // Idle plain connections wait here (downstream.rs parks them); TLS ones keep their task.
     let mut park = match tls {
         None => match Park::new(settings.header_timeout) {
             Ok(p) => Some(p),
@@ -373,7 +375,7 @@ async fn accept_loop(
                 let sender = park.as_ref().expect("checked").sender();
                 for (tcp, peer) in woken {
                     let Ok(tcp) = TcpStream::from_std(tcp) else { continue };
-                    connections.spawn(front::serve_parkable(
+                    connections.spawn(downstream::serve_parkable(
                         tcp,
                         peer,
                         proxy.clone(),
@@ -396,9 +398,9 @@ async fn accept_loop(
             }
         };
         let _ = tcp.set_nodelay(true);
-        share_cpu();
+        crate::worker::share_cpu();
         match (&tls, &park) {
-            (None, Some(park)) => connections.spawn(front::serve_parkable(
+            (None, Some(park)) => connections.spawn(downstream::serve_parkable(
                 tcp,
                 peer,
                 proxy.clone(),
@@ -407,14 +409,14 @@ async fn accept_loop(
                 park.sender(),
                 true,
             )),
-            (None, None) => connections.spawn(front::serve_connection(
-                front::ClientStream::Plain(tcp),
+            (None, None) => connections.spawn(downstream::serve_connection(
+                crate::body::ClientStream::Plain(tcp),
                 peer,
                 proxy.clone(),
                 settings,
                 stop.clone(),
             )),
-            (Some(slot), _) => connections.spawn(front::serve_tls(
+            (Some(slot), _) => connections.spawn(downstream::serve_tls(
                 tcp,
                 peer,
                 slot.load_full(),
@@ -495,7 +497,7 @@ async fn serve(
 
     // `drain` is cancelled on SIGTERM: listeners close, connections finish the request
     // in hand and close; `close` when the drain time ran out: tunnels close.
-    let stop = front::Stop::default();
+    let stop = downstream::Stop::default();
     let shutdown = stop.drain.clone();
     let connections = TaskTracker::new();
     let mut parts = Vec::with_capacity(per_worker.len());
@@ -618,87 +620,9 @@ async fn serve_admin(listener: TcpListener, lb: Arc<Lb>) {
     }
 }
 
-/// How long a busy worker runs before it offers its CPU to other runnable processes.
-const SHARE_CPU_EVERY: Duration = Duration::from_millis(1);
-
-thread_local! {
-    /// When this worker thread last offered its CPU.
-    static SHARED_CPU_AT: Cell<Option<Instant>> = const { Cell::new(None) };
-}
-
-/// Called between two requests of a client connection and after each accepted one: a
-/// worker busy for [`SHARE_CPU_EVERY`] since it last did so yields its CPU
-/// (`sched_yield`).
-///
-/// Under load a worker never sleeps: there is always another ready connection. The
-/// kernel then lets it run on until its next tick (every 4 ms with `HZ=250`) while a
-/// process woken on the same CPU but not yet due (a target on a shared machine, with
-/// requests queued) waits: the 1-4 ms tail measured in `docs/lb.md`. With nothing
-/// else runnable the call returns at once; at most one system call per interval.
-pub(crate) fn share_cpu() {
-    SHARED_CPU_AT.with(|at| share_cpu_with(at, Instant::now, std::thread::yield_now));
-}
-
-/// [`share_cpu`] with its clock and its yield passed in: `at` is when the CPU was last
-/// offered, `now` is read on each call and, after a yield, again (the next interval
-/// starts when the CPU is back).
-fn share_cpu_with(at: &Cell<Option<Instant>>, now: impl Fn() -> Instant, yield_now: impl FnOnce()) {
-    let t = now();
-    match at.get() {
-        Some(last) if t.duration_since(last) < SHARE_CPU_EVERY => {}
-        Some(_) => {
-            yield_now();
-            at.set(Some(now()));
-        }
-        None => at.set(Some(t)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_busy_worker_yields_once_per_interval_and_not_between() {
-        let base = Instant::now();
-        let clock = Cell::new(Duration::ZERO);
-        let now = || base + clock.get();
-        let (at, yields) = (Cell::new(None), Cell::new(0u32));
-        let ask = || share_cpu_with(&at, now, || yields.set(yields.get() + 1));
-        ask();
-        assert_eq!(
-            yields.get(),
-            0,
-            "a fresh worker has nothing to give back yet"
-        );
-        // Asked every 0.1 ms for 4.55 intervals: once per interval, never between.
-        let step = SHARE_CPU_EVERY / 10;
-        let mut per_call = Vec::new();
-        for _ in 0..45 {
-            clock.set(clock.get() + step);
-            let before = yields.get();
-            ask();
-            per_call.push(yields.get() - before);
-        }
-        assert_eq!(yields.get(), 4, "one yield per full interval: {per_call:?}");
-        let at_calls: Vec<usize> = (0..45).filter(|&i| per_call[i] == 1).collect();
-        assert_eq!(
-            at_calls,
-            [9, 19, 29, 39],
-            "each a full interval after the last"
-        );
-        // A yield that took a while: the next interval starts when the CPU is back.
-        clock.set(clock.get() + SHARE_CPU_EVERY);
-        share_cpu_with(&at, now, || clock.set(clock.get() + SHARE_CPU_EVERY * 3));
-        clock.set(clock.get() + step);
-        let before = yields.get();
-        ask();
-        assert_eq!(
-            yields.get(),
-            before,
-            "the time spent yielding does not count as busy"
-        );
-    }
 
     #[test]
     fn workers_share_one_port_even_when_it_is_chosen_by_the_system() {

@@ -1,6 +1,9 @@
 //! HTTP/2 to targets (`protocol = "h2"`: cleartext, prior knowledge), for gRPC
 //! services: one multiplexed connection per target and worker, on the `h2` crate.
 //!
+//! Floor 6, upstream, a child of [`crate::upstream`] (floors: the crate doc): imports its
+//! parent and the shared body and http_util.
+//!
 //! The request arrives as the HTTP/1.1 head every attempt sends ([`Outgoing`]: the
 //! client side's header hygiene already applied, whichever protocol the client spoke);
 //! here it is read back into an `http::Request` (`Host` becomes `:authority`), with
@@ -18,8 +21,8 @@
 //! beside the own HTTP/1.1 path, sharing its request representation; hyper would
 //! bring its own request and connection types for one protocol.
 
-use crate::front::BodyReader;
-use crate::proxy::Failure;
+use crate::body::BodyReader;
+use crate::http_util::AttemptFailure;
 use crate::upstream::{AttemptTimeouts, Outgoing, ResponseHead, UpstreamResponse};
 use bytes::Bytes;
 use h2::client::SendRequest;
@@ -53,7 +56,7 @@ impl H2Conns {
         &self,
         worker: usize,
         t: &AttemptTimeouts,
-    ) -> Result<SendRequest<Bytes>, Failure> {
+    ) -> Result<SendRequest<Bytes>, AttemptFailure> {
         let addr = self.addr.as_str();
         let slot = &self.per_worker[worker % self.per_worker.len()];
         let existing = slot.lock().expect("h2 slot lock").clone();
@@ -68,7 +71,7 @@ impl H2Conns {
         *slot.lock().expect("h2 slot lock") = Some(send.clone());
         send.ready().await.map_err(|e| {
             tracing::debug!(target_addr = %addr, "h2 connection not ready: {e}");
-            Failure::Connect
+            AttemptFailure::Connect
         })
     }
 
@@ -80,10 +83,10 @@ impl H2Conns {
         host: &[u8],
         streamed: Option<&mut BodyReader<'_>>,
         t: AttemptTimeouts,
-    ) -> Result<UpstreamResponse, Failure> {
+    ) -> Result<UpstreamResponse, AttemptFailure> {
         let request = to_request(req, host).map_err(|e| {
             tracing::debug!(target_addr = %self.addr, "request not expressible in HTTP/2: {e}");
-            Failure::Garbage
+            AttemptFailure::Garbage
         })?;
         let addr = self.addr.as_str();
         let mut send = self.ready(worker, &t).await?;
@@ -91,11 +94,11 @@ impl H2Conns {
         let end = body.is_empty() && streamed.is_none();
         let (response, mut stream) = send.send_request(request, end).map_err(|e| {
             tracing::debug!(target_addr = %addr, "h2 request refused: {e}");
-            Failure::Reset
+            AttemptFailure::Reset
         })?;
         let reset = |e: h2::Error| {
             tracing::debug!(target_addr = %addr, "h2 stream failed: {e}");
-            Failure::Reset
+            AttemptFailure::Reset
         };
         if !end && streamed.is_none() {
             send_all(&mut stream, body, true, t.send)
@@ -117,7 +120,7 @@ impl H2Conns {
                 None => {
                     while let Some(data) = reader.next_data().await {
                         let data = data.map_err(|e| {
-                            Failure::Client(if e.kind() == io::ErrorKind::TimedOut {
+                            AttemptFailure::Client(if e.kind() == io::ErrorKind::TimedOut {
                                 408
                             } else {
                                 400
@@ -149,7 +152,7 @@ async fn connect(
     addr: &str,
     sock: Option<SocketAddr>,
     t: &AttemptTimeouts,
-) -> Result<SendRequest<Bytes>, Failure> {
+) -> Result<SendRequest<Bytes>, AttemptFailure> {
     let connecting = async {
         let tcp = match sock {
             Some(sa) => TcpStream::connect(sa).await,
@@ -172,11 +175,11 @@ async fn connect(
         }
         Ok(Err(e)) => {
             tracing::debug!(target_addr = %addr, "h2 connect failed: {e}");
-            Err(Failure::Connect)
+            Err(AttemptFailure::Connect)
         }
         Err(_) => {
             tracing::debug!(target_addr = %addr, "h2 connect timed out");
-            Err(Failure::Connect)
+            Err(AttemptFailure::Connect)
         }
     }
 }

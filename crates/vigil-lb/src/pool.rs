@@ -1,6 +1,9 @@
 //! The runtime side of a pool: drives vigil-core's `Pool` policy with real time, and
 //! publishes lock-free routing snapshots for the data path.
 //!
+//! Floor 5, pool (floors: the crate doc): imports upstream (each target's connections),
+//! config and metrics.
+//!
 //! Design: the policy state ([`vigil_core::pool::Pool`]) sits behind a mutex that is
 //! taken only when something may change (a health check result, an error, a success
 //! after an error, the 100 ms tick). After every change the pool's [`Routing`] snapshot
@@ -22,13 +25,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 use vigil_core::Time;
-use vigil_core::anomaly::{AnomalyDetector, Counts, Finding, Verdict};
+use vigil_core::anomaly::{AnomalyDetector, Counts, Finding, MemberVerdict};
 use vigil_core::outlier::{EjectReason, OutlierEvent, RequestOutcome};
 use vigil_core::pool::{
     DEFAULT_SHED_PENALTY_HALF_LIFE, Pool, PoolEvent, RetryBudget, RoutingSet, ShedPenalty,
     TargetSpec,
 };
-use vigil_core::thresholds::Health;
+use vigil_core::thresholds::HealthState;
 
 /// The driver's clock: monotonic time since start, as policies see it, and the wall
 /// clock at start for human-readable times.
@@ -87,7 +90,7 @@ pub struct TargetRt {
     failed: AtomicU64,
     /// The success-rate rule's last verdict on it (`None` while it is out of service or
     /// the rule is off), for `/admin/targets`.
-    pub success_rate: Mutex<Option<Verdict>>,
+    pub success_rate: Mutex<Option<MemberVerdict>>,
     /// Woken when the target leaves service (unhealthy or ejected).
     pub left_service: Arc<Notify>,
     /// Whether it is in service now (as of the last snapshot).
@@ -486,7 +489,7 @@ impl PoolRt {
         self.handle(&mut state, events);
         state
             .health(&key)
-            .is_some_and(|h| h != vigil_core::Health::Unknown)
+            .is_some_and(|h| h != vigil_core::HealthState::Unknown)
     }
 
     /// Records a forwarded request's outcome (passive outlier detection). Successes take
@@ -706,7 +709,7 @@ impl PoolRt {
             let msg = ev.to_string();
             match ev {
                 PoolEvent::Health { to, target, .. } => {
-                    if *to == Health::Healthy {
+                    if *to == HealthState::Healthy {
                         tracing::info!(pool = %self.name, target_id = %target, "{msg}");
                     } else {
                         tracing::warn!(pool = %self.name, target_id = %target, "{msg}");
