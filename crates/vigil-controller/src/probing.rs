@@ -21,8 +21,15 @@
 //! A result row is written only when its outcome changes (pass to fail, or another
 //! set of failing checks), so 10,000 healthy targets cost each replica one small
 //! transaction per report, not 10,000 rows per interval. A result is current as of the
-//! later of its change and its prober's last report; the leader reads ages on the
-//! database's clock, so replicas' clocks never meet.
+//! later of its change and its prober's last report, each stamped with when the report
+//! was *composed* on the database's clock (estimated from the replica's last answer,
+//! never later than the truth), not when it arrived: a report that waited in a cut
+//! connection, a paused process or a busy store thread would otherwise make passes
+//! from before a failure look fresh (`controller_chaos` found that: a prober cut off
+//! for seconds made its old pass current on reconnecting, and the target, acted on
+//! already, "recovered" and was acted on again). The leader reads ages on the
+//! database's clock, adding the time since its report was composed, so replicas'
+//! clocks never meet and no age is younger than the truth.
 
 use crate::config::TargetConfig;
 use crate::store::{MemberRow, ProbeResultRow, ReplicaReport, ReplicaState, StoredResult};
@@ -101,6 +108,11 @@ pub struct Sharding {
     /// The leader's reading: results by target, and the database's now when read.
     results: HashMap<String, Vec<StoredResult>>,
     now_ms: i64,
+    /// The last answer: its database now (UNIX ms) and when it arrived here, from
+    /// which a report's `as_of_ms` is estimated (never later than the truth).
+    anchor: Option<(i64, Instant)>,
+    /// When the report in flight was composed.
+    composed: Instant,
     /// The leader's next evaluation of each target.
     due: HashMap<Arc<str>, Instant>,
     error_logged: bool,
@@ -134,6 +146,8 @@ impl Sharding {
             next_report: Instant::now(),
             results: HashMap::new(),
             now_ms: 0,
+            anchor: None,
+            composed: Instant::now(),
             due: HashMap::new(),
             error_logged: false,
         }
@@ -194,18 +208,32 @@ impl Sharding {
     /// The report to send now (`leading`: with everyone's results back).
     /// `kind` says whether a target exists, and whether it is a heartbeat target
     /// (every replica's).
+    ///
+    /// The report says as of when its results hold on the database's clock (see
+    /// `ReplicaReport::as_of_ms`); until this replica has heard the store once it
+    /// carries no results, which wait for the next report.
     pub fn report(&mut self, leading: bool, kind: &dyn Fn(&str) -> Option<bool>) -> ReplicaReport {
-        self.next_report = Instant::now() + self.report_every;
+        let now = Instant::now();
+        self.next_report = now + self.report_every;
+        self.composed = now;
         self.drop_unassigned(kind);
+        let as_of_ms = self.anchor.map(|(db_ms, at)| {
+            db_ms.saturating_add(
+                i64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(i64::MAX),
+            )
+        });
         let mut upserts = Vec::new();
         let mut removed = Vec::new();
-        for (id, row) in std::mem::take(&mut self.pending) {
-            match row {
-                Some(r) => upserts.push(r),
-                None => removed.push(id.to_string()),
+        if as_of_ms.is_some() {
+            for (id, row) in std::mem::take(&mut self.pending) {
+                match row {
+                    Some(r) => upserts.push(r),
+                    None => removed.push(id.to_string()),
+                }
             }
         }
         ReplicaReport {
+            as_of_ms,
             replica: self.replica.clone(),
             first: self.first,
             upserts,
@@ -240,6 +268,7 @@ impl Sharding {
         }
         self.first = false;
         self.now_ms = state.now_ms;
+        self.anchor = Some((state.now_ms, Instant::now()));
         self.results.clear();
         if leading {
             for r in state.results {
@@ -301,6 +330,9 @@ impl Sharding {
         };
         let rows = self.results.get(&**id);
         let find = |p: &str| rows.and_then(|rs| rs.iter().find(|r| r.replica == p));
+        // Ages as of now, never younger than the truth: the database's now was read
+        // after this report was composed, so the time since then is added whole.
+        let since_read = now.saturating_duration_since(self.composed);
         let reports: Vec<Option<Report>> = probers
             .iter()
             .map(|p| {
@@ -308,7 +340,7 @@ impl Sharding {
                     failing: !r.ok,
                     age: Duration::from_millis(
                         u64::try_from(self.now_ms.saturating_sub(r.as_of_ms)).unwrap_or(0),
-                    ),
+                    ) + since_read,
                 })
             })
             .collect();
@@ -429,6 +461,46 @@ mod tests {
             Some(Judged::InDoubt)
         );
         assert_eq!(judged(Vec::new()), Some(Judged::InDoubt));
+    }
+
+    #[test]
+    fn a_report_says_as_of_when_it_was_composed_on_the_databases_clock() {
+        let (tx, _rx) = watch::channel(Arc::new(Probing::alone("r0".into())));
+        let mut sh = Sharding::new(
+            "r0".into(),
+            2,
+            Duration::from_secs(2),
+            Duration::from_millis(500),
+            tx,
+        );
+        let id: Arc<str> = Arc::from("t1");
+        sh.record(&id, &Observation::pass("t1", "a"), false);
+        let kind = |_: &str| Some(false);
+        // Nothing heard yet: no clock to stamp results with, so none are sent.
+        let first = sh.report(false, &kind);
+        assert_eq!(first.as_of_ms, None);
+        assert!(first.upserts.is_empty(), "{:?}", first.upserts);
+        sh.answered(
+            ReplicaState {
+                now_ms: NOW_MS,
+                members: vec![MemberRow {
+                    id: "r0".into(),
+                    since_ms: 0,
+                    seen_ms: NOW_MS,
+                }],
+                results: Vec::new(),
+            },
+            false,
+        );
+        let before = Instant::now();
+        let second = sh.report(false, &kind);
+        let waited = i64::try_from(before.elapsed().as_millis()).unwrap();
+        let as_of = second.as_of_ms.expect("stamped once the store answered");
+        assert!(
+            (NOW_MS..=NOW_MS + waited + 1).contains(&as_of),
+            "{as_of} vs {NOW_MS}"
+        );
+        assert_eq!(second.upserts.len(), 1, "the held result goes now");
     }
 
     #[test]

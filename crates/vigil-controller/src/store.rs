@@ -482,6 +482,15 @@ pub struct ReplicaReport {
     pub member_ttl: Duration,
     /// Answer with every live replica's results too (the leader asks).
     pub read_results: bool,
+    /// The database's time (UNIX ms) as of which this report's results are the
+    /// replica's belief: when it was composed, estimated from the replica's last
+    /// answer (that answer's `now_ms` plus the local time since it arrived, never
+    /// later than the truth). The store stamps the replica's heartbeat and its changed
+    /// rows with the earlier of this and its own now, so a report that waited (a cut
+    /// connection, a paused process, a busy store thread) cannot make old results
+    /// look fresh. `None` (nothing answered yet): the store's now, and the report
+    /// carries no results.
+    pub as_of_ms: Option<i64>,
 }
 
 /// A live replica, as the store saw it (UNIX ms of the database's clock).

@@ -73,7 +73,8 @@
 //! 5. **No operator hold.** The target is not silenced nor in maintenance ([`Hold`]),
 //!    and the operator has not frozen the guard ([`SafetyGuard::freeze`]).
 //! 6. **Not already reported.** A target acted on is reported once; it becomes eligible
-//!    again only after it has recovered (its verdict went back to healthy).
+//!    again only after it has recovered (its verdict is healthy again, on a pass that
+//!    no prober disputes).
 //!
 //! Only when 1 and 3-6 hold is a budget token spent, so a held-back decision never
 //! costs budget.
@@ -734,10 +735,11 @@ impl SafetyGuard {
         }
         let ok = obs.is_ok();
         t.failures = if ok { 0 } else { t.failures.saturating_add(1) };
-        if let Some(tr) = t.thresholds.observe(now, ok)
-            && tr.to == HealthState::Healthy
-        {
-            // Recovered: if it fails again later, it may be reported again.
+        t.thresholds.observe(now, ok);
+        if ok && !obs.disputed && t.thresholds.health() == HealthState::Healthy {
+            // Recovered: if it fails again later, it may be reported again. Not on a
+            // disputed pass: while one prober still sees it failing, it has not
+            // recovered, and one prober's stale pass must not re-arm an action.
             t.reported = None;
         }
         if !ok && t.last_ok != Some(false) && t.damper.flap(&cfg.damping, now) {
@@ -793,6 +795,7 @@ impl SafetyGuard {
             && t.failing_checks.is_empty()
             && t.last_signature.is_none()
             && !t.in_doubt
+            && t.reported.is_none()
             && !t.damper.is_suppressed()
             && t.thresholds.health() == HealthState::Healthy
             && t.thresholds.consecutive_successes() > 0

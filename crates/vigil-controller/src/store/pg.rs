@@ -1000,11 +1000,16 @@ impl Store for PostgresStore {
             ))
             .map_err(&e)?;
         }
+        // As of when: the report's composition, never later than now (see
+        // `ReplicaReport::as_of_ms`), and a heartbeat never goes back.
+        let as_of = "LEAST(now(), COALESCE(to_timestamp($3::BIGINT / 1000.0), now()))";
         tx.execute(
-            "INSERT INTO replicas AS r (id, started_at, seen_at) VALUES ($1, now(), now())
-             ON CONFLICT (id) DO UPDATE SET seen_at = now(),
-                 started_at = CASE WHEN $2 THEN now() ELSE r.started_at END",
-            &[&r.replica, &r.first],
+            &format!(
+                "INSERT INTO replicas AS r (id, started_at, seen_at) VALUES ($1, now(), {as_of})
+                 ON CONFLICT (id) DO UPDATE SET seen_at = GREATEST(r.seen_at, {as_of}),
+                     started_at = CASE WHEN $2 THEN now() ELSE r.started_at END"
+            ),
+            &[&r.replica, &r.first, &r.as_of_ms],
         )
         .map_err(&e)?;
         if !r.upserts.is_empty() {
@@ -1012,12 +1017,15 @@ impl Store for PostgresStore {
             let oks: Vec<bool> = r.upserts.iter().map(|u| u.ok).collect();
             let obs: Vec<Option<&str>> =
                 r.upserts.iter().map(|u| u.observation.as_deref()).collect();
+            let as_of = "LEAST(now(), COALESCE(to_timestamp($5::BIGINT / 1000.0), now()))";
             tx.execute(
-                "INSERT INTO probe_results (target, replica, ok, observation, changed_at)
-                 SELECT t, $1, o, b, now() FROM unnest($2::TEXT[], $3::BOOLEAN[], $4::TEXT[]) AS u(t, o, b)
-                 ON CONFLICT (target, replica) DO UPDATE SET
-                     ok = EXCLUDED.ok, observation = EXCLUDED.observation, changed_at = now()",
-                &[&r.replica, &targets, &oks, &obs],
+                &format!(
+                    "INSERT INTO probe_results (target, replica, ok, observation, changed_at)
+                     SELECT t, $1, o, b, {as_of} FROM unnest($2::TEXT[], $3::BOOLEAN[], $4::TEXT[]) AS u(t, o, b)
+                     ON CONFLICT (target, replica) DO UPDATE SET
+                         ok = EXCLUDED.ok, observation = EXCLUDED.observation, changed_at = {as_of}"
+                ),
+                &[&r.replica, &targets, &oks, &obs, &r.as_of_ms],
             )
             .map_err(&e)?;
         }
@@ -1369,6 +1377,7 @@ mod tests {
             observation: (!ok).then(|| "{}".to_string()),
         };
         let report = |id: &str, first, upserts, removed, read| ReplicaReport {
+            as_of_ms: None,
             replica: id.into(),
             first,
             upserts,
@@ -1432,6 +1441,63 @@ mod tests {
             st.results.iter().all(|r| r.replica == "b"),
             "{:?}",
             st.results
+        );
+    }
+
+    #[test]
+    fn a_report_that_waited_stamps_its_results_as_of_when_it_was_composed() {
+        use crate::store::{ProbeResultRow, ReplicaReport};
+        let schema = PgSchema::new();
+        let mut a = PostgresStore::open(&schema.url).unwrap();
+        let mut b = PostgresStore::open(&schema.url).unwrap();
+        let row = |t: &str| ProbeResultRow {
+            target: t.into(),
+            ok: true,
+            observation: None,
+        };
+        let report = |id: &str, upserts, as_of_ms| ReplicaReport {
+            replica: id.into(),
+            first: false,
+            upserts,
+            removed: vec![],
+            member_ttl: Duration::from_secs(60),
+            read_results: true,
+            as_of_ms,
+        };
+        let as_of = |st: &ReplicaState, t: &str| {
+            st.results
+                .iter()
+                .find(|r| r.target == t)
+                .map(|r| r.as_of_ms)
+                .unwrap()
+        };
+        let t0 = b.report(&report("b", vec![], None)).unwrap().now_ms;
+        // a's report was composed 10 s ago and waited (a cut connection, a paused
+        // process): its pass of x is as old as that, not as fresh as its arrival.
+        let st = a
+            .report(&report("a", vec![row("x")], Some(t0 - 10_000)))
+            .unwrap();
+        assert!(
+            (as_of(&st, "x") - (t0 - 10_000)).abs() <= 1,
+            "x as of {} (t0 {t0})",
+            as_of(&st, "x")
+        );
+        let a_seen = |st: &ReplicaState| st.members.iter().find(|m| m.id == "a").unwrap().seen_ms;
+        assert!((a_seen(&st) - (t0 - 10_000)).abs() <= 1, "{:?}", st.members);
+        // The next one, composed 5 s ago: x's row is current as of then.
+        let st = a.report(&report("a", vec![], Some(t0 - 5_000))).unwrap();
+        assert!((as_of(&st, "x") - (t0 - 5_000)).abs() <= 1);
+        // An estimate ahead of the database's clock is the database's now, and an
+        // older one never takes the heartbeat back.
+        let st = a
+            .report(&report("a", vec![row("z")], Some(t0 + 3_600_000)))
+            .unwrap();
+        assert!(as_of(&st, "z") <= st.now_ms && as_of(&st, "z") >= t0, "z");
+        let st = a.report(&report("a", vec![], Some(t0 - 20_000))).unwrap();
+        assert!(
+            a_seen(&st) >= t0,
+            "the heartbeat went back: {:?}",
+            st.members
         );
     }
 

@@ -129,6 +129,51 @@ fn targets_in_doubt_count_as_failing_peers_until_they_are_seen_again() {
 }
 
 #[test]
+fn a_disputed_pass_does_not_re_arm_a_target_already_acted_on() {
+    // One pass makes a target healthy: a disputed one must not count as its recovery
+    // (controller_chaos: a prober's old pass, current again after a cut, made a target
+    // acted on look recovered, and it was acted on twice in one failure).
+    let mut g = SafetyGuard::new(GuardConfig {
+        thresholds: ThresholdsConfig {
+            healthy_threshold: 1,
+            unhealthy_threshold: 2,
+        },
+        min_failing: Duration::ZERO,
+        // Not flapping: two failures in ten seconds.
+        damping: DampingConfig {
+            penalty: 1,
+            ..DampingConfig::default()
+        },
+        ..cfg()
+    });
+    let failing = |g: &mut SafetyGuard, from: u64| -> usize {
+        (from..from + 3)
+            .map(|s| acts(&round(g, s, 10, |i| (i == 4).then(|| disk(i)))))
+            .sum()
+    };
+    assert_eq!(failing(&mut g, 0), 1, "acted on once");
+    let disputed = round(&mut g, 3, 10, |i| {
+        (i == 4).then(|| Observation::pass(id(i), "a").disputed())
+    });
+    assert!(disputed.is_empty(), "{disputed:?}");
+    let v = g.target(Time::from_secs(3), "t4").unwrap();
+    assert!(v.health == HealthState::Healthy && v.reported_at.is_some());
+    assert_eq!(failing(&mut g, 4), 0, "still the failure acted on");
+    // A pass nobody disputes is its recovery: a later failure is a new one.
+    assert!(round(&mut g, 7, 10, |_| None).is_empty());
+    assert!(
+        g.target(Time::from_secs(7), "t4")
+            .unwrap()
+            .reported_at
+            .is_none()
+    );
+    let again: Vec<Decision> = (8..11)
+        .flat_map(|s| round(&mut g, s, 10, |i| (i == 4).then(|| disk(i))))
+        .collect();
+    assert_eq!(acts(&again), 1, "a new failure, acted on: {again:?}");
+}
+
+#[test]
 fn n_failures_are_not_enough_without_min_failing_duration() {
     let mut g = SafetyGuard::new(GuardConfig {
         min_failing: Duration::from_secs(60),
