@@ -12,6 +12,11 @@
 //! killed process, a disk check that cannot pass, an unreachable database), never a
 //! faked status.
 //!
+//! With `--replicas 2` (or 3) the controller runs as that many replicas on one
+//! PostgreSQL schema the demo creates (and drops when it stops): one leads, all share
+//! the probing, and `c` SIGKILLs the leader so that the narration shows another take
+//! over and act on the fleet.
+//!
 //! Every child runs with `VIGIL_DIE_WITH_PARENT=1` (it asks the kernel for SIGTERM when
 //! the demo dies, even by SIGKILL) and is stopped by the demo on Ctrl-C/SIGTERM: SIGTERM,
 //! then SIGKILL after a grace period. No process or port is left behind.
@@ -68,6 +73,11 @@ const DEMO_DISK_FAIL_BELOW: &str = "50MiB";
 const STOP_GRACE: Duration = Duration::from_secs(8);
 /// Token of the demo controller's mutating API (the demo is local-only).
 const DEMO_TOKEN: &str = "vigil-demo";
+/// The demo replicas' lease TTL: short, so that a failover shows within seconds (the
+/// default, 10 s, suits a production network).
+const DEMO_LEASE_TTL: &str = "3s";
+/// The machine's PostgreSQL, where `--replicas` keeps the controller's state.
+pub const DEFAULT_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 /// What `--break` can break.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,8 +100,12 @@ pub enum Fault {
     /// Worker-3 fails every message fast, every check passing: the controller finds it
     /// among its peers and acts once.
     BlackHole,
-    /// Clear every injected fault, start a killed service again, and start the controller
-    /// again on a fresh store (full action budget, no flap penalty, no hold).
+    /// With --replicas: SIGKILL the controller replica that leads; another takes over
+    /// within the lease TTL and goes on acting on the fleet.
+    KillLeader,
+    /// Clear every injected fault, start a killed service (or controller replica) again,
+    /// and start the controller again on a fresh store (full action budget, no flap
+    /// penalty, no hold).
     Reset,
 }
 
@@ -130,6 +144,15 @@ pub struct DemoArgs {
     /// reachable.
     #[arg(long)]
     pub no_queue: bool,
+    /// Controller replicas: 2 or 3 share one PostgreSQL schema (one leads, all probe;
+    /// `c` kills the leader to show a failover). The queue is left out then: a worker
+    /// sends its heartbeats to one controller address.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
+    pub replicas: u8,
+    /// PostgreSQL for --replicas: the demo creates a schema of its own there and drops
+    /// it when it stops.
+    #[arg(long, default_value = DEFAULT_POSTGRES)]
+    pub postgres: String,
 }
 
 /// The ports of one demo run.
@@ -137,17 +160,22 @@ pub struct DemoArgs {
 struct Ports {
     lb: u16,
     lb_admin: u16,
+    /// The controller's (its first replica's) API.
     controller: u16,
     /// (application, reserved health) per service.
     services: Vec<(u16, u16)>,
+    /// The API of every controller replica, the first one `controller`; the others
+    /// come after the services' ports.
+    controllers: Vec<u16>,
 }
 
 impl Ports {
-    fn new(base: u16, services: usize) -> Result<Ports> {
-        let needed = 3 + 2 * services as u32;
+    fn new(base: u16, services: usize, replicas: usize) -> Result<Ports> {
+        let needed = 3 + 2 * services as u32 + replicas.saturating_sub(1) as u32;
         if u32::from(base) + needed > u32::from(u16::MAX) {
             bail!("--base-port {base} leaves no room for {needed} ports");
         }
+        let after = base + 3 + 2 * services as u16;
         Ok(Ports {
             lb: base,
             lb_admin: base + 1,
@@ -155,11 +183,15 @@ impl Ports {
             services: (0..services as u16)
                 .map(|i| (base + 3 + 2 * i, base + 4 + 2 * i))
                 .collect(),
+            controllers: std::iter::once(base + 2)
+                .chain((1..replicas as u16).map(|k| after + k - 1))
+                .collect(),
         })
     }
 
     fn all(&self) -> Vec<u16> {
-        let mut v = vec![self.lb, self.lb_admin, self.controller];
+        let mut v = vec![self.lb, self.lb_admin];
+        v.extend(&self.controllers);
         v.extend(self.services.iter().flat_map(|(a, h)| [*a, *h]));
         v
     }
@@ -200,6 +232,8 @@ pub fn run(args: DemoArgs) -> ExitCode {
 struct Fleet {
     children: BTreeMap<String, Child>,
     queue: Option<queue::Queue>,
+    /// Controller replicas the demo killed on purpose (`c`), down until a reset.
+    down: Vec<usize>,
 }
 
 impl Fleet {
@@ -250,7 +284,8 @@ fn signal(pid: u32, sig: rustix::process::Signal) {
 }
 
 async fn demo(args: DemoArgs) -> Result<()> {
-    let ports = Ports::new(args.base_port, usize::from(args.services))?;
+    let replicas = usize::from(args.replicas);
+    let ports = Ports::new(args.base_port, usize::from(args.services), replicas)?;
     ports.check_free()?;
     let dir = match &args.data_dir {
         Some(d) => d.clone(),
@@ -262,6 +297,7 @@ async fn demo(args: DemoArgs) -> Result<()> {
     let names: Vec<String> = (1..=args.services).map(|i| format!("svc-{i}")).collect();
     write_lb_config(&dir, &ports)?;
     let with_queue = !args.no_queue
+        && replicas == 1
         && match queue::reachable().await {
             Ok(()) => true,
             Err(e) => {
@@ -274,8 +310,17 @@ async fn demo(args: DemoArgs) -> Result<()> {
     } else {
         String::new()
     };
-    write_controller_config(&dir, &ports, &names, 1, &controller_extra)?;
-
+    let store = if replicas > 1 {
+        let schema = format!("vigil_demo_{}", std::process::id());
+        if !args.no_queue {
+            say!(
+                "demo: no queue with --replicas: a worker sends its heartbeats to one controller address"
+            );
+        }
+        Some(ReplicaStore::create(&args.postgres, schema).await?)
+    } else {
+        None
+    };
     let launcher = Launcher {
         exe: &exe,
         dir: &dir,
@@ -284,19 +329,104 @@ async fn demo(args: DemoArgs) -> Result<()> {
         db: args.db.as_deref(),
         with_queue,
         controller_extra: &controller_extra,
+        store: store.as_ref(),
     };
+    launcher.write_controller_configs(1)?;
     let mut fleet = Fleet {
         children: BTreeMap::new(),
         queue: None,
+        down: Vec::new(),
     };
     let result = run_fleet(&args, &launcher, &mut fleet).await;
     eprintln!("demo: stopping {} processes", fleet.children.len());
     fleet.stop().await;
-    eprintln!(
-        "demo: stopped; logs and the controller's store are in {}",
-        dir.display()
-    );
+    match &store {
+        Some(st) => {
+            st.drop_runs().await;
+            eprintln!(
+                "demo: stopped; logs are in {}, and the replicas' schemas {}_* are dropped",
+                dir.display(),
+                st.schema
+            );
+        }
+        None => eprintln!(
+            "demo: stopped; logs and the controller's store are in {}",
+            dir.display()
+        ),
+    }
     result
+}
+
+/// The PostgreSQL schemas the controller replicas keep their state in: one per run of
+/// the controller (a reset starts them on a fresh one, as a single controller starts on
+/// a fresh SQLite store).
+struct ReplicaStore {
+    /// The server, as given (`--postgres`).
+    url: String,
+    /// The schemas' prefix: `<prefix>_<run>`.
+    schema: String,
+    created: std::sync::Mutex<Vec<String>>,
+}
+
+impl ReplicaStore {
+    /// Checks that PostgreSQL answers, and creates the first run's schema.
+    async fn create(url: &str, schema: String) -> Result<ReplicaStore> {
+        let st = ReplicaStore {
+            url: url.to_string(),
+            schema,
+            created: std::sync::Mutex::new(Vec::new()),
+        };
+        st.schema_for(1).await?;
+        Ok(st)
+    }
+
+    /// One statement on the server, off the async threads.
+    async fn execute(&self, sql: String) -> Result<()> {
+        let url = self.url.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls)
+                .with_context(|| format!("--replicas needs PostgreSQL: cannot connect to {url} (choose another with --postgres)"))?;
+            // Its NOTICEs ("does not exist, skipping") are not the demo's news.
+            c.batch_execute(&format!("SET client_min_messages = warning; {sql}"))
+                .with_context(|| format!("{sql} on {url}"))?;
+            Ok(())
+        })
+        .await
+        .context("the PostgreSQL task")?
+    }
+
+    /// Creates run `run`'s schema; its store URL.
+    async fn schema_for(&self, run: u64) -> Result<String> {
+        let name = format!("{}_{run}", self.schema);
+        self.execute(format!(
+            "DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name}"
+        ))
+        .await?;
+        self.created
+            .lock()
+            .expect("not poisoned")
+            .push(name.clone());
+        Ok(self.url_of(&name))
+    }
+
+    /// The store URL of schema `name`: the server's, with `name` as its search_path.
+    fn url_of(&self, name: &str) -> String {
+        let sep = if self.url.contains('?') { '&' } else { '?' };
+        format!("{}{sep}options=-csearch_path%3D{name}", self.url)
+    }
+
+    /// Drops every schema this demo created (a failure is said, not fatal).
+    async fn drop_runs(&self) {
+        let names = std::mem::take(&mut *self.created.lock().expect("not poisoned"));
+        for name in names {
+            if let Err(e) = self
+                .execute(format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                .await
+            {
+                eprintln!("demo: cannot drop schema {name}: {e:#}");
+            }
+        }
+    }
 }
 
 /// How each child is started, at first and again on a reset (a killed service, the
@@ -311,6 +441,9 @@ struct Launcher<'a> {
     with_queue: bool,
     /// The queue's part of the controller's config.
     controller_extra: &'a str,
+    /// Where the controller replicas keep their state (`--replicas` > 1); None: one
+    /// controller on SQLite.
+    store: Option<&'a ReplicaStore>,
 }
 
 impl Launcher<'_> {
@@ -347,14 +480,60 @@ impl Launcher<'_> {
         spawn(cmd, "lb")
     }
 
-    /// The controller on the config `write_controller_config` wrote last.
-    fn controller(&self, again: bool) -> Result<Child> {
-        let mut cmd = child_command(self.exe, self.dir, "controller", again)?;
+    /// Controller replica `k` (0-based) on the config `write_controller_configs` wrote
+    /// last.
+    fn controller(&self, k: usize, again: bool) -> Result<Child> {
+        let name = controller_name(k);
+        let mut cmd = child_command(self.exe, self.dir, &name, again)?;
         cmd.arg("controller")
             .arg("-c")
-            .arg(self.dir.join("fleet.toml"));
-        spawn(cmd, "controller")
+            .arg(self.dir.join(controller_file(k)));
+        spawn(cmd, &name)
     }
+
+    /// Every controller replica's config for the controller's `run`th start (a fresh
+    /// store each: a new SQLite directory, or a new PostgreSQL schema).
+    fn write_controller_configs(&self, run: u64) -> Result<()> {
+        let url = self
+            .store
+            .map(|st| st.url_of(&format!("{}_{run}", st.schema)));
+        for (k, port) in self.ports.controllers.iter().enumerate() {
+            let replica = url.as_ref().map(|u| (u.as_str(), k));
+            write_controller_config(
+                self.dir,
+                self.ports,
+                *port,
+                self.names,
+                run,
+                self.controller_extra,
+                replica,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Controller replica `k`'s child name (its log and config file names too).
+fn controller_name(k: usize) -> String {
+    if k == 0 {
+        "controller".to_string()
+    } else {
+        format!("controller-{}", k + 1)
+    }
+}
+
+/// Controller replica `k`'s config file: `fleet.toml` for the first.
+fn controller_file(k: usize) -> String {
+    if k == 0 {
+        "fleet.toml".to_string()
+    } else {
+        format!("fleet-{}.toml", k + 1)
+    }
+}
+
+/// Controller replica `k`'s replica id.
+fn replica_id(k: usize) -> String {
+    format!("r{}", k + 1)
 }
 
 async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) -> Result<()> {
@@ -365,9 +544,11 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
             .insert(name.clone(), launcher.service(i, false)?);
     }
     fleet.children.insert("lb".into(), launcher.lb()?);
-    fleet
-        .children
-        .insert("controller".into(), launcher.controller(false)?);
+    for k in 0..ports.controllers.len() {
+        fleet
+            .children
+            .insert(controller_name(k), launcher.controller(k, false)?);
+    }
 
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(3))
@@ -383,8 +564,12 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
     let ctl = format!("http://127.0.0.1:{}", ports.controller);
     say!("");
     say!(
-        "vigil demo is running: {} services, a load balancer, a controller",
-        names.len()
+        "vigil demo is running: {} services, a load balancer, {}",
+        names.len(),
+        match ports.controllers.len() {
+            1 => "a controller".to_string(),
+            n => format!("{n} controller replicas"),
+        }
     );
     say!("  dashboard          {ctl}/");
     say!("  load balancer      {lb}/items/1");
@@ -392,6 +577,21 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
     say!("  lb metrics         {admin}/metrics");
     say!("  controller API     {ctl}/api/targets  {ctl}/api/decisions  {ctl}/api/guard");
     say!("  controller metrics {ctl}/metrics");
+    if ports.controllers.len() > 1 {
+        for (k, p) in ports.controllers.iter().enumerate() {
+            say!(
+                "  controller {:<7} http://127.0.0.1:{p}/  who leads http://127.0.0.1:{p}/api/leader",
+                replica_id(k)
+            );
+        }
+        if let Some(st) = launcher.store {
+            say!(
+                "  controller store   PostgreSQL {} schema {}_1 (lease TTL {DEMO_LEASE_TTL})",
+                st.url,
+                st.schema
+            );
+        }
+    }
     for (name, (app, health)) in names.iter().zip(&ports.services) {
         say!(
             "  {name:<18} http://127.0.0.1:{app}/  health http://127.0.0.1:{health}/health?verbose"
@@ -404,7 +604,14 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
     say!("");
     say!("Break things: type a letter and Enter: k kill svc-1, d disk svc-2, p dependency svc-3,");
     say!("  b brownout svc-4, f flap svc-5, a all dependencies, w disk worker-2,");
-    say!("  h black hole worker-3, r reset, q quit (or Ctrl-C).");
+    say!(
+        "  h black hole worker-3,{} r reset, q quit (or Ctrl-C).",
+        if ports.controllers.len() > 1 {
+            " c kill the leading controller replica,"
+        } else {
+            ""
+        }
+    );
     say!("");
 
     let traffic = Arc::new(Traffic::default());
@@ -419,12 +626,18 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
     // Which run of the controller the narrator is watching: a reset starts a new one
     // on a fresh store, whose decision ids start again from 1.
     let controller_run = Arc::new(AtomicU64::new(1));
+    let killed: Killed = Arc::default();
     let narrator = tokio::spawn(narrate(
         client.clone(),
         admin.clone(),
-        ctl.clone(),
+        ports
+            .controllers
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect(),
         traffic.clone(),
         controller_run.clone(),
+        killed.clone(),
         stop.1.clone(),
     ));
 
@@ -446,12 +659,13 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
                         "p" => Some(Fault::Dependency), "b" => Some(Fault::Brownout),
                         "f" => Some(Fault::Flap), "a" => Some(Fault::AllDeps),
                         "w" => Some(Fault::WorkerDisk), "h" => Some(Fault::BlackHole),
+                        "c" => Some(Fault::KillLeader),
                         "r" => Some(Fault::Reset), "q" => break Ok(()),
                         "" => None,
-                        other => { say!("demo: unknown key {other:?} (k d p b f a w h r q)"); None }
+                        other => { say!("demo: unknown key {other:?} (k d p b f a w h c r q)"); None }
                     };
                     if let Some(f) = fault
-                        && let Err(e) = apply(f, &client, launcher, fleet, &controller_run).await
+                        && let Err(e) = apply(f, &client, launcher, fleet, &controller_run, &killed).await
                     {
                         break Err(e);
                     }
@@ -468,7 +682,7 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
                 if Instant::now() >= next_break {
                     match breaks.next() {
                         Some(f) => {
-                            if let Err(e) = apply(f, &client, launcher, fleet, &controller_run).await {
+                            if let Err(e) = apply(f, &client, launcher, fleet, &controller_run, &killed).await {
                                 break Err(e);
                             }
                             next_break = Instant::now() + args.break_after;
@@ -477,7 +691,7 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
                     }
                 }
                 if let Some(dead) = fleet.children.iter_mut().find_map(|(n, c)| match c.try_wait() {
-                    Ok(Some(status)) if n == "lb" || n == "controller" => Some(format!("{n} exited ({status}); see its log in {}", dir.display())),
+                    Ok(Some(status)) if n == "lb" || n.starts_with("controller") => Some(format!("{n} exited ({status}); see its log in {}", dir.display())),
                     _ => None,
                 }) {
                     break Err(anyhow::anyhow!(dead));
@@ -539,10 +753,13 @@ fn spawn(mut cmd: Command, name: &str) -> Result<Child> {
 }
 
 async fn wait_until_up(client: &reqwest::Client, ports: &Ports, fleet: &mut Fleet) -> Result<()> {
-    let mut urls = vec![
-        format!("http://127.0.0.1:{}/livez", ports.lb_admin),
-        format!("http://127.0.0.1:{}/livez", ports.controller),
-    ];
+    let mut urls = vec![format!("http://127.0.0.1:{}/livez", ports.lb_admin)];
+    urls.extend(
+        ports
+            .controllers
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}/livez")),
+    );
     urls.extend(
         ports
             .services
@@ -599,6 +816,7 @@ async fn apply(
     launcher: &Launcher<'_>,
     fleet: &mut Fleet,
     controller_run: &AtomicU64,
+    killed: &Killed,
 ) -> Result<()> {
     let (ports, names) = (launcher.ports, launcher.names);
     let app = |i: usize| {
@@ -665,6 +883,42 @@ async fn apply(
             Some(q) => q.break_black_hole(client).await,
             None => say!("demo: no queue in this run (RabbitMQ not reachable, or --no-queue)"),
         },
+        Fault::KillLeader => {
+            if ports.controllers.len() < 2 {
+                say!("demo: c needs several controller replicas (--replicas 2)");
+                return Ok(());
+            }
+            let mut leader = None;
+            for (k, p) in ports.controllers.iter().enumerate() {
+                if fleet.down.contains(&k) {
+                    continue;
+                }
+                let l = get_json(client, &format!("http://127.0.0.1:{p}/api/leader")).await;
+                if let Some(l) = l
+                    && l["leading"].as_bool() == Some(true)
+                {
+                    leader = Some((k, l["epoch"].as_i64().unwrap_or(0)));
+                    break;
+                }
+            }
+            let Some((k, epoch)) = leader else {
+                say!("demo: no controller replica leads right now; try c again in a few seconds");
+                return Ok(());
+            };
+            let name = controller_name(k);
+            say!(
+                "demo: BREAK kill-leader: SIGKILL controller replica {} (it leads, epoch {epoch}); another takes over within the lease TTL ({DEMO_LEASE_TTL})",
+                replica_id(k)
+            );
+            if let Some(mut c) = fleet.children.remove(&name) {
+                if let Some(pid) = c.id() {
+                    signal(pid, rustix::process::Signal::KILL);
+                }
+                let _ = c.wait().await;
+            }
+            fleet.down.push(k);
+            *killed.lock().expect("not poisoned") = Some((replica_id(k), Instant::now()));
+        }
         Fault::Reset => {
             say!("demo: RESET every injected fault");
             if let Some(q) = &fleet.queue {
@@ -688,19 +942,32 @@ async fn apply(
             // in the store on purpose (a restart never refills the budget): the demo
             // forgets them by starting the controller again on a fresh store.
             let run = controller_run.load(Ordering::SeqCst) + 1;
-            if let Some(mut c) = fleet.children.remove("controller") {
-                stop_child("controller", &mut c).await;
+            for k in 0..ports.controllers.len() {
+                let name = controller_name(k);
+                if let Some(mut c) = fleet.children.remove(&name) {
+                    stop_child(&name, &mut c).await;
+                }
             }
-            write_controller_config(launcher.dir, ports, names, run, launcher.controller_extra)?;
-            fleet
-                .children
-                .insert("controller".into(), launcher.controller(true)?);
-            restarted.push(format!("http://127.0.0.1:{}/livez", ports.controller));
+            fleet.down.clear();
+            *killed.lock().expect("not poisoned") = None;
+            let fresh = match launcher.store {
+                Some(st) => {
+                    st.schema_for(run).await?;
+                    format!("PostgreSQL schema {}_{run}", st.schema)
+                }
+                None => controller_dir(launcher.dir, run).display().to_string(),
+            };
+            launcher.write_controller_configs(run)?;
+            for (k, p) in ports.controllers.iter().enumerate() {
+                fleet
+                    .children
+                    .insert(controller_name(k), launcher.controller(k, true)?);
+                restarted.push(format!("http://127.0.0.1:{p}/livez"));
+            }
             wait_for_urls(client, &restarted, fleet, false).await?;
             controller_run.store(run, Ordering::SeqCst);
             say!(
-                "demo: the controller started again on a fresh store ({}): full action budget, no flap penalty, no hold, an empty decision log",
-                controller_dir(launcher.dir, run).display()
+                "demo: the controller started again on a fresh store ({fresh}): full action budget, no flap penalty, no hold, an empty decision log"
             );
         }
     }
@@ -761,16 +1028,22 @@ async fn generate(
     }
 }
 
+/// The controller replica the demo last killed on purpose (`c`), and when.
+type Killed = Arc<std::sync::Mutex<Option<(String, Instant)>>>;
+
 /// Prints what changed at the balancer and the controller, with their reasons, and a
-/// traffic line every 10 s.
+/// traffic line every 10 s. `ctls`: every controller replica's API, read from the
+/// first that answers (any replica serves the reads); with several, who leads too.
 async fn narrate(
     client: reqwest::Client,
     admin: String,
-    ctl: String,
+    ctls: Vec<String>,
     traffic: Arc<Traffic>,
     controller_run: Arc<AtomicU64>,
+    killed: Killed,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let mut leader: Option<(String, i64)> = None;
     let mut watching_run = controller_run.load(Ordering::SeqCst);
     let mut lb_state: BTreeMap<String, String> = BTreeMap::new();
     let mut fail_open: Option<bool> = None;
@@ -824,7 +1097,49 @@ async fn narrate(
                 }
             }
         }
-        if let Some(g) = get_json(&client, &format!("{ctl}/api/guard")).await {
+        let mut answering = None;
+        for c in &ctls {
+            if let Some(g) = get_json(&client, &format!("{c}/api/guard")).await {
+                answering = Some((c.as_str(), g));
+                break;
+            }
+        }
+        let ctl = answering.as_ref().map_or(ctls[0].as_str(), |(c, _)| c);
+        if ctls.len() > 1
+            && let Some(l) = get_json(&client, &format!("{ctl}/api/leader")).await
+        {
+            let lease = &l["leader"];
+            let now = (
+                lease["holder"].as_str().unwrap_or("?").to_string(),
+                lease["epoch"].as_i64().unwrap_or(0),
+            );
+            let live = lease["expires_ms"].as_i64() > lease["now_ms"].as_i64();
+            if live && leader.as_ref() != Some(&now) {
+                let after = killed
+                    .lock()
+                    .expect("not poisoned")
+                    .take()
+                    .map(|(r, at)| {
+                        format!(
+                            ", {:.1} s after {r} was killed (lease TTL {DEMO_LEASE_TTL})",
+                            at.elapsed().as_secs_f64()
+                        )
+                    })
+                    .unwrap_or_default();
+                say!(
+                    "controller: replica {} {} (epoch {}){after}",
+                    now.0,
+                    if leader.is_some() {
+                        "LEADS NOW"
+                    } else {
+                        "leads"
+                    },
+                    now.1
+                );
+                leader = Some(now);
+            }
+        }
+        if let Some((_, g)) = answering {
             let guard = &g["guard"];
             let fr = guard["frozen"].as_bool().unwrap_or(false);
             if frozen.is_some_and(|f| f != fr) || (frozen.is_none() && fr) {
@@ -963,12 +1278,16 @@ fn controller_dir(dir: &Path, run: u64) -> PathBuf {
     dir.join(format!("controller-{run}"))
 }
 
+/// The config of one controller (`port`: its API) for its `run`th start. `replica`:
+/// the PostgreSQL store URL and its replica index when it is one of several.
 fn write_controller_config(
     dir: &Path,
     ports: &Ports,
+    port: u16,
     names: &[String],
     run: u64,
     extra: &str,
+    replica: Option<(&str, usize)>,
 ) -> Result<()> {
     let mut targets = String::new();
     for (i, (name, (_, health))) in names.iter().zip(&ports.services).enumerate() {
@@ -977,12 +1296,23 @@ fn write_controller_config(
             zone(i)
         ));
     }
+    let (file, data, store) = match replica {
+        Some((url, k)) => (
+            controller_file(k),
+            dir.join(format!("controller-{run}-{}", replica_id(k))),
+            format!(
+                "\n# Several replicas on one PostgreSQL schema: one leads, all probe.\n[store]\nurl = \"{url}\"\n\n[replicas]\nid = \"{}\"\nlease_ttl = \"{DEMO_LEASE_TTL}\"\n",
+                replica_id(k)
+            ),
+        ),
+        None => (controller_file(0), controller_dir(dir, run), String::new()),
+    };
     let cfg = format!(
         r#"# Written by `vigil demo`.
 listen = "127.0.0.1:{ctl}"
 data_dir = "{data}"
 api_token = "{DEMO_TOKEN}"
-
+{store}
 [probe]
 interval = "1s"
 timeout = "800ms"
@@ -1007,9 +1337,9 @@ kind = "log"
 [dashboard]
 balancers = ["http://127.0.0.1:{lb_admin}"]
 {targets}{extra}"#,
-        ctl = ports.controller,
+        ctl = port,
         lb_admin = ports.lb_admin,
-        data = controller_dir(dir, run).display(),
+        data = data.display(),
     );
-    std::fs::write(dir.join("fleet.toml"), cfg).context("writing fleet.toml")
+    std::fs::write(dir.join(&file), cfg).with_context(|| format!("writing {file}"))
 }
