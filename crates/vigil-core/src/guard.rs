@@ -42,6 +42,14 @@
 //!    it for healthy (while one of several probers sees every target failing, the
 //!    guard holds, as a single controller cut off from the fleet would).
 //!
+//!    When a freeze lifts, a target that failed under it is not acted on at once: its
+//!    peers' recovery lifted the freeze, and it may simply be the last of them to be
+//!    seen recovering (probes and their reports arrive one at a time). It is acted on
+//!    only once it has failed again on its own, `unhealthy_threshold` probes over
+//!    `min_failing` since it last failed under the freeze ([`Reason::FreezeAftermath`]).
+//!    The replicas' fault loop (`controller_chaos`) found the gap: the last two targets
+//!    of a lifted freeze were acted on 156 ms after the shared failure healed.
+//!
 //!    The freeze's reason says what the evidence shows ([`FreezeEvidence`]): how many of
 //!    the unhealthy targets fail which check, local or dependency, or fail as a whole
 //!    ("fleet-wide failure: 11/20 unhealthy (cap 30%): 8 of 11 fail disk:free (local),
@@ -578,6 +586,7 @@ impl SafetyGuard {
             reported: None,
             last_signature: None,
             in_doubt: false,
+            frozen_with: None,
         };
         self.index.apply(&self.config.cause, &t, true);
         self.state.targets.insert(id.into(), t);
@@ -750,11 +759,30 @@ impl SafetyGuard {
         }
         t.last_ok = Some(ok);
         t.in_doubt = ok && obs.disputed;
+        if ok {
+            t.frozen_with = None;
+        }
         t.endpoint_failed = obs.endpoint_failed;
         t.failing_checks.clone_from(&obs.failing_checks);
         self.index.apply(&cfg.cause, t, true);
         self.update_freeze(now);
+        if !ok && self.frozen_around(&obs.zone) {
+            let t = self
+                .state
+                .targets
+                .get_mut(obs.target.as_str())
+                .expect("present");
+            t.frozen_with = Some((now, t.failures));
+        }
         self.decide(now, &obs.target)
+    }
+
+    /// Whether an automatic freeze holds the fleet or `zone`.
+    fn frozen_around(&self, zone: &str) -> bool {
+        self.state.frozen.iter().any(|f| match &f.scope {
+            FreezeScope::Fleet => true,
+            FreezeScope::Zone(z) => **z == *zone,
+        })
     }
 
     /// Records one probe like [`SafetyGuard::observe`], and says whether the guard's
@@ -1108,6 +1136,21 @@ impl SafetyGuard {
             && partly_healthy;
         let frozen_reasons = freezes.len();
         hold.extend(freezes);
+        // Rule 1's aftermath: failing under a freeze that has just lifted.
+        if frozen_reasons == 0
+            && let Some((at, then)) = t.frozen_with
+        {
+            let own = failures.saturating_sub(then);
+            let needs = cfg.thresholds.unhealthy_threshold;
+            if own < needs || now.since(at) < cfg.min_failing {
+                hold.push(Reason::FreezeAftermath {
+                    ago: now.since(at),
+                    failures: own,
+                    needs,
+                    min_failing: cfg.min_failing,
+                });
+            }
+        }
         if !causes.iter().any(Cause::counts) {
             hold.push(Reason::SharedDependency {
                 checks: causes

@@ -97,6 +97,23 @@ pub enum Reason {
         /// The cap, 0..1.
         cap: f64,
     },
+    /// The target failed while its fleet or zone was frozen, and the freeze has just
+    /// lifted: its failure is taken for its own only once it has failed again on its
+    /// own (`unhealthy_threshold` probes over `min_failing` since), else the last
+    /// targets of a shared failure to be seen recovering would be acted on the moment
+    /// their peers' recovery lifts the freeze.
+    FreezeAftermath {
+        /// Time since it last failed under the freeze.
+        #[serde(with = "humantime_serde")]
+        ago: Duration,
+        /// Consecutive failed probes since.
+        failures: u32,
+        /// Failed probes it needs since (`unhealthy_threshold`).
+        needs: u32,
+        /// Time it needs since (`min_failing`).
+        #[serde(with = "humantime_serde")]
+        min_failing: Duration,
+    },
     /// The fleet or the target's zone is frozen, but this failure is local and
     /// persistent: acted on at the slow rate (`frozen.action = "act-slowly"`).
     FrozenSlowRate {
@@ -175,6 +192,7 @@ impl Reason {
             Reason::ZoneFrozen { .. } => "zone_frozen",
             Reason::FrozenSlowRate { .. } => "frozen_slow_rate",
             Reason::PeersFailing { .. } => "peers_failing",
+            Reason::FreezeAftermath { .. } => "freeze_aftermath",
             Reason::ManualFreeze { .. } => "manual_freeze",
             Reason::Maintenance { .. } => "maintenance",
             Reason::Silenced { .. } => "silenced",
@@ -270,6 +288,17 @@ impl fmt::Display for Reason {
                     pct(*cap)
                 )
             }
+            Reason::FreezeAftermath {
+                ago,
+                failures,
+                needs,
+                min_failing,
+            } => write!(
+                f,
+                "failed with a frozen fleet or zone until {} ago: acted on only once it fails on its own ({failures} of {needs} probes over {} since)",
+                human(*ago),
+                human(*min_failing)
+            ),
             Reason::FrozenSlowRate { left, actions, per } => write!(
                 f,
                 "frozen, but this failure is local and persistent: acting at the slow rate ({left} of {actions} per {} left)",

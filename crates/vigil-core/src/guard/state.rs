@@ -116,6 +116,11 @@ pub(super) struct GuardTarget {
     /// failing in the eager fraction, nowhere else; an undisputed observation clears it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub(super) in_doubt: bool,
+    /// The last time it failed while a freeze held its fleet or zone, and its count of
+    /// consecutive failures then: once the freeze lifts, it is acted on only after it
+    /// failed again on its own (see `Reason::FreezeAftermath`). Cleared by a pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) frozen_with: Option<(Time, u32)>,
 }
 
 pub(super) fn is_false(b: &bool) -> bool {

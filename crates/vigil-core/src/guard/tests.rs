@@ -275,14 +275,67 @@ fn fleet_above_cap_freezes_with_a_loud_reason_and_unfreezes_when_it_drops() {
             .iter()
             .any(|e| matches!(e, GuardEvent::Unfrozen { .. }))
     );
-    let ds = round(&mut g, 110, 10, |i| {
-        (i < 2).then(|| Observation::endpoint_failure(id(i), "a"))
-    });
+    // t0 and t1 failed with the frozen fleet: the freeze lifting does not make their
+    // failure their own (they may be the last of the shared failure to recover). They
+    // must fail again on their own: N = 3 probes over T = 20 s since 105.
+    let fails = |i: usize| (i < 2).then(|| Observation::endpoint_failure(id(i), "a"));
+    let mut held = Vec::new();
+    for s in (110..125).step_by(5) {
+        held.extend(round(&mut g, s, 10, fails));
+    }
+    assert_eq!(acts(&held), 0, "{held:?}");
+    assert!(
+        held.iter()
+            .all(|d| d.reasons.iter().any(|r| r.kind() == "freeze_aftermath")),
+        "{held:?}"
+    );
+    assert!(
+        held[0].to_string().contains(
+            "failed with a frozen fleet or zone until 5s ago: acted on only once it fails on its own (1 of 3 probes over 20s since)"
+        ),
+        "{}",
+        held[0]
+    );
+    let ds = round(&mut g, 125, 10, fails);
     assert_eq!(
         acts(&ds),
         2,
-        "acts again within budget once unfrozen: {ds:?}"
+        "acts again within budget once unfrozen and failing on their own: {ds:?}"
     );
+}
+
+#[test]
+fn the_last_targets_of_a_lifted_freeze_to_recover_are_not_acted_on() {
+    // 4 of 10 fail together (40% > 30%): frozen. The shared failure heals, and the
+    // probes of t2 and t3 happen to come in late: their peers' recovery lifts the
+    // freeze while they still fail once more. They then recover: nobody is acted on.
+    let mut g = SafetyGuard::new(cfg());
+    round(&mut g, 0, 10, |_| None);
+    let shared = |i: usize| (i < 4).then(|| Observation::endpoint_failure(id(i), "a"));
+    let mut all = Vec::new();
+    for s in (10..60).step_by(10) {
+        all.extend(round(&mut g, s, 10, shared));
+    }
+    assert!(g.status(Time::from_secs(50)).fleet_frozen);
+    // t0, t1 recover (two passes each: healthy_threshold 2); t2, t3 are seen failing.
+    for s in [60, 61] {
+        for i in 0..2 {
+            all.extend(g.observe(Time::from_secs(s), &Observation::pass(id(i), "a")));
+        }
+    }
+    assert!(!g.status(Time::from_secs(61)).fleet_frozen, "lifted");
+    for s in [62, 63] {
+        for i in 2..4 {
+            all.extend(g.observe(
+                Time::from_secs(s),
+                &Observation::endpoint_failure(id(i), "a"),
+            ));
+        }
+    }
+    for i in 2..4 {
+        all.extend(g.observe(Time::from_secs(64), &Observation::pass(id(i), "a")));
+    }
+    assert_eq!(acts(&all), 0, "{all:?}");
 }
 
 #[test]
