@@ -375,6 +375,13 @@ timeout = "10s"
         &format!("listen = \"{listen}\""),
     )
     .replace("interval = \"200ms\"", "interval = \"500ms\"")
+    // A failure must last as long as a heal may take to be seen (SLACK_MS): after the
+    // freeze lifts, its last targets to be seen recovering wait that long (the guard's
+    // freeze aftermath) before their failure counts as their own.
+    .replace(
+        "min_failing = \"1s\"",
+        &format!("min_failing = \"{}ms\"", SLACK_MS),
+    )
     .replace(
         "per = \"10m\"",
         &format!("per = \"{}s\"", BUDGET_PER_MS / 1000),
