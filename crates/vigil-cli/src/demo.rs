@@ -45,6 +45,7 @@ macro_rules! say {
     }};
 }
 
+mod deploy;
 mod queue;
 
 /// Services in the fleet by default: enough to show one ejection (1/6 stays far from the
@@ -100,6 +101,11 @@ pub enum Fault {
     /// Worker-3 fails every message fast, every check passing: the controller finds it
     /// among its peers and acts once.
     BlackHole,
+    /// Roll the next good revision out with `vigil deploy` (waves, drain, bake).
+    Deploy,
+    /// Roll a broken revision out: its hosts report back failing, the first wave fails
+    /// and is rolled back, the revision is marked bad.
+    DeployBad,
     /// With --replicas: SIGKILL the controller replica that leads; another takes over
     /// within the lease TTL and goes on acting on the fleet.
     KillLeader,
@@ -234,12 +240,15 @@ struct Fleet {
     queue: Option<queue::Queue>,
     /// Controller replicas the demo killed on purpose (`c`), down until a reset.
     down: Vec<usize>,
+    /// The rollouts of `u` and `e`.
+    deploys: deploy::Deploys,
 }
 
 impl Fleet {
     /// Stops every child: SIGTERM, then SIGKILL for those still running after the grace.
     /// Every child is waited for (reaped), so none is left behind as a zombie.
     async fn stop(&mut self) {
+        self.deploys.stop().await;
         if let Some(q) = self.queue.take() {
             q.stop().await;
         }
@@ -330,12 +339,14 @@ async fn demo(args: DemoArgs) -> Result<()> {
         with_queue,
         controller_extra: &controller_extra,
         store: store.as_ref(),
+        revisions: std::sync::Mutex::new(vec!["v1".to_string(); names.len()]),
     };
     launcher.write_controller_configs(1)?;
     let mut fleet = Fleet {
         children: BTreeMap::new(),
         queue: None,
         down: Vec::new(),
+        deploys: deploy::Deploys::default(),
     };
     let result = run_fleet(&args, &launcher, &mut fleet).await;
     eprintln!("demo: stopping {} processes", fleet.children.len());
@@ -444,12 +455,25 @@ struct Launcher<'a> {
     /// Where the controller replicas keep their state (`--replicas` > 1); None: one
     /// controller on SQLite.
     store: Option<&'a ReplicaStore>,
+    /// The revision each service runs (v1 at the start; `u` and `e` roll others out).
+    revisions: std::sync::Mutex<Vec<String>>,
 }
 
 impl Launcher<'_> {
-    /// Service `i` (0-based). `again`: append to its log rather than start a new one.
+    /// The revision service `i` runs.
+    fn revision(&self, i: usize) -> String {
+        self.revisions.lock().expect("not poisoned")[i].clone()
+    }
+
+    fn set_revision(&self, i: usize, revision: &str) {
+        self.revisions.lock().expect("not poisoned")[i] = revision.to_string();
+    }
+
+    /// Service `i` (0-based) on its revision. `again`: append to its log rather than
+    /// start a new one.
     fn service(&self, i: usize, again: bool) -> Result<Child> {
         let name = &self.names[i];
+        let revision = self.revision(i);
         let (app, health) = self.ports.services[i];
         let mut cmd = child_command(self.exe, self.dir, name, again)?;
         cmd.arg("example-service")
@@ -465,7 +489,15 @@ impl Launcher<'_> {
                 "--drain-delay",
                 "1s",
             ])
-            .args(["--disk-fail-below", DEMO_DISK_FAIL_BELOW])
+            .args(["--revision", &revision])
+            .args([
+                "--disk-fail-below",
+                if deploy::is_bad(&revision) {
+                    "100%"
+                } else {
+                    DEMO_DISK_FAIL_BELOW
+                },
+            ])
             .args(["--disk-warn-below", "off"])
             .arg("--dependency-critical");
         if let Some(db) = self.db {
@@ -605,7 +637,7 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
     say!("Break things: type a letter and Enter: k kill svc-1, d disk svc-2, p dependency svc-3,");
     say!("  b brownout svc-4, f flap svc-5, a all dependencies, w disk worker-2,");
     say!(
-        "  h black hole worker-3,{} r reset, q quit (or Ctrl-C).",
+        "  h black hole worker-3, u deploy a good revision, e deploy a bad one,{} r reset,\n  q quit (or Ctrl-C).",
         if ports.controllers.len() > 1 {
             " c kill the leading controller replica,"
         } else {
@@ -660,9 +692,10 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
                         "f" => Some(Fault::Flap), "a" => Some(Fault::AllDeps),
                         "w" => Some(Fault::WorkerDisk), "h" => Some(Fault::BlackHole),
                         "c" => Some(Fault::KillLeader),
+                        "u" => Some(Fault::Deploy), "e" => Some(Fault::DeployBad),
                         "r" => Some(Fault::Reset), "q" => break Ok(()),
                         "" => None,
-                        other => { say!("demo: unknown key {other:?} (k d p b f a w h c r q)"); None }
+                        other => { say!("demo: unknown key {other:?} (k d p b f a w h u e c r q)"); None }
                     };
                     if let Some(f) = fault
                         && let Err(e) = apply(f, &client, launcher, fleet, &controller_run, &killed).await
@@ -674,6 +707,9 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
                 Ok(None) | Err(_) => stdin_open = false,
             },
             _ = tick.tick() => {
+                if let Err(e) = deploy::install_wanted(launcher, fleet).await {
+                    break Err(e);
+                }
                 if let Some(d) = args.duration
                     && started.elapsed() >= d
                 {
@@ -883,6 +919,13 @@ async fn apply(
             Some(q) => q.break_black_hole(client).await,
             None => say!("demo: no queue in this run (RabbitMQ not reachable, or --no-queue)"),
         },
+        Fault::Deploy | Fault::DeployBad => {
+            let run = controller_run.load(Ordering::SeqCst);
+            fleet
+                .deploys
+                .start(launcher, run, f == Fault::DeployBad)
+                .await?;
+        }
         Fault::KillLeader => {
             if ports.controllers.len() < 2 {
                 say!("demo: c needs several controller replicas (--replicas 2)");
@@ -921,6 +964,7 @@ async fn apply(
         }
         Fault::Reset => {
             say!("demo: RESET every injected fault");
+            fleet.deploys.stop().await;
             if let Some(q) = &fleet.queue {
                 q.reset(client).await;
             }
