@@ -477,6 +477,46 @@ async fn three_replicas_probe_each_target_twice_and_one_prober_alone_cannot_fail
     assert_eq!(t["target"]["state"], "healthy", "{t}");
 }
 
+/// A follower cut off from every target (each fails only its probes) cannot fail
+/// any of them, and the leader says so: its dissent ratio reaches 1, a WARN names it,
+/// and nothing is acted on (its targets are in doubt: the guard holds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_failing_every_target_alone_is_named_by_the_leader() {
+    let schema = Schema::new("dissent");
+    let servers: Vec<Counted> = futures_join(12).await;
+    let targets = counted_targets_toml(&servers);
+    let (_dirs, cs) = start_replicas(3, &schema, "2s", &targets);
+    let all: Vec<&Controller> = cs.iter().map(|c| c.as_ref().unwrap()).collect();
+    let lead = one_leader(&all).await;
+    let cut = format!("r{}", (lead + 1) % 3);
+    all[lead].wait_all(12, "healthy").await;
+    for s in &servers {
+        s.fail_for(&[&cut]);
+    }
+    let series = format!("vigil_controller_prober_dissent_ratio{{replica=\"{cut}\"}}");
+    all[lead]
+        .wait_for(
+            &format!("the leader names {cut} as failing alone"),
+            || async {
+                let m = all[lead].metrics_text().await;
+                let named = all[lead].logs().contains(&format!("replica {cut} fails "));
+                (sample(&m, &series).is_some_and(|r| r >= 0.99) && named).then_some(())
+            },
+        )
+        .await;
+    for r in (0..3).map(|i| format!("r{i}")).filter(|r| *r != cut) {
+        let m = all[lead].metrics_text().await;
+        let s = format!("vigil_controller_prober_dissent_ratio{{replica=\"{r}\"}}");
+        assert_eq!(sample(&m, &s), Some(0.0), "{r} agrees with the others");
+    }
+    assert!(all[lead].actions().await.is_empty(), "nothing acted on");
+    let t = all[lead].targets().await;
+    assert!(
+        t.iter().all(|t| t["state"] == "healthy"),
+        "one prober alone fails no target: {t:?}"
+    );
+}
+
 async fn futures_join(n: usize) -> Vec<Counted> {
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {

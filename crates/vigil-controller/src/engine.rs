@@ -355,7 +355,17 @@ pub struct Engine {
     /// Several replicas share the probing: this replica reports its results through
     /// the store, and the leader judges each target by its probers' agreement.
     sharding: Option<Sharding>,
+    /// The leader's check of lone dissenters (`Sharding::dissent`): when it is due
+    /// next, and which replicas it last found failing most of their targets alone.
+    dissent_due: Instant,
+    dissenters: std::collections::BTreeSet<String>,
 }
+
+/// A replica that fails at least this share of the targets it has fresh results for
+/// while another prober passes them (and at least `DISSENT_MIN` of them) is said to be
+/// cut off from its targets.
+const DISSENT_SHARE: f64 = 0.5;
+const DISSENT_MIN: u32 = 3;
 
 pub use vigil_core::anomaly::PEER_CHECK;
 
@@ -474,6 +484,8 @@ impl Engine {
             following: false,
             follow_reload_at: Instant::now(),
             sharding: None,
+            dissent_due: Instant::now(),
+            dissenters: std::collections::BTreeSet::new(),
         };
         // Targets the guard remembers keep their state only if still configured; the
         // caller sends both sources before the first flush.
@@ -673,6 +685,55 @@ impl Engine {
                 self.logged(op, applied.into_decision(), Some(&id));
             }
         }
+        if now >= self.dissent_due {
+            self.dissent_due = now + interval;
+            self.check_dissent(now);
+        }
+    }
+
+    /// The leader, once per probe interval: a replica failing most of its targets
+    /// alone while their other probers pass them is likely cut off from the targets
+    /// (a route, a firewall, its own network), not seeing a fleet that fails. Its
+    /// targets are in doubt meanwhile and the guard holds every action they would
+    /// need (doubt counts as failing); said once at WARN when it starts and once when
+    /// it ends, and in `vigil_controller_prober_dissent_ratio`.
+    fn check_dissent(&mut self, now: Instant) {
+        let Some(sh) = self.sharding.as_ref() else {
+            return;
+        };
+        let interval = self.config.probe.interval;
+        let tally = sh.dissent(
+            self.runtime
+                .iter()
+                .filter(|(_, rt)| !rt.spec.heartbeat)
+                .map(|(id, rt)| (&**id, rt.spec.interval.unwrap_or(interval))),
+            self.config.probe.timeout,
+            now,
+        );
+        let mut now_dissenting = std::collections::BTreeSet::new();
+        for (replica, (alone, fresh)) in &tally {
+            let ratio = if *fresh == 0 {
+                0.0
+            } else {
+                f64::from(*alone) / f64::from(*fresh)
+            };
+            self.metrics.prober_dissent(replica, ratio);
+            if *alone >= DISSENT_MIN && ratio >= DISSENT_SHARE {
+                now_dissenting.insert(replica.clone());
+                if !self.dissenters.contains(replica) {
+                    tracing::warn!(
+                        replica = %replica,
+                        alone = *alone,
+                        fresh = *fresh,
+                        "replica {replica} fails {alone} of the {fresh} targets it probes while their other probers pass them: it is likely cut off from the targets; while it is, those targets are in doubt and the guard holds the actions they would need"
+                    );
+                }
+            }
+        }
+        for gone in self.dissenters.difference(&now_dissenting) {
+            tracing::info!(replica = %gone, "replica {gone} agrees with the other probers again");
+        }
+        self.dissenters = now_dissenting;
     }
 
     /// The leadership changed: a new term reloads and leads, an ended one follows.

@@ -98,6 +98,7 @@ pub struct Metrics {
     discovery_up: Family<Labels, Gauge>,
     discovery_failures: Family<Labels, Counter>,
     discovery_targets: Family<Labels, Gauge>,
+    prober_dissent: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// The per-result series, looked up once: a probe then costs no label hashing
     /// beyond its own `target_up` series.
     probes_ok: (Histogram, Counter),
@@ -209,6 +210,12 @@ impl Metrics {
             "Targets in force from a discovery source (its last list, kept through failures)",
             discovery_targets.clone(),
         );
+        let prober_dissent = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "prober_dissent_ratio",
+            "Share of the targets a replica has fresh results for that it fails while another prober passes them (the leader's reading, several replicas only); near 1: that replica is likely cut off from the targets, and the guard holds meanwhile",
+            prober_dissent.clone(),
+        );
         let probes_ok = result_series(&probe_duration, &probes, "ok");
         let probes_fail = result_series(&probe_duration, &probes, "fail");
         Metrics {
@@ -228,6 +235,7 @@ impl Metrics {
             discovery_up,
             discovery_failures,
             discovery_targets,
+            prober_dissent,
             probes_ok,
             probes_fail,
         }
@@ -263,6 +271,13 @@ impl Metrics {
                 .get_or_create(&vec![("outcome", outcome.to_string())])
                 .inc_by(n);
         }
+    }
+
+    /// Sets a replica's dissent ratio (see `prober_dissent_ratio`).
+    pub fn prober_dissent(&self, replica: &str, ratio: f64) {
+        self.prober_dissent
+            .get_or_create(&vec![("replica", replica.to_string())])
+            .set(ratio);
     }
 
     /// Counts a failed store operation.

@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use vigil_core::guard::Observation;
-use vigil_core::shard::{Agreement, Report, Shard, agree, fresh_for, heard};
+use vigil_core::shard::{Agreement, Report, Shard, agree, dissenting, fresh_for, heard};
 
 /// The quickest a replica reports, whatever its probe interval: twenty small
 /// transactions a second per replica is the most a store should see from probing.
@@ -330,20 +330,8 @@ impl Sharding {
         };
         let rows = self.results.get(&**id);
         let find = |p: &str| rows.and_then(|rs| rs.iter().find(|r| r.replica == p));
-        // Ages as of now, never younger than the truth: the database's now was read
-        // after this report was composed, so the time since then is added whole.
-        let since_read = now.saturating_duration_since(self.composed);
-        let reports: Vec<Option<Report>> = probers
-            .iter()
-            .map(|p| {
-                find(p).map(|r| Report {
-                    failing: !r.ok,
-                    age: Duration::from_millis(
-                        u64::try_from(self.now_ms.saturating_sub(r.as_of_ms)).unwrap_or(0),
-                    ) + since_read,
-                })
-            })
-            .collect();
+        let reports: Vec<Option<Report>> =
+            probers.iter().map(|p| self.report_of(id, p, now)).collect();
         let judge = if heartbeat { heard } else { agree };
         Some(match judge(&reports, fresh_for(interval, timeout)) {
             Agreement::Undecided => Judged::InDoubt,
@@ -359,6 +347,52 @@ impl Sharding {
                     })
                     .unwrap_or_else(|| Observation::endpoint_failure(&**id, zone)),
             ),
+        })
+    }
+
+    /// The leader's reading, per live replica: (targets it fails alone while another
+    /// prober passes them, targets it has a fresh result for), over the probed targets
+    /// `targets` gives (id, probe interval); see `vigil_core::shard::dissenting`. A
+    /// replica that fails most of its targets alone is likely cut off from them.
+    pub fn dissent<'a>(
+        &self,
+        targets: impl Iterator<Item = (&'a str, Duration)>,
+        timeout: Duration,
+        now: Instant,
+    ) -> BTreeMap<String, (u32, u32)> {
+        let mut out: BTreeMap<String, (u32, u32)> = self
+            .shard
+            .members()
+            .iter()
+            .map(|m| (m.clone(), (0, 0)))
+            .collect();
+        for (id, interval) in targets {
+            let fresh = fresh_for(interval, timeout);
+            let probers = self.shard.probers_of(id);
+            let reports: Vec<Option<Report>> =
+                probers.iter().map(|p| self.report_of(id, p, now)).collect();
+            for (p, r) in probers.iter().zip(&reports) {
+                if r.is_some_and(|r| r.age <= fresh) {
+                    out.entry(p.to_string()).or_default().1 += 1;
+                }
+            }
+            for i in dissenting(&reports, fresh) {
+                out.entry(probers[i].to_string()).or_default().0 += 1;
+            }
+        }
+        out
+    }
+
+    /// Prober `p`'s latest result for target `id` as the leader last read it, aged as
+    /// of `now` and never younger than the truth: the database's now was read after
+    /// this replica's report was composed, so the time since then is added whole.
+    fn report_of(&self, id: &str, p: &str, now: Instant) -> Option<Report> {
+        let r = self.results.get(id)?.iter().find(|r| r.replica == p)?;
+        Some(Report {
+            failing: !r.ok,
+            age: Duration::from_millis(
+                u64::try_from(self.now_ms.saturating_sub(r.as_of_ms)).unwrap_or(0),
+            ) + now.saturating_duration_since(self.composed),
         })
     }
 
@@ -501,6 +535,55 @@ mod tests {
             "{as_of} vs {NOW_MS}"
         );
         assert_eq!(second.upserts.len(), 1, "the held result goes now");
+    }
+
+    #[test]
+    fn the_leader_finds_a_replica_that_fails_alone_what_others_pass() {
+        let (tx, _rx) = watch::channel(Arc::new(Probing::alone("r0".into())));
+        let mut sh = Sharding::new(
+            "r0".into(),
+            2,
+            Duration::from_secs(2),
+            Duration::from_millis(500),
+            tx,
+        );
+        let member = |id: &str| MemberRow {
+            id: id.into(),
+            since_ms: 0,
+            seen_ms: NOW_MS,
+        };
+        let shard = Shard::new(["r0", "r1", "r2"], 2);
+        let targets: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
+        // r1 fails every target it probes; their other probers pass them. t0 also
+        // fails for its other prober: a real failure, not a dissent.
+        let mut results = Vec::new();
+        for t in &targets {
+            for p in shard.probers_of(t) {
+                let ok = p != "r1" && t != "t0";
+                results.push(result(t, p, ok, 100));
+            }
+        }
+        sh.answered(
+            ReplicaState {
+                now_ms: NOW_MS,
+                members: vec![member("r0"), member("r1"), member("r2")],
+                results,
+            },
+            true,
+        );
+        let tally = sh.dissent(
+            targets
+                .iter()
+                .map(|t| (t.as_str(), Duration::from_millis(500))),
+            Duration::from_secs(1),
+            Instant::now(),
+        );
+        let r1_share = targets.iter().filter(|t| shard.assigned(t, "r1")).count() as u32;
+        let r1_real = u32::from(shard.assigned("t0", "r1"));
+        assert_eq!(tally["r1"], (r1_share - r1_real, r1_share), "{tally:?}");
+        assert_eq!(tally["r0"].0, 0, "{tally:?}");
+        assert_eq!(tally["r2"].0, 0, "{tally:?}");
+        assert!(tally["r0"].1 > 0 && tally["r2"].1 > 0, "{tally:?}");
     }
 
     #[test]

@@ -192,6 +192,23 @@ pub fn agree(reports: &[Option<Report>], fresh_for: Duration) -> Agreement {
     }
 }
 
+/// The assigned probers (indices into `reports`) that fail the target alone: a fresh
+/// failure while another assigned prober has a fresh pass (an [`Agreement::Split`], seen
+/// from the side of the failing prober). A prober that does so for most of the targets
+/// it probes is likely cut off from the targets, not the targets broken: while it is, its
+/// targets are in doubt and the guard holds (rule 4), so its driver says so loudly.
+pub fn dissenting(reports: &[Option<Report>], fresh_for: Duration) -> Vec<usize> {
+    let fresh = |r: &Option<Report>, failing: bool| {
+        r.is_some_and(|r| r.age <= fresh_for && r.failing == failing)
+    };
+    if !reports.iter().any(|r| fresh(r, false)) {
+        return Vec::new();
+    }
+    (0..reports.len())
+        .filter(|&i| fresh(&reports[i], true))
+        .collect()
+}
+
 /// The verdict on a heartbeat target, which every live replica judges from the
 /// heartbeats it received (a worker sends to one address, which may lead to any
 /// replica): one fresh pass is a pass that nobody disputes (a replica that heard

@@ -76,6 +76,23 @@ fn one_partitioned_prober_cannot_make_a_target_fail_alone() {
 }
 
 #[test]
+fn a_prober_failing_what_another_passes_dissents() {
+    let f = Duration::from_secs(3);
+    assert_eq!(dissenting(&[r(true, 100), r(false, 100)], f), [0]);
+    assert_eq!(
+        dissenting(&[r(false, 100), r(true, 100), r(true, 100)], f),
+        [1, 2]
+    );
+    // Both failing, both passing, or the pass stale: nobody dissents.
+    assert!(dissenting(&[r(true, 100), r(true, 100)], f).is_empty());
+    assert!(dissenting(&[r(false, 100), r(false, 100)], f).is_empty());
+    assert!(dissenting(&[r(true, 100), r(false, 60_000)], f).is_empty());
+    // A stale failure beside a pass: not a dissent either.
+    assert!(dissenting(&[r(true, 60_000), r(false, 100)], f).is_empty());
+    assert!(dissenting(&[r(true, 100), None], f).is_empty());
+}
+
+#[test]
 fn a_heartbeat_heard_by_one_replica_is_an_undisputed_pass() {
     assert_eq!(
         heard(&[r(true, 10), r(false, 10)], FRESH),
