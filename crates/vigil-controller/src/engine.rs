@@ -687,29 +687,21 @@ impl Engine {
         }
         if now >= self.dissent_due {
             self.dissent_due = now + interval;
-            self.check_dissent(now);
+            self.check_dissent();
         }
     }
 
-    /// The leader, once per probe interval: a replica failing most of its targets
-    /// alone while their other probers pass them is likely cut off from the targets
+    /// The leader, once per probe interval, from the verdicts of that interval: a
+    /// replica failing most of its targets alone while their other probers pass them is likely cut off from the targets
     /// (a route, a firewall, its own network), not seeing a fleet that fails. Its
     /// targets are in doubt meanwhile and the guard holds every action they would
     /// need (doubt counts as failing); said once at WARN when it starts and once when
     /// it ends, and in `vigil_controller_prober_dissent_ratio`.
-    fn check_dissent(&mut self, now: Instant) {
-        let Some(sh) = self.sharding.as_ref() else {
+    fn check_dissent(&mut self) {
+        let Some(sh) = self.sharding.as_mut() else {
             return;
         };
-        let interval = self.config.probe.interval;
-        let tally = sh.dissent(
-            self.runtime
-                .iter()
-                .filter(|(_, rt)| !rt.spec.heartbeat)
-                .map(|(id, rt)| (&**id, rt.spec.interval.unwrap_or(interval))),
-            self.config.probe.timeout,
-            now,
-        );
+        let tally = sh.take_dissent();
         let mut now_dissenting = std::collections::BTreeSet::new();
         for (replica, (alone, fresh)) in &tally {
             let ratio = if *fresh == 0 {

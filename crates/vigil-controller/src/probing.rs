@@ -115,6 +115,8 @@ pub struct Sharding {
     composed: Instant,
     /// The leader's next evaluation of each target.
     due: HashMap<Arc<str>, Instant>,
+    /// Per prober, since the last `take_dissent`: (failed alone, fresh results).
+    dissent: HashMap<String, (u32, u32)>,
     error_logged: bool,
 }
 
@@ -149,6 +151,7 @@ impl Sharding {
             anchor: None,
             composed: Instant::now(),
             due: HashMap::new(),
+            dissent: HashMap::new(),
             error_logged: false,
         }
     }
@@ -332,8 +335,19 @@ impl Sharding {
         let find = |p: &str| rows.and_then(|rs| rs.iter().find(|r| r.replica == p));
         let reports: Vec<Option<Report>> =
             probers.iter().map(|p| self.report_of(id, p, now)).collect();
+        let fresh = fresh_for(interval, timeout);
+        if !heartbeat {
+            for (p, r) in probers.iter().zip(&reports) {
+                if r.is_some_and(|r| r.age <= fresh) {
+                    self.dissent.entry(p.to_string()).or_default().1 += 1;
+                }
+            }
+            for i in dissenting(&reports, fresh) {
+                self.dissent.entry(probers[i].to_string()).or_default().0 += 1;
+            }
+        }
         let judge = if heartbeat { heard } else { agree };
-        Some(match judge(&reports, fresh_for(interval, timeout)) {
+        Some(match judge(&reports, fresh) {
             Agreement::Undecided => Judged::InDoubt,
             Agreement::Passing => Judged::Seen(Observation::pass(&**id, zone)),
             Agreement::Split => Judged::Seen(Observation::pass(&**id, zone).disputed()),
@@ -350,34 +364,21 @@ impl Sharding {
         })
     }
 
-    /// The leader's reading, per live replica: (targets it fails alone while another
-    /// prober passes them, targets it has a fresh result for), over the probed targets
-    /// `targets` gives (id, probe interval); see `vigil_core::shard::dissenting`. A
-    /// replica that fails most of its targets alone is likely cut off from them.
-    pub fn dissent<'a>(
-        &self,
-        targets: impl Iterator<Item = (&'a str, Duration)>,
-        timeout: Duration,
-        now: Instant,
-    ) -> BTreeMap<String, (u32, u32)> {
+    /// The tally since the last call, per live replica: (targets it failed alone
+    /// while another prober passed them, targets it had a fresh result for), counted as
+    /// [`Sharding::verdict`] judges the probed targets (each once per its interval); see
+    /// `vigil_core::shard::dissenting`. A replica that fails most of its targets alone
+    /// is likely cut off from them.
+    pub fn take_dissent(&mut self) -> BTreeMap<String, (u32, u32)> {
         let mut out: BTreeMap<String, (u32, u32)> = self
             .shard
             .members()
             .iter()
             .map(|m| (m.clone(), (0, 0)))
             .collect();
-        for (id, interval) in targets {
-            let fresh = fresh_for(interval, timeout);
-            let probers = self.shard.probers_of(id);
-            let reports: Vec<Option<Report>> =
-                probers.iter().map(|p| self.report_of(id, p, now)).collect();
-            for (p, r) in probers.iter().zip(&reports) {
-                if r.is_some_and(|r| r.age <= fresh) {
-                    out.entry(p.to_string()).or_default().1 += 1;
-                }
-            }
-            for i in dissenting(&reports, fresh) {
-                out.entry(probers[i].to_string()).or_default().0 += 1;
+        for (replica, counts) in std::mem::take(&mut self.dissent) {
+            if let Some(c) = out.get_mut(&replica) {
+                *c = counts;
             }
         }
         out
@@ -419,6 +420,34 @@ mod tests {
         }
     }
 
+    /// Replica r0's sharding: 2 probers per target, a 2 s TTL, 500 ms probes.
+    fn sharding() -> Sharding {
+        let (tx, _rx) = watch::channel(Arc::new(Probing::alone("r0".into())));
+        Sharding::new(
+            "r0".into(),
+            2,
+            Duration::from_secs(2),
+            Duration::from_millis(500),
+            tx,
+        )
+    }
+
+    /// The store's answer at NOW_MS: these live members, these results.
+    fn answer(members: &[&str], results: Vec<StoredResult>) -> ReplicaState {
+        ReplicaState {
+            now_ms: NOW_MS,
+            members: members
+                .iter()
+                .map(|id| MemberRow {
+                    id: (*id).into(),
+                    since_ms: 0,
+                    seen_ms: NOW_MS,
+                })
+                .collect(),
+            results,
+        }
+    }
+
     /// The leader r0's judgement of t1, probed by r0 and r1 whose results are these.
     fn judged(results: Vec<StoredResult>) -> Option<Judged> {
         judged_as(results, false)
@@ -426,25 +455,8 @@ mod tests {
 
     /// `judged`, t1 a heartbeat target (`heartbeat`) or a probed one.
     fn judged_as(results: Vec<StoredResult>, heartbeat: bool) -> Option<Judged> {
-        let (tx, _rx) = watch::channel(Arc::new(Probing::alone("r0".into())));
-        let mut sh = Sharding::new(
-            "r0".into(),
-            2,
-            Duration::from_secs(2),
-            Duration::from_millis(500),
-            tx,
-        );
-        let member = |id: &str| MemberRow {
-            id: id.into(),
-            since_ms: 0,
-            seen_ms: NOW_MS,
-        };
-        let state = ReplicaState {
-            now_ms: NOW_MS,
-            members: vec![member("r0"), member("r1")],
-            results,
-        };
-        sh.answered(state, true);
+        let mut sh = sharding();
+        sh.answered(answer(&["r0", "r1"], results), true);
         let id: Arc<str> = Arc::from("t1");
         let (i, t) = (Duration::from_millis(500), Duration::from_secs(1));
         let first = sh.verdict(&id, "a", i, t, heartbeat, Instant::now());
@@ -499,14 +511,7 @@ mod tests {
 
     #[test]
     fn a_report_says_as_of_when_it_was_composed_on_the_databases_clock() {
-        let (tx, _rx) = watch::channel(Arc::new(Probing::alone("r0".into())));
-        let mut sh = Sharding::new(
-            "r0".into(),
-            2,
-            Duration::from_secs(2),
-            Duration::from_millis(500),
-            tx,
-        );
+        let mut sh = sharding();
         let id: Arc<str> = Arc::from("t1");
         sh.record(&id, &Observation::pass("t1", "a"), false);
         let kind = |_: &str| Some(false);
@@ -514,18 +519,7 @@ mod tests {
         let first = sh.report(false, &kind);
         assert_eq!(first.as_of_ms, None);
         assert!(first.upserts.is_empty(), "{:?}", first.upserts);
-        sh.answered(
-            ReplicaState {
-                now_ms: NOW_MS,
-                members: vec![MemberRow {
-                    id: "r0".into(),
-                    since_ms: 0,
-                    seen_ms: NOW_MS,
-                }],
-                results: Vec::new(),
-            },
-            false,
-        );
+        sh.answered(answer(&["r0"], Vec::new()), false);
         let before = Instant::now();
         let second = sh.report(false, &kind);
         let waited = i64::try_from(before.elapsed().as_millis()).unwrap();
@@ -539,19 +533,7 @@ mod tests {
 
     #[test]
     fn the_leader_finds_a_replica_that_fails_alone_what_others_pass() {
-        let (tx, _rx) = watch::channel(Arc::new(Probing::alone("r0".into())));
-        let mut sh = Sharding::new(
-            "r0".into(),
-            2,
-            Duration::from_secs(2),
-            Duration::from_millis(500),
-            tx,
-        );
-        let member = |id: &str| MemberRow {
-            id: id.into(),
-            since_ms: 0,
-            seen_ms: NOW_MS,
-        };
+        let mut sh = sharding();
         let shard = Shard::new(["r0", "r1", "r2"], 2);
         let targets: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
         // r1 fails every target it probes; their other probers pass them. t0 also
@@ -563,27 +545,23 @@ mod tests {
                 results.push(result(t, p, ok, 100));
             }
         }
-        sh.answered(
-            ReplicaState {
-                now_ms: NOW_MS,
-                members: vec![member("r0"), member("r1"), member("r2")],
-                results,
-            },
-            true,
-        );
-        let tally = sh.dissent(
-            targets
-                .iter()
-                .map(|t| (t.as_str(), Duration::from_millis(500))),
-            Duration::from_secs(1),
-            Instant::now(),
-        );
+        sh.answered(answer(&["r0", "r1", "r2"], results), true);
+        let (i, timeout) = (Duration::from_millis(500), Duration::from_secs(1));
+        for t in &targets {
+            let id: Arc<str> = Arc::from(t.as_str());
+            assert!(
+                sh.verdict(&id, "a", i, timeout, false, Instant::now())
+                    .is_some()
+            );
+        }
+        let tally = sh.take_dissent();
         let r1_share = targets.iter().filter(|t| shard.assigned(t, "r1")).count() as u32;
         let r1_real = u32::from(shard.assigned("t0", "r1"));
         assert_eq!(tally["r1"], (r1_share - r1_real, r1_share), "{tally:?}");
         assert_eq!(tally["r0"].0, 0, "{tally:?}");
         assert_eq!(tally["r2"].0, 0, "{tally:?}");
         assert!(tally["r0"].1 > 0 && tally["r2"].1 > 0, "{tally:?}");
+        assert_eq!(sh.take_dissent()["r1"], (0, 0), "taken: counted afresh");
     }
 
     #[test]
