@@ -7,7 +7,7 @@
 
 mod demo_support;
 
-use demo_support::{Narration, get_json, said, spawn_demo};
+use demo_support::{Narration, get_json, said, spawn_demo, wait_until};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -15,21 +15,6 @@ use std::time::{Duration, Instant};
 const BASE: u16 = 18300;
 const SERVICES: u16 = 6;
 const DEADLINE: Duration = Duration::from_secs(90);
-
-/// Polls `cond` every 250 ms until it holds; panics naming `what` after DEADLINE.
-async fn wait_until<F: std::future::Future<Output = bool>>(
-    what: &str,
-    mut cond: impl FnMut() -> F,
-) {
-    let deadline = Instant::now() + DEADLINE;
-    while !cond().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {DEADLINE:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 /// The revision each service reports in its health answer (`releaseId`).
 async fn revisions() -> Vec<Option<String>> {
@@ -80,10 +65,10 @@ async fn heavy_demo_deploys_a_good_revision_in_waves_and_rolls_a_bad_one_back() 
     let all_on = |rev: &'static str| async move {
         revisions().await.iter().all(|r| r.as_deref() == Some(rev))
     };
-    wait_until("every service up on v1", || all_on("v1")).await;
+    wait_until("every service up on v1", DEADLINE, || all_on("v1")).await;
 
     key("u");
-    wait_until("the rollout of v2 completes", || async {
+    wait_until("the rollout of v2 completes", DEADLINE, || async {
         said(&narration, &["deploy: completed: every host runs v2"])
     })
     .await;
@@ -97,7 +82,7 @@ async fn heavy_demo_deploys_a_good_revision_in_waves_and_rolls_a_bad_one_back() 
     }
 
     key("e");
-    wait_until("v3-bad is rolled back", || async {
+    wait_until("v3-bad is rolled back", DEADLINE, || async {
         said(
             &narration,
             &["deploy: rolled back: every host that got v3-bad runs its previous revision"],
@@ -115,7 +100,7 @@ async fn heavy_demo_deploys_a_good_revision_in_waves_and_rolls_a_bad_one_back() 
         1,
         "halted in its first wave: {bad_waves:?}"
     );
-    wait_until("every service back on v2", || all_on("v2")).await;
+    wait_until("every service back on v2", DEADLINE, || all_on("v2")).await;
 
     key("q");
     let deadline = Instant::now() + DEADLINE;

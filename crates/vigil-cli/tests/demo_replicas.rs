@@ -6,7 +6,7 @@
 
 mod demo_support;
 
-use demo_support::{children_of, get_json, said, spawn_demo};
+use demo_support::{children_of, get_json, said, spawn_demo, wait_until};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -38,21 +38,6 @@ fn schemas_now(pid: u32) -> Vec<String> {
     .iter()
     .map(|r| r.get(0))
     .collect()
-}
-
-/// Polls `cond` every 250 ms until it holds; panics naming `what` after DEADLINE.
-async fn wait_until<F: std::future::Future<Output = bool>>(
-    what: &str,
-    mut cond: impl FnMut() -> F,
-) {
-    let deadline = Instant::now() + DEADLINE;
-    while !cond().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {DEADLINE:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// The replica that says it leads, among the demo's two (`r1` on BASE + 2, `r2` after
@@ -94,48 +79,64 @@ async fn heavy_demo_with_two_replicas_fails_over_when_the_leader_is_killed_and_a
         println!("[test] key {k}");
         writeln!(stdin, "{k}").unwrap();
     };
-    wait_until("one replica leads", || async { leading().await.is_some() }).await;
+    wait_until("one replica leads", DEADLINE, || async {
+        leading().await.is_some()
+    })
+    .await;
     let first = leading().await.unwrap();
     assert_eq!(schemas_of(pid), [format!("vigil_demo_{pid}_1")]);
-    wait_until("every service in service at the controller", || async {
-        get_json(&format!("http://127.0.0.1:{}/api/targets", BASE + 2))
-            .await
-            .and_then(|v| {
-                v["targets"].as_array().map(|ts| {
-                    ts.len() == usize::from(SERVICES) && ts.iter().all(|t| t["health"] == "healthy")
+    wait_until(
+        "every service in service at the controller",
+        DEADLINE,
+        || async {
+            get_json(&format!("http://127.0.0.1:{}/api/targets", BASE + 2))
+                .await
+                .and_then(|v| {
+                    v["targets"].as_array().map(|ts| {
+                        ts.len() == usize::from(SERVICES)
+                            && ts.iter().all(|t| t["health"] == "healthy")
+                    })
                 })
-            })
-            .unwrap_or(false)
-    })
+                .unwrap_or(false)
+        },
+    )
     .await;
 
     key("c");
-    wait_until("the narration names the killed leader", || async {
-        said(
-            &narration,
-            &["BREAK kill-leader", &format!("replica {first}")],
-        )
-    })
+    wait_until(
+        "the narration names the killed leader",
+        DEADLINE,
+        || async {
+            said(
+                &narration,
+                &["BREAK kill-leader", &format!("replica {first}")],
+            )
+        },
+    )
     .await;
-    wait_until("the other replica leads", || async {
+    wait_until("the other replica leads", DEADLINE, || async {
         leading().await.is_some_and(|l| l != first)
     })
     .await;
     let second = leading().await.unwrap();
-    wait_until("the narration says who leads now and how soon", || async {
-        said(
-            &narration,
-            &[
-                &format!("replica {second} LEADS NOW"),
-                &format!("after {first} was killed"),
-            ],
-        )
-    })
+    wait_until(
+        "the narration says who leads now and how soon",
+        DEADLINE,
+        || async {
+            said(
+                &narration,
+                &[
+                    &format!("replica {second} LEADS NOW"),
+                    &format!("after {first} was killed"),
+                ],
+            )
+        },
+    )
     .await;
 
     // The new leader acts: svc-1 killed is acted on, once, by it.
     key("k");
-    wait_until("the new leader acts on svc-1", || async {
+    wait_until("the new leader acts on svc-1", DEADLINE, || async {
         said(&narration, &["controller: act svc-1"])
     })
     .await;

@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::io::BufRead;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A running `vigil demo`, killed (and reaped) when dropped.
 pub struct Demo(pub Child);
@@ -93,4 +93,20 @@ pub fn children_of(pid: u32) -> Vec<u32> {
         }
     }
     out
+}
+
+/// Polls `cond` every 250 ms until it holds; panics naming `what` after `deadline`.
+pub async fn wait_until<F: std::future::Future<Output = bool>>(
+    what: &str,
+    deadline: Duration,
+    mut cond: impl FnMut() -> F,
+) {
+    let until = Instant::now() + deadline;
+    while !cond().await {
+        assert!(
+            Instant::now() < until,
+            "timed out after {deadline:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
