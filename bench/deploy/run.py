@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -42,21 +41,12 @@ import threading
 import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import stop, vigil_binary  # noqa: E402
+
 HOSTS = 6
 ZONES = ["a", "a", "b", "b", "c", "c"]
 DEPLOY_LIMIT = 180.0
-
-
-def vigil_binary():
-    path = os.environ.get("VIGIL")
-    if path:
-        return path
-    path = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release", "vigil")
-    if not os.path.exists(path):
-        subprocess.run(["cargo", "build", "--release", "-p", "vigil-cli", "--bin", "vigil"], cwd=ROOT, check=True,
-                       stdout=sys.stderr)
-    return path
 
 
 def ensure_wrk():
@@ -136,13 +126,7 @@ class Fleet:
 
     def restart(self, h, revision):
         """SIGTERM (the service drains), then start it again on the same ports."""
-        p = h["proc"]
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop(h["proc"])
         self.start(h, revision)
 
     def want_file(self, h):
@@ -173,12 +157,9 @@ class Fleet:
         self.stop_flag = True
         self.thread.join()
         for h in self.hosts:
-            h["proc"].send_signal(signal.SIGTERM)
+            h["proc"].terminate()
         for h in self.hosts:
-            try:
-                h["proc"].wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                h["proc"].kill()
+            stop(h["proc"])
 
 
 class Lb:
@@ -223,11 +204,7 @@ new_targets = "healthy"
         return len(s) == HOSTS and all(x == "healthy" for x in s)
 
     def close(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop(self.proc)
 
 
 class Wrk:

@@ -45,22 +45,13 @@ import tempfile
 import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import vigil_binary  # noqa: E402
+
 SECRET = "bench-heartbeat-secret"
 WORKERS = 4
 HOLE = 2
 DRAIN_LIMIT = 60.0
-
-
-def vigil_binary():
-    path = os.environ.get("VIGIL")
-    if path:
-        return path
-    path = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release", "vigil")
-    if not os.path.exists(path):
-        subprocess.run(["cargo", "build", "--release", "-p", "vigil-cli", "--bin", "vigil"], cwd=ROOT, check=True,
-                       stdout=sys.stderr)
-    return path
 
 
 def free_port():
