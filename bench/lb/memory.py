@@ -89,6 +89,9 @@ def main():
     ap.add_argument("--burst", action="store_true",
                     help="open all connections, then send all requests, then read all "
                          "answers (every connection busy at once), instead of one by one")
+    ap.add_argument("--later", type=float, default=0.0, metavar="SECONDS",
+                    help="also read the RSS this long after closing (memory an allocator "
+                         "returns on a timer, such as jemalloc's decay), besides at 3 s")
     a = ap.parse_args()
     bench.ensure_tools(*({"haproxy", "nginx"} & set(a.only.split(","))))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -127,10 +130,16 @@ def main():
                     s.close()
                 settle()
                 after = rss_kib(proc.pid)
-                waves.append((loaded, after))
+                later = None
+                if a.later > 3.0:
+                    time.sleep(a.later - 3.0)
+                    later = rss_kib(proc.pid)
+                waves.append((loaded, after, later))
                 print(f"{name}: base {base} KiB, {a.connections} idle: {loaded} KiB "
                       f"({(loaded - base) * 1024 / a.connections / 1000:.1f} KB each), "
-                      f"after close: {after} KiB (opened in {opened_s:.2f} s)", file=sys.stderr)
+                      f"after close: {after} KiB"
+                      + (f", {a.later:g} s after: {later} KiB" if later is not None else "")
+                      + f" (opened in {opened_s:.2f} s)", file=sys.stderr)
             results[name] = (base, waves)
             stop(proc)
             proc = None
@@ -138,12 +147,14 @@ def main():
         stop(proc)
         backends.stop_all()
     print(f"\n| proxy | RSS before KiB | per idle connection KB (wave 1) | RSS with {a.connections} "
-          f"open, each wave, KiB | RSS after closing, each wave, KiB |")
-    print("|---|---|---|---|---|")
+          f"open, each wave, KiB | RSS after closing, each wave, KiB |"
+          + (f" RSS {a.later:g} s after closing, each wave, KiB |" if a.later > 3.0 else ""))
+    print("|---|---|---|---|---|" + ("---|" if a.later > 3.0 else ""))
     for name, (base, waves) in results.items():
         per = (waves[0][0] - base) * 1024 / a.connections / 1000
         print(f"| {name} | {base} | {per:.1f} | {'/'.join(str(w[0]) for w in waves)} | "
-              f"{'/'.join(str(w[1]) for w in waves)} |")
+              f"{'/'.join(str(w[1]) for w in waves)} |"
+              + (f" {'/'.join(str(w[2]) for w in waves)} |" if a.later > 3.0 else ""))
 
 
 if __name__ == "__main__":

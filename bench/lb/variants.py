@@ -63,7 +63,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=8)
     ap.add_argument("--vigil", default="target/release/vigil")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="worker threads of every variant (bench.py's WORKERS; default 1)")
     a = ap.parse_args()
+    bench.WORKERS = a.workers
     variants = [parse_variant(v, a.vigil) for v in a.variants]
     results = {v[0]: [] for v in variants}
     tmp = tempfile.mkdtemp(prefix="vigil-variants-")

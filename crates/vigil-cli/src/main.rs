@@ -15,6 +15,7 @@ use std::process::ExitCode;
 /// Exit code of a usage error (sysexits' EX_USAGE), distinct from `vigil check`'s 2.
 pub const EXIT_USAGE: u8 = 64;
 
+mod alloc;
 mod check;
 mod demo;
 mod logging;
@@ -92,6 +93,7 @@ fn main() -> ExitCode {
         }
     };
     logging::init(cli.log_format);
+    alloc::return_freed_memory();
     match cli.command {
         Command::Check(args) => check::run(args),
         Command::Demo(args) => demo::run(args),

@@ -1834,3 +1834,27 @@ async fn idle_keep_alive_connections_give_buffers_back_and_serve_the_next_reques
     c.expect_quiet("after three answers").await;
     assert_eq!(b.lines().len(), 3);
 }
+
+// ---------------------------------------------------------------------------------
+// Memory after load.
+
+/// The balancer gives a burst's memory back to the system: its allocator, jemalloc,
+/// runs the background thread that returns freed pages on a timer (without it, an idle
+/// balancer kept a burst's memory: docs/lb.md, "A burst"; the figures are
+/// bench/lb/memory.py's, not a test's).
+#[cfg(feature = "jemalloc")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_balancer_runs_the_allocator_thread_that_returns_freed_memory() {
+    let (lb, _b) = echo_setup("").await;
+    let tasks = format!("/proc/{}/task", lb.child.id());
+    let names: Vec<String> = std::fs::read_dir(&tasks)
+        .expect("the balancer's threads")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "jemalloc_bg_thd"),
+        "no jemalloc background thread: freed memory would stay with the process; threads: {names:?}\nlog:\n{}",
+        lb.log()
+    );
+}
