@@ -1052,6 +1052,72 @@ async fn sigterm_closes_idle_keep_alive_connections_and_finishes_in_flight_ones(
 // ---------------------------------------------------------------------------------
 // Hostile or failing clients.
 
+/// A client connection's read buffer starts at 1 KiB (`spare::CLIENT_READ`): heads
+/// larger than that, whole or trickled in pieces, and pipelined behind each other, reach
+/// the target unchanged; one over `limits.max_header_bytes` (16 KiB) gets 431.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_larger_than_the_first_read_buffer_are_forwarded_whole() {
+    let (lb, b) = echo_setup("").await;
+    let cookie = |n: usize| "c".repeat(n);
+    let mut c = client_of(&lb).await;
+    for n in [900, 1_100, 3_000, 9_500, 15_000] {
+        let req = format!(
+            "GET /big{n} HTTP/1.1\r\nHost: a\r\nCookie: {}\r\n\r\n",
+            cookie(n)
+        );
+        let r = c.roundtrip(req.as_bytes()).await;
+        assert_eq!(r.status, 200, "a {n}-byte field: {r:?}");
+    }
+    // Trickled: the head arrives in 700-byte pieces.
+    let req = format!(
+        "GET /trickled HTTP/1.1\r\nHost: a\r\nCookie: {}\r\n\r\n",
+        cookie(5_000)
+    );
+    for piece in req.as_bytes().chunks(700) {
+        c.send(piece).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(c.response().await.status, 200);
+    // Pipelined: three large heads in one write.
+    let three: String = (0..3)
+        .map(|i| {
+            format!(
+                "GET /piped{i} HTTP/1.1\r\nHost: a\r\nCookie: {}\r\n\r\n",
+                cookie(2_000 + i)
+            )
+        })
+        .collect();
+    c.send(three.as_bytes()).await;
+    for i in 0..3 {
+        assert_eq!(c.response().await.status, 200, "pipelined request {i}");
+    }
+    let seen = b.seen();
+    let sizes: Vec<(String, usize)> = seen
+        .iter()
+        .map(|s| {
+            (
+                s.line.clone(),
+                s.field("cookie").first().map_or(0, |v| v.len()),
+            )
+        })
+        .collect();
+    let want: Vec<(String, usize)> = [900, 1_100, 3_000, 9_500, 15_000]
+        .into_iter()
+        .map(|n| (format!("GET /big{n} HTTP/1.1"), n))
+        .chain([("GET /trickled HTTP/1.1".to_string(), 5_000)])
+        .chain((0..3).map(|i| (format!("GET /piped{i} HTTP/1.1"), 2_000 + i)))
+        .collect();
+    assert_eq!(sizes, want, "every head reaches the target whole, in order");
+
+    let mut c = client_of(&lb).await;
+    let req = format!(
+        "GET /huge HTTP/1.1\r\nHost: a\r\nCookie: {}\r\n\r\n",
+        cookie(17_000)
+    );
+    let r = c.roundtrip(req.as_bytes()).await;
+    assert_eq!(r.status, 431, "a head over 16 KiB: {r:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_many_fields_get_431_and_a_stalled_buffered_body_408() {
     let (lb, b) = echo_setup("[timeouts]\nclient_header = \"1s\"\n").await;

@@ -34,7 +34,7 @@
 /// HTTP/2 from clients (TLS ALPN `h2`, cleartext prior knowledge).
 pub mod http2;
 
-use crate::body::{BodyReader, CONTINUE, ClientStream, poll_read_more};
+use crate::body::{BodyReader, CONTINUE, ClientStream, poll_read_head, poll_read_more};
 use crate::config::Underscores;
 use crate::http_util::{UPGRADE, VIA, connection_options, hop_by_hop, is_idempotent};
 use crate::park::{self, PARK_AFTER};
@@ -423,13 +423,13 @@ impl ClientConn {
                 if self.rbuf.capacity() == 0 {
                     // No buffer while there is nothing to read: one again once there is.
                     match self.tcp.poll_read_ready(cx) {
-                        Poll::Ready(Ok(())) => self.rbuf = spare::take_read(),
+                        Poll::Ready(Ok(())) => self.rbuf = spare::take_read(spare::CLIENT_READ),
                         Poll::Ready(Err(e)) => return Poll::Ready(Wait::Read(Err(e))),
                         Poll::Pending => {}
                     }
                 }
                 if self.rbuf.capacity() > 0 {
-                    if let Poll::Ready(r) = poll_read_more(&mut self.tcp, &mut self.rbuf, cx) {
+                    if let Poll::Ready(r) = poll_read_head(&mut self.tcp, &mut self.rbuf, cx) {
                         return Poll::Ready(Wait::Read(r));
                     }
                     // Ready was stale (the last read did not drain the socket's

@@ -19,8 +19,15 @@
 use bytes::BytesMut;
 use std::cell::RefCell;
 
-/// A read buffer's size: enough for most request heads (a larger head grows it).
-pub const READ: usize = 4 * 1024;
+/// A client connection's read buffer's first size: most request heads fit (a load
+/// generator's are 40 bytes, a browser's 0.5-2 KiB; nginx's `client_header_buffer_size`
+/// is 1k too). A larger head grows it once (`body::HEAD_RESERVE`), a body reads in
+/// large pieces. Smaller than a page: in a burst, four requests in flight share the page
+/// that one used to take (docs/lb.md, "A burst").
+pub const CLIENT_READ: usize = 1024;
+/// A target connection's read buffer's first size: a response head and a small body,
+/// read with room to spare (`body::MIN_READ_ROOM`) so it is not grown at once.
+pub const TARGET_READ: usize = 4 * 1024;
 /// A write buffer's first size: a response head.
 pub const WRITE: usize = 1024;
 /// Spare buffers kept per kind and worker thread.
@@ -38,17 +45,19 @@ thread_local! {
     static SPARE: RefCell<Spare> = RefCell::default();
 }
 
-/// An empty read buffer with room for [`READ`] bytes.
-pub fn take_read() -> BytesMut {
+/// An empty read buffer with room for `room` bytes ([`CLIENT_READ`] or
+/// [`TARGET_READ`]). Clients and targets share the spare list: a kept buffer smaller
+/// than `room` grows once and stays that size.
+pub fn take_read(room: usize) -> BytesMut {
     let kept = SPARE.with(|s| s.borrow_mut().reads.pop());
     match kept {
         Some(mut buf) => {
             // Room from the start again (a buffer advanced past a head keeps its
             // allocation; one still shared with a body forwarded reallocates).
-            buf.reserve(READ);
+            buf.reserve(room);
             buf
         }
-        None => BytesMut::with_capacity(READ),
+        None => BytesMut::with_capacity(room),
     }
 }
 
@@ -106,17 +115,17 @@ mod tests {
     #[test]
     fn a_buffer_given_back_is_the_next_one_taken_with_its_room_from_the_start() {
         std::thread::spawn(|| {
-            let mut buf = take_read();
-            assert!(buf.capacity() >= READ);
+            let mut buf = take_read(TARGET_READ);
+            assert!(buf.capacity() >= TARGET_READ);
             buf.extend_from_slice(&[b'x'; 3000]);
             let at = buf.as_ptr() as usize;
             buf.advance(3000);
             give_read(buf);
             assert_eq!(held(), (1, 0));
-            let again = take_read();
+            let again = take_read(TARGET_READ);
             assert_eq!(held(), (0, 0));
             assert!(
-                again.capacity() >= READ,
+                again.capacity() >= TARGET_READ,
                 "room from the start: {}",
                 again.capacity()
             );
@@ -138,7 +147,7 @@ mod tests {
             give_read(BytesMut::new());
             assert_eq!(held(), (0, 0), "large or empty ones are not kept");
             for _ in 0..KEPT + 10 {
-                give_read(BytesMut::with_capacity(READ));
+                give_read(BytesMut::with_capacity(TARGET_READ));
                 give_write(Vec::with_capacity(WRITE));
             }
             assert_eq!(held(), (KEPT, KEPT));

@@ -651,7 +651,7 @@ impl ConnPool {
             conn.wbuf = spare::take_write();
         }
         if conn.rbuf.capacity() == 0 {
-            conn.rbuf = spare::take_read();
+            conn.rbuf = spare::take_read(spare::TARGET_READ);
         }
         conn.wbuf.clear();
         conn.wbuf.extend_from_slice(&req.head);
