@@ -1,7 +1,7 @@
 //! Bytes from a peer: the client's stream, plain or TLS ([`ClientStream`]); a client's
 //! request body read as an attempt sends it on ([`BodyReader`], taken by the proxy and by
 //! both upstream sides); and the one read-into-a-buffer step every connection uses
-//! (`poll_read_more`, and `poll_read_head` for a request head).
+//! (`poll_read_more`, whose [`Growth`] says how it makes room).
 //!
 //! Floor 7, shared (floors: the crate doc): imports no other module of this crate.
 
@@ -16,14 +16,39 @@ use vigil_core::http1::{ChunkedDecoder, Decoded};
 
 /// Read buffer space allocated when a read finds less than [`MIN_READ_ROOM`] left.
 pub(crate) const READ_RESERVE: usize = 16 * 1024;
-pub(crate) const MIN_READ_ROOM: usize = 2 * 1024;
+const MIN_READ_ROOM: usize = 2 * 1024;
 
 /// A request head's read grows its buffer by this much when under [`HEAD_MIN_ROOM`] is
 /// left: the client read buffer starts small ([`crate::spare::CLIENT_READ`]), and a head
 /// larger than that takes one more read, not one per kilobyte.
-pub(crate) const HEAD_RESERVE: usize = 8 * 1024;
+const HEAD_RESERVE: usize = 8 * 1024;
 /// Below this much room a head's read grows the buffer first (no read of a few bytes).
-pub(crate) const HEAD_MIN_ROOM: usize = 256;
+const HEAD_MIN_ROOM: usize = 256;
+
+/// How a read makes room in its buffer before reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Growth {
+    /// Bodies and answers: [`READ_RESERVE`] when under [`MIN_READ_ROOM`] is left, so
+    /// most messages fit many times in what is left of the buffer, whose earlier bytes
+    /// may still be shared by messages in flight, and large ones read in large pieces.
+    Body,
+    /// A request head in the small client read buffer: [`HEAD_RESERVE`] when under
+    /// [`HEAD_MIN_ROOM`] is left.
+    Head,
+}
+
+impl Growth {
+    /// Reserves room in `buf` by this rule (nothing when it has enough).
+    pub(crate) fn make_room(self, buf: &mut BytesMut) {
+        let (min_room, reserve) = match self {
+            Growth::Body => (MIN_READ_ROOM, READ_RESERVE),
+            Growth::Head => (HEAD_MIN_ROOM, HEAD_RESERVE),
+        };
+        if buf.capacity() - buf.len() < min_room {
+            buf.reserve(reserve);
+        }
+    }
+}
 
 /// The interim answer owed to a client that sent `Expect: 100-continue`.
 pub(crate) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
@@ -105,40 +130,16 @@ impl tokio::io::AsyncWrite for ClientStream {
     }
 }
 
-/// Reads what the socket has into `buf` (0: closed). A short read tells tokio the socket
-/// is drained, so the next read waits for epoll without a system call.
+/// Reads what the socket has into `buf` (0: closed), after making room by `growth`. A
+/// short read tells tokio the socket is drained, so the next read waits for epoll
+/// without a system call.
 pub(crate) fn poll_read_more<S: tokio::io::AsyncRead + Unpin>(
     tcp: &mut S,
     buf: &mut BytesMut,
+    growth: Growth,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
-    // Room for a read: most messages fit many times in what is left of the buffer,
-    // whose earlier bytes may still be shared by messages in flight.
-    poll_read_growing(tcp, buf, MIN_READ_ROOM, READ_RESERVE, cx)
-}
-
-/// [`poll_read_more`] for a request head: reads into the room the (small) client read
-/// buffer has, growing it by [`HEAD_RESERVE`] only when under [`HEAD_MIN_ROOM`] is left.
-/// Bodies read with [`poll_read_more`], in large pieces.
-pub(crate) fn poll_read_head<S: tokio::io::AsyncRead + Unpin>(
-    tcp: &mut S,
-    buf: &mut BytesMut,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<usize>> {
-    poll_read_growing(tcp, buf, HEAD_MIN_ROOM, HEAD_RESERVE, cx)
-}
-
-/// Reads into `buf`, first reserving `reserve` bytes when under `min_room` are left.
-fn poll_read_growing<S: tokio::io::AsyncRead + Unpin>(
-    tcp: &mut S,
-    buf: &mut BytesMut,
-    min_room: usize,
-    reserve: usize,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<usize>> {
-    if buf.capacity() - buf.len() < min_room {
-        buf.reserve(reserve);
-    }
+    growth.make_room(buf);
     tokio_util::io::poll_read_buf(Pin::new(tcp), cx, buf)
 }
 
@@ -277,7 +278,8 @@ impl<'c> BodyReader<'c> {
                     return Some(Err(e));
                 }
             }
-            let more = std::future::poll_fn(|cx| poll_read_more(&mut **tcp, rbuf, cx));
+            let more =
+                std::future::poll_fn(|cx| poll_read_more(&mut **tcp, rbuf, Growth::Body, cx));
             match tokio::time::timeout(idle_timeout, more).await {
                 Ok(Ok(0)) => {
                     return Some(Err(io::Error::new(

@@ -34,7 +34,7 @@
 /// HTTP/2 from clients (TLS ALPN `h2`, cleartext prior knowledge).
 pub mod http2;
 
-use crate::body::{BodyReader, CONTINUE, ClientStream, poll_read_head, poll_read_more};
+use crate::body::{BodyReader, CONTINUE, ClientStream, Growth, poll_read_more};
 use crate::config::Underscores;
 use crate::http_util::{UPGRADE, VIA, connection_options, hop_by_hop, is_idempotent};
 use crate::park::{self, PARK_AFTER};
@@ -334,7 +334,9 @@ impl ClientConn {
         let mut drained = 0;
         while drained < LINGER_BYTES {
             self.rbuf.clear();
-            let more = std::future::poll_fn(|cx| poll_read_more(&mut self.tcp, &mut self.rbuf, cx));
+            let more = std::future::poll_fn(|cx| {
+                poll_read_more(&mut self.tcp, &mut self.rbuf, Growth::Body, cx)
+            });
             match tokio::time::timeout_at(deadline, more).await {
                 Ok(Ok(n)) if n > 0 => drained += n,
                 _ => return,
@@ -429,7 +431,9 @@ impl ClientConn {
                     }
                 }
                 if self.rbuf.capacity() > 0 {
-                    if let Poll::Ready(r) = poll_read_head(&mut self.tcp, &mut self.rbuf, cx) {
+                    if let Poll::Ready(r) =
+                        poll_read_more(&mut self.tcp, &mut self.rbuf, Growth::Head, cx)
+                    {
                         return Poll::Ready(Wait::Read(r));
                     }
                     // Ready was stale (the last read did not drain the socket's
@@ -660,8 +664,9 @@ impl ClientConn {
                 d.min(Instant::now() + timeout)
             });
             while self.rbuf.len() < n {
-                let more =
-                    std::future::poll_fn(|cx| poll_read_more(&mut self.tcp, &mut self.rbuf, cx));
+                let more = std::future::poll_fn(|cx| {
+                    poll_read_more(&mut self.tcp, &mut self.rbuf, Growth::Body, cx)
+                });
                 match tokio::time::timeout_at(deadline, more).await {
                     Ok(Ok(0)) | Ok(Err(_)) => return Err((400, "incomplete request body")),
                     Ok(Ok(_)) => {}

@@ -25,8 +25,9 @@ use std::cell::RefCell;
 /// large pieces. Smaller than a page: in a burst, four requests in flight share the page
 /// that one used to take (docs/lb.md, "A burst").
 pub const CLIENT_READ: usize = 1024;
-/// A target connection's read buffer's first size: a response head and a small body,
-/// read with room to spare (`body::MIN_READ_ROOM`) so it is not grown at once.
+/// A pooled target connection's read buffer, taken again for its next exchange: a
+/// response head and a small body, with room to spare (`body::MIN_READ_ROOM`) so it
+/// is not grown at once. (A new connection starts with its own 16 KiB buffer.)
 pub const TARGET_READ: usize = 4 * 1024;
 /// A write buffer's first size: a response head.
 pub const WRITE: usize = 1024;
