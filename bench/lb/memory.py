@@ -75,9 +75,12 @@ def open_burst(port, n):
     return conns
 
 
+SETTLE_S = 3.0
+
+
 def settle():
     """Past vigil's idle-buffer release (1 s) and the closes' processing."""
-    time.sleep(3.0)
+    time.sleep(SETTLE_S)
 
 
 def main():
@@ -93,6 +96,7 @@ def main():
                     help="also read the RSS this long after closing (memory an allocator "
                          "returns on a timer, such as jemalloc's decay), besides at 3 s")
     a = ap.parse_args()
+    later = a.later > SETTLE_S  # a third reading, after the one at SETTLE_S
     bench.ensure_tools(*({"haproxy", "nginx"} & set(a.only.split(","))))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # HAProxy wants about twice maxconn in file descriptors.
@@ -130,15 +134,15 @@ def main():
                     s.close()
                 settle()
                 after = rss_kib(proc.pid)
-                later = None
-                if a.later > 3.0:
-                    time.sleep(a.later - 3.0)
-                    later = rss_kib(proc.pid)
-                waves.append((loaded, after, later))
+                then = None
+                if later:
+                    time.sleep(a.later - SETTLE_S)
+                    then = rss_kib(proc.pid)
+                waves.append((loaded, after, then))
                 print(f"{name}: base {base} KiB, {a.connections} idle: {loaded} KiB "
                       f"({(loaded - base) * 1024 / a.connections / 1000:.1f} KB each), "
                       f"after close: {after} KiB"
-                      + (f", {a.later:g} s after: {later} KiB" if later is not None else "")
+                      + (f", {a.later:g} s after: {then} KiB" if later else "")
                       + f" (opened in {opened_s:.2f} s)", file=sys.stderr)
             results[name] = (base, waves)
             stop(proc)
@@ -148,13 +152,13 @@ def main():
         backends.stop_all()
     print(f"\n| proxy | RSS before KiB | per idle connection KB (wave 1) | RSS with {a.connections} "
           f"open, each wave, KiB | RSS after closing, each wave, KiB |"
-          + (f" RSS {a.later:g} s after closing, each wave, KiB |" if a.later > 3.0 else ""))
-    print("|---|---|---|---|---|" + ("---|" if a.later > 3.0 else ""))
+          + (f" RSS {a.later:g} s after closing, each wave, KiB |" if later else ""))
+    print("|---|---|---|---|---|" + ("---|" if later else ""))
     for name, (base, waves) in results.items():
         per = (waves[0][0] - base) * 1024 / a.connections / 1000
         print(f"| {name} | {base} | {per:.1f} | {'/'.join(str(w[0]) for w in waves)} | "
               f"{'/'.join(str(w[1]) for w in waves)} |"
-              + (f" {'/'.join(str(w[2]) for w in waves)} |" if a.later > 3.0 else ""))
+              + (f" {'/'.join(str(w[2]) for w in waves)} |" if later else ""))
 
 
 if __name__ == "__main__":
