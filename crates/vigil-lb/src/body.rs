@@ -1,7 +1,7 @@
 //! Bytes from a peer: the client's stream, plain or TLS ([`ClientStream`]); a client's
 //! request body read as an attempt sends it on ([`BodyReader`], taken by the proxy and by
 //! both upstream sides); and the one read-into-a-buffer step every connection uses
-//! (`poll_read_more`, whose [`Growth`] says how it makes room).
+//! (`poll_read_more`, whose `Growth` says how it makes room).
 //!
 //! Floor 7, shared (floors: the crate doc): imports no other module of this crate.
 
