@@ -455,6 +455,12 @@ pool = "<name>"
 [pools."<name>"]
 targets = [{ addr = "127.0.0.1:9001", zone = "a" }]
 
+[pools."<name>".tls]
+ca = "targets-ca.pem"
+server_name = "api.internal"
+cert = "vigil-client.pem"
+key = "vigil-client.key"
+
 [tls_listeners."<name>"]
 listen = "127.0.0.1:8443"
 certificates = [{ cert = "a.pem", key = "a.key" }]

@@ -875,3 +875,249 @@ async fn a_grpc_check_of_a_service_the_server_does_not_know_fails() {
     let detail = wait_state(&lb, "grpc", "unhealthy").await;
     assert!(detail.contains("grpc-status 5"), "NOT_FOUND: {detail}");
 }
+
+// === TLS to targets ===
+
+/// HAProxy as a foreign TLS target (OpenSSL, not rustls): one frontend that takes any
+/// client and one that requires a client certificate from the test CA; each answers
+/// every request itself with what it saw of the TLS session and the request.
+struct TlsTarget {
+    child: std::process::Child,
+    _log: std::path::PathBuf,
+    /// Any client.
+    open: u16,
+    /// Clients with a certificate from the test CA only.
+    mutual: u16,
+}
+
+impl TlsTarget {
+    async fn start(pki: &Pki) -> TlsTarget {
+        pki.leaf("target", &["target.test", "127.0.0.1"]);
+        let crt = pki.path("target.crt.pem");
+        let pem = std::fs::read_to_string(pki.path("target.pem")).unwrap()
+            + &std::fs::read_to_string(pki.path("target.key")).unwrap();
+        std::fs::write(&crt, pem).unwrap();
+        let (open, mutual) = (lb_support::free_port(), lb_support::free_port());
+        let answer = "http-request return status 200 content-type text/plain lf-string \
+            \"sni=%[ssl_fc_sni] alpn=%[ssl_fc_alpn] client=%[ssl_c_s_dn(cn)] host=%[req.hdr(host)] \
+            path=%[path] body=%[req.body_size]\\n\"";
+        let cfg = format!(
+            "global\n  nbthread 1\ndefaults\n  mode http\n  timeout client 10s\n  timeout connect 2s\n  timeout server 10s\n\
+             frontend open\n  bind 127.0.0.1:{open} ssl crt {crt} alpn h2,http/1.1\n  option http-buffer-request\n  {answer}\n\
+             frontend mutual\n  bind 127.0.0.1:{mutual} ssl crt {crt} ca-file {ca} verify required alpn http/1.1\n  {answer}\n",
+            crt = crt.display(),
+            ca = pki.path("ca.pem").display(),
+        );
+        let file = pki.path("haproxy.cfg");
+        std::fs::write(&file, cfg).unwrap();
+        let log = pki.path("haproxy.log");
+        let child = std::process::Command::new("haproxy")
+            .args(["-db", "-f"])
+            .arg(&file)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("haproxy runs (scripts/install-test-deps.sh installs it)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for port in [open, mutual] {
+            while tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "haproxy did not listen: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        TlsTarget {
+            child,
+            _log: log,
+            open,
+            mutual,
+        }
+    }
+}
+
+impl Drop for TlsTarget {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain HTTP/1.1 request through the balancer: (status, body).
+async fn through(lb: &LbProcess, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let resp = reqwest::Client::new()
+        .request(
+            method.parse().unwrap(),
+            format!("http://127.0.0.1:{}{path}", lb.port),
+        )
+        .header("host", "app.test")
+        .body(body.to_vec())
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .expect("an answer from the balancer");
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_over_tls_are_verified_named_and_shown_a_client_certificate() {
+    let pki = Pki::new();
+    pki.leaf("client", &["vigil-client"]);
+    let target = TlsTarget::start(&pki).await;
+    let ca = pki.path("ca.pem");
+    let pool = |name: &str, port: u16, tls: &str| {
+        format!(
+            "[pools.{name}]\nslow_start_window = \"0s\"\ntargets = [{{ addr = \"127.0.0.1:{port}\" }}]\n\
+             [pools.{name}.tls]\nca = \"{ca}\"\n{tls}\n\
+             [pools.{name}.health_check]\npath = \"/readyz\"\ninterval = \"100ms\"\ntimeout = \"2s\"\nhealthy_threshold = 1\nunhealthy_threshold = 1\n\
+             [[routes]]\npath_prefix = \"/{name}/\"\npool = \"{name}\"\n",
+            ca = ca.display(),
+        )
+    };
+    let client = format!(
+        "cert = \"{}\"\nkey = \"{}\"",
+        pki.path("client.pem").display(),
+        pki.path("client.key").display()
+    );
+    let lb = LbProcess::start(
+        &[
+            // Verified as its address: the certificate has 127.0.0.1 among its names.
+            pool("ip", target.open, ""),
+            pool("named", target.open, "server_name = \"target.test\""),
+            // A name the certificate does not have: never trusted.
+            pool("wrong", target.open, "server_name = \"other.test\""),
+            pool("mutual", target.mutual, &client),
+            // The target asks for a client certificate this pool has not got.
+            pool("nocert", target.mutual, ""),
+        ]
+        .concat(),
+    )
+    .await;
+
+    for name in ["ip", "named", "mutual"] {
+        let detail = wait_state(&lb, name, "healthy").await;
+        assert!(
+            detail.contains("HTTP 200"),
+            "{name}: the check over TLS passed: {detail}"
+        );
+    }
+    // Why, in the check's detail: the balancer refused the target's certificate...
+    let detail = wait_state(&lb, "wrong", "unhealthy").await;
+    assert!(
+        detail.contains(
+            "connect failed: TLS handshake: invalid peer certificate: certificate not valid for name"
+        ) && detail.contains("other.test"),
+        "{detail}"
+    );
+    // ... or the target refused the balancer (TLS 1.3: after the client's side of the
+    // handshake, on the first read).
+    let detail = wait_state(&lb, "nocert", "unhealthy").await;
+    assert!(detail.contains("CertificateRequired"), "{detail}");
+
+    // Requests: the target saw TLS with ALPN http/1.1, the name asked for, the Host
+    // of the client, and the body whole.
+    let (status, body) = through(&lb, "GET", "/ip/x", b"").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("alpn=http/1.1") && body.contains("host=app.test"),
+        "{body}"
+    );
+    assert!(
+        body.starts_with("sni= "),
+        "no SNI for an IP address (RFC 6066): {body}"
+    );
+    let (status, body) = through(&lb, "POST", "/named/y", &[b'x'; 12_000]).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("sni=target.test") && body.contains("path=/named/y"),
+        "{body}"
+    );
+    assert!(body.contains("body=12000"), "the body went whole: {body}");
+    let (status, body) = through(&lb, "GET", "/mutual/z", b"").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("client=vigil-client"),
+        "the client certificate was shown: {body}"
+    );
+    // Kept-alive TLS connections are reused: many requests, all answered.
+    for i in 0..50 {
+        let (status, body) = through(&lb, "GET", &format!("/named/{i}"), b"").await;
+        assert_eq!(status, 200, "request {i}: {body}");
+    }
+    // An upload larger than the retry buffer is streamed to the TLS target.
+    let (status, body) = through(&lb, "POST", "/named/upload", &vec![b'u'; 3 << 20]).await;
+    assert_eq!(status, 200, "{body}");
+    for name in ["wrong", "nocert"] {
+        let (status, body) = through(&lb, "GET", &format!("/{name}/"), b"").await;
+        assert_eq!(
+            status, 502,
+            "{name}: a target that fails the handshake gets nothing: {body}"
+        );
+    }
+}
+
+#[test]
+fn check_config_reads_the_targets_ca_and_client_certificate() {
+    let pki = Pki::new();
+    pki.leaf("client", &["vigil-client"]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("lb.toml");
+    let check = |tls: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[pools.web]\ntargets = [{{ addr = \"127.0.0.1:1\" }}]\n[pools.web.tls]\n{tls}\n"
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+            .args(["lb", "check-config", "-c"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let ca = pki.path("ca.pem").display().to_string();
+    let (cert, key) = (
+        pki.path("client.pem").display().to_string(),
+        pki.path("client.key").display().to_string(),
+    );
+    let (code, err) = check(&format!(
+        "ca = \"{ca}\"\ncert = \"{cert}\"\nkey = \"{key}\""
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = check("ca = \"missing.pem\"");
+    assert_eq!(code, Some(78));
+    assert!(
+        err.contains("key `pools.web.tls.ca`") && err.contains("missing.pem"),
+        "{err}"
+    );
+    let (code, err) = check(&format!("ca = \"{ca}\"\ncert = \"{cert}\""));
+    assert_eq!(code, Some(78));
+    assert!(
+        err.contains("pools.web.tls.key") && err.contains("both `cert` and `key`"),
+        "{err}"
+    );
+    // A key that is not the certificate's.
+    pki.leaf("other", &["other.test"]);
+    let other = pki.path("other.key").display().to_string();
+    let (code, err) = check(&format!(
+        "ca = \"{ca}\"\ncert = \"{cert}\"\nkey = \"{other}\""
+    ));
+    assert_eq!(code, Some(78));
+    assert!(
+        err.contains("pools.web.tls.key") && err.contains("other.key"),
+        "{err}"
+    );
+    let (code, err) = check("server_name = \"not a name\"");
+    assert_eq!(code, Some(78));
+    assert!(err.contains("pools.web.tls.server_name"), "{err}");
+}

@@ -11,16 +11,18 @@
 //! what the check saw; the policy decides (rise/fall thresholds) and the balancer logs
 //! transitions, not every probe.
 
-use crate::config::{CheckType, DEFAULT_HEALTH_PATH, HealthCheckConfig, LbConfig, StatusSet};
+use crate::config::{
+    CheckType, DEFAULT_HEALTH_PATH, HealthCheckConfig, LbConfig, Protocol, StatusSet,
+};
 use crate::http_util::ErrorChain;
 use crate::metrics::CheckLabels;
 use crate::pool::PoolRt;
+use crate::upstream::tls::{Dialer, TargetStream, TargetTls};
 use bytes::Bytes;
 use http::{Request, header};
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::TokioIo;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -47,10 +49,27 @@ pub fn default_path_missing(hc: &HealthCheckConfig, code: Option<u16>) -> bool {
     hc.check_type == CheckType::Http && hc.path == DEFAULT_HEALTH_PATH && code == Some(404)
 }
 
-/// Checks one target once.
+/// A fresh connection for one check, TLS when the pool has it, within `connect`.
+async fn dial(
+    dialer: &Dialer,
+    protocol: Protocol,
+    connect: Duration,
+) -> Result<TargetStream, String> {
+    match tokio::time::timeout(connect, dialer.dial(protocol)).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(format!("connect failed: {e}")),
+        Err(_) => Err(format!(
+            "connect failed: no connection within {}",
+            humantime::format_duration(connect)
+        )),
+    }
+}
+
+/// Checks one target once (`connect`: the connection's own time limit, within the
+/// check's `timeout`).
 pub async fn probe(
-    client: &Client<HttpConnector, Empty<Bytes>>,
-    addr: &str,
+    dialer: &Dialer,
+    connect: Duration,
     hc: &HealthCheckConfig,
     expected: &StatusSet,
 ) -> CheckVerdict {
@@ -60,7 +79,8 @@ pub async fn probe(
         code: None,
     };
     if hc.check_type == CheckType::Grpc {
-        return match tokio::time::timeout(hc.timeout, grpc_probe(addr, &hc.grpc_service)).await {
+        let check = grpc_probe(dialer, connect, &hc.grpc_service);
+        return match tokio::time::timeout(hc.timeout, check).await {
             Ok(v) => v,
             Err(_) => fail(format!(
                 "no gRPC health answer within {}",
@@ -68,25 +88,31 @@ pub async fn probe(
             )),
         };
     }
-    let req = match Request::get(format!("http://{addr}{}", hc.path))
+    let req = match Request::get(hc.path.as_str())
+        .header(header::HOST, dialer.addr())
         .header(header::USER_AGENT, "vigil-lb health check")
         .header(header::ACCEPT, "application/health+json, */*")
-        .body(Empty::new())
+        .body(Empty::<Bytes>::new())
     {
         Ok(r) => r,
         Err(e) => return fail(format!("bad check request: {e}")),
     };
     let work = async {
-        let resp = match client.request(req).await {
+        let stream = match dial(dialer, Protocol::Http1, connect).await {
+            Ok(s) => s,
+            Err(detail) => return fail(detail),
+        };
+        let (mut send, conn) =
+            match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+                Ok(h) => h,
+                Err(e) => return fail(format!("request failed: {}", ErrorChain(&e))),
+            };
+        // The connection is driven beside the exchange; it ends when `send` and the
+        // answer are dropped (a fresh connection per check: see the module doc).
+        tokio::spawn(conn);
+        let resp = match send.send_request(req).await {
             Ok(r) => r,
-            Err(e) => {
-                let what = if e.is_connect() {
-                    "connect failed"
-                } else {
-                    "request failed"
-                };
-                return fail(format!("{what}: {}", ErrorChain(&e)));
-            }
+            Err(e) => return fail(format!("request failed: {}", ErrorChain(&e))),
         };
         let code = resp.status().as_u16();
         let status_ok = expected.contains(code);
@@ -149,15 +175,15 @@ pub async fn probe(
 const SERVING: u64 = 1;
 
 /// One gRPC health v1 `Check` of `service` ("" = the whole server) on a fresh HTTP/2
-/// connection (cleartext, prior knowledge), as grpc-health-probe does: passes on
+/// connection (prior knowledge in cleartext, ALPN `h2` over TLS), as grpc-health-probe does: passes on
 /// `SERVING`; `NOT_SERVING`, `SERVICE_UNKNOWN`, a non-zero `grpc-status` (5, NOT_FOUND,
 /// for a service the server does not know) or anything not gRPC fails.
 ///
 /// The two messages are written and read by hand: `HealthCheckRequest` is one string
 /// (field 1) and `HealthCheckResponse` one enum (field 1); a protobuf runtime and
 /// generated code (tonic-health) would be more code in the balancer than this.
-pub async fn grpc_probe(addr: &str, service: &str) -> CheckVerdict {
-    match grpc_check(addr, service).await {
+pub async fn grpc_probe(dialer: &Dialer, connect: Duration, service: &str) -> CheckVerdict {
+    match grpc_check(dialer, connect, service).await {
         Ok(SERVING) => CheckVerdict {
             ok: true,
             detail: "gRPC SERVING".into(),
@@ -187,12 +213,10 @@ fn serving_status_name(status: u64) -> String {
 }
 
 /// The `ServingStatus` the target answered, or what went wrong.
-async fn grpc_check(addr: &str, service: &str) -> Result<u64, String> {
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect failed: {e}"))?;
-    let _ = tcp.set_nodelay(true);
-    let (send, conn) = h2::client::handshake(tcp)
+async fn grpc_check(dialer: &Dialer, connect: Duration, service: &str) -> Result<u64, String> {
+    let addr = dialer.addr();
+    let stream = dial(dialer, Protocol::H2, connect).await?;
+    let (send, conn) = h2::client::handshake(stream)
         .await
         .map_err(|e| format!("HTTP/2 handshake failed: {e}"))?;
     let exchange = async move {
@@ -334,25 +358,17 @@ fn health_check_status(framed: &[u8]) -> Result<u64, String> {
 }
 
 /// A client for checks: no pooling, so every check opens a fresh connection.
-pub fn check_client(connect_timeout: Duration) -> Client<HttpConnector, Empty<Bytes>> {
-    let mut http = HttpConnector::new();
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(0)
-        .build(http)
-}
-
 /// Check interval while a target has no verdict yet (at most `interval`): with the
 /// default `healthy_threshold` of 2, a healthy target is in service about 200 ms after
 /// the balancer starts instead of one full interval (2 s by default) later, and clients
 /// meet no 503 for want of a checked target.
 pub const FIRST_VERDICT_INTERVAL: Duration = Duration::from_millis(200);
 
-/// Checks every target of `pool` until `stop` changes or is dropped.
+/// Checks every target of `pool` until `stop` changes or is dropped (`connect`: the
+/// time limit of each check's connection, `timeouts.connect`).
 pub fn spawn_checks(
     pool: Arc<PoolRt>,
-    client: Client<HttpConnector, Empty<Bytes>>,
+    connect: Duration,
     stop: watch::Receiver<()>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let section = pool.section.load_full();
@@ -361,17 +377,13 @@ pub fn spawn_checks(
         return Vec::new();
     }
     let expected = StatusSet::parse(&hc.expected_statuses).expect("validated config");
+    let targets = pool.targets.lock().expect("targets lock").clone();
     section
         .targets
         .iter()
-        .map(|t| {
-            let (pool, client, hc, expected, addr) = (
-                pool.clone(),
-                client.clone(),
-                hc.clone(),
-                expected.clone(),
-                t.addr.clone(),
-            );
+        .filter_map(|t| Some((targets.get(&t.addr)?.clone(), t.addr.clone())))
+        .map(|(target, addr)| {
+            let (pool, hc, expected) = (pool.clone(), hc.clone(), expected.clone());
             let mut stop = stop.clone();
             tokio::spawn(async move {
                 loop {
@@ -383,7 +395,7 @@ pub fn spawn_checks(
                     let v = tokio::select! {
                         biased;
                         _ = stop.changed() => return,
-                        v = probe(&client, &addr, &hc, &expected) => v,
+                        v = probe(target.conns.dialer(), connect, &hc, &expected) => v,
                     };
                     pool_metrics(&pool, &addr, v.ok);
                     let judged = pool.observe_probe(&addr, v.ok, v.detail);
@@ -413,7 +425,11 @@ pub fn spawn_checks(
 /// checks the default path over HTTP, and returns a warning for each pool where some
 /// target answers 404 there (a plain web server has no `/readyz`, and would never be
 /// healthy). Targets that do not answer say nothing: they may simply be down now.
-pub fn default_path_warnings(config: &LbConfig) -> Vec<String> {
+/// `tls`: the pools' TLS to their targets (`crate::tls::load`).
+pub fn default_path_warnings(
+    config: &LbConfig,
+    tls: &BTreeMap<String, Arc<TargetTls>>,
+) -> Vec<String> {
     let pools: Vec<_> = config
         .pools
         .iter()
@@ -437,13 +453,13 @@ pub fn default_path_warnings(config: &LbConfig) -> Vec<String> {
         for (name, pool) in pools {
             let hc = &pool.health_check;
             let expected = StatusSet::parse(&hc.expected_statuses).expect("validated config");
-            let client = check_client(hc.timeout);
             let mut checks = tokio::task::JoinSet::new();
             for t in &pool.targets {
-                let (client, hc, expected, addr) =
-                    (client.clone(), hc.clone(), expected.clone(), t.addr.clone());
+                let (hc, expected, addr) = (hc.clone(), expected.clone(), t.addr.clone());
+                let dialer = Dialer::new(&addr);
+                dialer.set_tls(tls.get(name).cloned());
                 checks.spawn(async move {
-                    let v = probe(&client, &addr, &hc, &expected).await;
+                    let v = probe(&dialer, hc.timeout, &hc, &expected).await;
                     (addr, v)
                 });
             }

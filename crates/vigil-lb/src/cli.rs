@@ -51,12 +51,12 @@ pub fn run(args: Args) -> ExitCode {
                 crate::tls::install_crypto_provider();
                 // Certificates too, as `nginx -t` reads them.
                 crate::tls::load(&c, crate::daemon::config_dir(&args.config))
-                    .map(|_| c)
+                    .map(|t| (c, t))
                     .map_err(|e| format!("{}: {e}", args.config.display()))
             }) {
-            Ok(c) => {
+            Ok((c, tls)) => {
                 // A warning, not an error: the file is valid, the targets may change.
-                for w in crate::checker::default_path_warnings(&c) {
+                for w in crate::checker::default_path_warnings(&c, &tls.pools) {
                     eprintln!("{}: warning: {w}", args.config.display());
                 }
                 let targets: usize = c.pools.values().map(|p| p.targets.len()).sum();

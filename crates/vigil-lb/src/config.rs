@@ -365,6 +365,25 @@ pub enum Protocol {
     H2,
 }
 
+/// TLS to a pool's targets: whom to trust, which name to verify, and the balancer's
+/// own certificate for targets that ask for one. Certificates are always verified:
+/// a target with a self-signed certificate is trusted by naming it (or its CA) in `ca`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TargetTlsConfig {
+    /// PEM file of the certificate authorities the targets' certificates chain to
+    /// (relative to the configuration file's directory). Absent: the system's roots.
+    pub ca: Option<PathBuf>,
+    /// The name sent as SNI and verified against every target's certificate. Absent:
+    /// each target's own host (a name, or an IP address verified as an IP SAN).
+    pub server_name: Option<String>,
+    /// PEM chain the balancer presents to targets that ask for a client certificate
+    /// (mutual TLS); needs `key`.
+    pub cert: Option<PathBuf>,
+    /// PEM private key of `cert`.
+    pub key: Option<PathBuf>,
+}
+
 /// The kind of active health check.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -383,8 +402,12 @@ pub enum CheckType {
 pub struct PoolSection {
     /// The targets.
     pub targets: Vec<TargetConfig>,
-    /// `http1` or `h2` (cleartext, prior knowledge) to the targets. Defaults to `http1`.
+    /// `http1` or `h2` (prior knowledge in cleartext, ALPN over TLS) to the targets.
+    /// Defaults to `http1`.
     pub protocol: Protocol,
+    /// TLS to the targets (`[pools.<name>.tls]`); absent: cleartext. Requests and
+    /// health checks alike.
+    pub tls: Option<TargetTlsConfig>,
     /// `p2c`, `round-robin` or `least-request`. Defaults to `p2c`.
     pub balance: Balance,
     /// Fail open (route to all) when the healthy fraction falls below this. Defaults
@@ -422,6 +445,7 @@ impl Default for PoolSection {
         PoolSection {
             targets: Vec::new(),
             protocol: Protocol::Http1,
+            tls: None,
             balance: Balance::P2c,
             panic_threshold: core.panic_threshold,
             panic_exit_margin: core.panic_exit_margin,
@@ -921,6 +945,26 @@ impl LbConfig {
                 .budget
                 .validate()
                 .map_err(|e| e.within(&format!("pools.{name}.retries.budget")))?;
+            if let Some(tls) = &pool.tls {
+                if tls.cert.is_some() != tls.key.is_some() {
+                    return Err(invalid(
+                        key(if tls.cert.is_some() {
+                            "tls.key"
+                        } else {
+                            "tls.cert"
+                        }),
+                        "missing: a client certificate needs both `cert` and `key`",
+                    ));
+                }
+                if let Some(n) = &tls.server_name
+                    && rustls::pki_types::ServerName::try_from(n.as_str()).is_err()
+                {
+                    return Err(invalid(
+                        key("tls.server_name"),
+                        format!("{n:?} is not a DNS name or an IP address"),
+                    ));
+                }
+            }
             let h = &pool.hedge;
             if !(0.0..1.0).contains(&h.quantile) || h.quantile < 0.5 {
                 return Err(invalid(

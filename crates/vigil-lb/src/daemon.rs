@@ -20,13 +20,10 @@ use crate::park::Park;
 use crate::pool::{Clock, PoolRt};
 use crate::proxy::{Proxy, ProxyTable, RouteRule};
 use crate::tls::{self, TlsSlot};
+use crate::upstream::tls::TargetTls;
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http_body_util::Empty;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::collections::BTreeMap;
@@ -74,15 +71,14 @@ pub struct Lb {
     pools: ArcSwap<BTreeMap<String, Arc<PoolRt>>>,
     config: Mutex<LbConfig>,
     checks: Mutex<Option<watch::Sender<()>>>,
-    check_client: Client<HttpConnector, Empty<Bytes>>,
     /// Each TLS listener's configuration (certificates), swapped on reload.
     tls: Vec<TlsSlot>,
 }
 
 impl Lb {
     /// Builds the balancer and starts its health checks (call inside a runtime).
-    /// `tls`: the TLS listeners' configurations ([`tls::load`] of `config`).
-    pub fn start(config: LbConfig, tls: Vec<Arc<rustls::ServerConfig>>) -> Arc<Lb> {
+    /// `tls`: its TLS configurations, listeners and pools ([`tls::load`] of `config`).
+    pub fn start(config: LbConfig, tls: tls::Loaded) -> Arc<Lb> {
         let metrics = Arc::new(Metrics::new());
         let proxy = Arc::new(Proxy {
             table: ArcSwap::from_pointee(proxy_table(&config, Vec::new())),
@@ -90,30 +86,30 @@ impl Lb {
         });
         let lb = Arc::new(Lb {
             clock: Clock::new(),
-            check_client: checker::check_client(config.timeouts.connect),
             metrics,
             proxy,
             pools: ArcSwap::from_pointee(BTreeMap::new()),
             config: Mutex::new(config.clone()),
             checks: Mutex::new(None),
             tls: tls
+                .listeners
                 .into_iter()
                 .map(|sc| Arc::new(ArcSwap::new(sc)))
                 .collect(),
         });
-        lb.apply(config);
+        lb.apply(config, &tls.pools);
         lb
     }
 
     /// Applies a validated configuration, keeping the state of pools and targets that
-    /// remain.
-    pub fn apply(&self, config: LbConfig) {
+    /// remain; `pools_tls`: the pools' TLS to their targets, read from the same file.
+    pub fn apply(&self, config: LbConfig, pools_tls: &BTreeMap<String, Arc<TargetTls>>) {
         let old = self.pools.load_full();
         let mut pools = BTreeMap::new();
         for (name, section) in &config.pools {
             let pool = match old.get(name) {
                 Some(p) => {
-                    p.reconfigure(section.clone());
+                    p.reconfigure(section.clone(), pools_tls.get(name).cloned());
                     p.clone()
                 }
                 None => {
@@ -121,6 +117,7 @@ impl Lb {
                     Arc::new(PoolRt::new(
                         name,
                         section.clone(),
+                        pools_tls.get(name).cloned(),
                         self.clock,
                         self.metrics.clone(),
                     ))
@@ -158,7 +155,7 @@ impl Lb {
         // Restart the checkers on the new settings: their state lives in the pools.
         let (tx, rx) = watch::channel(());
         for pool in pools.values() {
-            checker::spawn_checks(pool.clone(), self.check_client.clone(), rx.clone());
+            checker::spawn_checks(pool.clone(), config.timeouts.connect, rx.clone());
         }
         // Dropping the old sender stops the old checkers.
         *self.checks.lock().expect("checks lock") = Some(tx);
@@ -216,18 +213,18 @@ impl Lb {
                     let new_tls: BTreeMap<&String, _> = new
                         .tls_listeners
                         .iter()
-                        .zip(tls)
+                        .zip(&tls.listeners)
                         .map(|((n, l), sc)| (n, (l, sc)))
                         .collect();
                     for (slot, (name, old)) in self.tls.iter().zip(&cur.tls_listeners) {
                         if let Some((l, sc)) = new_tls.get(name)
                             && l.listen == old.listen
                         {
-                            slot.store(sc.clone());
+                            slot.store((*sc).clone());
                         }
                     }
                 }
-                self.apply(new);
+                self.apply(new, &tls.pools);
                 tracing::info!(config = %path.display(), "configuration reloaded");
             }
         }
@@ -428,12 +425,7 @@ async fn accept_loop(
     }
 }
 
-async fn serve(
-    config: LbConfig,
-    tls: Vec<Arc<rustls::ServerConfig>>,
-    path: PathBuf,
-    workers: usize,
-) -> u8 {
+async fn serve(config: LbConfig, tls: tls::Loaded, path: PathBuf, workers: usize) -> u8 {
     // Per worker: the plain listener's socket, then each TLS listener's.
     let mut per_worker: Vec<Vec<std::net::TcpListener>> = match listeners(config.listen, workers) {
         Ok(l) => l.into_iter().map(|l| vec![l]).collect(),

@@ -634,7 +634,7 @@ impl ClientConn {
         crate::tunnel::run(
             &mut self.tcp,
             &ahead,
-            &mut up.tcp,
+            &mut up.stream,
             &up.read_ahead,
             table.tunnel_idle_timeout,
             &stop.close,

@@ -18,7 +18,7 @@
 //! | 3 downstream | [`downstream`] (with [`downstream::http2`]), [`admin`], [`tls`] | the client side: a lean HTTP/1.1 server and HTTP/2 from clients; the admin listener (`/admin/targets`, `/metrics`); TLS termination, certificates by SNI |
 //! | 4 proxy | [`proxy`], [`tunnel`], [`checker`] | the data path (pick, forward, retry, hedge, answer); upgrades joined byte for byte after a `101`; active health checks |
 //! | 5 pool | [`pool`] | a pool at run time: policy state, lock-free routing snapshots, events logged with their cause |
-//! | 6 upstream | [`upstream`] (with [`upstream::http2`]) | pooled connections to targets, HTTP/1.1 and HTTP/2 |
+//! | 6 upstream | [`upstream`] (with [`upstream::http2`], [`upstream::tls`]) | pooled connections to targets, HTTP/1.1 and HTTP/2, in cleartext or TLS; the one dial every connection to a target is made with |
 //! | 7 shared | [`http_util`], [`body`], [`worker`], [`spare`], [`park`], [`config`], [`metrics`] | hop-by-hop fields, [`http_util::AttemptFailure`], [`http_util::ErrorChain`]; the client stream and request body; a worker's CPU sharing; idle connections' buffers and their park; `lb.toml`; Prometheus metrics |
 
 pub mod admin;

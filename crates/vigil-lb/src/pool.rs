@@ -16,6 +16,7 @@
 use crate::config::{Balance, PoolSection};
 use crate::metrics::{Metrics, PoolLabels, RequestLabels, TargetLabels};
 use crate::upstream::ConnPool;
+use crate::upstream::tls::TargetTls;
 use arc_swap::ArcSwap;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
@@ -398,17 +399,22 @@ pub struct PoolRt {
 }
 
 impl PoolRt {
-    /// Builds a pool from its configuration; targets start per `new_targets`.
-    pub fn new(name: &str, section: PoolSection, clock: Clock, metrics: Arc<Metrics>) -> Self {
+    /// Builds a pool from its configuration; targets start per `new_targets`. `tls`:
+    /// its TLS to the targets, when its section has one (read by `crate::tls::load`).
+    pub fn new(
+        name: &str,
+        section: PoolSection,
+        tls: Option<Arc<TargetTls>>,
+        clock: Clock,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let now = clock.now();
         let mut pool = Pool::new(name, section.core());
         let mut targets = BTreeMap::new();
         for t in &section.targets {
             pool.add_target(t.addr.clone(), spec(t), now);
             let target = Arc::new(TargetRt::new(name, &t.addr));
-            target
-                .conns
-                .set_h2(section.protocol == crate::config::Protocol::H2);
+            target.conns.set_protocol(section.protocol, tls.clone());
             targets.insert(t.addr.clone(), target);
         }
         let duration = metrics
@@ -450,7 +456,7 @@ impl PoolRt {
     }
 
     /// Applies a new configuration (a reload): keeps every known target's state.
-    pub fn reconfigure(&self, section: PoolSection) {
+    pub fn reconfigure(&self, section: PoolSection, tls: Option<Arc<TargetTls>>) {
         let now = self.clock.now();
         let mut state = self.state.lock().expect("pool lock");
         let mut events = state.reconfigure(section.core(), now);
@@ -466,7 +472,7 @@ impl PoolRt {
                     .entry(t.addr.clone())
                     .or_insert_with(|| Arc::new(TargetRt::new(&self.name, &t.addr)))
                     .conns
-                    .set_h2(section.protocol == crate::config::Protocol::H2);
+                    .set_protocol(section.protocol, tls.clone());
             }
         }
         *self.budget.lock().expect("budget lock") = RetryBudget::new(section.retries.budget);

@@ -2,9 +2,11 @@
 //! handshake by the name the client asks for (SNI), and replaced on SIGHUP without
 //! touching the connections already open.
 //!
-//! Floor 3, downstream (floors: the crate doc): imports config.
+//! Floor 3, downstream (floors: the crate doc): imports config, and upstream's TLS to
+//! targets (its PEM readers, its provider, and each pool's [`TargetTls`], which
+//! [`load`] builds with the listeners' so that one reading of the files serves both).
 //!
-//! rustls (through tokio-rustls) does the TLS; its crypto provider is chosen here
+//! rustls (through tokio-rustls) does the TLS; its crypto provider is chosen
 //! explicitly, aws-lc-rs (the workspace compiles both ring and aws-lc-rs into the
 //! binary, and rustls refuses to guess between two: `/work/shared/ECOSYSTEM.md`, trap
 //! 2). Each listener's `ServerConfig` sits in an [`ArcSwap`] ([`TlsSlot`]) that every
@@ -20,42 +22,24 @@
 //! which certificate answers which name is visible in the file.
 
 use crate::config::{LbConfig, TlsListenerConfig};
+pub use crate::upstream::tls::TlsError;
+use crate::upstream::tls::{TargetTls, provider, read_chain, read_key};
 use arc_swap::ArcSwap;
 use rustls::ServerConfig;
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A TLS listener's configuration now: read at each handshake, swapped on reload.
 pub type TlsSlot = Arc<ArcSwap<ServerConfig>>;
 
-/// The crypto provider of every TLS use in the balancer.
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
-}
-
 /// Installs aws-lc-rs as the process's default rustls provider (a no-op when one is
 /// installed already). Called first thing by `vigil lb`: anything that builds a rustls
 /// configuration without naming a provider would otherwise panic.
 pub fn install_crypto_provider() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-}
-
-/// A certificate that cannot be used: which key, which file, why.
-#[derive(Debug, thiserror::Error)]
-#[error("key `{key}`: {}: {message}", file.display())]
-pub struct TlsError {
-    /// Dotted path of the key, e.g. `tls_listeners.public.certificates[1].key`.
-    pub key: String,
-    /// The file, as resolved.
-    pub file: PathBuf,
-    /// What is wrong.
-    pub message: String,
 }
 
 /// Certificates by server name.
@@ -89,15 +73,30 @@ impl ResolvesServerCert for SniCerts {
     }
 }
 
-/// Reads and checks every TLS listener's certificates (`base`: the configuration
-/// file's directory, for relative paths); one `ServerConfig` per listener, in the
-/// order of their names.
-pub fn load(config: &LbConfig, base: &Path) -> Result<Vec<Arc<ServerConfig>>, TlsError> {
-    config
+/// Every TLS configuration of a file, each read and checked whole.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// One `ServerConfig` per TLS listener, in the order of their names.
+    pub listeners: Vec<Arc<ServerConfig>>,
+    /// TLS to the targets, by pool (pools with a `[pools.<name>.tls]`).
+    pub pools: BTreeMap<String, Arc<TargetTls>>,
+}
+
+/// Reads and checks every TLS listener's certificates and every pool's TLS to its
+/// targets (`base`: the configuration file's directory, for relative paths).
+pub fn load(config: &LbConfig, base: &Path) -> Result<Loaded, TlsError> {
+    let listeners = config
         .tls_listeners
         .iter()
         .map(|(name, l)| server_config(l, name, base))
-        .collect()
+        .collect::<Result<_, _>>()?;
+    let pools = config
+        .pools
+        .iter()
+        .filter_map(|(name, p)| p.tls.as_ref().map(|t| (name, t)))
+        .map(|(name, t)| Ok((name.clone(), Arc::new(TargetTls::load(t, name, base)?))))
+        .collect::<Result<_, TlsError>>()?;
+    Ok(Loaded { listeners, pools })
 }
 
 /// The `ServerConfig` of the listener named `index`.
@@ -114,35 +113,14 @@ pub fn server_config(
         let key = |k: &str| format!("tls_listeners.{index}.certificates[{j}].{k}");
         let cert_file = base.join(&c.cert);
         let key_file = base.join(&c.key);
-        let fail = |k: &str, file: &Path, message: String| TlsError {
-            key: key(k),
-            file: file.to_path_buf(),
-            message,
-        };
-        let chain = CertificateDer::pem_file_iter(&cert_file)
-            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| fail("cert", &cert_file, format!("cannot read a PEM chain: {e}")))?;
-        if chain.is_empty() {
-            return Err(fail(
-                "cert",
-                &cert_file,
-                "no CERTIFICATE in this PEM file".into(),
-            ));
-        }
-        let private = PrivateKeyDer::from_pem_file(&key_file).map_err(|e| {
-            fail(
-                "key",
-                &key_file,
-                format!("cannot read a PEM private key: {e}"),
-            )
-        })?;
-        let certified = CertifiedKey::from_der(chain, private, &provider).map_err(|e| {
-            fail(
-                "key",
-                &key_file,
-                format!("unusable with {}: {e}", cert_file.display()),
-            )
-        })?;
+        let chain = read_chain(&cert_file, &key("cert"))?;
+        let private = read_key(&key_file, &key("key"))?;
+        let certified =
+            CertifiedKey::from_der(chain, private, &provider).map_err(|e| TlsError {
+                key: key("key"),
+                file: key_file.clone(),
+                message: format!("unusable with {}: {e}", cert_file.display()),
+            })?;
         let certified = Arc::new(certified);
         for name in &c.server_names {
             let name = name.to_ascii_lowercase();

@@ -30,8 +30,11 @@
 
 /// HTTP/2 to targets (gRPC).
 pub mod http2;
+/// TLS to targets, and the one dial every connection to a target is made with.
+pub mod tls;
 
 use crate::body::{BodyReader, Growth, READ_RESERVE, poll_read_more};
+use crate::config::Protocol;
 use crate::http_util::{AttemptFailure, connection_options, hop_by_hop};
 use crate::spare;
 use bytes::{Buf, Bytes, BytesMut};
@@ -39,15 +42,14 @@ use hyper::body::{Body, Frame, SizeHint};
 use smallvec::SmallVec;
 use std::cell::Cell;
 use std::io::{self, Write as _};
-use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker, ready};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use tls::{Dialer, TargetStream, TargetTls};
+use tokio::io::AsyncWrite;
 use vigil_core::http1::{self, ChunkedDecoder, Decoded, Framing};
 
 /// Largest response head accepted from a target (a larger one is a 502).
@@ -337,7 +339,7 @@ impl UpstreamResponse {
 #[derive(Debug)]
 pub struct Upgraded {
     /// The connection.
-    pub tcp: TcpStream,
+    pub stream: TargetStream,
     /// What the target sent after its `101` head (the new protocol's first bytes).
     pub read_ahead: Bytes,
 }
@@ -345,7 +347,7 @@ pub struct Upgraded {
 /// One connection to a target, with its buffers.
 #[derive(Debug)]
 struct Conn {
-    tcp: TcpStream,
+    stream: TargetStream,
     /// Bytes read and not yet consumed.
     rbuf: BytesMut,
     /// The request being written.
@@ -353,29 +355,8 @@ struct Conn {
 }
 
 impl Conn {
-    /// Whether an idle connection can take a request: the target has not closed it nor
-    /// sent anything unasked. Reads epoll's last word; a system call only when epoll
-    /// said "readable" (then a 1-byte read tells closed, garbage, or stale readiness).
-    fn is_usable(&self) -> bool {
-        let mut cx = Context::from_waker(Waker::noop());
-        // Outside tokio's cooperative budget: with it spent (many idle connections
-        // looked at in one poll), readiness would read `Pending` and a closed
-        // connection pass for usable.
-        let ready = std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(|cx| self
-            .tcp
-            .poll_read_ready(cx))));
-        match ready.poll(&mut cx) {
-            Poll::Pending => true,
-            Poll::Ready(Err(_)) => false,
-            Poll::Ready(Ok(())) => {
-                let mut b = [0u8; 1];
-                matches!(self.tcp.try_read(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-            }
-        }
-    }
-
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        poll_read_more(&mut self.tcp, &mut self.rbuf, Growth::Body, cx)
+        poll_read_more(&mut self.stream, &mut self.rbuf, Growth::Body, cx)
     }
 
     async fn read(&mut self) -> io::Result<usize> {
@@ -387,39 +368,48 @@ impl Conn {
     /// `Ok(false)`: it answered; what it sent is in the read buffer. A target that takes
     /// none of it for `stall` is an error of kind `TimedOut`.
     async fn write_unless_answered(&mut self, mut buf: &[u8], stall: Duration) -> io::Result<bool> {
-        while !buf.is_empty() {
-            match self.tcp.try_write(buf) {
-                Ok(n) => buf = &buf[n..],
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let wait = async {
-                        tokio::select! {
-                            biased;
-                            r = self.tcp.readable() => r.map(|()| true),
-                            w = self.tcp.writable() => w.map(|()| false),
-                        }
-                    };
-                    let readable = tokio::time::timeout(stall, wait).await.map_err(|_| {
-                        io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "the target took none of the request",
-                        )
-                    })??;
-                    if readable {
-                        // Readiness can be stale: only bytes (or the end) say it answered.
-                        Growth::Body.make_room(&mut self.rbuf);
-                        match self.tcp.try_read_buf(&mut self.rbuf) {
-                            Ok(0) => return Ok(false),
-                            Ok(_) if self.skip_interim() => {}
-                            Ok(_) => return Ok(false),
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                            Err(e) => return Err(e),
-                        }
-                    }
+        /// What one wait brought.
+        enum Step {
+            Wrote(usize),
+            Flushed,
+            Answered,
+            Interim,
+        }
+        loop {
+            // Each wait for the target to take more is bounded by `stall`.
+            let step = std::future::poll_fn(|cx| {
+                if buf.is_empty() {
+                    // TLS keeps records until flushed (a no-op on plain TCP).
+                    return Pin::new(&mut self.stream)
+                        .poll_flush(cx)
+                        .map_ok(|()| Step::Flushed);
                 }
-                Err(e) => return Err(e),
+                match Pin::new(&mut self.stream).poll_write(cx, buf) {
+                    Poll::Ready(Ok(0)) => Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                    Poll::Ready(r) => Poll::Ready(r.map(Step::Wrote)),
+                    // Blocked: the target may have answered instead. Readiness can be
+                    // stale: only bytes (or the end) say it did.
+                    Poll::Pending => match ready!(self.poll_read(cx)) {
+                        Ok(0) => Poll::Ready(Ok(Step::Answered)),
+                        Ok(_) if self.skip_interim() => Poll::Ready(Ok(Step::Interim)),
+                        Ok(_) => Poll::Ready(Ok(Step::Answered)),
+                        Err(e) => Poll::Ready(Err(e)),
+                    },
+                }
+            });
+            let step = tokio::time::timeout(stall, step).await.map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the target took none of the request",
+                )
+            })??;
+            match step {
+                Step::Flushed => return Ok(true),
+                Step::Wrote(n) => buf = &buf[n..],
+                Step::Answered => return Ok(false),
+                Step::Interim => {}
             }
         }
-        Ok(true)
     }
 }
 
@@ -451,10 +441,8 @@ struct Idle {
 /// The connections of one target.
 #[derive(Debug)]
 pub struct ConnPool {
-    /// `host:port` as configured (resolved at connect time when not an IP address).
-    addr: String,
-    /// The address when `addr` is an IP address (no resolution per connect).
-    sock: Option<SocketAddr>,
+    /// How a connection to it is made: address, TLS or not.
+    dialer: Dialer,
     /// Idle connections, one list per worker.
     idle: Box<[Mutex<Vec<Idle>>]>,
     /// Idle connections kept per worker.
@@ -492,18 +480,30 @@ impl ConnPool {
     pub fn new(addr: &str) -> Arc<Self> {
         let workers = WORKERS.load(Ordering::Relaxed);
         Arc::new(ConnPool {
-            addr: addr.to_string(),
-            sock: addr.parse().ok(),
+            dialer: Dialer::new(addr),
             idle: (0..workers).map(|_| Mutex::new(Vec::new())).collect(),
             idle_cap: (MAX_IDLE_PER_TARGET / workers).max(MIN_IDLE_PER_WORKER),
             h2: std::sync::atomic::AtomicBool::new(false),
-            h2_conns: crate::upstream::http2::H2Conns::new(addr, workers),
+            h2_conns: crate::upstream::http2::H2Conns::new(workers),
         })
     }
 
-    /// Speak HTTP/2 (prior knowledge) to this target from now on, or HTTP/1.1.
-    pub fn set_h2(&self, h2: bool) {
-        self.h2.store(h2, Ordering::Relaxed);
+    /// Speak `protocol` to this target from now on, over `tls` or in cleartext. A change
+    /// of TLS settings (a reload re-reads them) closes the idle connections: new ones
+    /// are made with the new settings.
+    pub fn set_protocol(&self, protocol: Protocol, tls: Option<Arc<TargetTls>>) {
+        self.h2.store(protocol == Protocol::H2, Ordering::Relaxed);
+        if self.dialer.set_tls(tls) {
+            for shard in &self.idle {
+                shard.lock().expect("idle lock").clear();
+            }
+            self.h2_conns.clear();
+        }
+    }
+
+    /// How connections to this target are made (a health check makes its own).
+    pub fn dialer(&self) -> &Dialer {
+        &self.dialer
     }
 
     /// Idle connections now.
@@ -538,18 +538,17 @@ impl ConnPool {
     pub fn evict_idle(&self, max_idle: Duration) {
         let now = Instant::now();
         for shard in &self.idle {
-            shard
-                .lock()
-                .expect("idle lock")
-                .retain(|i| now.duration_since(i.since) < max_idle && i.conn.is_usable());
+            shard.lock().expect("idle lock").retain_mut(|i| {
+                now.duration_since(i.since) < max_idle && i.conn.stream.is_usable()
+            });
         }
     }
 
     /// The most recently used idle connection that is usable.
     fn checkout(&self, max_idle: Duration) -> Option<Box<Conn>> {
         let mut idle = self.shard().lock().expect("idle lock");
-        while let Some(i) = idle.pop() {
-            if i.since.elapsed() < max_idle && i.conn.is_usable() {
+        while let Some(mut i) = idle.pop() {
+            if i.since.elapsed() < max_idle && i.conn.stream.is_usable() {
                 return Some(i.conn);
             }
         }
@@ -575,28 +574,20 @@ impl ConnPool {
     }
 
     async fn connect(&self, timeout: Duration) -> Result<Box<Conn>, AttemptFailure> {
-        let connecting = async {
-            let tcp = match self.sock {
-                Some(sa) => TcpStream::connect(sa).await,
-                None => TcpStream::connect(self.addr.as_str()).await,
-            }?;
-            tcp.set_nodelay(true)?;
-            Ok::<_, io::Error>(tcp)
-        };
-        match tokio::time::timeout(timeout, connecting).await {
-            Ok(Ok(tcp)) => Ok(Box::new(Conn {
-                tcp,
+        match tokio::time::timeout(timeout, self.dialer.dial(Protocol::Http1)).await {
+            Ok(Ok(stream)) => Ok(Box::new(Conn {
+                stream,
                 // Not from the spare list: measured, a burst of new connections
                 // then held ~0.8 KB more per request in flight (docs/lb.md, "A burst").
                 rbuf: BytesMut::with_capacity(READ_RESERVE),
                 wbuf: Vec::with_capacity(512),
             })),
             Ok(Err(e)) => {
-                tracing::debug!(target_addr = %self.addr, "connect failed: {e}");
+                tracing::debug!(target_addr = %self.dialer.addr(), "connect failed: {e}");
                 Err(AttemptFailure::Connect)
             }
             Err(_) => {
-                tracing::debug!(target_addr = %self.addr, "connect timed out");
+                tracing::debug!(target_addr = %self.dialer.addr(), "connect timed out");
                 Err(AttemptFailure::Connect)
             }
         }
@@ -615,7 +606,10 @@ impl ConnPool {
     ) -> Result<UpstreamResponse, AttemptFailure> {
         if self.h2.load(Ordering::Relaxed) {
             let worker = WORKER.with(Cell::get);
-            return self.h2_conns.send(worker, req, host, streamed, t).await;
+            return self
+                .h2_conns
+                .send(&self.dialer, worker, req, host, streamed, t)
+                .await;
         }
         loop {
             let (mut conn, reused) = match self.checkout(t.idle) {
@@ -629,7 +623,7 @@ impl ConnPool {
             {
                 Ok(head) => return self.respond(conn, head),
                 Err(ExchangeError::NoAnswer) if reused && replayable && req.idempotent => {
-                    tracing::debug!(target_addr = %self.addr, "pooled connection closed by the target: sending again on a new one");
+                    tracing::debug!(target_addr = %self.dialer.addr(), "pooled connection closed by the target: sending again on a new one");
                 }
                 Err(ExchangeError::NoAnswer) => return Err(AttemptFailure::Reset),
                 Err(ExchangeError::Failed(f)) => return Err(f),
@@ -666,20 +660,20 @@ impl ConnPool {
             conn.wbuf.extend_from_slice(&req.body);
         }
         let broken = |e: io::Error| {
-            tracing::debug!(target_addr = %self.addr, "sending the request failed: {e}");
+            tracing::debug!(target_addr = %self.dialer.addr(), "sending the request failed: {e}");
             ExchangeError::NoAnswer
         };
         // A target that takes nothing for `t.send` is frozen: a 504, not a wait forever.
         let stalled = |_| {
-            tracing::debug!(target_addr = %self.addr, "the target took none of the request within timeouts.send");
+            tracing::debug!(target_addr = %self.dialer.addr(), "the target took none of the request within timeouts.send");
             ExchangeError::Failed(AttemptFailure::SendStall)
         };
-        tokio::time::timeout(t.send, conn.tcp.write_all(&conn.wbuf))
+        tokio::time::timeout(t.send, conn.stream.write_now(&conn.wbuf))
             .await
             .map_err(stalled)?
             .map_err(broken)?;
         if !inline {
-            tokio::time::timeout(t.send, conn.tcp.write_all(&req.body))
+            tokio::time::timeout(t.send, conn.stream.write_now(&req.body))
                 .await
                 .map_err(stalled)?
                 .map_err(broken)?;
@@ -763,7 +757,7 @@ impl ConnPool {
                             None
                         };
                         let Some(fields) = fields else {
-                            tracing::debug!(target_addr = %self.addr, "101 Switching Protocols to a request without Upgrade, or without its own");
+                            tracing::debug!(target_addr = %self.dialer.addr(), "101 Switching Protocols to a request without Upgrade, or without its own");
                             return Err(ExchangeError::Failed(AttemptFailure::Garbage));
                         };
                         return Ok(Head { h, fields, read });
@@ -773,7 +767,7 @@ impl ConnPool {
                         continue;
                     }
                     Ok(Some(h)) if odd_coding && h.status >= 200 => {
-                        tracing::debug!(target_addr = %self.addr, "a transfer coding other than chunked in the response");
+                        tracing::debug!(target_addr = %self.dialer.addr(), "a transfer coding other than chunked in the response");
                         return Err(ExchangeError::Failed(AttemptFailure::Garbage));
                     }
                     Ok(Some(mut h)) => {
@@ -781,12 +775,12 @@ impl ConnPool {
                         return Ok(Head { h, fields, read });
                     }
                     Ok(None) if read.len() >= MAX_RESPONSE_HEAD => {
-                        tracing::debug!(target_addr = %self.addr, "response head over {MAX_RESPONSE_HEAD} bytes");
+                        tracing::debug!(target_addr = %self.dialer.addr(), "response head over {MAX_RESPONSE_HEAD} bytes");
                         return Err(ExchangeError::Failed(AttemptFailure::Garbage));
                     }
                     Ok(None) => conn.rbuf = unfreeze(read),
                     Err(e) => {
-                        tracing::debug!(target_addr = %self.addr, "{e}");
+                        tracing::debug!(target_addr = %self.dialer.addr(), "{e}");
                         return Err(ExchangeError::Failed(AttemptFailure::Garbage));
                     }
                 }
@@ -794,11 +788,11 @@ impl ConnPool {
             match conn.read().await {
                 Ok(0) | Err(_) if !answered => return Err(ExchangeError::NoAnswer),
                 Ok(0) => {
-                    tracing::debug!(target_addr = %self.addr, "connection closed in the response head");
+                    tracing::debug!(target_addr = %self.dialer.addr(), "connection closed in the response head");
                     return Err(ExchangeError::Failed(AttemptFailure::Reset));
                 }
                 Err(e) => {
-                    tracing::debug!(target_addr = %self.addr, "reading the response failed: {e}");
+                    tracing::debug!(target_addr = %self.dialer.addr(), "reading the response failed: {e}");
                     return Err(ExchangeError::Failed(AttemptFailure::Reset));
                 }
                 Ok(_) => {}
@@ -816,12 +810,12 @@ impl ConnPool {
         stall: Duration,
     ) -> Result<bool, ExchangeError> {
         let failed = |what: &str, e: &dyn std::fmt::Display| {
-            tracing::debug!(target_addr = %self.addr, "{what}: {e}");
+            tracing::debug!(target_addr = %self.dialer.addr(), "{what}: {e}");
             true
         };
         while let Some(data) = body.next_data().await {
             let data = data.map_err(|e| {
-                tracing::debug!(target_addr = %self.addr, "the client's request body broke: {e}");
+                tracing::debug!(target_addr = %self.dialer.addr(), "the client's request body broke: {e}");
                 // The client's fault, not the target's: 408 when it stalled, else 400.
                 let code = if e.kind() == io::ErrorKind::TimedOut {
                     408
@@ -847,11 +841,11 @@ impl ConnPool {
             match sent {
                 Ok(true) => {}
                 Ok(false) => {
-                    tracing::debug!(target_addr = %self.addr, "the target answered before the whole request body");
+                    tracing::debug!(target_addr = %self.dialer.addr(), "the target answered before the whole request body");
                     return Ok(true);
                 }
                 Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    tracing::debug!(target_addr = %self.addr, "the target took none of the request body within timeouts.send");
+                    tracing::debug!(target_addr = %self.dialer.addr(), "the target took none of the request body within timeouts.send");
                     return Err(ExchangeError::Failed(AttemptFailure::SendStall));
                 }
                 Err(e) => return Ok(failed("sending the request body failed", &e)),
@@ -895,7 +889,7 @@ impl ConnPool {
                     keep_alive: false,
                 },
                 upgraded: Some(Upgraded {
-                    tcp: conn.tcp,
+                    stream: conn.stream,
                     read_ahead: after,
                 }),
             });
@@ -1252,7 +1246,7 @@ mod tests {
         // The reactor has seen each FIN once each connection reads as readable (which
         // does not consume the readiness the pass below looks at).
         for c in &conns {
-            c.tcp.readable().await.unwrap();
+            c.stream.tcp().readable().await.unwrap();
         }
         for c in conns {
             pool.checkin(c);

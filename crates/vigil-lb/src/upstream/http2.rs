@@ -1,5 +1,6 @@
-//! HTTP/2 to targets (`protocol = "h2"`: cleartext, prior knowledge), for gRPC
-//! services: one multiplexed connection per target and worker, on the `h2` crate.
+//! HTTP/2 to targets (`protocol = "h2"`: prior knowledge in cleartext, ALPN `h2` over
+//! TLS), for gRPC services: one multiplexed connection per target and worker, on the
+//! `h2` crate.
 //!
 //! Floor 6, upstream, a child of [`crate::upstream`] (floors: the crate doc): imports its
 //! parent and the shared body and http_util.
@@ -22,42 +23,44 @@
 //! bring its own request and connection types for one protocol.
 
 use crate::body::BodyReader;
+use crate::config::Protocol;
 use crate::http_util::AttemptFailure;
+use crate::upstream::tls::Dialer;
 use crate::upstream::{AttemptTimeouts, Outgoing, ResponseHead, UpstreamResponse};
 use bytes::Bytes;
 use h2::client::SendRequest;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::Mutex;
-use tokio::net::TcpStream;
 
 /// The HTTP/2 connections of one target: one per worker, shared by its requests.
 #[derive(Debug)]
 pub struct H2Conns {
-    /// `host:port` as configured.
-    addr: String,
-    /// The address when `addr` is an IP address.
-    sock: Option<SocketAddr>,
     per_worker: Box<[Mutex<Option<SendRequest<Bytes>>>]>,
 }
 
 impl H2Conns {
-    /// No connection yet to `addr`, for `workers` workers.
-    pub fn new(addr: &str, workers: usize) -> H2Conns {
+    /// No connection yet, for `workers` workers.
+    pub fn new(workers: usize) -> H2Conns {
         H2Conns {
-            addr: addr.to_string(),
-            sock: addr.parse().ok(),
             per_worker: (0..workers.max(1)).map(|_| Mutex::new(None)).collect(),
+        }
+    }
+
+    /// Forgets every connection (its streams in flight go on; new ones get a new one).
+    pub fn clear(&self) {
+        for slot in &self.per_worker {
+            *slot.lock().expect("h2 slot lock") = None;
         }
     }
 
     /// A connection ready for a new stream: this worker's, or a new one.
     async fn ready(
         &self,
+        dialer: &Dialer,
         worker: usize,
         t: &AttemptTimeouts,
     ) -> Result<SendRequest<Bytes>, AttemptFailure> {
-        let addr = self.addr.as_str();
+        let addr = dialer.addr();
         let slot = &self.per_worker[worker % self.per_worker.len()];
         let existing = slot.lock().expect("h2 slot lock").clone();
         if let Some(send) = existing {
@@ -67,7 +70,7 @@ impl H2Conns {
                 return Ok(send);
             }
         }
-        let send = connect(addr, self.sock, t).await?;
+        let send = connect(dialer, t).await?;
         *slot.lock().expect("h2 slot lock") = Some(send.clone());
         send.ready().await.map_err(|e| {
             tracing::debug!(target_addr = %addr, "h2 connection not ready: {e}");
@@ -78,6 +81,7 @@ impl H2Conns {
     /// Sends `req` and waits for the response head.
     pub async fn send(
         &self,
+        dialer: &Dialer,
         worker: usize,
         req: &Outgoing,
         host: &[u8],
@@ -85,11 +89,11 @@ impl H2Conns {
         t: AttemptTimeouts,
     ) -> Result<UpstreamResponse, AttemptFailure> {
         let request = to_request(req, host).map_err(|e| {
-            tracing::debug!(target_addr = %self.addr, "request not expressible in HTTP/2: {e}");
+            tracing::debug!(target_addr = %dialer.addr(), "request not expressible in HTTP/2: {e}");
             AttemptFailure::Garbage
         })?;
-        let addr = self.addr.as_str();
-        let mut send = self.ready(worker, &t).await?;
+        let addr = dialer.addr();
+        let mut send = self.ready(dialer, worker, &t).await?;
         let body = req.buffered_body();
         let end = body.is_empty() && streamed.is_none();
         let (response, mut stream) = send.send_request(request, end).map_err(|e| {
@@ -146,20 +150,16 @@ impl H2Conns {
     }
 }
 
-/// A new HTTP/2 connection (prior knowledge) whose driver runs in a task of this
-/// worker's runtime.
+/// A new HTTP/2 connection (prior knowledge in cleartext, ALPN `h2` over TLS) whose
+/// driver runs in a task of this worker's runtime.
 async fn connect(
-    addr: &str,
-    sock: Option<SocketAddr>,
+    dialer: &Dialer,
     t: &AttemptTimeouts,
 ) -> Result<SendRequest<Bytes>, AttemptFailure> {
+    let addr = dialer.addr();
     let connecting = async {
-        let tcp = match sock {
-            Some(sa) => TcpStream::connect(sa).await,
-            None => TcpStream::connect(addr).await,
-        }?;
-        tcp.set_nodelay(true)?;
-        h2::client::handshake(tcp)
+        let stream = dialer.dial(Protocol::H2).await?;
+        h2::client::handshake(stream)
             .await
             .map_err(|e| io::Error::other(e.to_string()))
     };
