@@ -1,10 +1,10 @@
 //! TLS to targets (`[pools.<name>.tls]`): the client configuration of a pool, the
 //! connection to a target plain or over TLS ([`TargetStream`]), and the one dial
-//! ([`dial`]) that requests, HTTP/2 and health checks all connect with.
+//! ([`Dialer`]) that requests, HTTP/2 and health checks all connect with.
 //!
 //! Floor 6, upstream, a child of [`crate::upstream`] (floors: the crate doc): imports the
 //! shared config only. The TLS listeners' module ([`crate::tls`]) reads its PEM files
-//! with this module's readers and names its errors with [`TlsError`].
+//! with this module's readers and names its errors with [`TlsError`](crate::upstream::tls::TlsError).
 //!
 //! Certificates are always verified (rustls's webpki verifier): against `ca` when the
 //! pool names one, else against the system's roots (`rustls-native-certs`). The name
