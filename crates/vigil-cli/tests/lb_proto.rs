@@ -1059,6 +1059,45 @@ async fn targets_over_tls_are_verified_named_and_shown_a_client_certificate() {
             "{name}: a target that fails the handshake gets nothing: {body}"
         );
     }
+
+    // A reload re-reads the pools' TLS: `wrong` is given the certificate's name and
+    // comes into service...
+    let text = std::fs::read_to_string(&lb.config).unwrap();
+    std::fs::write(
+        &lb.config,
+        text.replace(
+            "server_name = \"other.test\"",
+            "server_name = \"target.test\"",
+        ),
+    )
+    .unwrap();
+    lb.signal("HUP");
+    wait_log(&lb, "configuration reloaded").await;
+    wait_state(&lb, "wrong", "healthy").await;
+    let (status, body) = through(&lb, "GET", "/wrong/again", b"").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("sni=target.test"), "{body}");
+    // ... and a CA file that cannot be read rejects a reload: the running TLS stays.
+    std::fs::write(pki.path("broken.pem"), "not a certificate").unwrap();
+    let text = std::fs::read_to_string(&lb.config).unwrap();
+    std::fs::write(
+        &lb.config,
+        text.replacen(
+            &format!("ca = \"{}\"", ca.display()),
+            &format!("ca = \"{}\"", pki.path("broken.pem").display()),
+            1,
+        ),
+    )
+    .unwrap();
+    lb.signal("HUP");
+    wait_log(&lb, "reload rejected").await;
+    assert!(
+        lb.log().contains("pools.ip.tls.ca") && lb.log().contains("broken.pem"),
+        "the rejection names the key and the file: {}",
+        lb.log()
+    );
+    let (status, body) = through(&lb, "GET", "/ip/still", b"").await;
+    assert_eq!(status, 200, "{body}");
 }
 
 #[test]
