@@ -54,7 +54,7 @@ VIGIL_BALANCE = {"least": "", "rr": 'balance = "round-robin"\n'}
 def ensure_tools(*tools):
     """Installs from Debian what is missing of `tools` (nginx, haproxy, wrk, valgrind), as
     run.sh does, and stops the system services the packages start (we run our own)."""
-    package = {"nginx": "nginx-light"}
+    package = {"nginx": "nginx-light", "perf": "linux-perf"}
     missing = [t for t in tools if not shutil.which(t)]
     if not missing:
         return
