@@ -994,12 +994,18 @@ async fn targets_over_tls_are_verified_named_and_shown_a_client_certificate() {
             pool("mutual", target.mutual, &client),
             // The target asks for a client certificate this pool has not got.
             pool("nocert", target.mutual, ""),
+            // HTTP/2 to the target over TLS (ALPN h2), as a gRPC pool would.
+            pool("h2", target.open, "").replacen(
+                "[pools.h2]\n",
+                "[pools.h2]\nprotocol = \"h2\"\n",
+                1,
+            ),
         ]
         .concat(),
     )
     .await;
 
-    for name in ["ip", "named", "mutual"] {
+    for name in ["ip", "named", "mutual", "h2"] {
         let detail = wait_state(&lb, name, "healthy").await;
         assert!(
             detail.contains("HTTP 200"),
@@ -1043,6 +1049,12 @@ async fn targets_over_tls_are_verified_named_and_shown_a_client_certificate() {
     assert!(
         body.contains("client=vigil-client"),
         "the client certificate was shown: {body}"
+    );
+    let (status, body) = through(&lb, "POST", "/h2/w", b"over h2").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("alpn=h2") && body.contains("host=app.test"),
+        "{body}"
     );
     // Kept-alive TLS connections are reused: many requests, all answered.
     for i in 0..50 {
