@@ -1172,3 +1172,72 @@ fn check_config_reads_the_targets_ca_and_client_certificate() {
     assert_eq!(code, Some(78));
     assert!(err.contains("pools.web.tls.server_name"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_target_over_tls_is_proxied_to_and_judged_by_grpc_checks_over_tls() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    // tonic's TLS server takes the process's default provider.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let pki = Pki::new();
+    pki.leaf("grpc", &["grpc.test", "127.0.0.1"]);
+    let (reporter, service) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let identity = tonic::transport::Identity::from_pem(
+        std::fs::read(pki.path("grpc.pem")).unwrap(),
+        std::fs::read(pki.path("grpc.key")).unwrap(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    let server = tonic::transport::Server::builder()
+        .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+        .unwrap()
+        .add_service(service)
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+    tokio::spawn(server);
+    let lb = LbProcess::start(&format!(
+        "[pools.grpc]\nprotocol = \"h2\"\nslow_start_window = \"0s\"\n\
+         targets = [{{ addr = \"{backend}\" }}]\n\
+         [pools.grpc.tls]\nca = \"{}\"\n\
+         [pools.grpc.health_check]\ntype = \"grpc\"\ninterval = \"100ms\"\ntimeout = \"1s\"\n\
+         healthy_threshold = 1\nunhealthy_threshold = 2\n",
+        pki.path("ca.pem").display()
+    ))
+    .await;
+    let detail = wait_state(&lb, "grpc", "healthy").await;
+    assert!(
+        detail.contains("gRPC SERVING"),
+        "the check over TLS: {detail}"
+    );
+
+    // A gRPC client in cleartext to the balancer, the balancer in TLS to the target.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", lb.port))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect to vigil lb");
+    let mut client = HealthClient::new(channel);
+    let answer = client
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("Check through the balancer");
+    assert_eq!(answer.into_inner().status, 1, "SERVING");
+    // A trailers-only error answer comes back as such over TLS too.
+    let err = client
+        .check(HealthCheckRequest {
+            service: "vigil.Unknown".into(),
+        })
+        .await
+        .expect_err("an unknown service");
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    let detail = wait_state(&lb, "grpc", "unhealthy").await;
+    assert!(detail.contains("gRPC NOT_SERVING"), "{detail}");
+}
