@@ -55,14 +55,10 @@ async fn dial(
     protocol: Protocol,
     connect: Duration,
 ) -> Result<TargetStream, String> {
-    match tokio::time::timeout(connect, dialer.dial(protocol)).await {
-        Ok(Ok(s)) => Ok(s),
-        Ok(Err(e)) => Err(format!("connect failed: {e}")),
-        Err(_) => Err(format!(
-            "connect failed: no connection within {}",
-            humantime::format_duration(connect)
-        )),
-    }
+    dialer
+        .dial(protocol, connect)
+        .await
+        .map_err(|e| format!("connect failed: {e}"))
 }
 
 /// Checks one target once (`connect`: the connection's own time limit, within the

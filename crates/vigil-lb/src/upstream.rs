@@ -348,6 +348,8 @@ pub struct Upgraded {
 #[derive(Debug)]
 struct Conn {
     stream: TargetStream,
+    /// The target's TLS settings it was made under ([`Dialer::generation`]).
+    generation: u64,
     /// Bytes read and not yet consumed.
     rbuf: BytesMut,
     /// The request being written.
@@ -557,7 +559,8 @@ impl ConnPool {
 
     /// Gives back a connection whose exchange ended with nothing left unread.
     fn checkin(&self, mut conn: Box<Conn>) {
-        if !conn.rbuf.is_empty() {
+        // Unread bytes, or made under TLS settings a reload has since changed: closed.
+        if !conn.rbuf.is_empty() || conn.generation != self.dialer.generation() {
             return;
         }
         // Idle, it holds no buffer (one grown large by a big head or body is freed).
@@ -574,20 +577,18 @@ impl ConnPool {
     }
 
     async fn connect(&self, timeout: Duration) -> Result<Box<Conn>, AttemptFailure> {
-        match tokio::time::timeout(timeout, self.dialer.dial(Protocol::Http1)).await {
-            Ok(Ok(stream)) => Ok(Box::new(Conn {
+        let generation = self.dialer.generation();
+        match self.dialer.dial(Protocol::Http1, timeout).await {
+            Ok(stream) => Ok(Box::new(Conn {
                 stream,
+                generation,
                 // Not from the spare list: measured, a burst of new connections
                 // then held ~0.8 KB more per request in flight (docs/lb.md, "A burst").
                 rbuf: BytesMut::with_capacity(READ_RESERVE),
                 wbuf: Vec::with_capacity(512),
             })),
-            Ok(Err(e)) => {
+            Err(e) => {
                 tracing::debug!(target_addr = %self.dialer.addr(), "connect failed: {e}");
-                Err(AttemptFailure::Connect)
-            }
-            Err(_) => {
-                tracing::debug!(target_addr = %self.dialer.addr(), "connect timed out");
                 Err(AttemptFailure::Connect)
             }
         }
@@ -1221,6 +1222,28 @@ mod tests {
         let status = resp.head.status;
         let body = resp.body.collect().await.unwrap().to_bytes();
         Ok((status, body.to_vec()))
+    }
+
+    #[tokio::test]
+    async fn a_connection_busy_while_the_tls_settings_change_is_not_pooled_again() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let pool = ConnPool::new(&listener.local_addr().unwrap().to_string());
+        let (busy, _peer) = tokio::join!(pool.connect(MINUTE), listener.accept());
+        let busy = busy.unwrap();
+        // A reload changes the pool's TLS while `busy` carries a request: it finishes
+        // there, and then closes instead of serving the next ones under the old trust.
+        let tls = Some(Arc::new(tls::tests::tls(None)));
+        assert!(pool.dialer.set_tls(tls.clone()), "cleartext to TLS is a change");
+        pool.checkin(busy);
+        assert_eq!(pool.idle_count(), 0, "made under the old settings");
+        // The same settings again change nothing; back to cleartext is a change.
+        assert!(!pool.dialer.set_tls(tls));
+        pool.set_protocol(Protocol::Http1, None);
+        let (fresh, _peer) = tokio::join!(pool.connect(MINUTE), listener.accept());
+        pool.checkin(fresh.unwrap());
+        assert_eq!(pool.idle_count(), 1, "made under the current settings");
+        pool.set_protocol(Protocol::Http1, Some(Arc::new(tls::tests::tls(None))));
+        assert_eq!(pool.idle_count(), 0, "a change closes the idle ones too");
     }
 
     #[tokio::test]

@@ -158,7 +158,7 @@ async fn connect(
 ) -> Result<SendRequest<Bytes>, AttemptFailure> {
     let addr = dialer.addr();
     let connecting = async {
-        let stream = dialer.dial(Protocol::H2).await?;
+        let stream = dialer.dial(Protocol::H2, t.connect).await?;
         h2::client::handshake(stream)
             .await
             .map_err(|e| io::Error::other(e.to_string()))

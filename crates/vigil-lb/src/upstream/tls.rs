@@ -26,7 +26,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -301,6 +303,9 @@ pub struct Dialer {
     /// The address when `addr` is an IP address (no resolution per connect).
     sock: Option<SocketAddr>,
     tls: ArcSwapOption<TargetTls>,
+    /// Bumped by every change of `tls`: a connection made under an older one is not
+    /// pooled again ([`Dialer::generation`]).
+    generation: AtomicU64,
 }
 
 impl Dialer {
@@ -310,6 +315,7 @@ impl Dialer {
             addr: addr.to_string(),
             sock: addr.parse().ok(),
             tls: ArcSwapOption::empty(),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -318,24 +324,52 @@ impl Dialer {
         &self.addr
     }
 
-    /// TLS (or cleartext, `None`) for new connections; true when that changed.
+    /// TLS (or cleartext, `None`) for new connections; true when that changed (then
+    /// the generation moves on).
     pub fn set_tls(&self, tls: Option<Arc<TargetTls>>) -> bool {
         let old = self.tls.swap(tls.clone());
-        match (old, tls) {
+        let changed = match (old, tls) {
             (None, None) => false,
             (Some(a), Some(b)) => !Arc::ptr_eq(&a, &b),
             _ => true,
+        };
+        if changed {
+            // After the swap: a dial that reads the new generation dials with the new
+            // settings (it reads the generation first, then the settings).
+            self.generation.fetch_add(1, Ordering::Release);
         }
+        changed
+    }
+
+    /// Which TLS settings are current: read it before [`Dialer::dial`], keep it with
+    /// the connection, and pool the connection again only while it is unchanged (a
+    /// connection busy during a reload that changed the CA, the name or the client
+    /// certificate must not live on under the old ones).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Connects (`TCP_NODELAY`), then makes the TLS handshake when the pool has TLS,
-    /// offering `protocol`'s ALPN. The caller bounds the time.
-    pub async fn dial(&self, protocol: Protocol) -> io::Result<TargetStream> {
+    /// offering `protocol`'s ALPN; each step within what is left of `within` (an
+    /// error of kind `TimedOut` says which step ran out of time).
+    pub async fn dial(&self, protocol: Protocol, within: Duration) -> io::Result<TargetStream> {
         let tls = self.tls.load_full();
-        let tcp = match self.sock {
-            Some(sa) => TcpStream::connect(sa).await,
-            None => TcpStream::connect(self.addr.as_str()).await,
-        }?;
+        let due = tokio::time::Instant::now() + within;
+        let timed_out = |what: &str| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{what} within {}", humantime::format_duration(within)),
+            )
+        };
+        let connecting = async {
+            match self.sock {
+                Some(sa) => TcpStream::connect(sa).await,
+                None => TcpStream::connect(self.addr.as_str()).await,
+            }
+        };
+        let tcp = tokio::time::timeout_at(due, connecting)
+            .await
+            .map_err(|_| timed_out("no connection"))??;
         tcp.set_nodelay(true)?;
         let Some(tls) = tls else {
             return Ok(TargetStream::Plain(tcp));
@@ -344,19 +378,21 @@ impl Dialer {
             Protocol::Http1 => &tls.http1,
             Protocol::H2 => &tls.h2,
         };
-        let stream = connector
-            .connect(tls.name_for(&self.addr)?, tcp)
-            .await
-            .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake: {e}")))?;
+        let stream =
+            tokio::time::timeout_at(due, connector.connect(tls.name_for(&self.addr)?, tcp))
+                .await
+                .map_err(|_| timed_out("TLS handshake: no handshake"))?
+                .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake: {e}")))?;
         Ok(TargetStream::Tls(Box::new(stream)))
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn tls(server_name: Option<&str>) -> TargetTls {
+    /// TLS settings trusting a throw-away CA (for the pool's tests too).
+    pub(crate) fn tls(server_name: Option<&str>) -> TargetTls {
         let ca = rcgen::generate_simple_self_signed(vec!["a.test".into()]).unwrap();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("ca.pem"), ca.cert.pem()).unwrap();
