@@ -587,6 +587,20 @@ async fn https_with_sni_selection_and_certificates_reloaded_on_sighup_keeping_co
     );
 }
 
+/// Writes `text` to `config` and runs `vigil lb check-config` on it: (exit code, stderr).
+fn check_config(config: &std::path::Path, text: &str) -> (Option<i32>, String) {
+    std::fs::write(config, text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["lb", "check-config", "-c"])
+        .arg(config)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn check_config_reads_the_certificates_and_names_the_bad_key() {
     let pki = Pki::new();
@@ -594,34 +608,16 @@ fn check_config_reads_the_certificates_and_names_the_bad_key() {
     pki.leaf("b", &["b.test"]);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("lb.toml");
-    let write = |extra: &str| {
-        std::fs::write(
-            &config,
-            format!(
-                "{}\n[pools.web]\ntargets = [{{ addr = \"127.0.0.1:1\" }}]\n{extra}",
-                tls_listener_toml(&pki, 1, "")
-            ),
-        )
-        .unwrap();
-    };
-    let check = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
-            .args(["lb", "check-config", "-c"])
-            .arg(&config)
-            .output()
-            .unwrap()
-    };
-    write("");
-    let out = check();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = format!(
+        "{}\n[pools.web]\ntargets = [{{ addr = \"127.0.0.1:1\" }}]\n",
+        tls_listener_toml(&pki, 1, "")
     );
+    let check = || check_config(&config, &text);
+    let (code, err) = check();
+    assert_eq!(code, Some(0), "{err}");
     std::fs::remove_file(pki.path("b.key")).unwrap();
-    let out = check();
-    assert_eq!(out.status.code(), Some(78));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, err) = check();
+    assert_eq!(code, Some(78));
     assert!(
         err.contains("key `tls_listeners.public.certificates[1].key`") && err.contains("b.key"),
         "{err}"
@@ -629,9 +625,8 @@ fn check_config_reads_the_certificates_and_names_the_bad_key() {
     // A key that is not the certificate's.
     pki.leaf("c", &["c.test"]);
     std::fs::copy(pki.path("c.key"), pki.path("b.key")).unwrap();
-    let out = check();
-    assert_eq!(out.status.code(), Some(78));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, err) = check();
+    assert_eq!(code, Some(78));
     assert!(err.contains("certificates[1].key"), "{err}");
 }
 
@@ -1119,21 +1114,11 @@ fn check_config_reads_the_targets_ca_and_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("lb.toml");
     let check = |tls: &str| {
-        std::fs::write(
+        check_config(
             &config,
-            format!(
+            &format!(
                 "[pools.web]\ntargets = [{{ addr = \"127.0.0.1:1\" }}]\n[pools.web.tls]\n{tls}\n"
             ),
-        )
-        .unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
-            .args(["lb", "check-config", "-c"])
-            .arg(&config)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
     let ca = pki.path("ca.pem").display().to_string();

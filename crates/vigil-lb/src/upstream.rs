@@ -1233,7 +1233,10 @@ mod tests {
         // A reload changes the pool's TLS while `busy` carries a request: it finishes
         // there, and then closes instead of serving the next ones under the old trust.
         let tls = Some(Arc::new(tls::tests::tls(None)));
-        assert!(pool.dialer.set_tls(tls.clone()), "cleartext to TLS is a change");
+        assert!(
+            pool.dialer.set_tls(tls.clone()),
+            "cleartext to TLS is a change"
+        );
         pool.checkin(busy);
         assert_eq!(pool.idle_count(), 0, "made under the old settings");
         // The same settings again change nothing; back to cleartext is a change.
