@@ -741,6 +741,31 @@ async fn grpc_backend() -> (SocketAddr, tonic_health::server::HealthReporter) {
     (addr, reporter)
 }
 
+/// A tonic health client to the balancer's plain listener (HTTP/2, prior knowledge).
+async fn health_client(
+    lb: &LbProcess,
+) -> tonic_health::pb::health_client::HealthClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", lb.port))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect to vigil lb");
+    tonic_health::pb::health_client::HealthClient::new(channel)
+}
+
+/// An error is a trailers-only answer: its grpc-status (5, NOT_FOUND) must arrive.
+async fn unknown_service_is_not_found(
+    client: &mut tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>,
+) {
+    let e = client
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "no.Such".into(),
+        })
+        .await
+        .expect_err("an unknown service");
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
+}
+
 async fn admin_state(lb: &LbProcess, pool: &str) -> (String, String) {
     let v: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{}/admin/targets", lb.admin))
         .await
@@ -774,7 +799,6 @@ async fn wait_state(lb: &LbProcess, pool: &str, want: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_client_calls_a_grpc_target_through_the_balancer_judged_by_grpc_checks() {
     use tonic_health::pb::HealthCheckRequest;
-    use tonic_health::pb::health_client::HealthClient;
     let (backend, reporter) = grpc_backend().await;
     let lb = LbProcess::start(&format!(
         "[pools.grpc]\nprotocol = \"h2\"\nslow_start_window = \"0s\"\n\
@@ -787,12 +811,7 @@ async fn a_grpc_client_calls_a_grpc_target_through_the_balancer_judged_by_grpc_c
     assert!(detail.contains("gRPC SERVING"), "{detail}");
 
     // tonic's client, HTTP/2 with prior knowledge to the balancer's plain listener.
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", lb.port))
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect to vigil lb");
-    let mut client = HealthClient::new(channel);
+    let mut client = health_client(&lb).await;
     // Unary, answered with data and trailers (grpc-status 0).
     for service in ["", "vigil.Test"] {
         let status = client
@@ -809,13 +828,7 @@ async fn a_grpc_client_calls_a_grpc_target_through_the_balancer_judged_by_grpc_c
         );
     }
     // An error is a trailers-only answer: its grpc-status arrives.
-    let e = client
-        .check(HealthCheckRequest {
-            service: "no.Such".into(),
-        })
-        .await
-        .expect_err("an unknown service");
-    assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
+    unknown_service_is_not_found(&mut client).await;
 
     // Server streaming (Watch): the first status, then a change, through the balancer.
     let mut watch = client
@@ -1161,7 +1174,6 @@ fn check_config_reads_the_targets_ca_and_client_certificate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_target_over_tls_is_proxied_to_and_judged_by_grpc_checks_over_tls() {
     use tonic_health::pb::HealthCheckRequest;
-    use tonic_health::pb::health_client::HealthClient;
     // tonic's TLS server takes the process's default provider.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let pki = Pki::new();
@@ -1198,12 +1210,7 @@ async fn a_grpc_target_over_tls_is_proxied_to_and_judged_by_grpc_checks_over_tls
     );
 
     // A gRPC client in cleartext to the balancer, the balancer in TLS to the target.
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", lb.port))
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect to vigil lb");
-    let mut client = HealthClient::new(channel);
+    let mut client = health_client(&lb).await;
     let answer = client
         .check(HealthCheckRequest {
             service: String::new(),
@@ -1212,13 +1219,7 @@ async fn a_grpc_target_over_tls_is_proxied_to_and_judged_by_grpc_checks_over_tls
         .expect("Check through the balancer");
     assert_eq!(answer.into_inner().status, 1, "SERVING");
     // A trailers-only error answer comes back as such over TLS too.
-    let err = client
-        .check(HealthCheckRequest {
-            service: "vigil.Unknown".into(),
-        })
-        .await
-        .expect_err("an unknown service");
-    assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+    unknown_service_is_not_found(&mut client).await;
 
     reporter
         .set_service_status("", tonic_health::ServingStatus::NotServing)
