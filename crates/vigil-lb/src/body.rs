@@ -1,6 +1,6 @@
-//! Bytes from a peer: the client's stream, plain or TLS ([`ClientStream`]); a client's
-//! request body read as an attempt sends it on ([`BodyReader`], taken by the proxy and by
-//! both upstream sides); and the one read-into-a-buffer step every connection uses
+//! Bytes from a peer: a connection plain or TLS ([`MaybeTls`]: a client's
+//! [`ClientStream`], and a target's); a request body read as an attempt sends it on
+//! ([`BodyReader`], taken by the proxy and by both upstream sides); and the one read-into-a-buffer step every connection uses
 //! (`poll_read_more`, whose `Growth` says how it makes room).
 //!
 //! Floor 7, shared (floors: the crate doc): imports no other module of this crate.
@@ -53,18 +53,22 @@ impl Growth {
 /// The interim answer owed to a client that sent `Expect: 100-continue`.
 pub(crate) const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
-/// A client connection: plain TCP, or TLS over it (after the handshake).
+/// A connection: plain TCP, or TLS over it (after the handshake); `S` is rustls's
+/// server side ([`ClientStream`]) or client side (`upstream::tls::TargetStream`).
 ///
-/// An enum rather than a type parameter so that [`BodyReader`], which the proxy and
-/// the upstream side take, stays one type; a branch per read or write costs nothing
-/// measurable beside the system call.
+/// An enum rather than a type parameter of the code that reads and writes it, so that
+/// [`BodyReader`], which the proxy and the upstream side take, stays one type; a branch
+/// per read or write costs nothing measurable beside the system call.
 #[derive(Debug)]
-pub enum ClientStream {
+pub enum MaybeTls<S> {
     /// Cleartext.
     Plain(TcpStream),
     /// TLS (boxed: its session state is large, a plain connection should not carry it).
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Tls(Box<S>),
 }
+
+/// A client connection.
+pub type ClientStream = MaybeTls<tokio_rustls::server::TlsStream<TcpStream>>;
 
 impl ClientStream {
     /// Ready when a read may return something. TLS may hold decrypted bytes the socket
@@ -72,50 +76,52 @@ impl ClientStream {
     /// back takes a buffer again at once: the release saves memory on plain ones only).
     pub(crate) fn poll_read_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
         match self {
-            ClientStream::Plain(tcp) => tcp.poll_read_ready(cx),
-            ClientStream::Tls(_) => Poll::Ready(Ok(())),
-        }
-    }
-
-    /// Writes all of `buf` and flushes it (TLS keeps records until flushed).
-    pub(crate) async fn write_now(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.write_all(buf).await?;
-        match self {
-            ClientStream::Plain(_) => Ok(()),
-            ClientStream::Tls(t) => t.flush().await,
+            MaybeTls::Plain(tcp) => tcp.poll_read_ready(cx),
+            MaybeTls::Tls(_) => Poll::Ready(Ok(())),
         }
     }
 }
 
-impl tokio::io::AsyncRead for ClientStream {
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> MaybeTls<S> {
+    /// Writes all of `buf` and flushes it (TLS keeps records until flushed).
+    pub(crate) async fn write_now(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.write_all(buf).await?;
+        match self {
+            MaybeTls::Plain(_) => Ok(()),
+            MaybeTls::Tls(t) => t.flush().await,
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for MaybeTls<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            ClientStream::Plain(t) => Pin::new(t).poll_read(cx, buf),
-            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_read(cx, buf),
+            MaybeTls::Plain(t) => Pin::new(t).poll_read(cx, buf),
+            MaybeTls::Tls(t) => Pin::new(t.as_mut()).poll_read(cx, buf),
         }
     }
 }
 
-impl tokio::io::AsyncWrite for ClientStream {
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for MaybeTls<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            ClientStream::Plain(t) => Pin::new(t).poll_write(cx, buf),
-            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_write(cx, buf),
+            MaybeTls::Plain(t) => Pin::new(t).poll_write(cx, buf),
+            MaybeTls::Tls(t) => Pin::new(t.as_mut()).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            ClientStream::Plain(t) => Pin::new(t).poll_flush(cx),
-            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_flush(cx),
+            MaybeTls::Plain(t) => Pin::new(t).poll_flush(cx),
+            MaybeTls::Tls(t) => Pin::new(t.as_mut()).poll_flush(cx),
         }
     }
 
@@ -124,8 +130,8 @@ impl tokio::io::AsyncWrite for ClientStream {
         cx: &mut std::task::Context<'_>,
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            ClientStream::Plain(t) => Pin::new(t).poll_shutdown(cx),
-            ClientStream::Tls(t) => Pin::new(t.as_mut()).poll_shutdown(cx),
+            MaybeTls::Plain(t) => Pin::new(t).poll_shutdown(cx),
+            MaybeTls::Tls(t) => Pin::new(t.as_mut()).poll_shutdown(cx),
         }
     }
 }

@@ -14,6 +14,7 @@
 //! certificate), so a bad file rejects a reload and the running one stays. rustls's
 //! client keeps a session cache: a new connection to a target resumes its session.
 
+use crate::body::MaybeTls;
 use crate::config::{Protocol, TargetTlsConfig};
 use arc_swap::ArcSwapOption;
 use rustls::ClientConfig;
@@ -29,7 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
@@ -188,109 +189,37 @@ impl TargetTls {
     }
 }
 
-/// A connection to a target: plain TCP, or TLS over it.
-///
-/// An enum, as [`crate::body::ClientStream`] is on the client side: the HTTP/1.1 path
-/// stays one type, and a branch per read or write costs nothing beside the system call.
-#[derive(Debug)]
-pub enum TargetStream {
-    /// Cleartext.
-    Plain(TcpStream),
-    /// TLS (boxed: its session state is large, a plain connection should not carry it).
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-}
+/// A connection to a target: plain TCP, or TLS over it (the client side's
+/// [`crate::body::ClientStream`] with rustls's other half).
+pub type TargetStream = MaybeTls<tokio_rustls::client::TlsStream<TcpStream>>;
 
 impl TargetStream {
     /// The TCP connection under it.
     pub fn tcp(&self) -> &TcpStream {
         match self {
-            TargetStream::Plain(t) => t,
-            TargetStream::Tls(t) => t.get_ref().0,
+            MaybeTls::Plain(t) => t,
+            MaybeTls::Tls(t) => t.get_ref().0,
         }
     }
 
     /// Whether an idle connection can take a request: the target has not closed it nor
-    /// sent anything unasked. Reads epoll's last word; a system call only when epoll
-    /// said "readable". Over TLS, what arrived is read through the session: records
-    /// that carry no data (a session ticket) leave it usable, a `close_notify`, data or
-    /// an error do not.
+    /// sent anything unasked. One read attempt: it stops at epoll's last word (no
+    /// system call) unless epoll said "readable"; over TLS what arrived is read through
+    /// the session, so records that carry no data (a session ticket) leave it usable,
+    /// and a `close_notify`, data or an error do not.
     pub fn is_usable(&mut self) -> bool {
-        let mut cx = Context::from_waker(Waker::noop());
+        let mut b = [0u8; 1];
+        let mut buf = ReadBuf::new(&mut b);
         // Outside tokio's cooperative budget: with it spent (many idle connections
-        // looked at in one poll), readiness would read `Pending` and a closed
-        // connection pass for usable.
-        let tcp = self.tcp();
-        let ready = std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(
-            |cx| tcp.poll_read_ready(cx)
-        )));
-        match ready.poll(&mut cx) {
-            Poll::Pending => true,
-            Poll::Ready(Err(_)) => false,
-            Poll::Ready(Ok(())) => match self {
-                TargetStream::Plain(tcp) => {
-                    let mut b = [0u8; 1];
-                    matches!(tcp.try_read(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-                }
-                TargetStream::Tls(tls) => {
-                    let mut b = [0u8; 1];
-                    let mut buf = ReadBuf::new(&mut b);
-                    let read =
-                        std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(|cx| {
-                            Pin::new(tls.as_mut()).poll_read(cx, &mut buf)
-                        })));
-                    matches!(read.poll(&mut cx), Poll::Pending)
-                }
-            },
-        }
-    }
-
-    /// Writes all of `buf` and flushes it (TLS keeps records until flushed).
-    pub async fn write_now(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.write_all(buf).await?;
-        match self {
-            TargetStream::Plain(_) => Ok(()),
-            TargetStream::Tls(t) => t.flush().await,
-        }
-    }
-}
-
-impl AsyncRead for TargetStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            TargetStream::Plain(t) => Pin::new(t).poll_read(cx, buf),
-            TargetStream::Tls(t) => Pin::new(t.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for TargetStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            TargetStream::Plain(t) => Pin::new(t).poll_write(cx, buf),
-            TargetStream::Tls(t) => Pin::new(t.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            TargetStream::Plain(t) => Pin::new(t).poll_flush(cx),
-            TargetStream::Tls(t) => Pin::new(t.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            TargetStream::Plain(t) => Pin::new(t).poll_shutdown(cx),
-            TargetStream::Tls(t) => Pin::new(t.as_mut()).poll_shutdown(cx),
-        }
+        // looked at in one poll), the read would be `Pending` and a closed connection
+        // pass for usable.
+        let read = std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(|cx| {
+            Pin::new(&mut *self).poll_read(cx, &mut buf)
+        })));
+        matches!(
+            read.poll(&mut Context::from_waker(Waker::noop())),
+            Poll::Pending
+        )
     }
 }
 
