@@ -491,15 +491,15 @@ impl ConnPool {
     }
 
     /// Speak `protocol` to this target from now on, over `tls` or in cleartext. A change
-    /// of TLS settings (a reload re-reads them) closes the idle connections: new ones
-    /// are made with the new settings.
+    /// of TLS settings (a reload re-reads them) closes the idle connections at once;
+    /// one busy now closes when its exchange ends (its generation is old, `checkin`),
+    /// and an HTTP/2 connection is replaced at its worker's next request.
     pub fn set_protocol(&self, protocol: Protocol, tls: Option<Arc<TargetTls>>) {
         self.h2.store(protocol == Protocol::H2, Ordering::Relaxed);
         if self.dialer.set_tls(tls) {
             for shard in &self.idle {
                 shard.lock().expect("idle lock").clear();
             }
-            self.h2_conns.clear();
         }
     }
 

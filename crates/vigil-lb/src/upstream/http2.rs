@@ -32,24 +32,21 @@ use h2::client::SendRequest;
 use std::io;
 use std::sync::Mutex;
 
-/// The HTTP/2 connections of one target: one per worker, shared by its requests.
+/// The HTTP/2 connections of one target: one per worker, shared by its requests, each
+/// with the generation of the TLS settings it was made under ([`Dialer::generation`]).
 #[derive(Debug)]
 pub struct H2Conns {
-    per_worker: Box<[Mutex<Option<SendRequest<Bytes>>>]>,
+    per_worker: Box<[Mutex<Option<Made>>]>,
 }
+
+/// A connection and the generation of the TLS settings it was made under.
+type Made = (u64, SendRequest<Bytes>);
 
 impl H2Conns {
     /// No connection yet, for `workers` workers.
     pub fn new(workers: usize) -> H2Conns {
         H2Conns {
             per_worker: (0..workers.max(1)).map(|_| Mutex::new(None)).collect(),
-        }
-    }
-
-    /// Forgets every connection (its streams in flight go on; new ones get a new one).
-    pub fn clear(&self) {
-        for slot in &self.per_worker {
-            *slot.lock().expect("h2 slot lock") = None;
         }
     }
 
@@ -62,8 +59,13 @@ impl H2Conns {
     ) -> Result<SendRequest<Bytes>, AttemptFailure> {
         let addr = dialer.addr();
         let slot = &self.per_worker[worker % self.per_worker.len()];
+        let generation = dialer.generation();
         let existing = slot.lock().expect("h2 slot lock").clone();
-        if let Some(send) = existing {
+        // One made under TLS settings a reload has since changed is replaced (its
+        // streams in flight go on).
+        if let Some((made, send)) = existing
+            && made == generation
+        {
             // `ready` fails when the connection has gone (GOAWAY, closed): then a new
             // one, as for a pooled HTTP/1.1 connection the target closed.
             if let Ok(send) = send.ready().await {
@@ -71,7 +73,7 @@ impl H2Conns {
             }
         }
         let send = connect(dialer, t).await?;
-        *slot.lock().expect("h2 slot lock") = Some(send.clone());
+        *slot.lock().expect("h2 slot lock") = Some((generation, send.clone()));
         send.ready().await.map_err(|e| {
             tracing::debug!(target_addr = %addr, "h2 connection not ready: {e}");
             AttemptFailure::Connect
