@@ -7,9 +7,10 @@ difference from the machine's drift (not a timed test; every run is bounded).
 A VARIANT is `name` (bench.py's configuration as is), `name:KEY=VALUE` (an environment
 variable for that run, e.g. `slow:RUST_LOG=debug`), or `name@TOML` where TOML is text
 appended to the configuration's `[pools.app]` table (e.g.
-`least@balance = "least-request"`; `\\n` for new lines). With --vigil PATH for another
-binary (a variant of the code): `name=PATH` uses that binary; the three combine as
-`name=PATH:KEY=VALUE@TOML`. Prints one line per run
+`least@balance = "least-request"`; `\\n` for new lines), or `name^TOML` where TOML is
+text added to the top-level keys (e.g. `kernel^worker_balance = "kernel"`). With --vigil
+PATH for another binary (a variant of the code): `name=PATH` uses that binary; they
+combine as `name=PATH:KEY=VALUE^TOP@TOML`. Prints one line per run
 and, per variant, the median requests/s, p50 and p99 over the rounds.
 """
 import argparse
@@ -27,22 +28,27 @@ from bench import Backends, PORTS, stop, vigil_config  # noqa: E402
 
 
 def parse_variant(spec, default_vigil):
-    """`name[=PATH][:KEY=VALUE][@TOML]` -> (name, binary, env, toml)."""
-    name, vigil, env, toml = spec, default_vigil, {}, ""
+    """`name[=PATH][:KEY=VALUE][^TOP][@TOML]` -> (name, binary, env, (top, toml))."""
+    name, vigil, env, toml, top = spec, default_vigil, {}, "", ""
     if "@" in name:
         name, toml = name.split("@", 1)
         toml = toml.replace("\\n", "\n")
+    if "^" in name:
+        name, top = name.split("^", 1)
+        top = top.replace("\\n", "\n")
     if ":" in name:
         name, kv = name.split(":", 1)
         k, v = kv.split("=", 1)
         env[k] = v
     if "=" in name:
         name, vigil = name.split("=", 1)
-    return name, vigil, env, toml
+    return name, vigil, env, (top, toml)
 
 
 def run(tmp, name, vigil, env, toml, duration):
+    top, toml = toml
     cfg = vigil_config().replace("[pools.app]\n", "[pools.app]\n" + (toml + "\n" if toml else ""))
+    cfg = cfg.replace("[timeouts]\n", (top + "\n" if top else "") + "[timeouts]\n", 1)
     conf = os.path.join(tmp, f"{name}.toml")
     with open(conf, "w") as f:
         f.write(cfg)
@@ -65,8 +71,10 @@ def main():
     ap.add_argument("--vigil", default="target/release/vigil")
     ap.add_argument("--workers", type=int, default=1,
                     help="worker threads of every variant (bench.py's WORKERS; default 1)")
+    ap.add_argument("--connections", type=int, default=bench.CONNECTIONS,
+                    help=f"wrk's connections (default {bench.CONNECTIONS})")
     a = ap.parse_args()
-    bench.WORKERS = a.workers
+    bench.WORKERS, bench.CONNECTIONS = a.workers, a.connections
     variants = [parse_variant(v, a.vigil) for v in a.variants]
     results = {v[0]: [] for v in variants}
     tmp = tempfile.mkdtemp(prefix="vigil-variants-")

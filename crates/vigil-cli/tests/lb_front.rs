@@ -403,6 +403,76 @@ async fn echo_setup(top: &str) -> (Lb, Backend) {
 // ---------------------------------------------------------------------------------
 // (a) Pipelining.
 
+/// The scheduler slice of each of `lb`'s threads named `vigil-lb-<n>` (its workers), by
+/// name, read with `sched_getattr` from outside the process.
+fn worker_slices(lb: &Lb) -> Vec<(String, Option<Duration>)> {
+    let tasks = format!("/proc/{}/task", lb.child.id());
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(&tasks).expect("the process's threads") {
+        let task = task.unwrap().path();
+        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        let name = name.trim();
+        if name
+            .strip_prefix("vigil-lb-")
+            .is_some_and(|n| n.parse::<u32>().is_ok())
+        {
+            let tid: i32 = task.file_name().unwrap().to_str().unwrap().parse().unwrap();
+            out.push((
+                name.to_string(),
+                vigil_sys::thread_slice_of(tid).expect("sched_getattr"),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `worker_slice`: each worker thread runs on the turn asked for (300 us by default) and
+/// the log says so; the other threads (health checks, admin) keep the kernel's; "0s"
+/// asks for nothing. Skipped on a kernel without the setting (before Linux 6.12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_run_on_the_scheduler_turns_asked_for() {
+    let Ok(Some(default)) = vigil_sys::thread_slice() else {
+        eprintln!("skipped: this kernel has no scheduler slice setting (Linux 6.12 and later)");
+        return;
+    };
+    let pool = "[pools.p]\ntargets = [{ addr = \"127.0.0.1:9\" }]\n[pools.p.health_check]\nenabled = false\n";
+    for (top, want) in [
+        ("", Duration::from_micros(300)),
+        ("worker_slice = \"100us\"\n", Duration::from_micros(100)),
+        ("worker_slice = \"0s\"\n", default),
+    ] {
+        let lb = Lb::start(&format!("{top}{pool}")).await;
+        let expected = [
+            ("vigil-lb-0".to_string(), Some(want)),
+            ("vigil-lb-1".to_string(), Some(want)),
+        ];
+        let asks = top != "worker_slice = \"0s\"\n";
+        // The workers ask as they start, which may be just after the admin answers.
+        let deadline = Instant::now() + WAIT;
+        let mut slices = worker_slices(&lb);
+        while (slices != expected || lb.log().contains("worker threads run on") != asks)
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            slices = worker_slices(&lb);
+        }
+        assert_eq!(slices, expected, "{top:?}\n{}", lb.log());
+        assert_eq!(
+            lb.log().contains("worker threads run on"),
+            asks,
+            "{}",
+            lb.log()
+        );
+        let main = vigil_sys::thread_slice_of(lb.child.id() as i32).expect("sched_getattr");
+        assert_eq!(
+            main,
+            Some(default),
+            "the main thread keeps the kernel's turn"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_in_one_write_are_answered_in_order() {
     let (lb, b) = echo_setup("").await;

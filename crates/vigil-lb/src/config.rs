@@ -38,6 +38,11 @@ pub const DEFAULT_WORKERS: usize = 0;
 /// Default time to finish in-flight requests after SIGTERM: 10 s, below Kubernetes'
 /// 30 s termination grace period, so the drain ends before a SIGKILL.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default scheduler slice of a worker thread: 300 us (docs/lb.md, "Worker slices").
+pub const DEFAULT_WORKER_SLICE: Duration = Duration::from_micros(300);
+/// The slices Linux's fair scheduler accepts (it clamps to this range).
+pub const WORKER_SLICE_RANGE: (Duration, Duration) =
+    (Duration::from_micros(100), Duration::from_millis(100));
 /// Default connect timeout: 1 s. On a LAN a connect takes well under a millisecond; a
 /// target that cannot accept within a second is as good as down, and the request is
 /// retried elsewhere (connect failures are always safe to retry).
@@ -115,6 +120,12 @@ pub struct LbConfig {
     pub admin_listen: SocketAddr,
     /// Worker threads; 0 = one per CPU. Defaults to 0.
     pub workers: usize,
+    /// The turn each worker thread asks Linux's fair scheduler for (`sched_setattr`,
+    /// Linux 6.12 and later; older kernels keep their default): a proxy's work per
+    /// request is short, and a worker on short turns gets the CPU back sooner when it
+    /// shares it. 0s leaves the kernel's default. Defaults to 300us.
+    #[serde(with = "humantime_serde")]
+    pub worker_slice: Duration,
     /// Time to finish in-flight requests after SIGTERM. Defaults to 10s.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
@@ -138,6 +149,7 @@ impl Default for LbConfig {
             listen: DEFAULT_LISTEN.parse().expect("valid default address"),
             admin_listen: DEFAULT_ADMIN_LISTEN.parse().expect("valid default address"),
             workers: DEFAULT_WORKERS,
+            worker_slice: DEFAULT_WORKER_SLICE,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             timeouts: TimeoutsConfig::default(),
             limits: LimitsConfig::default(),
@@ -816,6 +828,18 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> Invalid {
 impl LbConfig {
     /// Checks everything serde cannot; the error names the key.
     pub fn validate(&self) -> Result<(), Invalid> {
+        let (min, max) = WORKER_SLICE_RANGE;
+        if !self.worker_slice.is_zero() && !(min..=max).contains(&self.worker_slice) {
+            return Err(invalid(
+                "worker_slice",
+                format!(
+                    "must be 0s (the kernel's default) or from {} to {}, got {}",
+                    humantime::format_duration(min),
+                    humantime::format_duration(max),
+                    humantime::format_duration(self.worker_slice)
+                ),
+            ));
+        }
         if self.timeouts.connect.is_zero() {
             return Err(invalid("timeouts.connect", "must be more than 0s"));
         }
@@ -1160,6 +1184,25 @@ targets = [{ addr = "localhost:9003" }]
             "{e}"
         );
         assert!(e.contains("intervall = \"500ms\""), "shows the line: {e}");
+    }
+
+    #[test]
+    fn worker_slice_is_0_or_what_the_kernel_accepts() {
+        let c = p("worker_slice = \"1ms\"").unwrap();
+        assert_eq!(c.worker_slice, Duration::from_millis(1));
+        assert_eq!(
+            p("worker_slice = \"0s\"").unwrap().worker_slice,
+            Duration::ZERO
+        );
+        for bad in ["50us", "101ms"] {
+            let e = p(&format!("workers = 2\nworker_slice = \"{bad}\""))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("lb.toml:2:1: key `worker_slice`: must be 0s (the kernel's default) or from 100us to 100ms, got "),
+                "{e}"
+            );
+        }
     }
 
     #[test]
