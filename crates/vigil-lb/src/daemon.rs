@@ -363,6 +363,10 @@ fn ask_for_slice(slice: Duration, log: bool) {
             humantime::format_duration(kept)
         ),
         Ok(_) => {}
+        // An older kernel (before 6.12) or a real-time policy given by the operator.
+        Err(e) if log && e.kind() == std::io::ErrorKind::Unsupported => tracing::info!(
+            "worker_slice = \"{want}\" not applied, the kernel's default turn stays: {e}"
+        ),
         Err(e) if log => tracing::warn!(
             "worker_slice = \"{want}\" not applied, the kernel's default turn stays: {e}"
         ),
