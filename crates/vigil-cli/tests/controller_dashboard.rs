@@ -413,6 +413,22 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        // Ending the session makes chromedriver quit its Chromium; killing chromedriver
+        // alone left the browser's processes running after the tests (a synchronous
+        // request: this is a destructor).
+        use std::io::{Read, Write};
+        let addr = self.base.trim_start_matches("http://");
+        if let Ok(mut c) = std::net::TcpStream::connect(addr) {
+            let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
+            let _ = c.set_write_timeout(Some(Duration::from_secs(10)));
+            let request = format!(
+                "DELETE /session/{} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+                self.session
+            );
+            if c.write_all(request.as_bytes()).is_ok() {
+                let _ = c.read_to_end(&mut Vec::new());
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
