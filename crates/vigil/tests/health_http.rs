@@ -115,6 +115,40 @@ fn reserved(health: &Health) -> vigil::ReservedServer {
         .expect("bind reserved listener")
 }
 
+// === the reserved thread ===
+
+/// The reserved thread asks for the shortest scheduler turn (100 us) so that a probe
+/// waking it takes the CPU from busy application threads at once; the test's own
+/// threads keep the kernel's. Skipped on a kernel without the setting (before 6.12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reserved_thread_runs_on_short_scheduler_turns() {
+    let Ok(Some(default)) = vigil_sys::thread_slice() else {
+        eprintln!("skipped: this kernel has no scheduler slice setting (Linux 6.12 and later)");
+        return;
+    };
+    let health = Health::builder().config(fast_config()).start();
+    let srv = reserved(&health);
+    assert_eq!(get(srv.local_addr(), "/livez").await.status, 200);
+    let mut reserved_threads = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").expect("this process's threads") {
+        let task = task.unwrap().path();
+        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        let tid: i32 = task.file_name().unwrap().to_str().unwrap().parse().unwrap();
+        let slice = vigil_sys::thread_slice_of(tid).expect("sched_getattr");
+        if name.trim() == "vigil-health" {
+            reserved_threads.push(slice);
+        } else {
+            assert_eq!(
+                slice,
+                Some(default),
+                "{} keeps the kernel's turn",
+                name.trim()
+            );
+        }
+    }
+    assert_eq!(reserved_threads, [Some(Duration::from_micros(100))]);
+}
+
 // === endpoints ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
