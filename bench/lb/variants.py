@@ -48,6 +48,7 @@ def parse_variant(spec, default_vigil):
 def run(tmp, name, vigil, env, toml, duration):
     top, toml = toml
     cfg = vigil_config().replace("[pools.app]\n", "[pools.app]\n" + (toml + "\n" if toml else ""))
+    assert "[timeouts]\n" in cfg, "top-level keys go before [timeouts]"
     cfg = cfg.replace("[timeouts]\n", (top + "\n" if top else "") + "[timeouts]\n", 1)
     conf = os.path.join(tmp, f"{name}.toml")
     with open(conf, "w") as f:

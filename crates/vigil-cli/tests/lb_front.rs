@@ -428,8 +428,8 @@ fn worker_slices(lb: &Lb) -> Vec<(String, Option<Duration>)> {
 }
 
 /// `worker_slice`: each worker thread runs on the turn asked for (300 us by default) and
-/// the log says so; the other threads (health checks, admin) keep the kernel's; "0s"
-/// asks for nothing. Skipped on a kernel without the setting (before Linux 6.12).
+/// the log says so; the main thread (the control side: health checks, admin) keeps the
+/// kernel's; "0s" asks for nothing. Skipped on a kernel without the setting (before Linux 6.12).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_threads_run_on_the_scheduler_turns_asked_for() {
     let Ok(Some(default)) = vigil_sys::thread_slice() else {

@@ -29,6 +29,10 @@ struct SchedAttr {
 #[cfg(target_os = "linux")]
 const SCHED_ATTR_SIZE_VER0: u32 = 48;
 
+/// `SCHED_FLAG_RESET_ON_FORK` of `sched_attr::sched_flags`.
+#[cfg(target_os = "linux")]
+const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
+
 /// The scheduling attributes of thread `tid` (0: the calling thread).
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
@@ -51,17 +55,65 @@ fn get_attr(tid: i32) -> io::Result<SchedAttr> {
     Ok(attr)
 }
 
-/// Sets the calling thread's scheduling attributes.
+/// Sets the calling thread's scheduling attributes (`attr` with its `size` set to the
+/// version-0 size).
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
-fn set_attr(attr: &SchedAttr) -> io::Result<()> {
-    // SAFETY: `attr` is a valid `sched_attr` whose `size` field says its size; the
-    // kernel only reads it; pid 0 is the calling thread; flags must be 0.
+fn set_attr(attr: &mut SchedAttr) -> io::Result<()> {
+    attr.size = SCHED_ATTR_SIZE_VER0;
+    // SAFETY: `attr` is a valid `sched_attr` whose `size` field says its size, so the
+    // kernel only reads it (it writes `size` back only for a size it does not accept);
+    // pid 0 is the calling thread; flags must be 0.
     let r = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, attr as *const SchedAttr, 0) };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Whether the calling thread runs under a seccomp filter (`Seccomp: 2` in
+/// `/proc/thread-self/status`): one that may kill the process for a system call it
+/// does not allow (systemd's `SystemCallFilter=` does, by default, for
+/// `sched_setattr`, which is in its `@resources` set).
+#[cfg(target_os = "linux")]
+fn under_seccomp_filter() -> bool {
+    std::fs::read_to_string("/proc/thread-self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Seccomp:"))
+            .is_some_and(|v| v.trim() == "2")
+    })
+}
+
+/// Makes `sched_setattr(0, attr, 0)` in a child process forked from the calling thread
+/// (which inherits its seccomp filter) and tells whether it returned 0 there: a filter
+/// that kills the caller for that call kills the child only.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn setattr_survives_in_a_child(attr: &SchedAttr) -> bool {
+    // SAFETY: between fork and _exit the child only makes the async-signal-safe system
+    // calls syscall(2) and _exit(2) on memory it already has (`attr`, on the stack of
+    // the forking thread); no allocation, no lock.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: as above; `attr` is a valid `sched_attr` of the size its field says.
+        let r = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, attr as *const SchedAttr, 0) };
+        // SAFETY: ends the child at once, without running the parent's exit handlers.
+        unsafe { libc::_exit(if r == 0 { 0 } else { 1 }) }
+    }
+    if pid < 0 {
+        return false;
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is a valid place for the child's status; `pid` is our child.
+        let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if waited == pid {
+            return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        }
+        if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return false;
+        }
+    }
 }
 
 /// Asks the kernel's fair scheduler (EEVDF, Linux 6.12 and later) to run the calling
@@ -70,10 +122,18 @@ fn set_attr(attr: &SchedAttr) -> io::Result<()> {
 /// share of it. The thread's policy (`SCHED_OTHER` or `SCHED_BATCH`) and nice value stay
 /// as they are; no privilege is needed.
 ///
+/// Threads the thread starts afterwards inherit the slice (since Linux 6.12).
+///
+/// Under a seccomp filter, which may kill the whole process for a system call it does
+/// not allow, the call is first tried in a forked child (one `fork` per call, only
+/// then); refused there, it is not made here.
+///
 /// Returns the slice the kernel keeps for the thread, read back (it clamps to 0.1-100
-/// ms). Errors: `Unsupported` where the kernel has no such setting (before 6.12: it
-/// ignores the value) or the thread runs under a real-time or deadline policy (left
-/// alone); the system call's own error otherwise.
+/// ms; a loaded sched_ext scheduler keeps the value but may ignore it). Errors:
+/// `Unsupported` where the kernel has no such setting (before 6.12: it ignores the
+/// value) or the thread runs under a real-time, deadline or idle policy (left alone);
+/// `PermissionDenied` where a seccomp filter forbids the call; the system call's own
+/// error otherwise.
 pub fn set_thread_slice(slice: Duration) -> io::Result<Duration> {
     #[cfg(target_os = "linux")]
     {
@@ -89,9 +149,18 @@ pub fn set_thread_slice(slice: Duration) -> io::Result<Duration> {
             ));
         }
         attr.size = SCHED_ATTR_SIZE_VER0;
-        attr.sched_flags = 0;
+        // Keep SCHED_FLAG_RESET_ON_FORK as it is (an unprivileged thread may not clear
+        // it); nothing else is asked for.
+        attr.sched_flags &= SCHED_FLAG_RESET_ON_FORK;
         attr.sched_runtime = u64::try_from(slice.as_nanos()).unwrap_or(u64::MAX).max(1);
-        set_attr(&attr)?;
+        if under_seccomp_filter() && !setattr_survives_in_a_child(&attr) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "the process's seccomp filter does not allow sched_setattr (tried in a child \
+                 process; systemd's SystemCallFilter=~@resources forbids it): not asked for",
+            ));
+        }
+        set_attr(&mut attr)?;
         match thread_slice()? {
             Some(kept) => Ok(kept),
             None => Err(io::Error::new(
@@ -182,6 +251,64 @@ mod tests {
         );
     }
 
+    /// A thread under a seccomp filter that kills the process for `sched_setattr` (as
+    /// systemd's `SystemCallFilter=~@resources` does) gets an error, and the process
+    /// lives: without the probe in a child, this test's process would die of SIGSYS.
+    #[test]
+    fn a_seccomp_filter_that_kills_for_the_call_is_found_without_dying() {
+        let Ok(Some(_)) = thread_slice() else {
+            eprintln!("skipped: this kernel reports no fair-scheduler slice (before 6.12)");
+            return;
+        };
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => seccompiler::TargetArch::x86_64,
+            "aarch64" => seccompiler::TargetArch::aarch64,
+            other => {
+                eprintln!("skipped: no seccomp filter built for {other}");
+                return;
+            }
+        };
+        let (refused, allowed_meanwhile) = on_a_thread(move || {
+            let rules = [(libc::SYS_sched_setattr, vec![])].into_iter().collect();
+            let filter = seccompiler::SeccompFilter::new(
+                rules,
+                seccompiler::SeccompAction::Allow,
+                seccompiler::SeccompAction::KillProcess,
+                arch,
+            )
+            .expect("filter");
+            let bpf: seccompiler::BpfProgram = filter.try_into().expect("bpf");
+            // This thread only (no TSYNC): the rest of the test process is unaffected.
+            seccompiler::apply_filter(&bpf).expect("seccomp filter installed");
+            assert!(under_seccomp_filter());
+            let refused = set_thread_slice(Duration::from_micros(300));
+            (refused, thread_slice().expect("sched_getattr is allowed"))
+        });
+        let e = refused.expect_err("refused, not made");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("seccomp"), "{e}");
+        assert_ne!(allowed_meanwhile, Some(Duration::from_micros(300)));
+
+        // A filter that allows it: the probe passes and the slice is set.
+        let set = on_a_thread(move || {
+            let rules = [(libc::SYS_getpid, vec![])].into_iter().collect();
+            let filter = seccompiler::SeccompFilter::new(
+                rules,
+                seccompiler::SeccompAction::Allow,
+                seccompiler::SeccompAction::Errno(libc::EPERM as u32),
+                arch,
+            )
+            .expect("filter");
+            let bpf: seccompiler::BpfProgram = filter.try_into().expect("bpf");
+            seccompiler::apply_filter(&bpf).expect("seccomp filter installed");
+            set_thread_slice(Duration::from_micros(300))
+        });
+        assert_eq!(
+            set.expect("allowed by this filter"),
+            Duration::from_micros(300)
+        );
+    }
+
     fn thread_slice_of_a_new_thread() -> Option<Duration> {
         on_a_thread(|| thread_slice().expect("readable"))
     }
@@ -195,11 +322,11 @@ mod tests {
         let (before, after) = on_a_thread(|| {
             // Raising one's own nice value needs no privilege.
             let mut attr = get_attr(0).expect("readable");
-            attr.size = SCHED_ATTR_SIZE_VER0;
-            attr.sched_nice = 5;
-            set_attr(&attr).expect("a higher nice value is allowed");
+            let nice = (attr.sched_nice + 1).min(19);
+            attr.sched_nice = nice;
+            set_attr(&mut attr).expect("a higher nice value is allowed");
             set_thread_slice(Duration::from_millis(1)).expect("allowed");
-            (5, get_attr(0).expect("readable").sched_nice)
+            (nice, get_attr(0).expect("readable").sched_nice)
         });
         assert_eq!(after, before);
     }

@@ -134,7 +134,10 @@ async fn the_reserved_thread_runs_on_short_scheduler_turns() {
         let task = task.unwrap().path();
         let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
         let tid: i32 = task.file_name().unwrap().to_str().unwrap().parse().unwrap();
-        let slice = vigil_sys::thread_slice_of(tid).expect("sched_getattr");
+        // A thread may end while this looks (ESRCH): it is skipped.
+        let Ok(slice) = vigil_sys::thread_slice_of(tid) else {
+            continue;
+        };
         if name.trim() == "vigil-health" {
             reserved_threads.push(slice);
         } else {
@@ -146,7 +149,16 @@ async fn the_reserved_thread_runs_on_short_scheduler_turns() {
             );
         }
     }
-    assert_eq!(reserved_threads, [Some(Duration::from_micros(100))]);
+    assert!(
+        !reserved_threads.is_empty(),
+        "the reserved thread is running"
+    );
+    assert!(
+        reserved_threads
+            .iter()
+            .all(|s| *s == Some(Duration::from_micros(100))),
+        "{reserved_threads:?}"
+    );
 }
 
 // === endpoints ===
