@@ -14,7 +14,7 @@ use std::time::Duration;
 /// 48 bytes), which every kernel with the call accepts.
 #[cfg(target_os = "linux")]
 #[repr(C)]
-#[derive(Debug, Default)]
+#[derive(Clone, Copy, Debug, Default)]
 struct SchedAttr {
     size: u32,
     sched_policy: u32,
@@ -84,21 +84,20 @@ fn under_seccomp_filter() -> bool {
     })
 }
 
-/// Makes `sched_setattr(0, attr, 0)` in a child process forked from the calling thread
-/// (which inherits its seccomp filter) and tells whether it returned 0 there: a filter
+/// Makes [`set_attr`] with `attr` in a child process forked from the calling thread
+/// (which inherits its seccomp filter) and tells whether it succeeded there: a filter
 /// that kills the caller for that call kills the child only.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
-fn setattr_survives_in_a_child(attr: &SchedAttr) -> bool {
+fn set_attr_survives_in_a_child(mut attr: SchedAttr) -> bool {
     // SAFETY: between fork and _exit the child only makes the async-signal-safe system
-    // calls syscall(2) and _exit(2) on memory it already has (`attr`, on the stack of
-    // the forking thread); no allocation, no lock.
+    // calls sched_setattr(2) (in `set_attr`, which reads errno and allocates nothing)
+    // and _exit(2), on memory it already has; no lock.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        // SAFETY: as above; `attr` is a valid `sched_attr` of the size its field says.
-        let r = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, attr as *const SchedAttr, 0) };
+        let ok = set_attr(&mut attr).is_ok();
         // SAFETY: ends the child at once, without running the parent's exit handlers.
-        unsafe { libc::_exit(if r == 0 { 0 } else { 1 }) }
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) }
     }
     if pid < 0 {
         return false;
@@ -114,6 +113,15 @@ fn setattr_survives_in_a_child(attr: &SchedAttr) -> bool {
             return false;
         }
     }
+}
+
+/// Whether `policy` is one of the fair scheduler's, whose threads have a slice
+/// (`SCHED_OTHER`, `SCHED_BATCH`; not `SCHED_IDLE`, nor the real-time ones).
+#[cfg(target_os = "linux")]
+fn fair(policy: u32) -> bool {
+    [libc::SCHED_OTHER, libc::SCHED_BATCH]
+        .map(|p| p as u32)
+        .contains(&policy)
 }
 
 /// Asks the kernel's fair scheduler (EEVDF, Linux 6.12 and later) to run the calling
@@ -138,8 +146,7 @@ pub fn set_thread_slice(slice: Duration) -> io::Result<Duration> {
     #[cfg(target_os = "linux")]
     {
         let mut attr = get_attr(0)?;
-        let fair = [libc::SCHED_OTHER, libc::SCHED_BATCH].map(|p| p as u32);
-        if !fair.contains(&attr.sched_policy) {
+        if !fair(attr.sched_policy) {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!(
@@ -148,12 +155,11 @@ pub fn set_thread_slice(slice: Duration) -> io::Result<Duration> {
                 ),
             ));
         }
-        attr.size = SCHED_ATTR_SIZE_VER0;
         // Keep SCHED_FLAG_RESET_ON_FORK as it is (an unprivileged thread may not clear
         // it); nothing else is asked for.
         attr.sched_flags &= SCHED_FLAG_RESET_ON_FORK;
         attr.sched_runtime = u64::try_from(slice.as_nanos()).unwrap_or(u64::MAX).max(1);
-        if under_seccomp_filter() && !setattr_survives_in_a_child(&attr) {
+        if under_seccomp_filter() && !set_attr_survives_in_a_child(attr) {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 "the process's seccomp filter does not allow sched_setattr (tried in a child \
@@ -191,8 +197,7 @@ pub fn thread_slice_of(tid: i32) -> io::Result<Option<Duration>> {
     #[cfg(target_os = "linux")]
     {
         let attr = get_attr(tid)?;
-        let fair = [libc::SCHED_OTHER, libc::SCHED_BATCH].map(|p| p as u32);
-        let slice = fair.contains(&attr.sched_policy) && attr.sched_runtime > 0;
+        let slice = fair(attr.sched_policy) && attr.sched_runtime > 0;
         Ok(slice.then(|| Duration::from_nanos(attr.sched_runtime)))
     }
     #[cfg(not(target_os = "linux"))]
@@ -268,18 +273,25 @@ mod tests {
                 return;
             }
         };
-        let (refused, allowed_meanwhile) = on_a_thread(move || {
-            let rules = [(libc::SYS_sched_setattr, vec![])].into_iter().collect();
+        // On the calling thread only (no TSYNC): the rest of the test process is
+        // unaffected. Every other call is allowed.
+        let filter = move |call: i64, action: seccompiler::SeccompAction| {
+            let rules = [(call, vec![])].into_iter().collect();
             let filter = seccompiler::SeccompFilter::new(
                 rules,
                 seccompiler::SeccompAction::Allow,
-                seccompiler::SeccompAction::KillProcess,
+                action,
                 arch,
             )
             .expect("filter");
             let bpf: seccompiler::BpfProgram = filter.try_into().expect("bpf");
-            // This thread only (no TSYNC): the rest of the test process is unaffected.
             seccompiler::apply_filter(&bpf).expect("seccomp filter installed");
+        };
+        let (refused, allowed_meanwhile) = on_a_thread(move || {
+            filter(
+                libc::SYS_sched_setattr,
+                seccompiler::SeccompAction::KillProcess,
+            );
             assert!(under_seccomp_filter());
             let refused = set_thread_slice(Duration::from_micros(300));
             (refused, thread_slice().expect("sched_getattr is allowed"))
@@ -291,16 +303,10 @@ mod tests {
 
         // A filter that allows it: the probe passes and the slice is set.
         let set = on_a_thread(move || {
-            let rules = [(libc::SYS_getpid, vec![])].into_iter().collect();
-            let filter = seccompiler::SeccompFilter::new(
-                rules,
-                seccompiler::SeccompAction::Allow,
+            filter(
+                libc::SYS_getpid,
                 seccompiler::SeccompAction::Errno(libc::EPERM as u32),
-                arch,
-            )
-            .expect("filter");
-            let bpf: seccompiler::BpfProgram = filter.try_into().expect("bpf");
-            seccompiler::apply_filter(&bpf).expect("seccomp filter installed");
+            );
             set_thread_slice(Duration::from_micros(300))
         });
         assert_eq!(
