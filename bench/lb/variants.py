@@ -8,7 +8,7 @@ A VARIANT is `name` (bench.py's configuration as is), `name:KEY=VALUE` (an envir
 variable for that run, e.g. `slow:RUST_LOG=debug`), or `name@TOML` where TOML is text
 appended to the configuration's `[pools.app]` table (e.g.
 `least@balance = "least-request"`; `\\n` for new lines), or `name^TOML` where TOML is
-text added to the top-level keys (e.g. `kernel^worker_balance = "kernel"`). With --vigil
+text added to the top-level keys (e.g. `kernel^worker_slice = "0s"`). With --vigil
 PATH for another binary (a variant of the code): `name=PATH` uses that binary; they
 combine as `name=PATH:KEY=VALUE^TOP@TOML`. Prints one line per run
 and, per variant, the median requests/s, p50 and p99 over the rounds.
@@ -28,7 +28,7 @@ from bench import Backends, PORTS, stop, vigil_config  # noqa: E402
 
 
 def parse_variant(spec, default_vigil):
-    """`name[=PATH][:KEY=VALUE][^TOP][@TOML]` -> (name, binary, env, (top, toml))."""
+    """`name[=PATH][:KEY=VALUE][^TOP][@TOML]` -> (name, binary, env, top, toml)."""
     name, vigil, env, toml, top = spec, default_vigil, {}, "", ""
     if "@" in name:
         name, toml = name.split("@", 1)
@@ -42,11 +42,10 @@ def parse_variant(spec, default_vigil):
         env[k] = v
     if "=" in name:
         name, vigil = name.split("=", 1)
-    return name, vigil, env, (top, toml)
+    return name, vigil, env, top, toml
 
 
-def run(tmp, name, vigil, env, toml, duration):
-    top, toml = toml
+def run(tmp, name, vigil, env, top, toml, duration):
     cfg = vigil_config().replace("[pools.app]\n", "[pools.app]\n" + (toml + "\n" if toml else ""))
     assert "[timeouts]\n" in cfg, "top-level keys go before [timeouts]"
     cfg = cfg.replace("[timeouts]\n", (top + "\n" if top else "") + "[timeouts]\n", 1)
@@ -83,8 +82,8 @@ def main():
     backends.start_all()
     try:
         for r in range(a.rounds):
-            for name, vigil, env, toml in variants:
-                res = run(tmp, name, vigil, env, toml, a.duration)
+            for name, vigil, env, top, toml in variants:
+                res = run(tmp, name, vigil, env, top, toml, a.duration)
                 results[name].append(res)
                 print(f"round {r + 1} {name}: {res['rps']:.0f} req/s, p50 {res['p50']:.2f} ms, "
                       f"p99 {res['p99']:.2f} ms, errors {res['errors']}", flush=True)
