@@ -406,25 +406,15 @@ async fn echo_setup(top: &str) -> (Lb, Backend) {
 /// The scheduler slice of each of `lb`'s threads named `vigil-lb-<n>` (its workers), by
 /// name, read with `sched_getattr` from outside the process.
 fn worker_slices(lb: &Lb) -> Vec<(String, Option<Duration>)> {
-    let tasks = format!("/proc/{}/task", lb.child.id());
-    let mut out = Vec::new();
-    for task in std::fs::read_dir(&tasks).expect("the process's threads") {
-        let task = task.unwrap().path();
-        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
-        let name = name.trim();
-        if name
-            .strip_prefix("vigil-lb-")
-            .is_some_and(|n| n.parse::<u32>().is_ok())
-        {
-            let tid: i32 = task.file_name().unwrap().to_str().unwrap().parse().unwrap();
-            out.push((
-                name.to_string(),
-                vigil_sys::thread_slice_of(tid).expect("sched_getattr"),
-            ));
-        }
-    }
-    out.sort();
-    out
+    vigil_testkit::thread_slices(lb.child.id())
+        .into_iter()
+        .filter(|t| {
+            t.name
+                .strip_prefix("vigil-lb-")
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .map(|t| (t.name, t.slice))
+        .collect()
 }
 
 /// `worker_slice`: each worker thread runs on the turn asked for (300 us by default) and
@@ -464,7 +454,11 @@ async fn worker_threads_run_on_the_scheduler_turns_asked_for() {
             "{}",
             lb.log()
         );
-        let main = vigil_sys::thread_slice_of(lb.child.id() as i32).expect("sched_getattr");
+        let main = vigil_testkit::thread_slices(lb.child.id())
+            .into_iter()
+            .find(|t| t.tid == lb.child.id())
+            .expect("the main thread")
+            .slice;
         assert_eq!(
             main,
             Some(default),

@@ -20,6 +20,9 @@
 //!
 //! [`read_request`] reads one HTTP/1.1 request from a blocking stream, for tests that
 //! stand in for a webhook receiver.
+//!
+//! [`thread_slices`] lists a process's threads with their scheduler slices (Linux), for
+//! tests of the threads that ask for short turns.
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -507,4 +510,39 @@ mod tests {
         b.clear_checks();
         assert!(get(b.addr(), "/readyz").starts_with("HTTP/1.1 200"));
     }
+}
+
+/// One thread of a process: its id, its name (`comm`) and its scheduler slice
+/// (`vigil_sys::thread_slice_of`: `None` where the kernel reports none).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadSlice {
+    /// The thread's id (`/proc/<pid>/task/<tid>`; the process's own id for its main thread).
+    pub tid: u32,
+    /// Its name.
+    pub name: String,
+    /// Its slice under the fair scheduler.
+    pub slice: Option<std::time::Duration>,
+}
+
+/// Every thread of process `pid` (`std::process::id()` for the calling one), sorted by
+/// name then id; a thread that ends while this looks is left out.
+pub fn thread_slices(pid: u32) -> Vec<ThreadSlice> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<ThreadSlice> = tasks
+        .filter_map(|task| {
+            let task = task.ok()?.path();
+            let tid: u32 = task.file_name()?.to_str()?.parse().ok()?;
+            let name = std::fs::read_to_string(task.join("comm")).ok()?;
+            let slice = vigil_sys::thread_slice_of(i32::try_from(tid).ok()?).ok()?;
+            Some(ThreadSlice {
+                tid,
+                name: name.trim().to_string(),
+                slice,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.name, a.tid).cmp(&(&b.name, b.tid)));
+    out
 }

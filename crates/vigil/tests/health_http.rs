@@ -130,23 +130,11 @@ async fn the_reserved_thread_runs_on_short_scheduler_turns() {
     let srv = reserved(&health);
     assert_eq!(get(srv.local_addr(), "/livez").await.status, 200);
     let mut reserved_threads = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").expect("this process's threads") {
-        let task = task.unwrap().path();
-        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
-        let tid: i32 = task.file_name().unwrap().to_str().unwrap().parse().unwrap();
-        // A thread may end while this looks (ESRCH): it is skipped.
-        let Ok(slice) = vigil_sys::thread_slice_of(tid) else {
-            continue;
-        };
-        if name.trim() == "vigil-health" {
-            reserved_threads.push(slice);
+    for t in vigil_testkit::thread_slices(std::process::id()) {
+        if t.name == "vigil-health" {
+            reserved_threads.push(t.slice);
         } else {
-            assert_eq!(
-                slice,
-                Some(default),
-                "{} keeps the kernel's turn",
-                name.trim()
-            );
+            assert_eq!(t.slice, Some(default), "{} keeps the kernel's turn", t.name);
         }
     }
     assert!(
