@@ -13,6 +13,12 @@
 //! - [`pool`]: a target pool's routing set: fail-open below the panic threshold, slow start.
 //! - [`anomaly`]: fleet-relative anomaly detection (is a member failing far more than its
 //!   peers?), for queue workers and balancer targets.
+//! - [`throttle`]: retries that stop when they cannot help (gRPC's retry throttling) and
+//!   local shedding when targets refuse most work (the SRE book's adaptive throttling).
+//! - [`admission`]: whether a service should start a request at all: its deadline, its
+//!   time in the queue (controlled delay, adaptive LIFO), an adaptive concurrency limit.
+//! - [`breaker`]: the dependency guard's circuit breaker (slow calls count as failures),
+//!   so a service answers degraded instead of holding workers on a slow dependency.
 //! - [`gate`]: the queue worker's gate (pull only while ready, kill switch, poison vs
 //!   sickness).
 //! - [`guard`]: the controller's safety guard (fraction cap, action budget, flap damping,
@@ -29,7 +35,9 @@
 //!   sans-IO: request and response framing (where a head ends, how its body is delimited,
 //!   the smuggling rules), chunked decoding.
 
+pub mod admission;
 pub mod anomaly;
+pub mod breaker;
 pub mod build;
 pub mod gate;
 pub mod guard;
@@ -45,6 +53,7 @@ pub mod rollout;
 pub mod shard;
 pub mod status;
 pub mod thresholds;
+pub mod throttle;
 pub mod time;
 
 pub use invalid::Invalid;
