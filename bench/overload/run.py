@@ -36,8 +36,9 @@ client sustains beside the fleet on 2 cores).
 
 Printed, side by side, with ratios:
 - goodput during the slowdown, as a share of the requests that did not need the
-  database (the issue's target: at least 90% of that servable goodput), and each kind's
-  own share (reads answered from the cache count: a degraded answer is an answer);
+  database (the issue's target: at least 90% of that servable goodput), each kind's own
+  share (reads answered from the cache count: a degraded answer is an answer), the
+  worst 5 s and the seconds below 50% (an outage the 60 s average hides);
 - seconds to recover after the slowdown ends: the first second after which every
   second's goodput (share of its requests answered) stays at >= 95% of the pre-fault
   level (seconds 5..WARMUP) until the end (the issue's target: within 5 s);
@@ -48,7 +49,11 @@ Printed, side by side, with ratios:
   second; nginx: the tries its access log names for each request (`$upstream_addr`; a
   "no live upstreams" 502 names none). Also the clients' attempts per request, what
   reaches the balancer.
-Then a timeline in 5 s steps for each setup.
+Also: retries by the clients and the balancers, targets taken out (vigil lb's outlier
+ejections from the slowdown's start to 10 s after its end; nginx's "upstream server
+temporarily disabled", max_fails reached, over the run), the services' requests in
+flight; then a timeline in 5 s steps and the seconds around the slowdown's start and end
+for each setup. Figures of runs: bench/overload/RESULTS.md.
 
 Usage: bench/overload/run.py [--rate N | --load 0.5] [--warmup 20] [--fault 60]
        [--after 30] [--call-ms 1500] [--db-share 0.4] [--cpu-ms 5] [--arrivals fixed|poisson]
