@@ -28,6 +28,8 @@
 //! it goes only while one attempt is in flight). An attempt overtaken by a hedge is not a
 //! failure (see the outlier module): eligibility says nothing about ejection.
 
+use std::time::Duration;
+
 /// What a request is, as far as sending it again is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Replay {
@@ -173,6 +175,32 @@ pub fn decide(req: &Replay, trigger: Trigger, progress: &Progress) -> Retry {
     Retry::Go(reason)
 }
 
+/// The shortest per-try timeout [`default_per_try`] derives: 500 ms. A try cut shorter
+/// would also cut an ordinary slow answer (a p99 of a few hundred milliseconds) and send
+/// it again, doubling the load of exactly the requests that are already expensive.
+pub const MIN_DEFAULT_PER_TRY: Duration = Duration::from_millis(500);
+
+/// The time one attempt has for its response header when the balancer's configuration
+/// sets none (`timeouts.per_try` absent): the client's wait (`response_header`) shared
+/// among every try the pool may make, `response_header / (max_retries + 1)`, at least
+/// [`MIN_DEFAULT_PER_TRY`] and at most `response_header` (so without retries, an attempt
+/// has all of it). A frozen target (it accepts, never answers) then costs a request one
+/// try and the next target still has time to answer: with `response_header = "2s"` and
+/// 2 retries, a try has 666 ms. The trade-off: an endpoint that normally answers in more
+/// than that share is cut and sent again; such a pool sets its per-try time explicitly
+/// (the retry throttle, [`RetryThrottle`](crate::throttle::RetryThrottle), keeps a fleet
+/// that is slow everywhere from being sent every request three times).
+pub fn default_per_try(response_header: Duration, max_retries: u32) -> Duration {
+    if max_retries == 0 {
+        return response_header;
+    }
+    // Whole milliseconds: the figure an operator reads in logs and headers.
+    let share = response_header.as_millis() / (u128::from(max_retries) + 1);
+    Duration::from_millis(u64::try_from(share).unwrap_or(u64::MAX))
+        .max(MIN_DEFAULT_PER_TRY)
+        .min(response_header)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +222,26 @@ mod tests {
         time_left: true,
         hedging: true,
     };
+
+    #[test]
+    fn the_default_per_try_shares_the_header_wait_among_the_tries() {
+        let s = Duration::from_secs;
+        assert_eq!(default_per_try(s(2), 2), Duration::from_millis(666));
+        assert_eq!(default_per_try(s(10), 1), s(5));
+        assert_eq!(
+            default_per_try(s(10), 0),
+            s(10),
+            "no retries: the whole wait"
+        );
+        assert_eq!(default_per_try(s(1), 4), MIN_DEFAULT_PER_TRY, "floored");
+        let short = Duration::from_millis(300);
+        assert_eq!(
+            default_per_try(short, 2),
+            short,
+            "never past response_header"
+        );
+        assert_eq!(default_per_try(s(3), u32::MAX), MIN_DEFAULT_PER_TRY);
+    }
 
     #[test]
     fn the_rule_table() {

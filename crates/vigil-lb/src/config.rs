@@ -22,6 +22,7 @@ use vigil_core::pool::{NewTargets, PoolConfig, RetryBudgetConfig};
 use vigil_core::thresholds::{
     DEFAULT_HEALTHY_THRESHOLD, DEFAULT_UNHEALTHY_THRESHOLD, ThresholdsConfig,
 };
+use vigil_core::throttle::RetryThrottleConfig;
 
 /// Exit code of a configuration that does not load (sysexits' EX_CONFIG): `vigil lb`,
 /// `vigil lb check-config`, and the daemon at start.
@@ -176,7 +177,9 @@ pub struct TimeoutsConfig {
     /// Time one attempt has for its response header (at most `response_header`); an
     /// attempt past it is abandoned, counted as a timeout by outlier detection, and a
     /// retriable request (see `retries.methods`) is retried on another target while
-    /// `response_header` allows. Absent: an attempt has the whole `response_header`.
+    /// `response_header` allows. Absent: derived per pool,
+    /// `response_header / (max_retries + 1)`, at least 500ms and at most
+    /// `response_header` ([`vigil_core::retry::default_per_try`]).
     #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub per_try: Option<Duration>,
     /// Longest wait for a target to take more of a request (head or body); then 504
@@ -207,6 +210,17 @@ pub struct TimeoutsConfig {
     /// may pass no byte either way; then both sides are closed. Defaults to 1h.
     #[serde(with = "humantime_serde")]
     pub tunnel_idle: Duration,
+}
+
+impl TimeoutsConfig {
+    /// The time one attempt of a pool that retries up to `max_retries` times has for
+    /// its response header: `per_try` when set, else derived from `response_header`
+    /// ([`vigil_core::retry::default_per_try`]).
+    pub fn per_try_for(&self, max_retries: u32) -> Duration {
+        self.per_try.unwrap_or_else(|| {
+            vigil_core::retry::default_per_try(self.response_header, max_retries)
+        })
+    }
 }
 
 impl Default for TimeoutsConfig {
@@ -253,6 +267,27 @@ pub struct HeadersConfig {
     /// Fields whose name has an underscore: `drop`, `forward` or `reject`. Defaults
     /// to `drop`.
     pub underscores: Underscores,
+    /// A deadline the client sends (`x-vigil-deadline-ms`, and `grpc-timeout` on gRPC
+    /// requests): `strip` or `trust`. Defaults to `strip`.
+    pub deadline: ClientDeadline,
+}
+
+/// What is done with a deadline a client sends ([`vigil_core::admission::DEADLINE_HEADER`],
+/// `grpc-timeout`). Every attempt carries the balancer's own deadline (the time it will
+/// still wait for that attempt's response header); the question is whether the client's
+/// may shorten it. Anyone can send the header: a client that is not another tier of
+/// your own could make targets refuse its requests, or, were it believed without the
+/// balancer's own bound, make them work on requests nobody waits for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientDeadline {
+    /// Ignore it: the field is not forwarded, and targets get the balancer's deadline
+    /// alone (on gRPC requests, `grpc-timeout` is replaced by it). Defaults to this.
+    #[default]
+    Strip,
+    /// Honour it: the balancer waits no longer than the client (a malformed value is
+    /// ignored), and targets get the shorter of the two.
+    Trust,
 }
 
 /// What to do with a request header field whose name has an underscore
@@ -726,6 +761,71 @@ pub struct RetryConfig {
     /// Which requests may be sent again after a reset or a per-try timeout (the target
     /// may have acted on them): `idempotent` or `all`. Defaults to `idempotent`.
     pub methods: RetryMethods,
+    /// gRPC-style retry throttling on top of the budget
+    /// ([`vigil_core::throttle::RetryThrottle`]): a table `{ max_tokens, token_ratio }`,
+    /// or `"off"`. Defaults to `{ max_tokens = 10, token_ratio = 0.1 }`.
+    pub throttle: RetryThrottleSetting,
+}
+
+/// Whether a pool throttles its retries (`retries.throttle`): `"off"`, or the token
+/// bucket's settings as a table.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RetryThrottleSetting {
+    /// No throttle: only `max_retries` and the budget bound retries.
+    Off,
+    /// A token bucket (gRFC A6): failures take a token, successes give back
+    /// `token_ratio`, retries go while it holds more than half of `max_tokens`.
+    Tokens(RetryThrottleConfig),
+}
+
+impl Default for RetryThrottleSetting {
+    fn default() -> Self {
+        RetryThrottleSetting::Tokens(RetryThrottleConfig::default())
+    }
+}
+
+impl RetryThrottleSetting {
+    /// The bucket's settings, unless off.
+    pub fn tokens(&self) -> Option<RetryThrottleConfig> {
+        match self {
+            RetryThrottleSetting::Off => None,
+            RetryThrottleSetting::Tokens(c) => Some(*c),
+        }
+    }
+}
+
+impl Serialize for RetryThrottleSetting {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            RetryThrottleSetting::Off => s.serialize_str("off"),
+            RetryThrottleSetting::Tokens(c) => c.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RetryThrottleSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{self, MapAccess, Visitor};
+        struct Setting;
+        impl<'de> Visitor<'de> for Setting {
+            type Value = RetryThrottleSetting;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"off\" or a table { max_tokens, token_ratio }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                if v == "off" {
+                    Ok(RetryThrottleSetting::Off)
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Str(v), &self))
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                RetryThrottleConfig::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(RetryThrottleSetting::Tokens)
+            }
+        }
+        d.deserialize_any(Setting)
+    }
 }
 
 /// Which requests are sent again after the target may have seen them (a connection
@@ -748,6 +848,7 @@ impl Default for RetryConfig {
             max_retries: DEFAULT_MAX_RETRIES,
             budget: RetryBudgetConfig::default(),
             methods: RetryMethods::Idempotent,
+            throttle: RetryThrottleSetting::default(),
         }
     }
 }
@@ -969,6 +1070,10 @@ impl LbConfig {
                 .budget
                 .validate()
                 .map_err(|e| e.within(&format!("pools.{name}.retries.budget")))?;
+            if let Some(t) = pool.retries.throttle.tokens() {
+                t.validate()
+                    .map_err(|e| e.within(&format!("pools.{name}.retries.throttle")))?;
+            }
             if let Some(tls) = &pool.tls {
                 if tls.cert.is_some() != tls.key.is_some() {
                     return Err(invalid(
@@ -1165,6 +1270,73 @@ targets = [{ addr = "localhost:9003" }]
         assert_eq!(api.health_check.interval, Duration::from_millis(500));
         assert_eq!(api.health_check.path, "/readyz");
         assert_eq!(c.pools["web"].balance, Balance::RoundRobin);
+    }
+
+    #[test]
+    fn the_retry_throttle_is_on_by_default_a_table_or_off() {
+        let on = |c: &LbConfig| c.pools["api"].retries.throttle;
+        let c = p(GOOD).unwrap();
+        assert_eq!(on(&c).tokens(), Some(RetryThrottleConfig::default()));
+        let c = p(&format!(
+            "{GOOD}\n[pools.api.retries.throttle]\nmax_tokens = 100\ntoken_ratio = 0.5\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            on(&c).tokens(),
+            Some(RetryThrottleConfig {
+                max_tokens: 100,
+                token_ratio: 0.5
+            })
+        );
+        let c = p(&format!(
+            "{GOOD}\n[pools.api.retries]\nthrottle = \"off\"\n"
+        ))
+        .unwrap();
+        assert_eq!(on(&c), RetryThrottleSetting::Off);
+        // Serialised back as written (the reference test walks the serialised form).
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["pools"]["api"]["retries"]["throttle"], "off");
+
+        let e = p(&format!("{GOOD}\n[pools.api.retries]\nthrottle = \"no\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pools.api.retries.throttle"), "{e}");
+        assert!(e.contains("\"off\" or a table"), "{e}");
+        let e = p(&format!(
+            "{GOOD}\n[pools.api.retries.throttle]\nmax_tokens = 0\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("pools.api.retries.throttle.max_tokens"), "{e}");
+        let e = p(&format!(
+            "{GOOD}\n[pools.api.retries.throttle]\nmax_tokenz = 5\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("unknown field `max_tokenz`"), "{e}");
+    }
+
+    #[test]
+    fn per_try_is_derived_from_the_pools_retries_unless_set() {
+        let t = TimeoutsConfig {
+            response_header: Duration::from_secs(2),
+            ..TimeoutsConfig::default()
+        };
+        assert_eq!(t.per_try_for(2), Duration::from_millis(666));
+        assert_eq!(t.per_try_for(0), Duration::from_secs(2));
+        let set = TimeoutsConfig {
+            per_try: Some(Duration::from_millis(1500)),
+            ..t
+        };
+        assert_eq!(set.per_try_for(2), Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn a_clients_deadline_is_stripped_unless_trusted() {
+        assert_eq!(p("").unwrap().headers.deadline, ClientDeadline::Strip);
+        let c = p("[headers]\ndeadline = \"trust\"\n").unwrap();
+        assert_eq!(c.headers.deadline, ClientDeadline::Trust);
+        assert!(p("[headers]\ndeadline = true\n").is_err());
     }
 
     #[test]

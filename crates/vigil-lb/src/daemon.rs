@@ -50,7 +50,8 @@ fn proxy_table(config: &LbConfig, routes: Vec<RouteRule>) -> ProxyTable {
     ProxyTable {
         routes,
         response_header_timeout: t.response_header,
-        per_try_timeout: t.per_try.unwrap_or(t.response_header),
+        per_try_timeout: t.per_try,
+        client_deadline: config.headers.deadline,
         send_timeout: t.send,
         response_body_timeout: t.response_body,
         request_timeout: Some(t.request).filter(|d| !d.is_zero()),

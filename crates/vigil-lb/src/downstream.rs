@@ -35,7 +35,7 @@
 pub mod http2;
 
 use crate::body::{BodyReader, CONTINUE, ClientStream, Growth, poll_read_more};
-use crate::config::Underscores;
+use crate::config::{ClientDeadline, Underscores};
 use crate::http_util::{UPGRADE, VIA, connection_options, hop_by_hop, is_idempotent};
 use crate::park::{self, PARK_AFTER};
 use crate::proxy::{Proxy, ProxyTable, Reply};
@@ -56,6 +56,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
+use vigil_core::admission::{DEADLINE_HEADER, parse_deadline_ms, parse_grpc_timeout};
 use vigil_core::http1::{self, Framing, MAX_HEADERS, RequestBody, RequestError};
 
 /// Settings of the client side fixed at start.
@@ -105,6 +106,10 @@ pub(crate) struct Prepared {
     pub(crate) keep_alive: bool,
     pub(crate) http10: bool,
     pub(crate) expect_continue: bool,
+    /// A gRPC request.
+    pub(crate) grpc: bool,
+    /// The client's deadline, when trusted (`headers.deadline`).
+    pub(crate) client_deadline: Option<Duration>,
     /// The matching route's pool, or none (404).
     pub(crate) pool: Option<Arc<crate::pool::PoolRt>>,
     /// The configuration it was routed by.
@@ -562,6 +567,7 @@ impl ClientConn {
         if req.upgrade {
             out.set_upgrade();
         }
+        out.set_deadline(req.grpc, req.client_deadline);
         let (answer, body_done) = if out.is_streamed() {
             let mut reader = BodyReader::h1(
                 &mut self.tcp,
@@ -919,6 +925,27 @@ pub struct Forwarded<'b> {
     pub path: &'b str,
     /// Fields left out because their name has an underscore.
     pub underscores_dropped: u32,
+    /// The client's `x-vigil-deadline-ms`, parsed (never forwarded: each attempt sends
+    /// its own; `None` when absent or malformed).
+    pub deadline: Option<Duration>,
+    /// The client's `grpc-timeout`, parsed (never forwarded either).
+    pub grpc_timeout: Option<Duration>,
+    /// A gRPC request (`content-type: application/grpc...`).
+    pub grpc: bool,
+}
+
+impl Forwarded<'_> {
+    /// The deadline the client asked for, if it is trusted: the shorter of its
+    /// `x-vigil-deadline-ms` and `grpc-timeout`.
+    pub fn client_deadline(&self, trust: ClientDeadline) -> Option<Duration> {
+        match trust {
+            ClientDeadline::Strip => None,
+            ClientDeadline::Trust => match (self.deadline, self.grpc_timeout) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+        }
+    }
 }
 
 /// Rewrites a parsed request head (`fields` as parsed, `client_ip` the peer's address)
@@ -926,8 +953,9 @@ pub struct Forwarded<'b> {
 /// field line as it came, hop-by-hop fields and those `Connection` names left out,
 /// `Content-Length` and `Expect` left out (the body is framed again as sent and 100
 /// Continue is answered here), fields whose name has an underscore dropped or refused
-/// per `underscores`, `X-Forwarded-For` extended, `X-Forwarded-Proto` and `Via` set.
-/// Errors are the status and message the client gets.
+/// per `underscores`, `X-Forwarded-For` extended, `X-Forwarded-Proto` and `Via` set,
+/// the client's deadline fields (`x-vigil-deadline-ms`, `grpc-timeout`) read and left
+/// out (each attempt writes its own). Errors are the status and message the client gets.
 pub fn forwarded_head<'b>(
     head: &http1::RequestHead<'b>,
     fields: &[httparse::Header<'b>],
@@ -979,6 +1007,7 @@ pub fn forwarded_head_as<'b>(
     let mut underscores_dropped = 0;
     // `Upgrade` values (hop-by-hop: only forwarded for a valid upgrade, below).
     let mut upgrades: SmallVec<[&[u8]; 1]> = SmallVec::new();
+    let (mut deadline, mut grpc_timeout, mut grpc) = (None, None, false);
     for f in fields {
         let name = f.name.as_bytes();
         if let Some(i) = hop_by_hop(name) {
@@ -1012,6 +1041,18 @@ pub fn forwarded_head_as<'b>(
             14 if name.eq_ignore_ascii_case(b"content-length") => continue,
             6 if name.eq_ignore_ascii_case(b"expect") => continue,
             17 if name.eq_ignore_ascii_case(b"x-forwarded-proto") => continue,
+            // The balancer's own deadline replaces the client's (headers.deadline).
+            19 if name.eq_ignore_ascii_case(DEADLINE_HEADER.as_bytes()) => {
+                deadline = parse_deadline_ms(f.value);
+                continue;
+            }
+            12 if name.eq_ignore_ascii_case(b"grpc-timeout") => {
+                grpc_timeout = parse_grpc_timeout(f.value);
+                continue;
+            }
+            12 if name.eq_ignore_ascii_case(b"content-type") => {
+                grpc = f.value.starts_with(b"application/grpc");
+            }
             15 if name.eq_ignore_ascii_case(b"x-forwarded-for") => {
                 forwarded_for.push(f.value);
                 continue;
@@ -1063,6 +1104,9 @@ pub fn forwarded_head_as<'b>(
         host: authority.or(host_field),
         path,
         underscores_dropped,
+        deadline,
+        grpc_timeout,
+        grpc,
     })
 }
 
@@ -1086,6 +1130,7 @@ pub(crate) fn prepare(
         proxy.count_dropped("underscore", fwd.underscores_dropped);
     }
     let pool = table.route(fwd.host, fwd.path).cloned();
+    let client_deadline = fwd.client_deadline(table.client_deadline);
     let mut out_head = fwd.out_head;
     if let Some(protocols) = fwd.upgrade {
         out_head.extend_from_slice(b"connection: upgrade\r\nupgrade: ");
@@ -1104,6 +1149,8 @@ pub(crate) fn prepare(
         keep_alive: head.keep_alive,
         http10: head.http10,
         expect_continue: head.expect_continue,
+        grpc: fwd.grpc,
+        client_deadline,
         pool,
         table,
     })
@@ -1226,6 +1273,43 @@ mod tests {
         let refused = |raw: &str| forward(raw).unwrap_err().0;
         assert_eq!(refused("CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n"), 405);
         assert_eq!(refused("GET a:443 HTTP/1.1\r\nHost: a\r\n\r\n"), 400);
+    }
+
+    #[test]
+    fn a_clients_deadline_fields_are_read_and_never_forwarded() {
+        let raw = "POST /svc/M HTTP/1.1\r\nHost: a\r\nX-Vigil-Deadline-Ms: 250\r\n\
+                   content-type: application/grpc+proto\r\ngrpc-timeout: 2S\r\n\r\n";
+        let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let (head, fields) = http1::parse_request(raw.as_bytes(), &mut fields)
+            .unwrap()
+            .unwrap();
+        let f = forwarded_head(&head, fields, "10.9.8.7", Underscores::Drop).unwrap();
+        let out = String::from_utf8(f.out_head.clone())
+            .unwrap()
+            .to_ascii_lowercase();
+        assert!(!out.contains("x-vigil-deadline-ms"), "{out}");
+        assert!(!out.contains("grpc-timeout"), "{out}");
+        assert!(
+            out.contains("content-type: application/grpc+proto\r\n"),
+            "{out}"
+        );
+        assert!(f.grpc);
+        let ms = Duration::from_millis;
+        assert_eq!(f.deadline, Some(ms(250)));
+        assert_eq!(f.grpc_timeout, Some(Duration::from_secs(2)));
+        assert_eq!(f.client_deadline(ClientDeadline::Strip), None);
+        assert_eq!(f.client_deadline(ClientDeadline::Trust), Some(ms(250)));
+
+        // A malformed deadline is ignored, never guessed; a plain request is not gRPC.
+        let raw = "GET / HTTP/1.1\r\nHost: a\r\nx-vigil-deadline-ms: -5\r\n\r\n";
+        let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let (head, fields) = http1::parse_request(raw.as_bytes(), &mut fields)
+            .unwrap()
+            .unwrap();
+        let f = forwarded_head(&head, fields, "10.9.8.7", Underscores::Drop).unwrap();
+        assert!(!String::from_utf8_lossy(&f.out_head).contains("deadline"));
+        assert!(!f.grpc);
+        assert_eq!(f.client_deadline(ClientDeadline::Trust), None);
     }
 
     #[test]

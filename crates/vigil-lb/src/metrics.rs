@@ -11,8 +11,10 @@
 //! | `vigil_lb_pool_fail_open` | pool | 1 while the pool routes to all targets (panic mode) |
 //! | `vigil_lb_retries_total` | pool, reason | retries and hedges sent (connect, reset, ejected, hedge) |
 //! | `vigil_lb_retries_denied_total` | pool | retries the budget refused |
+//! | `vigil_lb_retries_throttled_total` | pool | retries and hedges the retry throttle refused (most attempts were failing) |
+//! | `vigil_lb_retry_throttle_tokens` | pool | tokens in the pool's retry throttle (retries go while above half of `max_tokens`); absent when `retries.throttle = "off"` |
 //! | `vigil_lb_health_checks_total` | pool, target, result | active checks by result (pass, fail) |
-//! | `vigil_lb_timeouts_total` | pool, kind | timeouts by kind: `per_try` (an attempt, retried if it may be), `response_header` (the client's wait for a head: 504), `send` (the target took none of the request: 504), `response_body` (the body stalled after its head: connection cut), `request` (the overall deadline: 504 before the head, cut after) |
+//! | `vigil_lb_timeouts_total` | pool, kind | timeouts by kind: `per_try` (an attempt, retried if it may be), `response_header` (the client's wait for a head: 504), `deadline` (the client's own deadline, `headers.deadline = "trust"`: 504), `send` (the target took none of the request: 504), `response_body` (the body stalled after its head: connection cut), `request` (the overall deadline: 504 before the head, cut after) |
 //! | `vigil_lb_tunnels_total` | pool | tunnels opened (a `101` to a WebSocket or other upgrade) |
 //! | `vigil_lb_tunnels_open` | pool | tunnels open now |
 //! | `vigil_lb_tunnels_closed_total` | pool, reason | tunnels closed: `closed` (by the peers), `idle` (`timeouts.tunnel_idle`), `drain` (the drain time ran out after SIGTERM), `error` |
@@ -26,6 +28,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 /// Labels of a per-pool metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -79,7 +82,7 @@ pub struct CheckLabels {
 pub struct TimeoutLabels {
     /// Pool name.
     pub pool: String,
-    /// per_try, response_header, send, response_body, request.
+    /// per_try, response_header, deadline, send, response_body, request.
     pub kind: String,
 }
 
@@ -132,6 +135,10 @@ pub struct Metrics {
     pub retries: Family<RetryLabels, Counter>,
     /// Retries refused by the budget.
     pub retries_denied: Family<PoolLabels, Counter>,
+    /// Retries and hedges refused by the retry throttle.
+    pub retries_throttled: Family<PoolLabels, Counter>,
+    /// Tokens in each pool's retry throttle.
+    pub retry_throttle_tokens: Family<PoolLabels, Gauge<f64, AtomicU64>>,
     /// Active checks.
     pub checks: Family<CheckLabels, Counter>,
     /// Client request fields not forwarded.
@@ -193,6 +200,18 @@ impl Metrics {
             "Retries refused by the retry budget",
             retries_denied.clone(),
         );
+        let retries_throttled = Family::<PoolLabels, Counter>::default();
+        registry.register(
+            "retries_throttled",
+            "Retries and hedges refused by the retry throttle",
+            retries_throttled.clone(),
+        );
+        let retry_throttle_tokens = Family::<PoolLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "retry_throttle_tokens",
+            "Tokens in the retry throttle; retries go while above half its size",
+            retry_throttle_tokens.clone(),
+        );
         let checks = Family::<CheckLabels, Counter>::default();
         registry.register("health_checks", "Active health checks", checks.clone());
         let timeouts = Family::<TimeoutLabels, Counter>::default();
@@ -243,6 +262,8 @@ impl Metrics {
             fail_open,
             retries,
             retries_denied,
+            retries_throttled,
+            retry_throttle_tokens,
             checks,
             fields_dropped,
             timeouts,

@@ -19,6 +19,7 @@ use crate::upstream::ConnPool;
 use crate::upstream::tls::TargetTls;
 use arc_swap::ArcSwap;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +34,7 @@ use vigil_core::pool::{
     TargetSpec,
 };
 use vigil_core::thresholds::HealthState;
+use vigil_core::throttle::{RetryThrottle, RetryThrottleConfig};
 
 /// The driver's clock: monotonic time since start, as policies see it, and the wall
 /// clock at start for human-readable times.
@@ -360,6 +362,143 @@ impl ClientStats {
     }
 }
 
+/// How one attempt ended, for the retry throttle: whether the target did the work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptVerdict {
+    /// A response header other than an overload or gateway answer.
+    Success,
+    /// A connect failure, a reset, garbage, a per-try timeout or send stall, or a 502,
+    /// 503 or 504 from the target.
+    Failure,
+}
+
+impl AttemptVerdict {
+    /// The verdict on a target's response with status `code`: 502, 503 and 504 are the
+    /// answers of a target (or a proxy in front of it) that could not do the work.
+    pub fn of_status(code: u16) -> AttemptVerdict {
+        if matches!(code, 502..=504) {
+            AttemptVerdict::Failure
+        } else {
+            AttemptVerdict::Success
+        }
+    }
+}
+
+/// A pool's retry throttle at run time: vigil-core's token bucket
+/// ([`RetryThrottle`]) behind a lock, with the one fact the data path needs on every
+/// request kept in an atomic. While the bucket is full, a success changes nothing
+/// (the bucket is capped) and a retry is allowed, so the common case (every attempt
+/// succeeds) reads one shared flag and takes no lock; the lock is taken on failures,
+/// on successes that refill a bucket below its cap, and on retries while it is not
+/// full. A success skipped on a flag a concurrent failure is about to clear counts as
+/// the earlier of the two: the same bucket in another order.
+pub struct RetryThrottleRt {
+    /// The bucket, its settings and its gauge; `None`: off.
+    bucket: Mutex<Option<Bucket>>,
+    /// The bucket is full, or the throttle off: successes and retries need no lock.
+    at_rest: AtomicBool,
+    /// The throttle is off: nothing is recorded.
+    off: AtomicBool,
+    name: String,
+    metrics: Arc<Metrics>,
+}
+
+/// A throttle that is on.
+struct Bucket {
+    cfg: RetryThrottleConfig,
+    throttle: RetryThrottle,
+    /// `vigil_lb_retry_throttle_tokens{pool}`.
+    gauge: Gauge<f64, AtomicU64>,
+}
+
+impl RetryThrottleRt {
+    fn new(name: &str, cfg: Option<RetryThrottleConfig>, metrics: Arc<Metrics>) -> Self {
+        let rt = RetryThrottleRt {
+            bucket: Mutex::new(None),
+            at_rest: AtomicBool::new(true),
+            off: AtomicBool::new(true),
+            name: name.to_string(),
+            metrics,
+        };
+        rt.configure(cfg);
+        rt
+    }
+
+    /// Applies a (re)loaded setting: an unchanged one keeps its bucket, a new one
+    /// starts full, `None` turns the throttle off (and its gauge goes).
+    fn configure(&self, cfg: Option<RetryThrottleConfig>) {
+        let mut bucket = self.bucket.lock().expect("throttle lock");
+        if bucket.as_ref().map(|b| b.cfg) == cfg {
+            return;
+        }
+        let labels = PoolLabels {
+            pool: self.name.clone(),
+        };
+        *bucket = cfg.map(|cfg| {
+            let throttle = RetryThrottle::new(cfg);
+            let gauge = self
+                .metrics
+                .retry_throttle_tokens
+                .get_or_create(&labels)
+                .clone();
+            gauge.set(throttle.tokens());
+            Bucket {
+                cfg,
+                throttle,
+                gauge,
+            }
+        });
+        if bucket.is_none() {
+            self.metrics.retry_throttle_tokens.remove(&labels);
+        }
+        self.off.store(cfg.is_none(), Ordering::Relaxed);
+        self.at_rest.store(true, Ordering::Relaxed);
+    }
+
+    /// Records how an attempt ended (every attempt, retries and hedges included).
+    pub fn record(&self, verdict: AttemptVerdict) {
+        let ok = verdict == AttemptVerdict::Success;
+        if (ok && self.at_rest.load(Ordering::Relaxed)) || self.off.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut bucket = self.bucket.lock().expect("throttle lock");
+        let Some(b) = bucket.as_mut() else {
+            return;
+        };
+        if ok {
+            b.throttle.record(1, 0);
+        } else {
+            b.throttle.record(0, 1);
+        }
+        let tokens = b.throttle.tokens();
+        self.at_rest
+            .store(tokens >= f64::from(b.cfg.max_tokens), Ordering::Relaxed);
+        b.gauge.set(tokens);
+    }
+
+    /// Whether a retry or hedge may go now (the bucket holds more than half its tokens,
+    /// or the throttle is off).
+    pub fn allows(&self) -> bool {
+        if self.at_rest.load(Ordering::Relaxed) {
+            return true;
+        }
+        self.bucket
+            .lock()
+            .expect("throttle lock")
+            .as_ref()
+            .is_none_or(|b| b.throttle.allows())
+    }
+
+    /// Tokens in the bucket now (`None`: off).
+    pub fn tokens(&self) -> Option<f64> {
+        self.bucket
+            .lock()
+            .expect("throttle lock")
+            .as_ref()
+            .map(|b| b.throttle.tokens())
+    }
+}
+
 /// The success-rate rule's state in a pool.
 struct SuccessRateRt {
     /// The fleet-relative policy over the targets in service.
@@ -384,6 +523,8 @@ pub struct PoolRt {
     pub routing: ArcSwap<Routing>,
     /// Retries and hedges allowed.
     pub budget: Mutex<RetryBudget>,
+    /// Retries and hedges stopped while most attempts fail (`retries.throttle`).
+    pub throttle: RetryThrottleRt,
     /// Recent latency, for hedging.
     pub latency: LatencyTracker,
     /// The success-rate rule's state (taken only by the tick loop).
@@ -427,6 +568,11 @@ impl PoolRt {
         let rt = PoolRt {
             name: name.to_string(),
             budget: Mutex::new(RetryBudget::new(section.retries.budget)),
+            throttle: RetryThrottleRt::new(
+                name,
+                section.retries.throttle.tokens(),
+                metrics.clone(),
+            ),
             section: ArcSwap::from_pointee(section),
             state: Mutex::new(pool),
             targets: Mutex::new(targets),
@@ -476,6 +622,7 @@ impl PoolRt {
             }
         }
         *self.budget.lock().expect("budget lock") = RetryBudget::new(section.retries.budget);
+        self.throttle.configure(section.retries.throttle.tokens());
         self.section.store(Arc::new(section));
         self.handle(&mut state, events);
     }

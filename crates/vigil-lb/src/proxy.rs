@@ -26,7 +26,7 @@ use crate::body::BodyReader;
 use crate::config::RetryMethods;
 use crate::http_util::{AttemptFailure, describe};
 use crate::metrics::{Metrics, PoolLabels, RequestLabels, RetryLabels};
-use crate::pool::{PoolRt, TargetRt};
+use crate::pool::{AttemptVerdict, PoolRt, TargetRt};
 use crate::upstream::{AttemptTimeouts, Outgoing, UpstreamResponse};
 use smallvec::SmallVec;
 use std::future::Future;
@@ -45,8 +45,12 @@ pub struct ProxyTable {
     pub routes: Vec<RouteRule>,
     /// Time to a response header, every attempt included (the client's wait).
     pub response_header_timeout: Duration,
-    /// Time one attempt has for its response header (at most the above).
-    pub per_try_timeout: Duration,
+    /// Time one attempt has for its response header (at most the above), when set;
+    /// else each pool derives its own from its retries
+    /// ([`vigil_core::retry::default_per_try`]).
+    pub per_try_timeout: Option<Duration>,
+    /// Whether a client's own deadline is honoured (`headers.deadline`).
+    pub client_deadline: crate::config::ClientDeadline,
     /// Longest wait for a target to take more of a request.
     pub send_timeout: Duration,
     /// Longest wait for more of a response body, once its head was forwarded.
@@ -78,6 +82,14 @@ pub struct RouteRule {
 }
 
 impl ProxyTable {
+    /// The time one attempt of a pool retrying up to `max_retries` times has for its
+    /// response header.
+    pub fn per_try(&self, max_retries: u32) -> Duration {
+        self.per_try_timeout.unwrap_or_else(|| {
+            vigil_core::retry::default_per_try(self.response_header_timeout, max_retries)
+        })
+    }
+
     /// The first rule matching `host` and `path`.
     pub fn route(&self, host: Option<&str>, path: &str) -> Option<&Arc<PoolRt>> {
         let host = host.map(|h| {
@@ -197,8 +209,17 @@ impl Proxy {
             upgrade: out.is_upgrade(),
         };
         // The client's wait for a response header, every attempt included.
-        let header_due = tokio::time::Instant::now() + table.response_header_timeout;
-        let overall = deadline.map_or(header_due, |d| d.min(header_due));
+        let now = tokio::time::Instant::now();
+        let header_due = now + table.response_header_timeout;
+        // A trusted client deadline (headers.deadline) bounds it too.
+        let client_due = out.client_deadline().map(|d| now + d);
+        let overall = [deadline, client_due]
+            .into_iter()
+            .flatten()
+            .fold(header_due, tokio::time::Instant::min);
+        let per_try = table.per_try(section.retries.max_retries);
+        // What bounds a streamed upload's wait: the request's deadline, the client's.
+        let bound = [deadline, client_due].into_iter().flatten().min();
         // Where the request stands, for the retry rules (vigil_core::retry).
         let progress = |retries| retry::Progress {
             retries,
@@ -227,34 +248,43 @@ impl Proxy {
             tried.push(target.clone());
             let left = target.left_service.clone().notified_owned();
             let (t, out, body) = (target.clone(), out.clone(), streamed.take());
+            let now = tokio::time::Instant::now();
+            // When this attempt's response header is due: its per-try time, within the
+            // overall wait. A streamed upload's answer is timed from the body's end
+            // (`head`), bounded only by the request's deadline from here.
+            let due = match body {
+                Some(_) => bound.unwrap_or_else(|| now + Duration::from_secs(365 * 86_400)),
+                None => (now + per_try).min(overall),
+            };
+            // What the target is told (vigil_core::admission::DEADLINE_HEADER): the
+            // time this balancer will still wait for the attempt's header.
+            let told = match body {
+                Some(_) => table
+                    .response_header_timeout
+                    .min(due.saturating_duration_since(now)),
+                None => due.saturating_duration_since(now),
+            };
             let timeouts = AttemptTimeouts {
                 connect: table.connect_timeout,
                 idle: table.idle_timeout,
                 head: table.response_header_timeout,
                 send: table.send_timeout,
+                deadline: told,
             };
-            let (fut, due) = match body {
+            let fut = match body {
                 // An upload can take longer than the response-header timeout: the
                 // attempt times its answer from the end of the body itself; only the
                 // request's deadline bounds it from here.
-                Some(body) => (
-                    AttemptFut::Streamed(Box::pin(async move {
-                        t.conns
-                            .send(&out, t.host_header.as_bytes(), Some(body), timeouts)
-                            .await
-                    })),
-                    deadline.unwrap_or_else(|| {
-                        tokio::time::Instant::now() + Duration::from_secs(365 * 86_400)
-                    }),
-                ),
-                None => (
-                    AttemptFut::Buffered(Box::pin(async move {
-                        t.conns
-                            .send(&out, t.host_header.as_bytes(), None, timeouts)
-                            .await
-                    })),
-                    (tokio::time::Instant::now() + table.per_try_timeout).min(overall),
-                ),
+                Some(body) => AttemptFut::Streamed(Box::pin(async move {
+                    t.conns
+                        .send(&out, t.host_header.as_bytes(), Some(body), timeouts)
+                        .await
+                })),
+                None => AttemptFut::Buffered(Box::pin(async move {
+                    t.conns
+                        .send(&out, t.host_header.as_bytes(), None, timeouts)
+                        .await
+                })),
             };
             target.outstanding.fetch_add(1, Ordering::Relaxed);
             // Racing: the target may have left service between the pick and now; then
@@ -328,6 +358,7 @@ impl Proxy {
                     pool.duration.observe(start.elapsed().as_secs_f64());
                     let code = resp.head.status;
                     pool.observe_request(&a.target, RequestOutcome::Response(code));
+                    pool.throttle.record(AttemptVerdict::of_status(code));
                     a.target.count(&self.metrics, code);
                     pool.clients.record(code, false);
                     // Losing attempts (hedges) finish on their own: being slower than
@@ -343,9 +374,16 @@ impl Proxy {
                     let a = attempts.swap_remove(i);
                     if let Some(outcome) = f.outcome() {
                         pool.observe_request(&a.target, outcome);
+                        // The client's failures are not the target's: not counted.
+                        pool.throttle.record(AttemptVerdict::Failure);
                     }
                     let kind = match f {
                         AttemptFailure::Timeout if a.deadline < overall => Some("per_try"),
+                        AttemptFailure::Timeout
+                            if client_due == Some(overall) && overall < header_due =>
+                        {
+                            Some("deadline")
+                        }
                         AttemptFailure::Timeout if overall < header_due => Some("request"),
                         AttemptFailure::Timeout => Some("response_header"),
                         AttemptFailure::SendStall => Some("send"),
@@ -410,7 +448,20 @@ impl Proxy {
         )
     }
 
+    /// Whether a retry or hedge (for `reason`) may go: the retry throttle must allow it
+    /// (not most attempts failing), then the budget must grant it. Refusals are counted
+    /// by which of the two refused.
     fn withdraw(&self, pool: &PoolRt, reason: &str) -> bool {
+        if !pool.throttle.allows() {
+            self.metrics
+                .retries_throttled
+                .get_or_create(&PoolLabels {
+                    pool: pool.name.clone(),
+                })
+                .inc();
+            tracing::debug!(pool = %pool.name, reason, "retry refused by the retry throttle");
+            return false;
+        }
         let ok = pool
             .budget
             .lock()
@@ -505,6 +556,10 @@ fn finish_alone(pool: &Arc<PoolRt>, loser: Attempt<'_>) {
         };
         if let Some(o) = outcome {
             pool.observe_request(&target, o);
+            pool.throttle.record(match o {
+                RequestOutcome::Response(code) => AttemptVerdict::of_status(code),
+                _ => AttemptVerdict::Failure,
+            });
         }
     });
 }

@@ -101,6 +101,12 @@ pub struct Outgoing {
     streamed: bool,
     /// An upgrade (WebSocket): a `101` answer is final and hands the connection over.
     upgrade: bool,
+    /// A gRPC request (`content-type: application/grpc...`): each attempt also
+    /// carries `grpc-timeout`.
+    grpc: bool,
+    /// The deadline the client sent, when `headers.deadline = "trust"` (from the head's
+    /// arrival): the balancer waits no longer.
+    client_deadline: Option<Duration>,
 }
 
 /// The request body as the client sends it.
@@ -152,7 +158,18 @@ impl Outgoing {
             chunked,
             streamed,
             upgrade: false,
+            grpc: false,
+            client_deadline: None,
         }
+    }
+
+    /// Sets what the client side read of the request's deadline: whether it is gRPC
+    /// (each attempt then carries `grpc-timeout` too), and the client's own deadline
+    /// when it is trusted. The client's fields themselves are never in the head: each
+    /// attempt writes its own ([`write_deadline_fields`]).
+    pub fn set_deadline(&mut self, grpc: bool, client_deadline: Option<Duration>) {
+        self.grpc = grpc;
+        self.client_deadline = client_deadline;
     }
 
     /// Marks the request as an upgrade (its head has `Connection: upgrade` and
@@ -188,6 +205,57 @@ impl Outgoing {
     pub fn is_upgrade(&self) -> bool {
         self.upgrade
     }
+
+    /// The client's trusted deadline ([`Outgoing::set_deadline`]).
+    pub fn client_deadline(&self) -> Option<Duration> {
+        self.client_deadline
+    }
+
+    /// Whether it is a gRPC request ([`Outgoing::set_deadline`]).
+    pub fn is_grpc(&self) -> bool {
+        self.grpc
+    }
+}
+
+/// The deadline an attempt carries, in whole milliseconds (rounded down: a target told
+/// a deadline must never have less than that), at most
+/// [`vigil_core::admission::MAX_DEADLINE`].
+pub fn deadline_ms(d: Duration) -> u64 {
+    let max = vigil_core::admission::MAX_DEADLINE.as_millis();
+    // At most a day: fits.
+    d.as_millis().min(max) as u64
+}
+
+/// Appends an attempt's deadline fields to a request head being written:
+/// `x-vigil-deadline-ms` ([`vigil_core::admission::DEADLINE_HEADER`]) and, on a gRPC
+/// request, `grpc-timeout` in milliseconds (at least 1: gRPC's value is positive). No
+/// allocation: the digits are written straight into `out`.
+pub fn write_deadline_fields(out: &mut Vec<u8>, deadline: Duration, grpc: bool) {
+    let ms = deadline_ms(deadline);
+    out.extend_from_slice(vigil_core::admission::DEADLINE_HEADER.as_bytes());
+    out.extend_from_slice(b": ");
+    push_decimal(out, ms);
+    out.extend_from_slice(b"\r\n");
+    if grpc {
+        out.extend_from_slice(b"grpc-timeout: ");
+        push_decimal(out, ms.max(1));
+        out.extend_from_slice(b"m\r\n");
+    }
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 /// Where a kept header field is in the response's read buffer.
@@ -466,6 +534,9 @@ pub struct AttemptTimeouts {
     pub head: Duration,
     /// Longest wait for the target to take more of the request.
     pub send: Duration,
+    /// The time the balancer will still wait for this attempt's response header, sent
+    /// to the target as its deadline ([`write_deadline_fields`]).
+    pub deadline: Duration,
 }
 
 /// How an exchange failed.
@@ -655,6 +726,7 @@ impl ConnPool {
             conn.wbuf.extend_from_slice(host);
             conn.wbuf.extend_from_slice(b"\r\n");
         }
+        write_deadline_fields(&mut conn.wbuf, t.deadline, req.grpc);
         conn.wbuf.extend_from_slice(b"\r\n");
         let inline = req.body.len() <= INLINE_BODY;
         if inline {
@@ -1212,8 +1284,33 @@ mod tests {
             idle: MINUTE,
             head: MINUTE,
             send: MINUTE,
+            deadline: MINUTE,
         };
         pool.send(req, b"t", None, t).await
+    }
+
+    #[test]
+    fn every_attempt_states_its_deadline_in_whole_milliseconds() {
+        let mut out = Vec::new();
+        write_deadline_fields(&mut out, Duration::from_micros(1_999_999), false);
+        assert_eq!(
+            out, b"x-vigil-deadline-ms: 1999\r\n",
+            "rounded down, never up"
+        );
+        out.clear();
+        write_deadline_fields(&mut out, Duration::from_micros(400), true);
+        assert_eq!(
+            out, b"x-vigil-deadline-ms: 0\r\ngrpc-timeout: 1m\r\n",
+            "an expired attempt says 0; grpc-timeout must stay positive"
+        );
+        out.clear();
+        write_deadline_fields(&mut out, Duration::from_secs(10 * 86_400), false);
+        assert_eq!(out, b"x-vigil-deadline-ms: 86400000\r\n", "capped at a day");
+        // What the targets' side parses back.
+        assert_eq!(
+            vigil_core::admission::parse_deadline_ms(b"86400000"),
+            Some(vigil_core::admission::MAX_DEADLINE)
+        );
     }
 
     /// Status and whole body of `req` sent on `pool`.

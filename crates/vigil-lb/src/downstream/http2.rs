@@ -198,7 +198,7 @@ async fn serve_stream(
         RequestBody::Length(n) => Some(n),
         _ => None,
     };
-    let out = Outgoing::new(
+    let mut out = Outgoing::new(
         req.out_head,
         req.has_host,
         head_request,
@@ -209,6 +209,7 @@ async fn serve_stream(
         },
         req.idempotent,
     );
+    out.set_deadline(req.grpc, req.client_deadline);
     let answer = if out.is_streamed() {
         let mut reader = BodyReader::h2(recv, table.client_body_timeout);
         proxy

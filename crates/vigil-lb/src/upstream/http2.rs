@@ -90,7 +90,7 @@ impl H2Conns {
         streamed: Option<&mut BodyReader<'_>>,
         t: AttemptTimeouts,
     ) -> Result<UpstreamResponse, AttemptFailure> {
-        let request = to_request(req, host).map_err(|e| {
+        let request = to_request(req, host, t.deadline).map_err(|e| {
             tracing::debug!(target_addr = %dialer.addr(), "request not expressible in HTTP/2: {e}");
             AttemptFailure::Garbage
         })?;
@@ -238,8 +238,14 @@ async fn pump(
 }
 
 /// The HTTP/1.1 head of `req` as an HTTP/2 request (`host`: the target's, when the
-/// client sent none).
-fn to_request(req: &Outgoing, host: &[u8]) -> Result<http::Request<()>, String> {
+/// client sent none), carrying the attempt's `deadline`
+/// ([`crate::upstream::write_deadline_fields`]: `x-vigil-deadline-ms`, and
+/// `grpc-timeout` for gRPC).
+fn to_request(
+    req: &Outgoing,
+    host: &[u8],
+    deadline: std::time::Duration,
+) -> Result<http::Request<()>, String> {
     let mut text = req.head_bytes().to_vec();
     text.extend_from_slice(b"\r\n");
     let mut fields = [httparse::EMPTY_HEADER; vigil_core::http1::MAX_HEADERS + 8];
@@ -266,8 +272,12 @@ fn to_request(req: &Outgoing, host: &[u8]) -> Result<http::Request<()>, String> 
         }
         builder = builder.header(f.name, f.value);
     }
+    let ms = crate::upstream::deadline_ms(deadline);
+    builder = builder.header(vigil_core::admission::DEADLINE_HEADER, ms);
     if grpc {
-        builder = builder.header("te", "trailers");
+        builder = builder
+            .header("te", "trailers")
+            .header("grpc-timeout", format!("{}m", ms.max(1)));
     }
     let authority = String::from_utf8(authority).map_err(|e| e.to_string())?;
     builder
@@ -296,5 +306,43 @@ impl ResponseHead {
                 .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
             framing,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::OutgoingBody;
+    use std::time::Duration;
+
+    fn outgoing(head: &str, grpc: bool) -> Outgoing {
+        let mut out = Outgoing::new(
+            head.as_bytes().to_vec(),
+            true,
+            false,
+            true,
+            OutgoingBody::Buffered(Bytes::new()),
+            false,
+        );
+        out.set_deadline(grpc, None);
+        out
+    }
+
+    #[test]
+    fn an_h2_attempt_carries_its_deadline_and_grpc_timeout() {
+        let out = outgoing(
+            "POST /svc/M HTTP/1.1\r\nhost: a\r\ncontent-type: application/grpc\r\n",
+            true,
+        );
+        let req = to_request(&out, b"t", Duration::from_micros(1_234_900)).unwrap();
+        let h = req.headers();
+        assert_eq!(h["x-vigil-deadline-ms"], "1234");
+        assert_eq!(h["grpc-timeout"], "1234m");
+        assert_eq!(h["te"], "trailers");
+
+        let out = outgoing("GET / HTTP/1.1\r\nhost: a\r\n", false);
+        let req = to_request(&out, b"t", Duration::from_millis(80)).unwrap();
+        assert_eq!(req.headers()["x-vigil-deadline-ms"], "80");
+        assert!(req.headers().get("grpc-timeout").is_none(), "not gRPC");
     }
 }
