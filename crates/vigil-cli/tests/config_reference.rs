@@ -455,6 +455,8 @@ pool = "<name>"
 [pools."<name>"]
 targets = [{ addr = "127.0.0.1:9001", zone = "a" }]
 
+[pools."<name>".throttle]
+
 [pools."<name>".tls]
 ca = "targets-ca.pem"
 server_name = "api.internal"

@@ -22,7 +22,7 @@ use vigil_core::pool::{NewTargets, PoolConfig, RetryBudgetConfig};
 use vigil_core::thresholds::{
     DEFAULT_HEALTHY_THRESHOLD, DEFAULT_UNHEALTHY_THRESHOLD, ThresholdsConfig,
 };
-use vigil_core::throttle::RetryThrottleConfig;
+use vigil_core::throttle::{AdaptiveThrottleConfig, RetryThrottleConfig};
 
 /// Exit code of a configuration that does not load (sysexits' EX_CONFIG): `vigil lb`,
 /// `vigil lb check-config`, and the daemon at start.
@@ -179,7 +179,8 @@ pub struct TimeoutsConfig {
     /// retriable request (see `retries.methods`) is retried on another target while
     /// `response_header` allows. Absent: derived per pool,
     /// `response_header / (max_retries + 1)`, at least 500ms and at most
-    /// `response_header` ([`vigil_core::retry::default_per_try`]).
+    /// `response_header` ([`vigil_core::retry::default_per_try`]), as a cue to retry
+    /// only: when no retry can go, the attempt keeps the rest of `response_header`.
     #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub per_try: Option<Duration>,
     /// Longest wait for a target to take more of a request (head or body); then 504
@@ -484,6 +485,11 @@ pub struct PoolSection {
     pub retries: RetryConfig,
     /// Hedging of slow idempotent requests.
     pub hedge: HedgeConfig,
+    /// Local shedding when the targets refuse most requests: the SRE book's adaptive
+    /// throttling ([`vigil_core::throttle::AdaptiveThrottle`]), `{ k, window }`.
+    /// Absent: off (every request is forwarded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<AdaptiveThrottleConfig>,
 }
 
 impl Default for PoolSection {
@@ -504,6 +510,7 @@ impl Default for PoolSection {
             outlier: OutlierSection::from(core.outlier),
             retries: RetryConfig::default(),
             hedge: HedgeConfig::default(),
+            throttle: None,
         }
     }
 }
@@ -1074,6 +1081,10 @@ impl LbConfig {
                 t.validate()
                     .map_err(|e| e.within(&format!("pools.{name}.retries.throttle")))?;
             }
+            if let Some(t) = &pool.throttle {
+                t.validate()
+                    .map_err(|e| e.within(&format!("pools.{name}.throttle")))?;
+            }
             if let Some(tls) = &pool.tls {
                 if tls.cert.is_some() != tls.key.is_some() {
                     return Err(invalid(
@@ -1329,6 +1340,18 @@ targets = [{ addr = "localhost:9003" }]
             ..t
         };
         assert_eq!(set.per_try_for(2), Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn local_shedding_is_off_unless_a_pool_asks_for_it() {
+        assert_eq!(p(GOOD).unwrap().pools["api"].throttle, None);
+        let c = p(&format!("{GOOD}\n[pools.api.throttle]\nk = 3.0\n")).unwrap();
+        let t = c.pools["api"].throttle.unwrap();
+        assert_eq!((t.k, t.window), (3.0, Duration::from_secs(120)));
+        let e = p(&format!("{GOOD}\n[pools.api.throttle]\nk = 1.0\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pools.api.throttle.k"), "{e}");
     }
 
     #[test]

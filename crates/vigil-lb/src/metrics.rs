@@ -12,6 +12,7 @@
 //! | `vigil_lb_retries_total` | pool, reason | retries and hedges sent (connect, reset, ejected, hedge) |
 //! | `vigil_lb_retries_denied_total` | pool | retries the budget refused |
 //! | `vigil_lb_retries_throttled_total` | pool | retries and hedges the retry throttle refused (most attempts were failing) |
+//! | `vigil_lb_requests_shed_total` | pool | client requests answered 503 at once by the pool's adaptive throttle (`throttle`: its targets refused most requests) |
 //! | `vigil_lb_retry_throttle_tokens` | pool | tokens in the pool's retry throttle (retries go while above half of `max_tokens`); absent when `retries.throttle = "off"` |
 //! | `vigil_lb_health_checks_total` | pool, target, result | active checks by result (pass, fail) |
 //! | `vigil_lb_timeouts_total` | pool, kind | timeouts by kind: `per_try` (an attempt, retried if it may be), `response_header` (the client's wait for a head: 504), `deadline` (the client's own deadline, `headers.deadline = "trust"`: 504), `send` (the target took none of the request: 504), `response_body` (the body stalled after its head: connection cut), `request` (the overall deadline: 504 before the head, cut after) |
@@ -137,6 +138,8 @@ pub struct Metrics {
     pub retries_denied: Family<PoolLabels, Counter>,
     /// Retries and hedges refused by the retry throttle.
     pub retries_throttled: Family<PoolLabels, Counter>,
+    /// Requests shed locally by the adaptive throttle.
+    pub requests_shed: Family<PoolLabels, Counter>,
     /// Tokens in each pool's retry throttle.
     pub retry_throttle_tokens: Family<PoolLabels, Gauge<f64, AtomicU64>>,
     /// Active checks.
@@ -212,6 +215,12 @@ impl Metrics {
             "Tokens in the retry throttle; retries go while above half its size",
             retry_throttle_tokens.clone(),
         );
+        let requests_shed = Family::<PoolLabels, Counter>::default();
+        registry.register(
+            "requests_shed",
+            "Client requests answered 503 at once by the adaptive throttle",
+            requests_shed.clone(),
+        );
         let checks = Family::<CheckLabels, Counter>::default();
         registry.register("health_checks", "Active health checks", checks.clone());
         let timeouts = Family::<TimeoutLabels, Counter>::default();
@@ -264,6 +273,7 @@ impl Metrics {
             retries_denied,
             retries_throttled,
             retry_throttle_tokens,
+            requests_shed,
             checks,
             fields_dropped,
             timeouts,

@@ -34,7 +34,9 @@ use vigil_core::pool::{
     TargetSpec,
 };
 use vigil_core::thresholds::HealthState;
-use vigil_core::throttle::{RetryThrottle, RetryThrottleConfig};
+use vigil_core::throttle::{
+    AdaptiveThrottle, AdaptiveThrottleConfig, RetryThrottle, RetryThrottleConfig,
+};
 
 /// The driver's clock: monotonic time since start, as policies see it, and the wall
 /// clock at start for human-readable times.
@@ -499,6 +501,60 @@ impl RetryThrottleRt {
     }
 }
 
+/// A pool's local shedding at run time (`throttle`, off by default): the SRE book's
+/// adaptive throttling ([`AdaptiveThrottle`]) behind a lock. Off, it costs the data
+/// path one shared flag per request; on, a lock per request and per attempt, which a
+/// pool that asks for it pays for seeing its targets' acceptance.
+pub struct SheddingRt {
+    state: Mutex<Option<(AdaptiveThrottleConfig, AdaptiveThrottle)>>,
+    on: AtomicBool,
+}
+
+impl SheddingRt {
+    fn new(cfg: Option<AdaptiveThrottleConfig>) -> Self {
+        let rt = SheddingRt {
+            state: Mutex::new(None),
+            on: AtomicBool::new(false),
+        };
+        rt.configure(cfg);
+        rt
+    }
+
+    /// Applies a (re)loaded setting: an unchanged one keeps its window.
+    fn configure(&self, cfg: Option<AdaptiveThrottleConfig>) {
+        let mut state = self.state.lock().expect("shedding lock");
+        if state.as_ref().map(|(c, _)| *c) != cfg {
+            *state = cfg.map(|c| (c, AdaptiveThrottle::new(c)));
+        }
+        self.on.store(cfg.is_some(), Ordering::Relaxed);
+    }
+
+    /// Whether to answer a new request at `now` locally (503) rather than forward it,
+    /// given a uniform draw `u` in `0..1`; a shed request counts as a request.
+    pub fn sheds(&self, now: Time, u: f64) -> bool {
+        if !self.on.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.state
+            .lock()
+            .expect("shedding lock")
+            .as_mut()
+            .is_some_and(|(_, t)| t.should_reject(now, u))
+    }
+
+    /// Records an attempt a target was sent, ending at `now`: `accepted` when it
+    /// answered with anything but an overload refusal (503, 429); a timeout, a reset or
+    /// a connect failure is not accepted.
+    pub fn record(&self, now: Time, accepted: bool) {
+        if !self.on.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some((_, t)) = self.state.lock().expect("shedding lock").as_mut() {
+            t.record(now, 1, u64::from(accepted));
+        }
+    }
+}
+
 /// The success-rate rule's state in a pool.
 struct SuccessRateRt {
     /// The fleet-relative policy over the targets in service.
@@ -525,6 +581,8 @@ pub struct PoolRt {
     pub budget: Mutex<RetryBudget>,
     /// Retries and hedges stopped while most attempts fail (`retries.throttle`).
     pub throttle: RetryThrottleRt,
+    /// Requests shed locally while the targets refuse most (`throttle`).
+    pub shedding: SheddingRt,
     /// Recent latency, for hedging.
     pub latency: LatencyTracker,
     /// The success-rate rule's state (taken only by the tick loop).
@@ -573,6 +631,7 @@ impl PoolRt {
                 section.retries.throttle.tokens(),
                 metrics.clone(),
             ),
+            shedding: SheddingRt::new(section.throttle),
             section: ArcSwap::from_pointee(section),
             state: Mutex::new(pool),
             targets: Mutex::new(targets),
@@ -623,6 +682,7 @@ impl PoolRt {
         }
         *self.budget.lock().expect("budget lock") = RetryBudget::new(section.retries.budget);
         self.throttle.configure(section.retries.throttle.tokens());
+        self.shedding.configure(section.throttle);
         self.section.store(Arc::new(section));
         self.handle(&mut state, events);
     }

@@ -218,6 +218,7 @@ impl Proxy {
             .flatten()
             .fold(header_due, tokio::time::Instant::min);
         let per_try = table.per_try(section.retries.max_retries);
+        let soft_per_try = table.per_try_timeout.is_none();
         // What bounds a streamed upload's wait: the request's deadline, the client's.
         let bound = [deadline, client_due].into_iter().flatten().min();
         // Where the request stands, for the retry rules (vigil_core::retry).
@@ -301,6 +302,25 @@ impl Proxy {
             true
         };
 
+        // Local shedding (the pool's `throttle`): while the targets refuse most of what
+        // they are sent, answer part of the requests at once instead of adding to it.
+        if pool.shedding.sheds(pool.now(), rand::random::<f64>()) {
+            self.metrics
+                .requests_shed
+                .get_or_create(&PoolLabels {
+                    pool: pool.name.clone(),
+                })
+                .inc();
+            self.count_local(&pool.name, 503);
+            pool.clients.record(503, true);
+            return Reply::Local(
+                503,
+                format!(
+                    "pool {}: shed locally, its targets refuse most requests (throttle)",
+                    pool.name
+                ),
+            );
+        }
         if !start_attempt(&mut tried, &mut attempts) {
             self.count_local(&pool.name, 503);
             pool.clients.record(503, true);
@@ -359,6 +379,7 @@ impl Proxy {
                     let code = resp.head.status;
                     pool.observe_request(&a.target, RequestOutcome::Response(code));
                     pool.throttle.record(AttemptVerdict::of_status(code));
+                    pool.shedding.record(pool.now(), !matches!(code, 429 | 503));
                     a.target.count(&self.metrics, code);
                     pool.clients.record(code, false);
                     // Losing attempts (hedges) finish on their own: being slower than
@@ -372,10 +393,41 @@ impl Proxy {
                 }
                 Event::Done(i, Err(f)) => {
                     let a = attempts.swap_remove(i);
+                    // A derived per-try time (no `timeouts.per_try`) is a cue to try
+                    // another target, not a limit: when no retry can go (no other
+                    // target, the throttle or the budget says no), the attempt keeps
+                    // the rest of the client's wait, as it had before per-try times
+                    // were derived. Otherwise a one-target pool, or any pool whose
+                    // retries the throttle stopped in an overload, would cut every
+                    // answer slower than the share.
+                    let soft = soft_per_try && f == AttemptFailure::Timeout && a.deadline < overall;
+                    if f.outcome().is_some() {
+                        // The client's failures are not the target's: not counted. A
+                        // try past its share is slow enough to count against retries.
+                        pool.throttle.record(AttemptVerdict::Failure);
+                    }
+                    let retried = if let Retry::Go(reason) =
+                        retry::decide(&replay, Trigger::Failed(f.end()), &progress(retries))
+                        && self.withdraw(pool, reason)
+                    {
+                        retries += 1;
+                        tracing::debug!(pool = %pool.name, target_id = %a.target.addr, failure = f.name(), "retrying on another target");
+                        start_attempt(&mut tried, &mut attempts)
+                    } else {
+                        false
+                    };
+                    if soft && !retried {
+                        tracing::debug!(pool = %pool.name, target_id = %a.target.addr, "past the derived per-try time, no retry possible: waiting on");
+                        // Judged by how it ends, like a hedge's loser.
+                        attempts.push(Attempt {
+                            deadline: overall,
+                            ..a
+                        });
+                        continue;
+                    }
                     if let Some(outcome) = f.outcome() {
                         pool.observe_request(&a.target, outcome);
-                        // The client's failures are not the target's: not counted.
-                        pool.throttle.record(AttemptVerdict::Failure);
+                        pool.shedding.record(pool.now(), false);
                     }
                     let kind = match f {
                         AttemptFailure::Timeout if a.deadline < overall => Some("per_try"),
@@ -394,15 +446,8 @@ impl Proxy {
                         self.count_timeout(&pool.name, kind);
                     }
                     last_failure = Some((f, a.target.addr.clone()));
-                    if let Retry::Go(reason) =
-                        retry::decide(&replay, Trigger::Failed(f.end()), &progress(retries))
-                        && self.withdraw(pool, reason)
-                    {
-                        retries += 1;
-                        tracing::debug!(pool = %pool.name, target_id = %a.target.addr, failure = f.name(), "retrying on another target");
-                        if start_attempt(&mut tried, &mut attempts) {
-                            continue;
-                        }
+                    if retried {
+                        continue;
                     }
                     if attempts.is_empty() {
                         break;
@@ -560,6 +605,8 @@ fn finish_alone(pool: &Arc<PoolRt>, loser: Attempt<'_>) {
                 RequestOutcome::Response(code) => AttemptVerdict::of_status(code),
                 _ => AttemptVerdict::Failure,
             });
+            let accepted = matches!(o, RequestOutcome::Response(c) if c != 429 && c != 503);
+            pool.shedding.record(pool.now(), accepted);
         }
     });
 }
