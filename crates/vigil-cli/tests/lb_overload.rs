@@ -527,3 +527,62 @@ async fn a_slow_answer_past_the_derived_per_try_time_is_awaited_when_no_retry_ca
         "an explicit per-try time is a limit ({took:?}): the test can tell the two apart"
     );
 }
+
+/// Opt-in local shedding (`[pools.api.throttle]`): with every target refusing (503),
+/// the balancer soon answers most requests itself, at once, with 503 and
+/// `Retry-After`, and forwards only a trickle (rejected requests count as requests, so
+/// it keeps probing). Without the table nothing is shed: every request reaches a target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_asks_for_it_sheds_locally_when_its_targets_refuse_most_work() {
+    let hits = Arc::new(AtomicU64::new(0));
+    let refusing = Arc::new(AtomicBool::new(true));
+    let addr = shedding_target(hits.clone(), refusing.clone()).await;
+    const REQUESTS: u64 = 100;
+    let run = |lb: LbProcess| {
+        let hits = hits.clone();
+        async move {
+            let before = hits.load(Ordering::SeqCst);
+            for _ in 0..REQUESTS {
+                let r = client()
+                    .get(format!("http://127.0.0.1:{}/x", lb.port))
+                    .send()
+                    .await
+                    .expect("the balancer answers");
+                assert_eq!(r.status().as_u16(), 503);
+                assert!(r.headers().contains_key("retry-after"), "{r:?}");
+            }
+            let m = metrics(&lb).await;
+            (hits.load(Ordering::SeqCst) - before, m)
+        }
+    };
+    let config = |extra: &str| {
+        format!(
+            "[pools.api]\n{}\nslow_start_window = \"0s\"\n{STILL_POOL}{extra}",
+            targets(&[addr])
+        )
+    };
+    let (forwarded, m) = run(LbProcess::start(&config("")).await).await;
+    assert_eq!(
+        forwarded, REQUESTS,
+        "off by default: everything is forwarded"
+    );
+    assert_eq!(
+        sample(&m, "vigil_lb_requests_shed_total", "pool=\"api\""),
+        0.0
+    );
+
+    let (forwarded, m) =
+        run(LbProcess::start(&config("[pools.api.throttle]\nk = 2.0\nwindow = \"1m\"\n")).await)
+            .await;
+    let shed = sample(&m, "vigil_lb_requests_shed_total", "pool=\"api\"");
+    eprintln!("{forwarded} of {REQUESTS} forwarded, {shed} shed locally");
+    assert_eq!(
+        forwarded + shed as u64,
+        REQUESTS,
+        "each request forwarded or shed"
+    );
+    assert!(
+        forwarded <= REQUESTS / 4,
+        "with nothing accepted, most requests are shed: {forwarded} forwarded"
+    );
+}

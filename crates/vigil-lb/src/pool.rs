@@ -369,8 +369,8 @@ impl ClientStats {
 pub enum AttemptVerdict {
     /// A response header other than an overload or gateway answer.
     Success,
-    /// A connect failure, a reset, garbage, a per-try timeout or send stall, or a 502,
-    /// 503 or 504 from the target.
+    /// A reset, garbage, a per-try timeout or send stall, or a 502, 503 or 504 from the
+    /// target. (A connect failure is not recorded at all: nothing was sent.)
     Failure,
 }
 

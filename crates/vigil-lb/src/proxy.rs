@@ -401,9 +401,13 @@ impl Proxy {
                     // retries the throttle stopped in an overload, would cut every
                     // answer slower than the share.
                     let soft = soft_per_try && f == AttemptFailure::Timeout && a.deadline < overall;
-                    if f.outcome().is_some() {
-                        // The client's failures are not the target's: not counted. A
-                        // try past its share is slow enough to count against retries.
+                    // The client's failures are not the target's: not counted. Nor is
+                    // a connect failure: nothing was sent, so retrying it adds no work
+                    // to the fleet (a killed target among four would otherwise drain
+                    // the bucket and turn its refused connects into 502s); checks and
+                    // outlier detection take that target out. A try past its share is
+                    // slow enough to count against retries.
+                    if f.outcome().is_some() && f != AttemptFailure::Connect {
                         pool.throttle.record(AttemptVerdict::Failure);
                     }
                     let retried = if let Retry::Go(reason) =
@@ -601,10 +605,13 @@ fn finish_alone(pool: &Arc<PoolRt>, loser: Attempt<'_>) {
         };
         if let Some(o) = outcome {
             pool.observe_request(&target, o);
-            pool.throttle.record(match o {
-                RequestOutcome::Response(code) => AttemptVerdict::of_status(code),
-                _ => AttemptVerdict::Failure,
-            });
+            match o {
+                RequestOutcome::Response(code) => {
+                    pool.throttle.record(AttemptVerdict::of_status(code))
+                }
+                RequestOutcome::ConnectFailure => {}
+                _ => pool.throttle.record(AttemptVerdict::Failure),
+            }
             let accepted = matches!(o, RequestOutcome::Response(c) if c != 429 && c != 503);
             pool.shedding.record(pool.now(), accepted);
         }
