@@ -293,7 +293,11 @@ mod tests {
         let mut t = RetryThrottle::new(RetryThrottleConfig::default());
         assert!(t.allows());
         // Five failures take 10 tokens to 5: no longer above half.
-        assert_eq!(t.fail_and_grant(5), 4, "the fifth failure leaves exactly half");
+        assert_eq!(
+            t.fail_and_grant(5),
+            4,
+            "the fifth failure leaves exactly half"
+        );
         assert!(!t.allows());
         assert_eq!(t.fail_and_grant(100), 0);
         assert_eq!(t.tokens(), 0.0);

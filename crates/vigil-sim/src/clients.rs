@@ -47,10 +47,21 @@
 //! wherever the balancer's share sends it).
 
 use crate::rng::SimRng;
-use crate::scenario::{ClientRetry, RetryLimit, ScenarioConfig};
+use crate::scenario::{ClientRetry, RetryLimit, ScenarioConfig, Switch};
 use std::collections::VecDeque;
 use vigil_core::Time;
 use vigil_core::pool::RetryBudget;
+use vigil_core::retry::{self, AttemptEnd, Progress, Replay, Retry, Trigger};
+use vigil_core::throttle::RetryThrottle;
+
+/// The requests of the simulated clients, as the balancer's retry rules see them: reads
+/// (idempotent GETs without a body), the traffic retries are allowed for.
+const READ: Replay = Replay {
+    buffered: true,
+    idempotent: true,
+    all_methods: false,
+    upgrade: false,
+};
 
 /// The outcomes of a tick's attempts at the servers, by what the balancer saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -97,8 +108,10 @@ pub struct Resolved {
     pub client_retries: u64,
     /// Retries the balancer scheduled.
     pub lb_retries: u64,
-    /// Balancer retries the budget refused.
+    /// Balancer retries the budget or the throttle refused.
     pub lb_denied: u64,
+    /// Of those, the ones the retry throttle refused.
+    pub lb_throttled: u64,
 }
 
 /// Kinds of a class's share of the outcomes: the four of [`Tally`], then "still queued".
@@ -118,6 +131,9 @@ pub struct Retrying {
     per_try: Option<f64>,
     limit: RetryLimit,
     budget: RetryBudget,
+    /// vigil lb's retry throttle (`lb.retries.throttle`), when on and retries are
+    /// budgeted.
+    throttle: Option<RetryThrottle>,
     /// Attempts due at later ticks per class: `ring[m]` is due `m + 1` ticks after the
     /// current one.
     ring: VecDeque<Vec<u64>>,
@@ -164,6 +180,8 @@ impl Retrying {
             per_try: r.per_try_timeout.map(|p| p.as_secs_f64()),
             limit: r.limit,
             budget: RetryBudget::new(r.budget),
+            throttle: (r.limit == RetryLimit::Budget && r.throttle == Switch::On)
+                .then(|| RetryThrottle::new(r.bucket)),
             ring: (0..horizon).map(|_| vec![0; attempts * tries]).collect(),
             cohorts: VecDeque::new(),
             patience: ((r.per_try_timeout.unwrap_or(c.timeout).as_secs_f64() / tick).ceil()
@@ -244,6 +262,9 @@ impl Retrying {
                 let [ok, err, refused, timeout, still] = *share;
                 self.cohorts[a][c] = still;
                 out.succeeded += ok;
+                if let Some(t) = &mut self.throttle {
+                    t.record(ok, 0);
+                }
                 let (k, j) = (c / self.tries, c % self.tries);
                 self.resolve_failures(now, rng, k, j, err, refused, timeout, &mut out);
             }
@@ -277,18 +298,56 @@ impl Retrying {
         timeout: u64,
         out: &mut Resolved,
     ) {
-        // The balancer: refusals at once, timeouts while the next try fits in the
-        // client's timeout.
-        let more = j + 1 < self.tries;
-        let refused_ok = if more { refused } else { 0 };
+        // The balancer: vigil-core's eligibility rules (`retry::decide`), the same for
+        // every attempt of a class: refusals at once, timeouts while the next try fits
+        // in the client's timeout (without a per-try timeout a timeout is the client's
+        // own deadline: not retried).
+        let progress = |time_left| Progress {
+            retries: j as u32,
+            max_retries: self.tries as u32 - 1,
+            time_left,
+            hedging: false,
+        };
+        let go = |end, time_left| {
+            matches!(
+                retry::decide(&READ, Trigger::Failed(end), &progress(time_left)),
+                Retry::Go(_)
+            )
+        };
+        let refused_ok = if refused > 0 && go(AttemptEnd::Connect, true) {
+            refused
+        } else {
+            0
+        };
         let timeout_ok = match self.per_try {
-            Some(p) if more && (j + 1) as f64 * p < self.client_timeout => timeout,
+            Some(p) if timeout > 0 => {
+                let time_left = ((j + 1) as f64 * p) < self.client_timeout;
+                if go(AttemptEnd::Timeout, time_left) {
+                    timeout
+                } else {
+                    0
+                }
+            }
+            _ if timeout > 0 && go(AttemptEnd::Deadline, false) => timeout,
             _ => 0,
         };
         let wanted = refused_ok + timeout_ok;
+        // The throttle (as vigil lb drives it): every attempt that failed after it was
+        // sent takes a token, those that want a retry ask in turn after their failure
+        // (`fail_and_grant`); a refusal (nothing was sent) takes none but its retry
+        // still needs the bucket above half. Then the budget grants what it can.
+        let allowed = match &mut self.throttle {
+            Some(t) => {
+                t.record(0, err + timeout - timeout_ok);
+                let refused_go = if t.allows() { refused_ok } else { 0 };
+                refused_go + t.fail_and_grant(timeout_ok)
+            }
+            None => wanted,
+        };
+        out.lb_throttled += wanted - allowed;
         let granted = match self.limit {
-            RetryLimit::Budget if wanted > 0 => self.budget.withdraw_up_to(now, wanted),
-            _ => wanted,
+            RetryLimit::Budget if allowed > 0 => self.budget.withdraw_up_to(now, allowed),
+            _ => allowed,
         };
         out.lb_denied += wanted - granted;
         out.lb_retries += granted;
@@ -520,9 +579,49 @@ mod tests {
     }
 
     #[test]
+    fn the_throttle_stops_balancer_retries_when_most_attempts_fail() {
+        // A generous budget: only the throttle can stop the retries.
+        let src = "[lb.retries]\nmax_retries = 2\nper_try_timeout = \"300ms\"\n\
+                   [lb.retries.budget]\nratio = 1.0\n";
+        let mut m = model(src);
+        let mut rng = SimRng::new(4);
+        m.start_tick(NOW, 1000);
+        let late = Tally {
+            timeout: 1000,
+            ..Tally::default()
+        };
+        // The per-try timeout passes after a tick (300 ms < 1 s): the cohort is resolved.
+        let r = m.finish_tick(NOW, &mut rng, late, 0);
+        // 10 tokens, one per failure: the first four failures leave more than half.
+        assert_eq!((r.lb_retries, r.lb_throttled), (4, 996), "{r:?}");
+        assert_eq!(r.lb_denied, 996, "throttled retries count as denied");
+        assert!(!m.throttle.as_ref().expect("on").allows());
+        // Refusals (nothing sent) take no token, but their retries wait for the bucket.
+        m.start_tick(NOW, 10);
+        let refused = Tally {
+            refused: 14,
+            ..Tally::default()
+        };
+        let r = m.finish_tick(NOW, &mut rng, refused, 0);
+        assert_eq!(r.lb_retries, 0, "{r:?}");
+        // Successes refill it: 51 give back 5.1 tokens, above half again.
+        m.start_tick(NOW, 51);
+        let ok = Tally {
+            ok: 51,
+            ..Tally::default()
+        };
+        m.finish_tick(NOW, &mut rng, ok, 0);
+        assert!(m.throttle.as_ref().expect("on").allows());
+        m.start_tick(NOW, 10);
+        let r = m.finish_tick(NOW, &mut rng, refused, 0);
+        assert!(r.lb_retries > 0, "{r:?}");
+    }
+
+    #[test]
     fn the_budget_bounds_balancer_retries_and_the_naive_balancer_has_none() {
         let budget = "[lb.retries.budget]\nratio = 0.2\nmin_retries_per_second = 0\n";
-        let src = format!("[lb.retries]\nmax_retries = 2\n{budget}");
+        // The budget alone (the throttle has its own test).
+        let src = format!("[lb.retries]\nmax_retries = 2\nthrottle = \"off\"\n{budget}");
         let refused = Tally {
             refused: 1000,
             ..Tally::default()

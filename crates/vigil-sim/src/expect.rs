@@ -128,6 +128,26 @@ pub const METRICS: &[(&str, &str)] = &[
         "load-balancer retries its retry budget refused",
     ),
     (
+        "lb_retries_throttled",
+        "load-balancer retries its retry throttle refused",
+    ),
+    (
+        "admission_refused",
+        "attempts the servers refused before starting (deadline, queue time)",
+    ),
+    (
+        "degraded",
+        "requests answered in a degraded mode (a dependency's breaker open)",
+    ),
+    (
+        "breaker_opens",
+        "times a server's dependency breaker opened",
+    ),
+    (
+        "availability_during_faults",
+        "successful / all client requests while a fault was active",
+    ),
+    (
         "amplification",
         "attempts sent to the servers per new client request",
     ),

@@ -13,11 +13,14 @@ use crate::expect::{Expectation, parse_expectations};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use vigil_core::admission::QueueTimeConfig;
 use vigil_core::anomaly::AnomalyConfig;
+use vigil_core::breaker::BreakerConfig;
 use vigil_core::gate::GateConfig;
 use vigil_core::guard::GuardConfig;
 use vigil_core::pool::{PoolConfig, RetryBudgetConfig};
 use vigil_core::rollout::RolloutConfig;
+use vigil_core::throttle::RetryThrottleConfig;
 
 /// Default simulated duration: 1 h, long enough for faults, detection and recovery.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(3600);
@@ -233,6 +236,21 @@ pub struct FleetConfig {
     pub fd_limit: u32,
     /// File descriptors used at boot. Defaults to 2000.
     pub fds_used: u32,
+    /// The `vigil` library's admission control (`vigil_core::admission`): a request is
+    /// refused before it starts when its propagated deadline (the balancer's per-try
+    /// timeout, else the client's) has passed or cannot be met, and a standing queue
+    /// holds only the queue-time target's worth of work. Defaults to `on`.
+    pub admission: Switch,
+    /// Queue-time rule of the admission control, as the library reads it.
+    pub queue_time: QueueTimeConfig,
+    /// The dependency guard (`vigil_core::breaker`): a dependency slower than
+    /// `breaker.slow_call`, or failing, opens a breaker per server and dependency, and
+    /// the requests that need it are answered degraded (the dependency's `degraded`
+    /// share served, the rest failed at once) instead of holding a worker. Defaults to
+    /// `on`.
+    pub dependency_guard: Switch,
+    /// The breaker's settings, as the library reads them.
+    pub breaker: BreakerConfig,
 }
 
 impl Default for FleetConfig {
@@ -253,6 +271,10 @@ impl Default for FleetConfig {
             disk_used: DEFAULT_DISK_USED,
             fd_limit: DEFAULT_FD_LIMIT,
             fds_used: DEFAULT_FDS_USED,
+            admission: Switch::On,
+            queue_time: QueueTimeConfig::default(),
+            dependency_guard: Switch::On,
+            breaker: BreakerConfig::default(),
         }
     }
 }
@@ -352,6 +374,10 @@ pub struct DependencyConfig {
     pub request_fraction: f64,
     /// Weight of its check in `/health`. Defaults to `critical`.
     pub criticality: DepCriticality,
+    /// Share of the requests that call it which the service can still answer in its
+    /// degraded mode, without it (reads served from a cache), when the dependency
+    /// guard's breaker is open (0 to 1); the rest fail at once. Defaults to 0.
+    pub degraded: f64,
 }
 
 impl Default for DependencyConfig {
@@ -362,6 +388,7 @@ impl Default for DependencyConfig {
             error_rate: 0.0,
             request_fraction: 1.0,
             criticality: DepCriticality::Critical,
+            degraded: 0.0,
         }
     }
 }
@@ -474,6 +501,11 @@ pub struct LbRetriesConfig {
     pub limit: RetryLimit,
     /// The retry budget, exactly as `vigil lb` reads it.
     pub budget: RetryBudgetConfig,
+    /// vigil lb's retry throttle (`vigil_core::throttle::RetryThrottle`) on top of the
+    /// budget: `on` or `off`. Defaults to `on`.
+    pub throttle: Switch,
+    /// The throttle's bucket, exactly as `vigil lb` reads it.
+    pub bucket: RetryThrottleConfig,
 }
 
 impl Default for LbRetriesConfig {
@@ -483,6 +515,8 @@ impl Default for LbRetriesConfig {
             per_try_timeout: None,
             limit: RetryLimit::Budget,
             budget: RetryBudgetConfig::default(),
+            throttle: Switch::On,
+            bucket: RetryThrottleConfig::default(),
         }
     }
 }
@@ -948,7 +982,21 @@ impl ScenarioConfig {
             if !(0.0..=1.0).contains(&d.request_fraction) {
                 return Err((at("request_fraction"), "must be between 0 and 1".into()));
             }
+            if !(0.0..=1.0).contains(&d.degraded) {
+                return Err((at("degraded"), "must be between 0 and 1".into()));
+            }
         }
+        f.queue_time
+            .validate()
+            .map_err(|m| core_error(&["fleet", "queue_time"], m))?;
+        f.breaker
+            .validate()
+            .map_err(|m| core_error(&["fleet", "breaker"], m))?;
+        self.lb
+            .retries
+            .bucket
+            .validate()
+            .map_err(|m| core_error(&["lb", "retries", "bucket"], m))?;
         if let Some(q) = &self.queue {
             nonzero(q.process_time, &["queue", "process_time"])?;
             nonzero(q.fail_time, &["queue", "fail_time"])?;
@@ -1217,6 +1265,9 @@ impl ScenarioConfig {
             n.controller.mode = ControllerMode::Naive;
         }
         n.fleet.watchdog = Switch::Off;
+        n.fleet.admission = Switch::Off;
+        n.fleet.dependency_guard = Switch::Off;
+        n.lb.retries.throttle = Switch::Off;
         n.fleet.health_capacity = HealthCapacity::Shared;
         if let Some(q) = &mut n.queue {
             q.gate = Switch::Off;

@@ -35,8 +35,20 @@ pub struct Summary {
     pub client_retries: u64,
     /// Retries the balancer sent.
     pub lb_retries: u64,
-    /// Balancer retries its retry budget refused.
+    /// Balancer retries its retry budget or its retry throttle refused.
     pub lb_retries_denied: u64,
+    /// Of those, the ones the retry throttle refused (the bucket was half empty).
+    pub lb_retries_throttled: u64,
+    /// Attempts the servers' admission control refused before starting them (their
+    /// deadline passed or could not be met, or they waited past the queue-time bound).
+    pub admission_refused: u64,
+    /// Requests a server answered in its degraded mode (a dependency's breaker open):
+    /// served from a cache, or failed at once, instead of waiting on the dependency.
+    pub degraded: u64,
+    /// Times a server's dependency breaker opened.
+    pub breaker_opens: u64,
+    /// Client requests that ended while a fault was active, and those that failed.
+    pub during_faults: (u64, u64),
     /// Attempts answered too late (the balancer or the client had given up).
     pub request_timeouts: u64,
     /// Health checks (balancer and controller) whose answer came after their timeout.
@@ -154,11 +166,27 @@ impl Summary {
             "client_retries" => self.client_retries as f64,
             "lb_retries" => self.lb_retries as f64,
             "lb_retries_denied" => self.lb_retries_denied as f64,
+            "lb_retries_throttled" => self.lb_retries_throttled as f64,
+            "admission_refused" => self.admission_refused as f64,
+            "degraded" => self.degraded as f64,
+            "breaker_opens" => self.breaker_opens as f64,
+            "availability_during_faults" => self.availability_during_faults(),
             "amplification" => self.amplification(),
             "request_timeouts" => self.request_timeouts as f64,
             "check_timeouts" => self.check_timeouts as f64,
             _ => return None,
         })
+    }
+
+    /// Successful / all client requests that ended while a fault was active (1 when
+    /// there were none).
+    pub fn availability_during_faults(&self) -> f64 {
+        let (n, failed) = self.during_faults;
+        if n == 0 {
+            1.0
+        } else {
+            (n - failed) as f64 / n as f64
+        }
     }
 
     /// Attempts sent to the servers per new client request (1 without retries).
@@ -175,6 +203,19 @@ impl Summary {
         let pct = |v: f64| format!("{:.3}%", v * 100.0);
         let mut rows = vec![
             ("availability", pct(self.availability)),
+            (
+                "availability during faults",
+                pct(self.availability_during_faults()),
+            ),
+            (
+                "refused early / degraded (breaker opens)",
+                format!(
+                    "{} / {} ({})",
+                    group(self.admission_refused),
+                    group(self.degraded),
+                    group(self.breaker_opens)
+                ),
+            ),
             (
                 "client errors",
                 format!("{} of {}", group(self.client_errors), group(self.requests)),
@@ -264,6 +305,7 @@ impl Summary {
                     group(self.lb_retries_denied)
                 ),
             ));
+            rows.push(("lb retries throttled", group(self.lb_retries_throttled)));
             rows.push((
                 "load amplification",
                 format!("{:.2}x", self.amplification()),

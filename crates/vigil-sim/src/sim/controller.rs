@@ -240,6 +240,7 @@ impl<'a> Sim<'a> {
         s.gray = Ramped::default();
         s.slow = Ramped::default();
         s.backlog = 0;
+        self.defences[iu] = self.fresh_defences(now);
         // A new worker: a fresh gate, counters from zero.
         self.msg_totals[iu] = Counts::default();
         if let (Some(g), Some(q)) = (self.gates.get_mut(iu), &self.cfg.queue) {

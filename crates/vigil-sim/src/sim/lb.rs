@@ -383,6 +383,7 @@ impl<'a> Sim<'a> {
         {
             self.servers[iu].overloaded = false;
             self.servers[iu].shedding = false;
+            self.defences[iu].queue.empty_at(Self::pt(now));
             if feed && n > 0 && self.outlier_dirty[iu] {
                 self.feed_runs(i, &[(None, n)]);
             }
@@ -438,7 +439,13 @@ impl<'a> Sim<'a> {
         let healthy_mean = self.service.mean();
         let max_wait = (self.cfg.fleet.max_queue_wait.as_secs_f64() - healthy_mean).max(0.0);
         let drain = cap_rate * eff;
-        let max_queue = (max_wait * self.cap_rate * eff) as u64;
+        let plain_queue = (max_wait * self.cap_rate * eff) as u64;
+        // Admission control: no more than the deadline and the queue-time rule let
+        // wait, at this server's own pace.
+        let max_queue = match self.admission_wait(iu, now) {
+            Some(w) => plain_queue.min((w * drain) as u64),
+            None => plain_queue,
+        };
         let s = &mut self.servers[iu];
         s.overloaded = overloaded;
         // What stands beyond the bound now (it shrank with a brownout) is shed this tick.
@@ -457,6 +464,16 @@ impl<'a> Sim<'a> {
         };
         let after = s.backlog;
         s.shedding = dropped > 0 && paused == 0.0;
+        if max_queue < plain_queue {
+            let plain_dropped = (total.saturating_sub(cap)).saturating_sub(plain_queue);
+            self.s.admission_refused += dropped - plain_dropped.min(dropped);
+        }
+        for d in 0..self.deps.len() {
+            if self.guard_open(iu, d) {
+                self.s.degraded += (served as f64 * self.deps[d].request_fraction) as u64;
+            }
+        }
+        self.defences_after_tick(iu, now, served);
         // Late answers: the requests served now waited from about `before` to `after`
         // queued requests' worth of work (first in, first out), then took their worker
         // time; past the attempt's deadline the balancer has given up on them, though
@@ -703,12 +720,23 @@ impl<'a> Sim<'a> {
                 self.s.client_retries += out.client_retries;
                 self.s.lb_retries += out.lb_retries;
                 self.s.lb_retries_denied += out.lb_denied;
+                self.s.lb_retries_throttled += out.lb_throttled;
                 (out.succeeded + out.failed, out.failed)
             }
             None => (tally.total(), tally.failed()),
         };
         self.s.requests += requests;
         self.s.client_errors += failed;
+        let elapsed = now.as_elapsed();
+        if self
+            .cfg
+            .faults
+            .iter()
+            .any(|f| f.at <= elapsed && f.duration.is_none_or(|d| elapsed < f.at + d))
+        {
+            self.s.during_faults.0 += requests;
+            self.s.during_faults.1 += failed;
+        }
         if requests > 0 && ((requests - failed) as f64) < RECOVERED * requests as f64 {
             self.last_bad_tick_end = Some(now + dt);
         }

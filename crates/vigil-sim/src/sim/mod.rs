@@ -52,6 +52,7 @@
 //!   controller restarts, unless the scenario says `state = "in-memory"`. As for the
 //!   pool, passing observations of a target the guard already holds healthy are elided.
 
+mod admission;
 mod controller;
 mod detection;
 mod engine;
@@ -211,6 +212,8 @@ pub struct Sim<'a> {
     ctl_probes: Periodic,
     rng: SimRng,
     servers: Vec<Server>,
+    /// Per server: admission control and dependency breakers (the library's defences).
+    defences: Vec<admission::Defences>,
     deps: Vec<Dep>,
     zone_down: Vec<bool>,
     surge: f64,
@@ -316,6 +319,7 @@ impl<'a> Sim<'a> {
                 latency: d.latency,
                 request_fraction: d.request_fraction,
                 criticality: d.criticality,
+                degraded: d.degraded,
                 history: vec![(
                     Time::ZERO,
                     DepCond {
@@ -413,6 +417,7 @@ impl<'a> Sim<'a> {
             ctl_probes: Periodic::default(),
             rng,
             servers,
+            defences: Vec::new(),
             deps,
             zone_down: vec![false; cfg.fleet.zones as usize],
             surge: 1.0,
@@ -462,6 +467,7 @@ impl<'a> Sim<'a> {
             log: Vec::new(),
             log_dropped: 0,
         };
+        sim.defences = (0..n).map(|_| sim.fresh_defences(Time::ZERO)).collect();
         sim.s.min_in_service = n as u32;
         sim.schedule(Time::ZERO, Ev::Tick);
         let mut lb = Vec::with_capacity(n);

@@ -194,6 +194,8 @@ pub(super) struct Dep {
     pub(super) latency: Duration,
     pub(super) request_fraction: f64,
     pub(super) criticality: DepCriticality,
+    /// Share of its requests a degraded answer serves (see `DependencyConfig::degraded`).
+    pub(super) degraded: f64,
     /// Conditions over time, first at t = 0.
     pub(super) history: Vec<(Time, DepCond)>,
 }

@@ -65,6 +65,7 @@ impl<'a> Sim<'a> {
             && s.slow.is_zero()
             && !s.bad_version
             && s.conn_broken.is_none()
+            && !self.defences[i].degraded
     }
 
     /// The failure probability of a plain server's requests at `now`, when it is the same
@@ -102,6 +103,10 @@ impl<'a> Sim<'a> {
     pub(super) fn mixture(&self, i: usize, now: Time) -> Mixture {
         let mut m = Mixture::new(self.service, self.servers[i].slow.at(now));
         for d in 0..self.deps.len() {
+            // Answered degraded, a request does not wait on the dependency.
+            if self.guard_open(i, d) {
+                continue;
+            }
             let (_, extra) = self.dep_for(i, d, now);
             m.split(self.deps[d].request_fraction, extra);
         }
@@ -132,6 +137,11 @@ impl<'a> Sim<'a> {
             ok *= 1.0 - self.deploy_error_rate();
         }
         for d in 0..self.deps.len() {
+            if self.guard_open(i, d) {
+                // Degraded: the cache answers its share, the rest fail at once.
+                ok *= 1.0 - self.deps[d].request_fraction * (1.0 - self.deps[d].degraded);
+                continue;
+            }
             let (err, _) = self.dep_for(i, d, now);
             if err > 0.0 && self.deps[d].criticality == DepCriticality::Critical {
                 ok *= 1.0 - self.deps[d].request_fraction * err;

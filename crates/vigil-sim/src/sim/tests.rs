@@ -291,7 +291,8 @@ fn checks_time_out_when_the_answer_is_slower_than_their_timeout() {
 
 #[test]
 fn slow_requests_hold_workers_and_answer_late() {
-    let s = sim_for("[fleet]\nservers = 2\nzones = 1\nbrownout = 0.0\n");
+    // The plain queue: no admission control.
+    let s = sim_for("[fleet]\nservers = 2\nzones = 1\nbrownout = 0.0\nadmission = \"off\"\n");
     let mut sim = Sim::new(&s.config, 1, Policies::Vigil);
     sim.tick_fail_prob = Some(0.0);
     // Healthy: 400 requests in a second, all in time.
@@ -316,6 +317,94 @@ fn slow_requests_hold_workers_and_answer_late() {
     assert_eq!(sim.servers[0].backlog, 784);
     let (t, _) = sim.serve(0, 0, false);
     assert_eq!(t.timeout, 32, "queued behind 24 s of work: late");
+}
+
+#[test]
+fn admission_control_queues_only_what_can_still_be_answered_in_time() {
+    let s = sim_for("[fleet]\nservers = 2\nzones = 1\nbrownout = 0.0\n");
+    let mut sim = Sim::new(&s.config, 1, Policies::Vigil);
+    sim.tick_fail_prob = Some(0.0);
+    // The slow server of the test above: 0.5 s per request, 32 a second. With the
+    // balancer's 1 s deadline a request may wait 0.5 s: 16 queue, the rest is refused
+    // at once, and what is served is in time.
+    sim.servers[0].slow = Ramped {
+        to: 0.48,
+        ramp: None,
+    };
+    let (t, _) = sim.serve(0, 1000, false);
+    assert_eq!(t.ok, 32, "{t:?}");
+    assert_eq!(sim.servers[0].backlog, 16);
+    assert_eq!(t.err, 1000 - 32 - 16, "{t:?}");
+    assert_eq!(sim.s.admission_refused, 1000 - 32 - 16 - (1000 - 32 - 784));
+    let (t, _) = sim.serve(0, 0, false);
+    assert_eq!(
+        (t.ok, t.timeout),
+        (16, 0),
+        "the queue answered in time: {t:?}"
+    );
+    // Past the deadline even alone (1.1 s per request): refused at once, no worker spent.
+    sim.servers[1].slow = Ramped {
+        to: 1.08,
+        ramp: None,
+    };
+    let (t, _) = sim.serve(1, 100, false);
+    assert_eq!(sim.servers[1].backlog, 0);
+    assert!(t.err >= 80, "{t:?}");
+}
+
+#[test]
+fn a_slow_dependency_opens_the_guard_and_frees_the_workers() {
+    let src = "[fleet]\nservers = 1\nzones = 1\nbrownout = 0.0\n\
+               [[dependencies]]\nname = \"db\"\nrequest_fraction = 0.4\ndegraded = 0.5\n";
+    let s = sim_for(src);
+    let mut sim = Sim::new(&s.config, 1, Policies::Vigil);
+    let now = Time::from_secs(10);
+    sim.now = now;
+    sim.deps[0].history.push((
+        Time::ZERO,
+        DepCond {
+            error_rate: 0.0,
+            extra_latency: Duration::from_millis(1500),
+            affected: 1.0,
+            key: 1,
+            ramp: None,
+            from_error_rate: 0.0,
+        },
+    ));
+    sim.tick_fail_prob = None;
+    sim.tick_plain_punctual = false;
+    // The first tick's calls are slow: its db requests hold workers for 1.5 s...
+    let rate_slow = sim.server_rate(0, now);
+    assert!(rate_slow < 30.0, "{rate_slow}");
+    sim.serve(0, 200, false);
+    assert!(
+        sim.guard_open(0, 0),
+        "the calls were slow: the breaker opened"
+    );
+    assert_eq!(sim.s.breaker_opens, 1);
+    // ...and from then on none does: capacity is back, and the db requests are answered
+    // from the cache (half of them) or failed at once.
+    assert!(sim.server_rate(0, now) > 700.0);
+    let p = sim.request_fail_prob(0, now);
+    assert!((p - 0.2).abs() < 1e-9, "{p}");
+    // The naive twin has no guard.
+    let naive = s.config.naive();
+    let mut sim = Sim::new(&naive, 1, Policies::Naive);
+    sim.deps[0].history.push((
+        Time::ZERO,
+        DepCond {
+            error_rate: 0.0,
+            extra_latency: Duration::from_millis(1500),
+            affected: 1.0,
+            key: 1,
+            ramp: None,
+            from_error_rate: 0.0,
+        },
+    ));
+    sim.now = now;
+    sim.tick_plain_punctual = false;
+    sim.serve(0, 200, false);
+    assert!(!sim.guard_open(0, 0));
 }
 
 #[test]
