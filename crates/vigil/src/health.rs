@@ -289,6 +289,14 @@ impl Health {
         crate::ShedLayer::new(self.router(), max_in_flight)
     }
 
+    /// The admission layer for the application's port, sharing `admission` (make it
+    /// with [`crate::Admission::new`] and register [`crate::Admission::check`] as a local
+    /// check first): deadlines, an adaptive concurrency limit and a controlled-delay
+    /// queue; health requests bypass it. See [`crate::admission`].
+    pub fn admission_layer(&self, admission: Arc<crate::Admission>) -> crate::AdmissionLayer {
+        crate::AdmissionLayer::new(self.router(), admission)
+    }
+
     /// The current lifecycle.
     pub fn lifecycle(&self) -> Lifecycle {
         self.inner.shared.lock().lifecycle

@@ -37,7 +37,11 @@
 //! - [`snapshot`]: the immutable [`Snapshot`] endpoints read.
 //! - [`endpoints`]: `/livez`, `/readyz`, `/healthz`, `/health`.
 //! - [`reserved`]: the endpoints on a dedicated thread and port ([`ReservedServer`]).
-//! - [`shed`]: the concurrency-limit layer for the application's port ([`ShedLayer`]).
+//! - [`admission`]: the admission layer ([`AdmissionLayer`]): deadlines, an adaptive
+//!   concurrency limit and a controlled-delay queue with adaptive LIFO.
+//! - [`guard`]: the dependency guard ([`DependencyGuard`]): a breaker around a
+//!   dependency's calls, degraded answers while it is open.
+//! - [`shed`]: the fixed concurrency-limit layer for the application's port ([`ShedLayer`]).
 //! - [`metrics`]: Prometheus metrics read from the snapshot ([`metrics::HealthCollector`]).
 //! - [`heartbeat`]: signed heartbeats to `vigil controller`, for processes no prober reaches.
 //! - [`worker`]: queue-worker health: the gate that stops a sick worker pulling, with
@@ -46,6 +50,7 @@
 //! - [`options`]: [`CheckOptions`], [`HealthConfig`].
 //! - `systemd` (feature `systemd`): `Type=notify` readiness, reload, stop and watchdog.
 
+pub mod admission;
 #[cfg(feature = "agent-check")]
 pub mod agent;
 mod background;
@@ -54,6 +59,7 @@ pub mod check;
 pub mod endpoints;
 #[cfg(feature = "grpc")]
 pub mod grpc;
+pub mod guard;
 pub mod health;
 pub mod heartbeat;
 pub mod metrics;
@@ -69,10 +75,12 @@ mod watchdog;
 pub mod worker;
 
 /// The built-in checks under their first name: the same module as [`builtin`].
+pub use admission::{Admission, AdmissionConfig, AdmissionLayer};
 pub use builtin as checks;
 #[allow(deprecated)]
 pub use check::Observation;
 pub use check::{Check, DynCheck, FnCheck};
+pub use guard::{DependencyGuard, Guarded};
 pub use health::{BuildError, CheckKind, CheckerFault, Health, HealthBuilder};
 pub use options::{CheckOptions, HealthConfig};
 pub use reserved::ReservedServer;

@@ -12,6 +12,14 @@
 //! | `vigil_snapshot_age_seconds` | gauge | age of the published snapshot (stays under `stale_after` while the checker lives) |
 //! | `vigil_requests_in_flight` | gauge | application requests running (with a shed layer) |
 //! | `vigil_requests_shed_total` | counter | application requests shed with 503 (with a shed layer) |
+//! | `vigil_admission_refused_total{reason}` | counter | requests refused by the admission layer: `expired`, `unmeetable`, `queue_time`, `queue_full` |
+//! | `vigil_admission_admitted_total` | counter | requests the admission layer let through |
+//! | `vigil_admission_limit` | gauge | its adaptive concurrency limit now |
+//! | `vigil_admission_in_flight` | gauge | requests running under it |
+//! | `vigil_admission_queued` | gauge | requests waiting in its queue |
+//! | `vigil_admission_expected_latency_seconds` | gauge | the median latency its deadline rule expects |
+//! | `vigil_dependency_breaker_state{dependency}` | gauge | 0 closed, 1 half-open, 2 open (per dependency guard) |
+//! | `vigil_dependency_calls_total{dependency,result}` | counter | guarded calls: `ok`, `failed`, `timed_out`, `degraded` (not made: open) |
 //! | `vigil_build_info{version,commit}` | gauge | 1, naming the vigil build |
 //!
 //! Serving: [`encode`] writes a registry in the format the scraper's `Accept` header
@@ -39,6 +47,8 @@ use vigil_core::Status;
 pub struct HealthCollector {
     shared: Arc<Shared>,
     shed: Option<Arc<ShedStats>>,
+    admission: Option<Arc<crate::Admission>>,
+    guards: Vec<Arc<crate::DependencyGuard>>,
 }
 
 impl std::fmt::Debug for HealthCollector {
@@ -53,12 +63,26 @@ impl HealthCollector {
         HealthCollector {
             shared: health.shared(),
             shed: None,
+            admission: None,
+            guards: Vec::new(),
         }
     }
 
     /// Also reports a shed layer's in-flight and shed counters.
     pub fn with_shed(mut self, stats: Arc<ShedStats>) -> Self {
         self.shed = Some(stats);
+        self
+    }
+
+    /// Also reports an admission layer's counters and limit.
+    pub fn with_admission(mut self, admission: Arc<crate::Admission>) -> Self {
+        self.admission = Some(admission);
+        self
+    }
+
+    /// Also reports a dependency guard's breaker state and calls (repeatable).
+    pub fn with_guard(mut self, guard: Arc<crate::DependencyGuard>) -> Self {
+        self.guards.push(guard);
         self
     }
 
@@ -298,6 +322,81 @@ impl Collector for HealthCollector {
                 None,
                 c.metric_type(),
             )?)?;
+        }
+        if let Some(a) = &self.admission {
+            let mut m = encoder.encode_descriptor(
+                "vigil_admission_refused",
+                "Application requests refused by the admission layer, by reason.",
+                None,
+                ConstCounter::new(0u64).metric_type(),
+            )?;
+            for reason in crate::admission::REFUSAL_REASONS {
+                ConstCounter::new(a.refused(reason))
+                    .encode(m.encode_family(&[("reason", reason)])?)?;
+            }
+            let c = ConstCounter::new(a.admitted_total());
+            c.encode(encoder.encode_descriptor(
+                "vigil_admission_admitted",
+                "Application requests the admission layer let through.",
+                None,
+                c.metric_type(),
+            )?)?;
+            for (name, help, v) in [
+                (
+                    "vigil_admission_limit",
+                    "The adaptive concurrency limit now.",
+                    i64::from(a.limit()),
+                ),
+                (
+                    "vigil_admission_in_flight",
+                    "Requests running under the admission layer.",
+                    i64::from(a.in_flight()),
+                ),
+                (
+                    "vigil_admission_queued",
+                    "Requests waiting in the admission queue.",
+                    a.queued() as i64,
+                ),
+            ] {
+                let g = ConstGauge::new(v);
+                g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+            }
+            let g = ConstGauge::new(a.expected_latency().as_secs_f64());
+            g.encode(encoder.encode_descriptor(
+                "vigil_admission_expected_latency_seconds",
+                "The median latency the deadline rule expects a request to take.",
+                None,
+                g.metric_type(),
+            )?)?;
+        }
+        if !self.guards.is_empty() {
+            let mut m = encoder.encode_descriptor(
+                "vigil_dependency_breaker_state",
+                "Each dependency guard's breaker: 0 closed, 1 half-open, 2 open.",
+                None,
+                ConstGauge::new(0i64).metric_type(),
+            )?;
+            for g in &self.guards {
+                let v = match g.state() {
+                    crate::guard::BreakerState::Closed => 0,
+                    crate::guard::BreakerState::HalfOpen { .. } => 1,
+                    crate::guard::BreakerState::Open { .. } => 2,
+                };
+                ConstGauge::new(v).encode(m.encode_family(&[("dependency", g.name())])?)?;
+            }
+            let mut m = encoder.encode_descriptor(
+                "vigil_dependency_calls",
+                "Calls through each dependency guard, by result.",
+                None,
+                ConstCounter::new(0u64).metric_type(),
+            )?;
+            for g in &self.guards {
+                for result in crate::guard::CALL_RESULTS {
+                    ConstCounter::new(g.calls(result)).encode(
+                        m.encode_family(&[("dependency", g.name()), ("result", result)])?,
+                    )?;
+                }
+            }
         }
         Ok(())
     }
