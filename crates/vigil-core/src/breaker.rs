@@ -301,14 +301,11 @@ impl Breaker {
         let bad = bad.min(calls);
         match self.state {
             BreakerState::Closed => {
-                let _ = self.window(now);
+                let (c, b) = self.window(now);
                 let last = self.slots.last_mut().expect("window pushes a slot");
                 last.1 += calls;
                 last.2 += bad;
-                let (c, b) = self
-                    .slots
-                    .iter()
-                    .fold((0, 0), |(c, b), &(_, cc, bb)| (c + cc, b + bb));
+                let (c, b) = (c + calls, b + bad);
                 if c >= u64::from(self.cfg.min_calls)
                     && b as f64 >= self.cfg.failure_ratio * c as f64
                 {

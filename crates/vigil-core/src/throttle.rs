@@ -256,16 +256,6 @@ impl AdaptiveThrottle {
         reject
     }
 
-    /// Of `n` attempts, how many to reject now, the caller drawing from a binomial with
-    /// [`reject_probability`](Self::reject_probability) (a batch for the simulator);
-    /// counts the rejected ones as requests.
-    pub fn reject_many(&mut self, now: Time, n: u64, draw: impl FnOnce(u64, f64) -> u64) -> u64 {
-        let p = self.reject_probability(now);
-        let rejected = if p > 0.0 { draw(n, p).min(n) } else { 0 };
-        self.record(now, rejected, 0);
-        rejected
-    }
-
     /// Records attempts that went to a target: `requests` of them, `accepts` taken (an
     /// answer other than an overload refusal, 503 or 429, or a timeout).
     pub fn record(&mut self, now: Time, requests: u64, accepts: u64) {

@@ -29,7 +29,7 @@ use crate::rng::hash_unit;
 use crate::scenario::Switch;
 use std::time::Duration;
 use vigil_core::Time;
-use vigil_core::admission::{QueueTime, check_deadline};
+use vigil_core::admission::QueueTime;
 use vigil_core::breaker::{Breaker, BreakerChange, BreakerState, Permit};
 
 /// Per server: its admission state and its dependency breakers.
@@ -78,13 +78,10 @@ impl<'a> Sim<'a> {
         let expected = Duration::from_secs_f64(typical);
         let deadline = pnow + Duration::from_secs_f64(self.deadline);
         // Every attempt carries the balancer's deadline: the deadline bounds its wait
-        // (rules 1 and 2 as `QueueTime::admit` applies them).
+        // (rules 1 and 2 as `QueueTime::admit` applies them; zero when it cannot be met).
         let bound = self.defences[i]
             .queue
             .wait_bound(pnow, Some(deadline), expected);
-        if check_deadline(pnow, Some(deadline), expected).is_err() {
-            return Some(0.0);
-        }
         Some(bound.as_secs_f64())
     }
 
@@ -104,7 +101,8 @@ impl<'a> Sim<'a> {
             let (err, extra) = self.dep_for(i, d, now);
             let latency = self.deps[d].latency.as_secs_f64() + extra;
             let calls = match self.defences[i].breakers[d].permit(pnow) {
-                (Permit::Call, _) => self.rng_free_share(served, self.deps[d].request_fraction),
+                // The expected share, not a draw: the breaker needs a ratio.
+                (Permit::Call, _) => (served as f64 * self.deps[d].request_fraction).round() as u64,
                 (Permit::Trial, change) => {
                     if let Some(c) = change {
                         self.breaker_changed(i, d, &c);
@@ -150,12 +148,6 @@ impl<'a> Sim<'a> {
             degraded |= self.guard_open(i, d);
         }
         self.defences[i].degraded = degraded;
-    }
-
-    /// The expected number of `n` requests with share `p` (no draw: the breaker needs a
-    /// ratio, not a sample).
-    fn rng_free_share(&self, n: u64, p: f64) -> u64 {
-        (n as f64 * p).round() as u64
     }
 
     fn breaker_changed(&mut self, i: usize, d: usize, change: &BreakerChange) {

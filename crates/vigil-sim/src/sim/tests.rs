@@ -352,6 +352,21 @@ fn admission_control_queues_only_what_can_still_be_answered_in_time() {
     assert!(t.err >= 80, "{t:?}");
 }
 
+/// Dependency 0 answers `extra` later for every server from t = 0.
+fn slow_db(sim: &mut Sim<'_>, extra: Duration) {
+    sim.deps[0].history.push((
+        Time::ZERO,
+        DepCond {
+            error_rate: 0.0,
+            extra_latency: extra,
+            affected: 1.0,
+            key: 1,
+            ramp: None,
+            from_error_rate: 0.0,
+        },
+    ));
+}
+
 #[test]
 fn a_slow_dependency_opens_the_guard_and_frees_the_workers() {
     let src = "[fleet]\nservers = 1\nzones = 1\nbrownout = 0.0\n\
@@ -360,17 +375,7 @@ fn a_slow_dependency_opens_the_guard_and_frees_the_workers() {
     let mut sim = Sim::new(&s.config, 1, Policies::Vigil);
     let now = Time::from_secs(10);
     sim.now = now;
-    sim.deps[0].history.push((
-        Time::ZERO,
-        DepCond {
-            error_rate: 0.0,
-            extra_latency: Duration::from_millis(1500),
-            affected: 1.0,
-            key: 1,
-            ramp: None,
-            from_error_rate: 0.0,
-        },
-    ));
+    slow_db(&mut sim, Duration::from_millis(1500));
     sim.tick_fail_prob = None;
     sim.tick_plain_punctual = false;
     // The first tick's calls are slow: its db requests hold workers for 1.5 s...
@@ -390,17 +395,7 @@ fn a_slow_dependency_opens_the_guard_and_frees_the_workers() {
     // The naive twin has no guard.
     let naive = s.config.naive();
     let mut sim = Sim::new(&naive, 1, Policies::Naive);
-    sim.deps[0].history.push((
-        Time::ZERO,
-        DepCond {
-            error_rate: 0.0,
-            extra_latency: Duration::from_millis(1500),
-            affected: 1.0,
-            key: 1,
-            ramp: None,
-            from_error_rate: 0.0,
-        },
-    ));
+    slow_db(&mut sim, Duration::from_millis(1500));
     sim.now = now;
     sim.tick_plain_punctual = false;
     sim.serve(0, 200, false);
