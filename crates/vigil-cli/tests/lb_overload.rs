@@ -258,40 +258,34 @@ async fn a_clients_deadline_is_stripped_by_default_and_honoured_when_trusted() {
     );
 }
 
-/// Targets that fail every request, counting each request they see: a reset (the
-/// connection closes once the head is read) while `failing`, else a 200.
-async fn resetting_target(hits: Arc<AtomicU64>, failing: Arc<AtomicBool>) -> SocketAddr {
-    serve_each(move |mut c| {
-        let (hits, failing) = (hits.clone(), failing.clone());
-        async move {
-            let mut buf = Vec::new();
-            while take_head(&mut c, &mut buf).await.is_some() {
-                hits.fetch_add(1, Ordering::SeqCst);
-                if failing.load(Ordering::SeqCst) {
-                    return;
-                }
-                let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                if c.write_all(ok).await.is_err() {
-                    return;
-                }
-            }
-        }
-    })
-    .await
+/// What a [`failing_target`] does with a request while failing.
+#[derive(Clone, Copy)]
+enum Failure {
+    /// Closes the connection once the head is read.
+    Reset,
+    /// Answers 503 with `retry-after: 1`.
+    Shed,
 }
 
-/// A target answering 503 to everything while `failing` (200 after), counting hits.
-async fn shedding_target(hits: Arc<AtomicU64>, failing: Arc<AtomicBool>) -> SocketAddr {
+/// A target that fails every request while `failing` (a 200 after), counting each
+/// request it sees.
+async fn failing_target(
+    hits: Arc<AtomicU64>,
+    failing: Arc<AtomicBool>,
+    how: Failure,
+) -> SocketAddr {
     serve_each(move |mut c| {
         let (hits, failing) = (hits.clone(), failing.clone());
         async move {
             let mut buf = Vec::new();
             while take_head(&mut c, &mut buf).await.is_some() {
                 hits.fetch_add(1, Ordering::SeqCst);
-                let answer: &[u8] = if failing.load(Ordering::SeqCst) {
-                    b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\n\r\n"
-                } else {
-                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                let answer: &[u8] = match (failing.load(Ordering::SeqCst), how) {
+                    (true, Failure::Reset) => return,
+                    (true, Failure::Shed) => {
+                        b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\n\r\n"
+                    }
+                    (false, _) => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
                 };
                 if c.write_all(answer).await.is_err() {
                     return;
@@ -312,9 +306,9 @@ async fn the_retry_throttle_stops_retries_when_every_target_fails() {
     let hits = Arc::new(AtomicU64::new(0));
     let failing = Arc::new(AtomicBool::new(true));
     let addrs = [
-        resetting_target(hits.clone(), failing.clone()).await,
-        resetting_target(hits.clone(), failing.clone()).await,
-        shedding_target(hits.clone(), failing.clone()).await,
+        failing_target(hits.clone(), failing.clone(), Failure::Reset).await,
+        failing_target(hits.clone(), failing.clone(), Failure::Reset).await,
+        failing_target(hits.clone(), failing.clone(), Failure::Shed).await,
     ];
     let lb = LbProcess::start(&format!(
         "[pools.api]\n{}\nslow_start_window = \"0s\"\n\
@@ -536,7 +530,7 @@ async fn a_slow_answer_past_the_derived_per_try_time_is_awaited_when_no_retry_ca
 async fn a_pool_that_asks_for_it_sheds_locally_when_its_targets_refuse_most_work() {
     let hits = Arc::new(AtomicU64::new(0));
     let refusing = Arc::new(AtomicBool::new(true));
-    let addr = shedding_target(hits.clone(), refusing.clone()).await;
+    let addr = failing_target(hits.clone(), refusing.clone(), Failure::Shed).await;
     const REQUESTS: u64 = 100;
     let run = |lb: LbProcess| {
         let hits = hits.clone();
