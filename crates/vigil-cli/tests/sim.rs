@@ -175,15 +175,28 @@ fn heavy_guard_regressions_are_caught() {
 
 #[test]
 fn heavy_retry_budget_regression_is_caught() {
-    // A balancer whose retries have no budget keeps the retry storm going after its
-    // trigger is gone: the budget, not the other policies, is what ends it.
+    // Two defences end the retry storm, each alone: the balancer's retry budget, and
+    // the servers' admission control (work whose client has left is refused, not
+    // queued). Without both the storm outlives its trigger.
     let mut s = load("retry-storm");
     assert!(broken(&s, Policies::Vigil).is_empty(), "baseline holds");
+    s.config.lb.retries.limit = RetryLimit::None;
+    let b = broken(&s, Policies::Vigil);
+    assert!(
+        !b.iter().any(|e| e.starts_with("recover_within")),
+        "admission control alone ends the storm: {b:?}"
+    );
+    let mut s = load("retry-storm");
+    s.config.fleet.admission = Switch::Off;
+    assert!(
+        broken(&s, Policies::Vigil).is_empty(),
+        "the budget alone ends the storm"
+    );
     s.config.lb.retries.limit = RetryLimit::None;
     assert_breaks(
         &s,
         &["recover_within", "availability", "amplification"],
-        "an unbudgeted balancer must keep the fleet down",
+        "an unbudgeted balancer in front of servers that queue everything must keep the fleet down",
     );
 }
 
