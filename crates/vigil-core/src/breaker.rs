@@ -46,6 +46,21 @@ pub const DEFAULT_PROBES: u32 = 3;
 /// Window slots: the window slides in tenths.
 const SLOTS: usize = 10;
 
+/// Which calls count as bad.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TripOn {
+    /// Failed calls and calls slower than `slow_call` (the default): for a dependency
+    /// whose degraded answer (a cache) serves better than its errors.
+    #[default]
+    SlowOrFailed,
+    /// Slow calls only: for a dependency without a degraded answer. Failing at once
+    /// what fails at once anyway helps no one, and would turn a dependency's 55% errors
+    /// into 100% refused (`vigil sim`, `scenarios/fail-open-hovering.toml`); slowness is
+    /// what holds workers.
+    Slow,
+}
+
 /// [`Breaker`]'s settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -70,6 +85,8 @@ pub struct BreakerConfig {
     pub jitter: f64,
     /// Trial calls when half-open. Defaults to 3.
     pub probes: u32,
+    /// Which calls count as bad. Defaults to slow or failed.
+    pub trip_on: TripOn,
 }
 
 impl Default for BreakerConfig {
@@ -83,6 +100,7 @@ impl Default for BreakerConfig {
             max_open_for: DEFAULT_MAX_OPEN_FOR,
             jitter: 0.2,
             probes: DEFAULT_PROBES,
+            trip_on: TripOn::SlowOrFailed,
         }
     }
 }
@@ -239,9 +257,9 @@ impl Breaker {
         &self.cfg
     }
 
-    /// Whether a call of `latency` that `ok` counts as bad.
+    /// Whether a call of `latency` that `ok` counts as bad (see [`TripOn`]).
     pub fn is_bad(&self, ok: bool, latency: Duration) -> bool {
-        !ok || latency > self.cfg.slow_call
+        latency > self.cfg.slow_call || (!ok && self.cfg.trip_on == TripOn::SlowOrFailed)
     }
 
     /// What to do with a call at `now`; moves open to half-open when its time is over
@@ -351,6 +369,19 @@ mod tests {
 
     fn secs(s: u64) -> Time {
         Time::from_secs(s)
+    }
+
+    #[test]
+    fn failures_count_unless_it_trips_on_slowness_only() {
+        let b = Breaker::new(BreakerConfig::default());
+        assert!(b.is_bad(false, Duration::from_millis(10)));
+        let b = Breaker::new(BreakerConfig {
+            trip_on: TripOn::Slow,
+            ..BreakerConfig::default()
+        });
+        assert!(!b.is_bad(false, Duration::from_millis(10)));
+        assert!(b.is_bad(false, Duration::from_millis(1500)));
+        assert!(b.is_bad(true, Duration::from_millis(1500)));
     }
 
     #[test]

@@ -20,8 +20,8 @@
 //!   the breaker is not closed, the requests that need that dependency are answered
 //!   degraded: the dependency's `degraded` share from a cache (a success), the rest failed
 //!   at once; neither holds a worker on the dependency. Without a degraded answer the
-//!   guard trips on slow calls only (failing fast what fails fast anyway helps no one). When half-open, `breaker.probes`
-//!   trial calls go each tick until the breaker decides. The open time's jitter is a pure
+//!   guard trips on slow calls only (`TripOn::Slow`: failing fast what fails fast anyway
+//!   helps no one). When half-open, `breaker.probes` trial calls go each tick until the breaker decides. The open time's jitter is a pure
 //!   hash of the server, the dependency and the opening (no draw from the run's stream).
 
 use super::Sim;
@@ -30,7 +30,7 @@ use crate::scenario::Switch;
 use std::time::Duration;
 use vigil_core::Time;
 use vigil_core::admission::QueueTime;
-use vigil_core::breaker::{Breaker, BreakerChange, BreakerState, Permit};
+use vigil_core::breaker::{Breaker, BreakerChange, BreakerConfig, BreakerState, Permit, TripOn};
 
 /// Per server: its admission state and its dependency breakers.
 #[derive(Clone, Debug)]
@@ -47,7 +47,23 @@ impl<'a> Sim<'a> {
     pub(super) fn fresh_defences(&self, now: Time) -> Defences {
         let f = &self.cfg.fleet;
         let breakers = if f.dependency_guard == Switch::On {
-            self.deps.iter().map(|_| Breaker::new(f.breaker)).collect()
+            // A guard without a degraded answer (`degraded = 0`) trips on slowness only
+            // (`TripOn::Slow`): failing fast what fails fast anyway would turn a
+            // dependency's 55% errors into 100% (`fail-open-hovering`).
+            self.deps
+                .iter()
+                .map(|d| {
+                    let trip_on = if d.degraded > 0.0 {
+                        f.breaker.trip_on
+                    } else {
+                        TripOn::Slow
+                    };
+                    Breaker::new(BreakerConfig {
+                        trip_on,
+                        ..f.breaker
+                    })
+                })
+                .collect()
         } else {
             Vec::new()
         };
@@ -119,13 +135,11 @@ impl<'a> Sim<'a> {
                 (Permit::Degraded, _) => 0,
             };
             if calls > 0 {
-                // A guard without a degraded answer (`degraded = 0`) trips on slowness
-                // only: failing fast what fails fast anyway would turn a dependency's
-                // 55% errors into 100% (`fail-open-hovering`); slowness is what holds
-                // workers.
+                let trips_on_failed =
+                    self.defences[i].breakers[d].config().trip_on == TripOn::SlowOrFailed;
                 let bad = if latency > slow_call {
                     calls
-                } else if err > 0.0 && self.deps[d].degraded > 0.0 {
+                } else if err > 0.0 && trips_on_failed {
                     (calls as f64 * err).round() as u64
                 } else {
                     0
