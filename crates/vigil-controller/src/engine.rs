@@ -47,6 +47,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 use vigil_core::anomaly::{AnomalyDetector, AnomalyState, Counts, MemberVerdict};
+use vigil_core::fleet::Mode;
 use vigil_core::guard::{
     Applied, Decision, FreezeScope, GuardConfig, GuardState, GuardTargetView, Hold, HoldKind,
     Observation, Op, Outcome, Reason, SafetyGuard, WhenFrozen,
@@ -56,8 +57,6 @@ use vigil_core::{HealthState, Time};
 /// The outcome of a freeze alert's decision, and the kind of its action's event
 /// (a replacement's is `replace`).
 pub const ALERT: &str = "alert";
-/// How a follower's `failing` state begins (the readiness and dashboard text).
-const NOT_LEADER: &str = "not the leader: ";
 /// Commands drained at most per turn, so queries and shutdown are never starved.
 const MAX_COMMANDS_PER_TURN: usize = 4096;
 /// Guard ticks (hold expiry, flap release): once a second is finer than any hold.
@@ -309,17 +308,12 @@ pub struct Engine {
     ops_since_snapshot: usize,
     /// Shared with `/readyz` and the dashboard.
     health: Arc<StoreHealth>,
-    /// The store's error while commits fail: nothing is judged meanwhile.
-    failing: Option<String>,
-    /// The guard is ahead of the store (a failed commit could not be undone yet: the
-    /// store could not be read either).
-    dirty: bool,
-    /// A retry of a failing store is in this batch.
-    recovering: bool,
+    /// Leading (with its term), following, store failing or recovering
+    /// (`vigil_core::fleet::Mode`): only a mode that judges feeds the guard; in the
+    /// others target list and config changes wait for the next batch that commits.
+    mode: Mode,
     /// When a failing store is tried again.
     retry_at: Instant,
-    /// Target list or config changes wait for the store to work.
-    targets_pending: bool,
     /// Guard events recorded since the last commit (undone with it if it fails).
     events_since_flush: usize,
     /// Discovery is configured but no good list has been read since start: targets
@@ -343,13 +337,9 @@ pub struct Engine {
     /// The last verdict of each worker, by target id (refreshed every tick).
     verdicts: BTreeMap<String, MemberVerdict>,
     /// Several replicas: who leads (None: this process alone, always leads, unfenced).
+    /// While this replica leads, every batch carries its term (the mode's epoch), and
+    /// the store refuses it once another replica took over.
     lead: Option<watch::Receiver<Leadership>>,
-    /// The term the guard was loaded in, while this replica leads: every batch carries
-    /// it, and the store refuses it once another replica took over.
-    term: Option<Fence>,
-    /// This replica follows: it shows what the leader committed and decides nothing
-    /// (`failing` says so, which keeps every judging path shut).
-    following: bool,
     /// When a follower next reloads the leader's state.
     follow_reload_at: Instant,
     /// Several replicas share the probing: this replica reports its results through
@@ -464,11 +454,8 @@ impl Engine {
             unlogged: false,
             ops_since_snapshot: rec.ops.len(),
             health,
-            failing: None,
-            dirty: false,
-            recovering: false,
+            mode: Mode::ALONE,
             retry_at: Instant::now(),
-            targets_pending: false,
             events_since_flush: 0,
             discovery_pending: false,
             aws_pending: false,
@@ -480,8 +467,6 @@ impl Engine {
             anomaly_changed: false,
             verdicts: BTreeMap::new(),
             lead: None,
-            term: None,
-            following: false,
             follow_reload_at: Instant::now(),
             sharding: None,
             dissent_due: Instant::now(),
@@ -607,8 +592,7 @@ impl Engine {
     pub fn replicated(&mut self, lead: watch::Receiver<Leadership>) {
         let who = lead.borrow().describe();
         self.lead = Some(lead);
-        self.following = true;
-        self.failing = Some(format!("{NOT_LEADER}{who}"));
+        self.mode = Mode::Following { leader: who };
     }
 
     /// Makes this replica share the probing with the others (see [`crate::probing`]):
@@ -622,7 +606,7 @@ impl Engine {
     /// Reports this replica's results (and heartbeat) to the store; the leader reads
     /// everyone's back and judges the targets due.
     async fn report(&mut self) {
-        let leading = self.term.is_some() && !self.following;
+        let leading = self.mode.epoch().is_some();
         let Some(sh) = self.sharding.as_mut() else {
             return;
         };
@@ -637,7 +621,7 @@ impl Engine {
                 if sh.answered(state, leading) {
                     self.view_dirty = true;
                 }
-                if leading && self.failing.is_none() {
+                if leading && self.mode.judges() {
                     self.judge_agreed();
                 }
             }
@@ -733,16 +717,22 @@ impl Engine {
         let Some(l) = self.lead.as_mut().map(|rx| rx.borrow_and_update().clone()) else {
             return;
         };
-        let fence = l.fence();
-        if fence.is_some() && fence != self.term {
+        if l.epoch.is_some() && l.epoch != self.mode.epoch() {
             tracing::warn!(replica = %l.replica, epoch = ?l.epoch, "leading: the guard is reloaded from what the store holds, then judging starts");
-            self.term = fence;
-            self.following = false;
             if let Some(sh) = self.sharding.as_mut() {
                 sh.all_due();
             }
             self.batch = Batch::default();
-            self.dirty = true;
+            // Judged again only once the guard is as the store has it: until it could
+            // be read, the term's first batch waits (and says why, as before).
+            let error = self.mode.halted().unwrap_or_else(|| {
+                "the store could not be read at the start of this term".to_string()
+            });
+            self.mode = Mode::StoreFailing {
+                epoch: l.epoch,
+                error,
+                dirty: true,
+            };
             self.retry_store().await;
             // Actions a previous leader intended and never finished are resumed here.
             match self.store.call(|s| s.recover()).await {
@@ -756,13 +746,27 @@ impl Engine {
                     tracing::error!(error = %e, "cannot read the actions left intended; they run at the next term")
                 }
             }
-        } else if fence.is_none() && (self.term.is_some() || !self.following) {
+        } else if l.epoch.is_none() && !self.mode.follows() {
             tracing::warn!(replica = %l.replica, "the term ended: this replica follows and decides nothing");
             self.follow(l.describe());
-        } else if self.following {
-            self.failing = Some(format!("{NOT_LEADER}{}", l.describe()));
+        } else if self.mode.follows() {
+            self.mode = Mode::Following {
+                leader: l.describe(),
+            };
             self.view_dirty = true;
         }
+    }
+
+    /// The fence of this replica's term, which its batches carry (None: following, or
+    /// a lone controller).
+    fn fence(&self) -> Option<Fence> {
+        let epoch = self.mode.epoch()?;
+        let l = self.lead.as_ref()?.borrow();
+        Some(Fence {
+            lease: l.lease.clone(),
+            holder: l.replica.clone(),
+            epoch,
+        })
     }
 
     /// The refusal of a follower: who leads as last read, and `detail`.
@@ -777,17 +781,14 @@ impl Engine {
         EngineError::NotLeader { leader, detail }
     }
 
-    /// Stops judging: what was not committed is dropped (a successor decides it again).
+    /// Stops judging: what was not committed is dropped (a successor decides it again),
+    /// and target changes wait for a term of this replica's own.
     fn follow(&mut self, who: String) {
-        self.term = None;
-        self.following = true;
-        self.failing = Some(format!("{NOT_LEADER}{who}"));
         self.batch = Batch::default();
         for (tx, _) in std::mem::take(&mut self.replies) {
             let _asker_may_be_gone = tx.send(Err(self.not_leader(who.clone())));
         }
-        self.targets_pending = true;
-        self.dirty = true;
+        self.mode = Mode::Following { leader: who };
         self.follow_reload_at = Instant::now();
         self.view_dirty = true;
     }
@@ -833,14 +834,14 @@ impl Engine {
                     }
                 }
                 _ = tick.tick() => {
-                    if self.following {
+                    if self.mode.follows() {
                         if self.follow_reload_at <= Instant::now() {
                             self.follow_reload_at = Instant::now() + FOLLOW_RELOAD_EVERY;
                             if self.reload().await {
                                 self.view_dirty = true;
                             }
                         }
-                    } else if self.failing.is_some() {
+                    } else if !self.mode.judges() {
                         if self.retry_at <= Instant::now() {
                             self.retry_store().await;
                         }
@@ -859,11 +860,11 @@ impl Engine {
             self.flush().await;
             self.publish_if_due();
         }
-        if self.following {
+        if self.mode.follows() {
             tracing::info!("engine stopped (a follower: nothing of its own to snapshot)");
             return;
         }
-        if self.failing.is_some() {
+        if !self.mode.judges() {
             tracing::error!(
                 "engine stopped with the store failing: the guard state is as last committed"
             );
@@ -878,23 +879,21 @@ impl Engine {
         // While the store fails, an operator command is refused, not applied: it could
         // not be made durable, and one in force but lost at the next restart is worse
         // than one refused.
-        let cmd = match (cmd, &self.failing) {
-            (
-                Command::SetHold { reply, .. }
-                | Command::ClearHold { reply, .. }
-                | Command::Freeze { reply, .. }
-                | Command::Unfreeze { reply },
-                Some(e),
-            ) => {
-                let refusal = if self.following {
-                    self.not_leader(e.trim_start_matches(NOT_LEADER).to_string())
-                } else {
-                    EngineError::Store(e.clone())
+        let cmd = match cmd {
+            Command::SetHold { reply, .. }
+            | Command::ClearHold { reply, .. }
+            | Command::Freeze { reply, .. }
+            | Command::Unfreeze { reply }
+                if !self.mode.judges() =>
+            {
+                let refusal = match &self.mode {
+                    Mode::Following { leader } => self.not_leader(leader.clone()),
+                    other => EngineError::Store(other.to_string()),
                 };
                 let _asker_may_be_gone = reply.send(Err(refusal));
                 return;
             }
-            (cmd, _) => cmd,
+            cmd => cmd,
         };
         // Queries change nothing a reader sees; everything else may.
         self.view_dirty |= !matches!(cmd, Command::Fleet(_) | Command::Target { .. });
@@ -964,7 +963,7 @@ impl Engine {
                     sh.record(&id, &obs, heartbeat);
                     return;
                 }
-                if self.failing.is_some() {
+                if !self.mode.judges() {
                     // Shown, not judged: a decision now could not be committed. A
                     // target still failing is decided again once the store works.
                     return;
@@ -995,9 +994,8 @@ impl Engine {
                         self.aws_pending = false;
                     }
                 }
-                if self.failing.is_some() {
-                    self.targets_pending = true;
-                } else {
+                // Otherwise they wait: applied with the next batch that commits.
+                if self.mode.judges() {
                     self.apply_targets();
                 }
             }
@@ -1092,9 +1090,8 @@ impl Engine {
             self.aws_pending = false;
             self.aws_discovered = Vec::new();
         }
-        if self.failing.is_some() {
+        if !self.mode.judges() {
             // Applied with the next successful commit (`retry_store`).
-            self.targets_pending = true;
             return;
         }
         self.reconfigure_guard(&config);
@@ -1494,7 +1491,7 @@ impl Engine {
         // the stored state is current; rewriting it would only churn memory and disk.
         // Now and then all the same, so the stored guard time keeps up.
         let since = self.last_snapshot.elapsed();
-        if self.failing.is_none()
+        if self.mode.judges()
             && since >= self.config.store.snapshot_every
             && (self.ops_since_snapshot > 0
                 || since >= QUIET_SNAPSHOT_EVERY
@@ -1516,12 +1513,9 @@ impl Engine {
                 .map(|f| now.since(f.since).as_secs_f64())
                 .fold(0.0, f64::max),
         );
-        if self.following {
+        if self.mode.follows() {
             // Nothing is ours to commit: what changed waits for a term of ours.
-            if !self.batch.is_empty() {
-                self.batch = Batch::default();
-                self.targets_pending = true;
-            }
+            self.batch = Batch::default();
         }
         let replies = std::mem::take(&mut self.replies);
         if self.batch.is_empty() {
@@ -1530,7 +1524,7 @@ impl Engine {
             return;
         }
         let mut batch = std::mem::take(&mut self.batch);
-        batch.fence = self.term.clone();
+        batch.fence = self.fence();
         let n_actions = batch
             .decisions
             .iter()
@@ -1553,7 +1547,8 @@ impl Engine {
                 self.metrics.decision(Outcome::Act.as_str(), n_act);
                 self.metrics.decision(Outcome::HoldBack.as_str(), n_hold);
                 self.metrics.decision(ALERT, n_alert);
-                if std::mem::take(&mut self.recovering) {
+                if let Mode::Recovering { epoch } = self.mode {
+                    self.mode = Mode::Leading { epoch };
                     tracing::warn!(
                         "store works again: the committed guard state is current; judging resumes"
                     );
@@ -1574,12 +1569,11 @@ impl Engine {
                 for (tx, _) in replies {
                     let _asker_may_be_gone = tx.send(Err(self.not_leader(e.to_string())));
                 }
-                self.recovering = false;
                 self.follow(e.to_string());
             }
             Err(e) => {
                 // A failed retry is not news: the failing state is logged once.
-                if !self.recovering {
+                if !self.mode.recovering() {
                     log_store_error(&e, n_actions);
                 }
                 for (tx, _) in replies {
@@ -1597,20 +1591,22 @@ impl Engine {
         self.metrics.store_healthy(false);
         let message = e.to_string();
         self.health.set_failing(message.clone());
-        if self.failing.is_none() && !self.recovering {
+        if matches!(self.mode, Mode::Leading { .. }) {
             tracing::error!(error = %message, "store failing: no actions are taken until it works again");
         }
-        self.failing = Some(message);
-        let retry = std::mem::take(&mut self.recovering);
+        let retry = self.mode.recovering();
+        // Target changes the batch applied are applied again after the store works.
+        self.mode = Mode::StoreFailing {
+            epoch: self.mode.epoch(),
+            error: message,
+            dirty: true,
+        };
         self.retry_at = Instant::now() + STORE_RETRY_EVERY;
         // The batch's guard events did not happen either.
         for _ in 0..self.events_since_flush.min(self.events.len()) {
             self.events.pop_back();
         }
         self.events_since_flush = 0;
-        // Target changes the batch applied are applied again after the store works.
-        self.targets_pending = true;
-        self.dirty = true;
         if self.reload().await && !retry {
             tracing::info!("guard put back at its last committed state");
         }
@@ -1634,7 +1630,9 @@ impl Engine {
             Ok((guard, _, replayed, _)) => {
                 tracing::debug!(ops_replayed = replayed, "guard rebuilt from the store");
                 self.guard = guard;
-                self.dirty = false;
+                if let Mode::StoreFailing { dirty, .. } = &mut self.mode {
+                    *dirty = false;
+                }
                 self.ops_since_snapshot = rec.ops.len();
                 self.snapshot_size = rec.snapshot.as_ref().map_or(0, String::len);
                 // Display states follow the guard back, without recording transitions
@@ -1659,16 +1657,16 @@ impl Engine {
     /// undoes it all again.
     async fn retry_store(&mut self) {
         self.retry_at = Instant::now() + STORE_RETRY_EVERY;
-        if self.dirty && !self.reload().await {
+        if self.mode.dirty() && !self.reload().await {
             return;
         }
-        self.failing = None;
-        self.recovering = true;
+        self.mode = Mode::Recovering {
+            epoch: self.mode.epoch(),
+        };
         let config = self.config.clone();
         self.reconfigure_guard(&config);
-        if std::mem::take(&mut self.targets_pending) {
-            self.apply_targets();
-        }
+        // Target changes waited in every mode but this one's.
+        self.apply_targets();
         self.snapshot();
     }
 
@@ -1746,7 +1744,7 @@ impl Engine {
             counts: FleetView::count_states(&targets),
             targets,
             events: self.events.iter().cloned().collect(),
-            store_error: self.failing.clone(),
+            store_error: self.mode.halted(),
             workers: self.verdicts.values().cloned().collect(),
             answers: Default::default(),
         }

@@ -21,6 +21,9 @@
 //!   so a service answers degraded instead of holding workers on a slow dependency.
 //! - [`gate`]: the queue worker's gate (pull only while ready, kill switch, poison vs
 //!   sickness).
+//! - [`fleet`]: the controller's composition of the policies (its mode, a target's
+//!   standing, the peer check, the probers' agreement), driven by `vigil controller` and
+//!   `vigil sim` alike.
 //! - [`guard`]: the controller's safety guard (fraction cap, action budget, flap damping,
 //!   cause attribution).
 //! - [`rollout`]: health-gated rollouts in waves, with report-back and latched rollback.
@@ -39,6 +42,7 @@ pub mod admission;
 pub mod anomaly;
 pub mod breaker;
 pub mod build;
+pub mod fleet;
 pub mod gate;
 pub mod guard;
 pub mod http1;
