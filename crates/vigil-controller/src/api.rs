@@ -19,7 +19,7 @@ use crate::heartbeat::{self, Rejection};
 use crate::metrics::Metrics;
 use crate::scheduler::Heartbeats;
 use crate::store::StoreHandle;
-use crate::view::{FleetView, FleetViews, STATES, TargetInfo, counts_as_map, state_info};
+use crate::view::{FleetView, FleetViews, TargetInfo, counts_as_map};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -33,6 +33,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use vigil_core::HealthReport;
+use vigil_core::fleet::Standing;
 use vigil_core::guard::HoldKind;
 
 /// Default number of records a list endpoint returns.
@@ -307,7 +308,7 @@ fn json_bytes<T: serde::Serialize>(v: &T) -> Response {
 #[derive(Debug, Default, PartialEq)]
 struct TargetQuery {
     /// Only targets in one of these states (empty: any).
-    states: Vec<&'static str>,
+    states: Vec<Standing>,
     /// Only targets in this zone.
     zone: Option<String>,
     /// At most this many.
@@ -333,8 +334,8 @@ impl TargetQuery {
             match name.as_str() {
                 "state" => {
                     for s in value.split(',') {
-                        let Some(info) = state_info(s.trim()) else {
-                            let known: Vec<&str> = STATES.iter().map(|s| s.name).collect();
+                        let Some(state) = Standing::from_name(s.trim()) else {
+                            let known: Vec<&str> = Standing::ALL.map(Standing::name).to_vec();
                             return Err(bad_param(
                                 name,
                                 format!(
@@ -343,7 +344,7 @@ impl TargetQuery {
                                 ),
                             ));
                         };
-                        q.states.push(info.name);
+                        q.states.push(state);
                     }
                 }
                 "zone" => q.zone = Some(value.clone()),
@@ -401,7 +402,7 @@ struct TargetPage<'a> {
     total: usize,
     /// Targets per state, the whole fleet.
     #[serde(serialize_with = "counts_as_map")]
-    counts: &'a [(&'static str, usize)],
+    counts: &'a [(Standing, usize)],
     targets: Vec<&'a TargetInfo>,
     /// Pass as `?after=` for the next page (None: this is the last).
     next_after: Option<&'a str>,
@@ -523,7 +524,7 @@ async fn guard(State(st): State<AppState>) -> Response {
         guard: &'a crate::view::GuardView,
         events: &'a [crate::view::EventInfo],
         #[serde(serialize_with = "counts_as_map")]
-        counts: &'a [(&'static str, usize)],
+        counts: &'a [(Standing, usize)],
         store_error: Option<&'a str>,
     }
     let f = st.views.load();
@@ -1033,7 +1034,7 @@ mod tests {
     use crate::store::SqliteStore;
     use vigil_core::HealthState;
 
-    fn info(id: &str, zone: &str, state: &'static str) -> TargetInfo {
+    fn info(id: &str, zone: &str, state: Standing) -> TargetInfo {
         TargetInfo {
             spec: Arc::new(TargetConfig {
                 id: id.into(),
@@ -1063,9 +1064,9 @@ mod tests {
         let targets: Vec<TargetInfo> = (0..10)
             .map(|i| {
                 let state = if i == 3 || i == 6 {
-                    "failing"
+                    Standing::Failing
                 } else {
-                    "healthy"
+                    Standing::Healthy
                 };
                 info(&format!("t{i:02}"), ["a", "b"][i % 2], state)
             })

@@ -13,16 +13,17 @@
 //! replaced, when, with what result); the recent decisions, whose freeze reasons point
 //! to the guard instead of repeating its sentence on every row; then every other
 //! target, compact, by zone. The order of severity and the legend's words come from
-//! [`crate::view::STATES`]. Below the actions, the `vigil deploy` rollouts in the store
+//! [`vigil_core::fleet::Standing`]. Below the actions, the `vigil deploy` rollouts in the store
 //! ([`rollouts`]): waves, hosts and their steps, verdicts and why.
 
 pub mod rollouts;
 
 use crate::clock::rfc3339_ms;
 use crate::store::{ActionRecord, DecisionRecord};
-use crate::view::{FleetView, STATES, TargetInfo, severity, state_info};
+use crate::view::{FleetView, TargetInfo};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use std::collections::BTreeMap;
+use vigil_core::fleet::Standing;
 use vigil_core::guard::Reason;
 
 /// Decisions listed (the API has the whole log).
@@ -140,16 +141,14 @@ pub fn live(fleet: &FleetView, recent: &Recent) -> Markup {
     let mut zones: BTreeMap<&str, (Vec<&TargetInfo>, usize)> = BTreeMap::new();
     for t in &fleet.targets {
         let zone = zones.entry(t.spec.zone.as_str()).or_default();
-        if state_info(t.state).is_some_and(|s| s.attention) {
+        if t.state.needs_attention() {
             attention.push(t);
             zone.1 += 1;
         } else {
             zone.0.push(t);
         }
     }
-    attention.sort_by(|a, b| {
-        (severity(a.state), &a.spec.zone, a.id()).cmp(&(severity(b.state), &b.spec.zone, b.id()))
-    });
+    attention.sort_by(|a, b| (a.state, &a.spec.zone, a.id()).cmp(&(b.state, &b.spec.zone, b.id())));
     html! {
         @if let Some(e) = &fleet.store_error {
             div #store-error .banner role="alert" {
@@ -308,12 +307,12 @@ fn guard(fleet: &FleetView) -> Markup {
 fn legend(fleet: &FleetView) -> Markup {
     html! {
         section #legend {
-            @for s in &STATES {
-                @let n = fleet.count(s.name);
-                div .entry .zero[n == 0] data-state=(s.name) {
-                    span .sw .{ "state-" (s.name) } {}
-                    span .n id={ "count-" (s.name) } { (n) }
-                    strong { (s.name) } ": " (s.meaning)
+            @for s in Standing::ALL {
+                @let n = fleet.count(s);
+                div .entry .zero[n == 0] data-state=(s.name()) {
+                    span .sw .{ "state-" (s.name()) } {}
+                    span .n id={ "count-" (s.name()) } { (n) }
+                    strong { (s.name()) } ": " (s.meaning())
                 }
             }
         }

@@ -46,13 +46,13 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
+use vigil_core::Time;
 use vigil_core::anomaly::{AnomalyDetector, AnomalyState, Counts, MemberVerdict};
-use vigil_core::fleet::Mode;
+use vigil_core::fleet::{Mode, Standing};
 use vigil_core::guard::{
     Applied, Decision, FreezeScope, GuardConfig, GuardState, GuardTargetView, Hold, HoldKind,
     Observation, Op, Outcome, Reason, SafetyGuard, WhenFrozen,
 };
-use vigil_core::{HealthState, Time};
 
 /// The outcome of a freeze alert's decision, and the kind of its action's event
 /// (a replacement's is `replace`).
@@ -267,8 +267,8 @@ struct TargetRuntime {
     labels: TargetLabels,
     /// Its `target_up` series.
     up: Gauge,
-    /// Display state ("" until first computed).
-    state: &'static str,
+    /// Its standing (None until first computed).
+    state: Option<Standing>,
     history: History,
     /// Its last probe failed (the next failure is not logged again).
     last_failed: bool,
@@ -499,7 +499,7 @@ impl Engine {
                         heartbeat: false,
                         interval: None,
                     }),
-                    state: "",
+                    state: None,
                     history: History::default(),
                     last_failed: false,
                 },
@@ -1217,7 +1217,7 @@ impl Engine {
                         up: self.metrics.target_up(&labels),
                         labels,
                         spec: spec.clone(),
-                        state: "",
+                        state: None,
                         history: History::default(),
                         last_failed: false,
                     },
@@ -1326,23 +1326,23 @@ impl Engine {
         let Some(view) = self.guard.target(now, id) else {
             return;
         };
-        let state = display_state(&view);
+        let state = Standing::of(&view);
         let Some(rt) = self.runtime.get_mut(id) else {
             return;
         };
-        if rt.state != state {
+        if rt.state != Some(state) {
             let detail = describe(&view);
-            if !rt.state.is_empty() {
-                tracing::info!(target_id = %id, from = %rt.state, to = %state, detail = %detail, "target state changed");
+            if let Some(from) = rt.state {
+                tracing::info!(target_id = %id, from = %from, to = %state, detail = %detail, "target state changed");
                 self.batch.transitions.push(NewTransition {
                     at_ms: unix_ms(now),
                     target: id.to_string(),
-                    from: rt.state.to_string(),
-                    to: state.to_string(),
+                    from: from.name().to_string(),
+                    to: state.name().to_string(),
                     detail,
                 });
             }
-            rt.state = state;
+            rt.state = Some(state);
         }
     }
 
@@ -1640,7 +1640,7 @@ impl Engine {
                 let now = self.clock.now();
                 for (id, rt) in self.runtime.iter_mut() {
                     if let Some(v) = self.guard.target(now, id) {
-                        rt.state = display_state(&v);
+                        rt.state = Some(Standing::of(&v));
                     }
                 }
                 true
@@ -1754,7 +1754,7 @@ impl Engine {
         let v = self.guard.target(now, id)?;
         Some(TargetInfo {
             spec: rt.spec.clone(),
-            state: display_state(&v),
+            state: Standing::of(&v),
             health: v.health,
             consecutive_failures: v.consecutive_failures,
             failing_since_ms: v.failing_since.map(unix_ms),
@@ -1810,30 +1810,6 @@ fn log_store_error(e: &StoreError, n_actions: usize) {
         actions_not_run = n_actions,
         "store commit failed: the batch is undone, its actions are NOT run"
     );
-}
-
-/// The state a target is shown in, most important first.
-pub fn display_state(v: &GuardTargetView<'_>) -> &'static str {
-    match v.hold {
-        Some(h) if h.kind == HoldKind::Maintenance => return "maintenance",
-        Some(_) => return "silenced",
-        None => {}
-    }
-    if v.in_grace {
-        "grace"
-    } else if v.last_ok.is_none() {
-        "unknown"
-    } else if v.reported_at.is_some() {
-        "reported"
-    } else if v.flapping {
-        "flapping"
-    } else if v.health == HealthState::Unhealthy {
-        "unhealthy"
-    } else if v.last_ok == Some(false) {
-        "failing"
-    } else {
-        "healthy"
-    }
 }
 
 fn describe(v: &GuardTargetView<'_>) -> String {

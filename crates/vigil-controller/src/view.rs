@@ -20,8 +20,9 @@
 //! period however many read. The one-target view with its history
 //! (`GET /api/targets/{id}`) is still asked of the engine: one target's worth of work.
 //!
-//! States, their severity and their meaning are defined here once ([`STATES`]): the
-//! API validates `?state=` against them, the dashboard sorts and explains with them.
+//! A target's state, its severity and its meaning are vigil-core's
+//! [`Standing`](vigil_core::fleet::Standing), defined once: the API validates `?state=`
+//! against it, the dashboard sorts and explains with it, `vigil deploy` reads it back.
 
 use crate::config::TargetConfig;
 use crate::prober::ProbeRecord;
@@ -30,84 +31,8 @@ use serde::{Serialize, Serializer};
 use std::sync::Arc;
 use std::time::Duration;
 use vigil_core::HealthState;
+use vigil_core::fleet::Standing;
 use vigil_core::guard::HoldKind;
-
-/// A display state: its name, whether it needs an operator's eye, and what it means.
-#[derive(Clone, Copy, Debug)]
-pub struct StateInfo {
-    /// As in the API's `state` field.
-    pub name: &'static str,
-    /// Shown among the targets that need attention (else with the calm ones).
-    pub attention: bool,
-    /// What it means, in a few words (the dashboard's legend).
-    pub meaning: &'static str,
-}
-
-/// Every display state, most severe first (the dashboard's order of attention).
-///
-/// Unhealthy comes before reported: a reported target is being dealt with (an action
-/// was taken), an unhealthy one is a candidate the guard holds back (frozen, budget,
-/// shared cause), which is what an operator must look at.
-pub const STATES: [StateInfo; 9] = [
-    StateInfo {
-        name: "unhealthy",
-        attention: true,
-        meaning: "failed long enough to be replaced; held back by the guard",
-    },
-    StateInfo {
-        name: "reported",
-        attention: true,
-        meaning: "reported for replacement; waiting for it to recover or go",
-    },
-    StateInfo {
-        name: "flapping",
-        attention: true,
-        meaning: "fails on and off: damped, not replaced",
-    },
-    StateInfo {
-        name: "failing",
-        attention: true,
-        meaning: "its last probe failed; not yet judged",
-    },
-    StateInfo {
-        name: "silenced",
-        attention: true,
-        meaning: "an operator's hold: never acted on, still counted",
-    },
-    StateInfo {
-        name: "maintenance",
-        attention: true,
-        meaning: "an operator's hold: never acted on, not counted",
-    },
-    StateInfo {
-        name: "unknown",
-        attention: false,
-        meaning: "no probe answered yet",
-    },
-    StateInfo {
-        name: "grace",
-        attention: false,
-        meaning: "new: not judged during its grace period",
-    },
-    StateInfo {
-        name: "healthy",
-        attention: false,
-        meaning: "passes its probes",
-    },
-];
-
-/// A state's rank in [`STATES`] (0 most severe); unknown names rank last.
-pub fn severity(state: &str) -> usize {
-    STATES
-        .iter()
-        .position(|s| s.name == state)
-        .unwrap_or(STATES.len())
-}
-
-/// The state named `name`, if it is one.
-pub fn state_info(name: &str) -> Option<&'static StateInfo> {
-    STATES.iter().find(|s| s.name == name)
-}
 
 /// The published views: the engine stores, readers load.
 #[derive(Clone)]
@@ -139,9 +64,9 @@ pub struct FleetView {
     pub guard: GuardView,
     /// Every target, by id.
     pub targets: Vec<TargetInfo>,
-    /// Targets per display state, every state listed (in [`STATES`] order).
+    /// Targets per standing, every standing listed (in [`Standing::ALL`] order).
     #[serde(serialize_with = "counts_as_map")]
-    pub counts: Vec<(&'static str, usize)>,
+    pub counts: Vec<(Standing, usize)>,
     /// Recent guard events (freezes, flapping), newest last.
     pub events: Vec<EventInfo>,
     /// The store cannot commit (its last error): no action is taken until it can.
@@ -219,7 +144,7 @@ impl FleetView {
     }
 
     /// How many targets are in `state`.
-    pub fn count(&self, state: &str) -> usize {
+    pub fn count(&self, state: Standing) -> usize {
         self.counts
             .iter()
             .find(|(s, _)| *s == state)
@@ -227,23 +152,18 @@ impl FleetView {
     }
 
     /// Per-state counts of `targets`, every state listed.
-    pub fn count_states(targets: &[TargetInfo]) -> Vec<(&'static str, usize)> {
-        let mut counts: Vec<(&'static str, usize)> = STATES.iter().map(|s| (s.name, 0)).collect();
+    pub fn count_states(targets: &[TargetInfo]) -> Vec<(Standing, usize)> {
+        let mut counts: Vec<(Standing, usize)> = Standing::ALL.iter().map(|s| (*s, 0)).collect();
         for t in targets {
-            if let Some(c) = counts.iter_mut().find(|(s, _)| *s == t.state) {
-                c.1 += 1;
-            }
+            counts[t.state.severity()].1 += 1;
         }
         counts
     }
 }
 
-/// Per-state counts as a JSON object, states in [`STATES`] order.
-pub fn counts_as_map<S: Serializer>(
-    counts: &[(&'static str, usize)],
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    s.collect_map(counts.iter().map(|(k, v)| (k, v)))
+/// Per-state counts as a JSON object, states in [`Standing::ALL`] order.
+pub fn counts_as_map<S: Serializer>(counts: &[(Standing, usize)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(counts.iter().map(|(k, v)| (k.name(), v)))
 }
 
 /// A guard event, for display.
@@ -289,8 +209,8 @@ pub struct GuardView {
 pub struct TargetInfo {
     /// Id, URL, zone, group, heartbeat.
     pub spec: Arc<TargetConfig>,
-    /// Display state, one of [`STATES`].
-    pub state: &'static str,
+    /// Its standing (shown as its name).
+    pub state: Standing,
     /// Rise/fall verdict.
     pub health: HealthState,
     /// Consecutive failed probes.
@@ -347,7 +267,7 @@ struct TargetWire<'a> {
     zone: &'a str,
     group: &'a str,
     heartbeat: bool,
-    state: &'a str,
+    state: Standing,
     health: HealthState,
     consecutive_failures: u32,
     failing_since_ms: Option<i64>,
@@ -432,18 +352,5 @@ mod tests {
             });
         }
         assert_eq!(made_big, 2, "an answer over the bound is not kept");
-    }
-
-    #[test]
-    fn every_state_has_one_rank_and_attention_states_come_first() {
-        for (i, s) in STATES.iter().enumerate() {
-            assert_eq!(severity(s.name), i, "{} ranked once", s.name);
-        }
-        let first_calm = STATES.iter().position(|s| !s.attention).unwrap();
-        assert!(
-            STATES[first_calm..].iter().all(|s| !s.attention),
-            "the states needing attention are the most severe ones"
-        );
-        assert_eq!(severity("no such state"), STATES.len());
     }
 }

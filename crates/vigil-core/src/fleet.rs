@@ -13,7 +13,7 @@
 //!
 //! ## Status of the move (issue 32)
 //!
-//! Here now: the replica's [`Mode`]. The inputs and effects below are the design the
+//! Here now: the replica's [`Mode`] and a target's displayed [`Standing`]. The inputs and effects below are the design the
 //! controller's `engine.rs` still implements in its tokio loop; they move here input
 //! by input.
 //!
@@ -55,5 +55,7 @@
 //! guard; the others say why not in [`Mode::halted`].
 
 mod mode;
+mod standing;
 
 pub use mode::Mode;
+pub use standing::Standing;

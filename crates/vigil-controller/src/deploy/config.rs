@@ -33,18 +33,6 @@ pub const DEFAULT_INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
 /// published view (no store access); slower means the controller is in trouble, and
 /// the rollout then holds (fail closed) rather than wait.
 pub const DEFAULT_CONTROLLER_TIMEOUT: Duration = Duration::from_secs(2);
-/// The controller's display states that count a host as held: out of service for the
-/// floor and never touched by a wave. Unhealthy, reported (for replacement) and
-/// flapping are the guard's judgements; silenced and maintenance are an operator's
-/// holds. `failing` (one failed probe, not yet judged) is not: the deployer's own
-/// probe sees the same host, and a host restarted by its own wave fails a probe or two.
-pub const HELD_STATES: [&str; 5] = [
-    "unhealthy",
-    "reported",
-    "flapping",
-    "silenced",
-    "maintenance",
-];
 /// Default drain timeout: 1 minute for a drain or undrain hook (a balancer's admin call,
 /// or a script that waits for connections to finish).
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -263,7 +251,7 @@ pub enum HostSource {
 
 /// `[controller]`: a `vigil controller` whose view counts. Each probe round the
 /// deployer reads its `GET /api/targets`: a host it holds, quarantines or judges
-/// unhealthy ([`HELD_STATES`]) counts as out of service and is not touched; when it
+/// unhealthy ([`Standing::is_held`](vigil_core::fleet::Standing::is_held)) counts as out of service and is not touched; when it
 /// cannot be read, no new wave starts (fail closed).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -1,13 +1,14 @@
 //! The controller's view of the hosts, as the deployer reads it: `GET /api/targets` of
 //! a `vigil controller` (all pages), each target's display state. A host in one of
-//! [`HELD_STATES`] counts as held by the rollout policy (`Rollout::held`: out of
+//! the standings that [`Standing::is_held`] names counts as held by the rollout policy (`Rollout::held`: out of
 //! service for the floor, never touched); a read that fails is reported to the policy
 //! as unreadable (`ControllerView::Unreadable`), which starts no new wave: fail closed,
 //! as CodeDeploy does with alarms it cannot read. The same read can supply the host
 //! list itself (`controller.hosts = "controller"`).
 
-use super::config::{DeployConfig, DeployControllerConfig, HELD_STATES, HostConfig, HostSource};
+use super::config::{DeployConfig, DeployControllerConfig, HostConfig, HostSource};
 use std::collections::BTreeMap;
+use vigil_core::fleet::Standing;
 
 /// Targets per page asked for: the API's most, so a fleet of a few thousand is a few
 /// requests.
@@ -22,14 +23,15 @@ pub struct ControllerTarget {
     pub host: HostConfig,
     /// Its group.
     pub group: String,
-    /// Its display state (`healthy`, `maintenance`, ...).
-    pub state: String,
+    /// Its standing as the controller shows it (`healthy`, `maintenance`, ...); None
+    /// for a name this deployer does not know (a newer controller's), which is not held.
+    pub state: Option<Standing>,
 }
 
 impl ControllerTarget {
     /// Whether the rollout counts it as held.
     pub fn held(&self) -> bool {
-        HELD_STATES.contains(&self.state.as_str())
+        self.state.is_some_and(Standing::is_held)
     }
 }
 
@@ -99,7 +101,7 @@ impl ControllerClient {
                             zone: text("zone"),
                         },
                         group: text("group"),
-                        state: state.to_string(),
+                        state: Standing::from_name(state),
                     },
                 );
             }
@@ -183,7 +185,7 @@ mod tests {
                 zone: zone.into(),
             },
             group: group.into(),
-            state: state.into(),
+            state: Standing::from_name(state),
         }
     }
 
