@@ -408,7 +408,7 @@ mod tests {
                     at_ms: 1,
                     target: "t1".into(),
                     zone: "z".into(),
-                    outcome: "act".into(),
+                    outcome: vigil_core::fleet::DecisionKind::Act,
                     reasons: serde_json::json!([]),
                     summary: "act on t1".into(),
                     action: Some(serde_json::json!({"target": "t1"})),

@@ -48,15 +48,17 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 use vigil_core::Time;
 use vigil_core::anomaly::{AnomalyDetector, AnomalyState, Counts, MemberVerdict};
-use vigil_core::fleet::{Mode, Standing};
+use vigil_core::fleet::{
+    DecisionKind, Dissent, DissentConfig, Mode, Standing, judge_peers, peer_check,
+};
 use vigil_core::guard::{
     Applied, Decision, FreezeScope, GuardConfig, GuardState, GuardTargetView, Hold, HoldKind,
-    Observation, Op, Outcome, Reason, SafetyGuard, WhenFrozen,
+    Observation, Op, Reason, SafetyGuard, WhenFrozen,
 };
 
 /// The outcome of a freeze alert's decision, and the kind of its action's event
 /// (a replacement's is `replace`).
-pub const ALERT: &str = "alert";
+pub const ALERT: &str = DecisionKind::Alert.as_str();
 /// Commands drained at most per turn, so queries and shutdown are never starved.
 const MAX_COMMANDS_PER_TURN: usize = 4096;
 /// Guard ticks (hold expiry, flap release): once a second is finer than any hold.
@@ -346,16 +348,11 @@ pub struct Engine {
     /// the store, and the leader judges each target by its probers' agreement.
     sharding: Option<Sharding>,
     /// The leader's check of lone dissenters (`Sharding::dissent`): when it is due
-    /// next, and which replicas it last found failing most of their targets alone.
+    /// next, and the rule with which replicas it last found failing most of their
+    /// targets alone.
     dissent_due: Instant,
-    dissenters: std::collections::BTreeSet<String>,
+    dissent: Dissent,
 }
-
-/// A replica that fails at least this share of the targets it has fresh results for
-/// while another prober passes them (and at least `DISSENT_MIN` of them) is said to be
-/// cut off from its targets.
-const DISSENT_SHARE: f64 = 0.5;
-const DISSENT_MIN: u32 = 3;
 
 pub use vigil_core::anomaly::PEER_CHECK;
 
@@ -470,7 +467,7 @@ impl Engine {
             follow_reload_at: Instant::now(),
             sharding: None,
             dissent_due: Instant::now(),
-            dissenters: std::collections::BTreeSet::new(),
+            dissent: Dissent::new(DissentConfig::default()),
         };
         // Targets the guard remembers keep their state only if still configured; the
         // caller sends both sources before the first flush.
@@ -655,14 +652,7 @@ impl Engine {
                 .collect()
         };
         for (id, judged) in due {
-            let at = self.clock.now();
-            let op = match judged {
-                Judged::Seen(obs) => Op::Observe { at, obs },
-                Judged::InDoubt => Op::Doubt {
-                    at,
-                    id: id.to_string(),
-                },
-            };
+            let op = judged.into_op(self.clock.now(), &id);
             let applied = self.guard.apply(&op);
             if applied.changed() {
                 self.view_dirty = true;
@@ -675,41 +665,30 @@ impl Engine {
         }
     }
 
-    /// The leader, once per probe interval, from the verdicts of that interval: a
-    /// replica failing most of its targets alone while their other probers pass them is likely cut off from the targets
-    /// (a route, a firewall, its own network), not seeing a fleet that fails. Its
-    /// targets are in doubt meanwhile and the guard holds every action they would
-    /// need (doubt counts as failing); said once at WARN when it starts and once when
-    /// it ends, and in `vigil_controller_prober_dissent_ratio`.
+    /// The leader, once per probe interval, from the verdicts of that interval: the
+    /// dissent rule (`vigil_core::fleet::Dissent`) says which replicas are likely cut
+    /// off from their targets; said once at WARN when it starts and once when it
+    /// ends, and in `vigil_controller_prober_dissent_ratio`.
     fn check_dissent(&mut self) {
         let Some(sh) = self.sharding.as_mut() else {
             return;
         };
-        let tally = sh.take_dissent();
-        let mut now_dissenting = std::collections::BTreeSet::new();
-        for (replica, (alone, fresh)) in &tally {
-            let ratio = if *fresh == 0 {
-                0.0
-            } else {
-                f64::from(*alone) / f64::from(*fresh)
-            };
-            self.metrics.prober_dissent(replica, ratio);
-            if *alone >= DISSENT_MIN && ratio >= DISSENT_SHARE {
-                now_dissenting.insert(replica.clone());
-                if !self.dissenters.contains(replica) {
-                    tracing::warn!(
-                        replica = %replica,
-                        alone = *alone,
-                        fresh = *fresh,
-                        "replica {replica} fails {alone} of the {fresh} targets it probes while their other probers pass them: it is likely cut off from the targets; while it is, those targets are in doubt and the guard holds the actions they would need"
-                    );
-                }
-            }
+        let round = self.dissent.judge(&sh.take_dissent());
+        for (replica, ratio) in &round.ratios {
+            self.metrics.prober_dissent(replica, *ratio);
         }
-        for gone in self.dissenters.difference(&now_dissenting) {
+        for d in &round.started {
+            let (replica, alone, fresh) = (&d.replica, d.alone, d.fresh);
+            tracing::warn!(
+                replica = %replica,
+                alone,
+                fresh,
+                "replica {replica} fails {alone} of the {fresh} targets it probes while their other probers pass them: it is likely cut off from the targets; while it is, those targets are in doubt and the guard holds the actions they would need"
+            );
+        }
+        for gone in &round.ended {
             tracing::info!(replica = %gone, "replica {gone} agrees with the other probers again");
         }
-        self.dissenters = now_dissenting;
     }
 
     /// The leadership changed: a new term reloads and leads, an ended one follows.
@@ -914,8 +893,7 @@ impl Engine {
                     if let Some(v) = self.verdicts.get(id.as_str()) {
                         // The worker's standing among its peers, on every record: an
                         // outlier fails the peer check (the verdict says why).
-                        if v.is_outlier() {
-                            obs.failing_checks.push(PEER_CHECK.to_string());
+                        if peer_check(&mut obs, v.is_outlier()) {
                             record.ok = false;
                         }
                         if !record.detail.is_empty() {
@@ -1347,9 +1325,9 @@ impl Engine {
     }
 
     fn record_decision(&mut self, d: Decision) {
-        if d.repeated && d.outcome != Outcome::Act {
+        let Some(kind) = DecisionKind::recorded(&d) else {
             return;
-        }
+        };
         let summary = d.to_string();
         let at_ms = unix_ms(d.at);
         let reasons = serde_json::to_value(&d.reasons).expect("reasons serialise");
@@ -1362,7 +1340,7 @@ impl Engine {
             Some(v) => format!("{summary}; peers: {v}"),
             None => summary,
         };
-        let action = (d.outcome == Outcome::Act).then(|| {
+        let action = (kind == DecisionKind::Act).then(|| {
             let spec = self.runtime.get(d.target.as_str()).map(|r| &r.spec);
             serde_json::json!({
                 "peers": peers,
@@ -1376,11 +1354,11 @@ impl Engine {
                 "reasons": reasons,
             })
         });
-        match d.outcome {
-            Outcome::Act => {
+        match kind {
+            DecisionKind::Act => {
                 tracing::warn!(target_id = %d.target, decision = %summary, "guard acts")
             }
-            Outcome::HoldBack => {
+            DecisionKind::HoldBack | DecisionKind::Alert => {
                 tracing::info!(target_id = %d.target, decision = %summary, "guard holds back")
             }
         }
@@ -1389,7 +1367,7 @@ impl Engine {
             at_ms,
             target: d.target,
             zone: d.zone,
-            outcome: d.outcome.as_str().to_string(),
+            outcome: kind,
             reasons,
             summary,
             action,
@@ -1402,25 +1380,22 @@ impl Engine {
         if self.anomaly.is_empty() {
             return;
         }
-        let now = self.clock.now();
-        self.anomaly.expire(now);
-        let verdicts: BTreeMap<String, MemberVerdict> = self
-            .anomaly
-            .evaluate(now)
-            .into_iter()
-            .map(|v| (v.member.clone(), v))
-            .collect();
-        for (id, v) in &verdicts {
-            let was = self.verdicts.get(id).is_some_and(MemberVerdict::is_outlier);
-            match (was, v.is_outlier()) {
-                (false, true) => {
-                    tracing::warn!(target_id = %id, verdict = %v, "worker fails far more than its peers")
+        let was = &self.verdicts;
+        let judged = judge_peers(&mut self.anomaly, self.clock.now(), |id| {
+            was.get(id).is_some_and(MemberVerdict::is_outlier)
+        });
+        let mut verdicts = BTreeMap::new();
+        for (v, changed) in judged {
+            match changed {
+                Some(true) => {
+                    tracing::warn!(target_id = %v.member, verdict = %v, "worker fails far more than its peers")
                 }
-                (true, false) => {
-                    tracing::info!(target_id = %id, verdict = %v, "worker no longer an outlier")
+                Some(false) => {
+                    tracing::info!(target_id = %v.member, verdict = %v, "worker no longer an outlier")
                 }
-                _ => {}
+                None => {}
             }
+            verdicts.insert(v.member.clone(), v);
         }
         self.verdicts = verdicts;
     }
@@ -1448,7 +1423,7 @@ impl Engine {
             at_ms,
             target: String::new(),
             zone: zone.clone(),
-            outcome: ALERT.to_string(),
+            outcome: DecisionKind::Alert,
             reasons: reasons.clone(),
             summary: summary.to_string(),
             action: Some(serde_json::json!({
@@ -1530,23 +1505,16 @@ impl Engine {
             .iter()
             .filter(|d| d.action.is_some())
             .count();
-        let n_act = batch
-            .decisions
-            .iter()
-            .filter(|d| d.outcome == Outcome::Act.as_str())
-            .count() as u64;
-        let n_alert = batch
-            .decisions
-            .iter()
-            .filter(|d| d.outcome == ALERT)
-            .count() as u64;
-        let n_hold = batch.decisions.len() as u64 - n_act - n_alert;
+        let counts = DecisionKind::ALL.map(|k| {
+            let n = batch.decisions.iter().filter(|d| d.outcome == k).count();
+            (k, n as u64)
+        });
         match self.store.call(move |s| s.commit(&batch)).await {
             Ok(created) => {
                 self.events_since_flush = 0;
-                self.metrics.decision(Outcome::Act.as_str(), n_act);
-                self.metrics.decision(Outcome::HoldBack.as_str(), n_hold);
-                self.metrics.decision(ALERT, n_alert);
+                for (kind, n) in counts {
+                    self.metrics.decision(kind.as_str(), n);
+                }
                 if let Mode::Recovering { epoch } = self.mode {
                     self.mode = Mode::Leading { epoch };
                     tracing::warn!(

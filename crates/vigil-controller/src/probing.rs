@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use vigil_core::guard::Observation;
-use vigil_core::shard::{Agreement, Report, Shard, agree, dissenting, fresh_for, heard};
+use vigil_core::shard::{Report, Shard, agree, dissenting, fresh_for, heard};
 
 /// The quickest a replica reports, whatever its probe interval: twenty small
 /// transactions a second per replica is the most a store should see from probing.
@@ -79,16 +79,9 @@ impl Probing {
     }
 }
 
-/// What the leader's probers say of a target due for a verdict.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Judged {
-    /// They agree on this observation (a disputed pass when one of them sees the
-    /// target failing).
-    Seen(Observation),
-    /// They do not: results stale, missing, or failing beside none passing. The guard
-    /// holds the target in doubt (`vigil_core::shard` rule 4).
-    InDoubt,
-}
+/// What the leader's probers say of a target due for a verdict (the engine's
+/// composition, in vigil-core).
+pub use vigil_core::fleet::Judged;
 
 /// The engine's part of sharded probing (several replicas on PostgreSQL).
 pub struct Sharding {
@@ -347,21 +340,13 @@ impl Sharding {
             }
         }
         let judge = if heartbeat { heard } else { agree };
-        Some(match judge(&reports, fresh) {
-            Agreement::Undecided => Judged::InDoubt,
-            Agreement::Passing => Judged::Seen(Observation::pass(&**id, zone)),
-            Agreement::Split => Judged::Seen(Observation::pass(&**id, zone).disputed()),
-            Agreement::Failing => Judged::Seen(
-                probers
-                    .iter()
-                    .find_map(|p| {
-                        find(p)
-                            .and_then(|r| r.observation.as_deref())
-                            .and_then(|o| serde_json::from_str(o).ok())
-                    })
-                    .unwrap_or_else(|| Observation::endpoint_failure(&**id, zone)),
-            ),
-        })
+        Some(Judged::of(judge(&reports, fresh), id, zone, || {
+            probers.iter().find_map(|p| {
+                find(p)
+                    .and_then(|r| r.observation.as_deref())
+                    .and_then(|o| serde_json::from_str(o).ok())
+            })
+        }))
     }
 
     /// The tally since the last call, per live replica: (targets it failed alone

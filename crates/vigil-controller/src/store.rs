@@ -379,8 +379,8 @@ pub struct NewDecision {
     pub target: String,
     /// Its zone.
     pub zone: String,
-    /// `act` or `hold_back`.
-    pub outcome: String,
+    /// Act, hold back, or a freeze alert (stored as `act`, `hold_back`, `alert`).
+    pub outcome: vigil_core::fleet::DecisionKind,
     /// Reasons JSON.
     pub reasons: serde_json::Value,
     /// One line.
@@ -919,7 +919,7 @@ impl Store for SqliteStore {
                     d.at_ms,
                     d.target,
                     d.zone,
-                    d.outcome,
+                    d.outcome.as_str(),
                     d.reasons.to_string(),
                     d.summary
                 ])
@@ -1338,7 +1338,11 @@ pub(crate) mod tests {
             at_ms: 1000,
             target: target.into(),
             zone: "a".into(),
-            outcome: if act { "act" } else { "hold_back" }.into(),
+            outcome: if act {
+                vigil_core::fleet::DecisionKind::Act
+            } else {
+                vigil_core::fleet::DecisionKind::HoldBack
+            },
             reasons: serde_json::json!([]),
             summary: "s".into(),
             action: act.then(|| serde_json::json!({"target": target})),

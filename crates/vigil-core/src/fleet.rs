@@ -13,7 +13,10 @@
 //!
 //! ## Status of the move (issue 32)
 //!
-//! Here now: the replica's [`Mode`] and a target's displayed [`Standing`]. The inputs and effects below are the design the
+//! Here now: the replica's [`Mode`], a target's displayed [`Standing`], and the
+//! composition pieces both drivers call: [`peer_check`] and [`judge_peers`], the probers' agreement as
+//! [`Judged`] (an observation or doubt), the [`Dissent`] rule and [`DecisionKind`]
+//! (which decisions are recorded, and counted by kind). The inputs and effects below are the design the
 //! controller's `engine.rs` still implements in its tokio loop; they move here input
 //! by input.
 //!
@@ -54,8 +57,13 @@
 //! recovering (a retry is in the batch). Only [`Mode::judges`] lets a probe reach the
 //! guard; the others say why not in [`Mode::halted`].
 
+mod compose;
 mod mode;
 mod standing;
 
+pub use compose::{
+    DEFAULT_DISSENT_MIN, DEFAULT_DISSENT_SHARE, DecisionKind, Dissent, DissentChange,
+    DissentConfig, DissentRound, Judged, judge_peers, peer_check,
+};
 pub use mode::Mode;
 pub use standing::Standing;

@@ -1,5 +1,9 @@
 //! The controller driver: `/health` probes, vigil-core's `SafetyGuard` (or the naive
 //! thresholds), the peer comparison of queue workers, replacements and restarts.
+//!
+//! The composition of the guard with the peer comparison (which worker is an
+//! outlier, how that fails its observation, which decisions count) is
+//! `vigil_core::fleet`'s, the very functions `vigil controller` calls.
 
 use super::engine::Ev;
 use super::model::{Growth, Life, Ramped};
@@ -7,8 +11,9 @@ use super::{CHECK_PEER, DecisionMark, Sim, TIMEOUT};
 use crate::scenario::{ControllerMode, GuardStateStore};
 use std::time::Duration;
 use vigil_core::anomaly::{AnomalyDetector, Counts};
+use vigil_core::fleet::{DecisionKind, judge_peers, peer_check};
 use vigil_core::gate::WorkerGate;
-use vigil_core::guard::{GuardEvent, Observation, Outcome as GuardOutcome, SafetyGuard};
+use vigil_core::guard::{GuardEvent, Observation, SafetyGuard};
 use vigil_core::{HealthState, Thresholds};
 
 impl<'a> Sim<'a> {
@@ -85,27 +90,29 @@ impl<'a> Sim<'a> {
             }
             ControllerMode::Guarded => {
                 let zone = &self.zone_names[self.servers[iu].zone as usize];
-                let obs = Observation {
+                // The probe carries the peer comparison's verdict as of its start (the
+                // `CHECK_PEER` bit); the engine composes it into the observation.
+                let mut obs = Observation {
                     target: self.ctl_ids[iu].clone(),
                     zone: zone.clone(),
                     endpoint_failed,
-                    failing_checks: self.check_names(failing),
+                    failing_checks: self.check_names(failing & !CHECK_PEER),
                     disputed: false,
                 };
+                peer_check(&mut obs, failing & CHECK_PEER != 0);
                 let decision = self.ctl.guard.observe(now, &obs);
                 self.guard_events();
                 if let Some(d) = decision {
-                    match d.outcome {
-                        GuardOutcome::Act => {
+                    match DecisionKind::recorded(&d) {
+                        Some(DecisionKind::Act) => {
                             self.note(format!("controller: {d}"));
                             self.replace(iu);
                         }
-                        GuardOutcome::HoldBack => {
-                            if !d.repeated {
-                                self.s.controller_holds += 1;
-                                self.note(format!("controller: {d}"));
-                            }
+                        Some(DecisionKind::HoldBack) => {
+                            self.s.controller_holds += 1;
+                            self.note(format!("controller: {d}"));
                         }
+                        Some(DecisionKind::Alert) | None => {}
                     }
                 }
             }
@@ -129,13 +136,17 @@ impl<'a> Sim<'a> {
     /// being, an outlier.
     pub(super) fn judge_workers(&mut self) {
         let pnow = Self::pt(self.now);
-        self.ctl.anomaly.expire(pnow);
-        for v in self.ctl.anomaly.evaluate(pnow) {
+        let (ids, was) = (&self.ctl_ids, &self.ctl.outlier);
+        let judged = judge_peers(&mut self.ctl.anomaly, pnow, |member| {
+            ids.iter()
+                .position(|id| id == member)
+                .is_some_and(|i| was[i])
+        });
+        for (v, changed) in judged {
             let Some(i) = self.ctl_ids.iter().position(|id| *id == v.member) else {
                 continue;
             };
-            let now_outlier = v.is_outlier();
-            if now_outlier != self.ctl.outlier[i] {
+            if let Some(now_outlier) = changed {
                 self.ctl.outlier[i] = now_outlier;
                 self.note(if now_outlier {
                     format!("controller: worker fails far more than its peers: {v}")
@@ -156,7 +167,7 @@ impl<'a> Sim<'a> {
                 }
                 GuardEvent::FreezeAlert { .. } => {
                     self.s.freeze_alerts += 1;
-                    Some("alert")
+                    Some(DecisionKind::Alert.as_str())
                 }
                 GuardEvent::Unfrozen { .. } => Some("unfreeze"),
                 _ => None,
