@@ -49,11 +49,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 use vigil_core::Time;
 use vigil_core::anomaly::{AnomalyDetector, AnomalyState, Counts, MemberVerdict};
 use vigil_core::fleet::{
-    DecisionKind, Dissent, DissentConfig, Mode, Standing, judge_peers, peer_check,
+    DecisionKind, Dissent, DissentConfig, Effect, Input, Mode, Standing, judge_peers, peer_check,
+    step,
 };
 use vigil_core::guard::{
-    Applied, Decision, FreezeScope, GuardConfig, GuardState, GuardTargetView, Hold, HoldKind,
-    Observation, Op, Reason, SafetyGuard, WhenFrozen,
+    Applied, Decision, FreezeScope, GuardConfig, GuardEvent, GuardState, GuardTargetView, Hold,
+    HoldKind, Observation, Op, Reason, SafetyGuard, WhenFrozen,
 };
 
 /// The outcome of a freeze alert's decision, and the kind of its action's event
@@ -652,11 +653,13 @@ impl Engine {
                 .collect()
         };
         for (id, judged) in due {
-            let op = judged.into_op(self.clock.now(), &id);
-            let applied = self.guard.apply(&op);
-            if applied.changed() {
+            let input = Input::Agreed {
+                id: id.to_string(),
+                judged,
+            };
+            let effects = step(&mut self.guard, self.clock.now(), input);
+            if self.effects(effects, Some(&id)) {
                 self.view_dirty = true;
-                self.logged(op, applied.into_decision(), Some(&id));
             }
         }
         if now >= self.dissent_due {
@@ -828,9 +831,8 @@ impl Engine {
                         // A tick with no hold due and nobody flapping changes nothing:
                         // it is not logged, and no target's state needs a refresh.
                         self.judge_workers();
-                        let op = Op::Tick { at: self.clock.now() };
-                        if self.guard.apply(&op).changed() {
-                            self.logged(op, None, None);
+                        let effects = step(&mut self.guard, self.clock.now(), Input::Tick);
+                        if self.effects(effects, None) {
                             self.view_dirty = true;
                         }
                     }
@@ -950,14 +952,8 @@ impl Engine {
                 // again) is not logged: replaying the log without it ends in the same
                 // state (`Applied::Unchanged`), and a healthy fleet then writes
                 // nothing to the store per probe.
-                let op = Op::Observe {
-                    at: self.clock.now(),
-                    obs,
-                };
-                let applied = self.guard.apply(&op);
-                if applied.changed() {
-                    self.logged(op, applied.into_decision(), Some(&id));
-                }
+                let effects = step(&mut self.guard, self.clock.now(), Input::Probe(obs));
+                self.effects(effects, Some(&id));
             }
             Command::Targets { source, targets } => {
                 let targets = shared(targets);
@@ -1251,43 +1247,80 @@ impl Engine {
     /// Queues an op already applied to the guard for the store, records its decision
     /// and the state changes it caused.
     fn logged(&mut self, op: Op, decision: Option<Decision>, target: Option<&str>) {
-        if !self.unlogged {
-            self.batch
-                .ops
-                .push(serde_json::to_string(&op).expect("guard ops serialise"));
-            self.ops_since_snapshot += 1;
-        }
+        self.log_op(&op);
         if let Some(d) = decision {
             self.record_decision(d);
         }
         for ev in self.guard.drain_events() {
-            let message = ev.to_string();
-            match &ev {
-                vigil_core::guard::GuardEvent::FreezeAlert {
-                    scope,
-                    frozen_for,
-                    reason,
-                    action,
-                } => {
-                    tracing::error!(event = %message, "guard");
-                    self.record_alert(scope, *frozen_for, reason, *action, &message);
-                }
-                vigil_core::guard::GuardEvent::Frozen { .. }
-                | vigil_core::guard::GuardEvent::Flapping { .. }
-                | vigil_core::guard::GuardEvent::ManualFreeze { .. } => {
-                    tracing::warn!(event = %message, "guard");
-                }
-                _ => tracing::info!(event = %message, "guard"),
-            }
-            if self.events.len() >= RECENT_EVENTS {
-                self.events.pop_front();
-            }
-            self.events_since_flush += 1;
-            self.events.push_back(EventInfo {
-                at_ms: unix_ms(self.clock.now()),
-                message,
-            });
+            self.guard_event(ev);
         }
+        self.refresh_states(target);
+    }
+
+    /// Records the effects of one judging step (`vigil_core::fleet::step`, which the
+    /// simulator drives too) in their order: its op in the batch, its decision, the
+    /// guard's events; then the state changes it caused. `target`: the one target it
+    /// affects (None: any may change). Returns whether the guard changed.
+    fn effects(&mut self, effects: Vec<Effect>, target: Option<&str>) -> bool {
+        let mut changed = false;
+        for e in effects {
+            match e {
+                Effect::Log(op) => {
+                    changed = true;
+                    self.log_op(&op);
+                }
+                Effect::Decide(_, d) => self.record_decision(d),
+                Effect::Event(ev) => self.guard_event(ev),
+            }
+        }
+        if changed {
+            self.refresh_states(target);
+        }
+        changed
+    }
+
+    /// Queues an op for the store (unless a snapshot in the same batch covers it).
+    fn log_op(&mut self, op: &Op) {
+        if !self.unlogged {
+            self.batch
+                .ops
+                .push(serde_json::to_string(op).expect("guard ops serialise"));
+            self.ops_since_snapshot += 1;
+        }
+    }
+
+    /// Logs a guard event, keeps it for the dashboard, and records a freeze alert.
+    fn guard_event(&mut self, ev: GuardEvent) {
+        let message = ev.to_string();
+        match &ev {
+            GuardEvent::FreezeAlert {
+                scope,
+                frozen_for,
+                reason,
+                action,
+            } => {
+                tracing::error!(event = %message, "guard");
+                self.record_alert(scope, *frozen_for, reason, *action, &message);
+            }
+            GuardEvent::Frozen { .. }
+            | GuardEvent::Flapping { .. }
+            | GuardEvent::ManualFreeze { .. } => {
+                tracing::warn!(event = %message, "guard");
+            }
+            _ => tracing::info!(event = %message, "guard"),
+        }
+        if self.events.len() >= RECENT_EVENTS {
+            self.events.pop_front();
+        }
+        self.events_since_flush += 1;
+        self.events.push_back(EventInfo {
+            at_ms: unix_ms(self.clock.now()),
+            message,
+        });
+    }
+
+    /// Refreshes the displayed state of `target` (None: of every target).
+    fn refresh_states(&mut self, target: Option<&str>) {
         match target {
             Some(id) => self.refresh_state(id),
             None => {
@@ -1961,6 +1994,139 @@ mod tests {
             );
         }
         assert_eq!(before, after);
+    }
+
+    /// One recorded input sequence (probe results of six targets: passes, one target
+    /// failing for good, one flapping, two failing together), given to the controller's
+    /// live path (commands, the engine's loop, the store) and to
+    /// `vigil_core::fleet::step`, the judging step the simulator drives: the same
+    /// observations are logged and the same decisions recorded, in the same order.
+    #[tokio::test]
+    async fn one_recorded_sequence_gives_the_same_effects_from_the_controller_and_the_step() {
+        use vigil_core::fleet::{DecisionKind, Effect, Input, step};
+        let guard_config = GuardConfig {
+            grace: Duration::ZERO,
+            min_failing: Duration::ZERO,
+            ..GuardConfig::default()
+        };
+        let n = 6;
+        let mut recorded: Vec<(String, String, bool)> = Vec::new();
+        let mut round = |ok: &dyn Fn(usize) -> bool| {
+            for t in targets(n) {
+                let i: usize = t.id[1..].parse().unwrap();
+                recorded.push((t.id.clone(), t.zone.clone(), ok(i)));
+            }
+        };
+        for _ in 0..2 {
+            round(&|_| true);
+        }
+        for r in 0..4 {
+            round(&|i| i != 1 && !(i == 2 && r % 2 == 1));
+        }
+        for _ in 0..4 {
+            round(&|i| i != 1 && i != 3 && i != 4);
+        }
+        for _ in 0..3 {
+            round(&|i| i != 1);
+        }
+
+        // The controller's path.
+        let dir = tempfile::tempdir().unwrap();
+        let config = Arc::new(ControllerConfig {
+            guard: guard_config.clone(),
+            ..ControllerConfig::default()
+        });
+        let store = SqliteStore::open(&dir.path().join("vigil.db")).unwrap();
+        let (store, _thread) = StoreHandle::spawn(Box::new(store));
+        let (actions, _actions_rx) = mpsc::unbounded_channel();
+        let (plan, _plan_rx) = watch::channel(Arc::new(Plan {
+            targets: Vec::new(),
+            probe: config.probe.clone(),
+            heartbeat_ttl: config.heartbeat.ttl,
+        }));
+        let (mut engine, _) = Engine::recover(
+            config,
+            store,
+            Arc::new(Metrics::new()),
+            Arc::new(StoreHealth::default()),
+            actions,
+            plan,
+        )
+        .await
+        .unwrap();
+        engine.initial_targets(Vec::new(), Some(targets(n)));
+        let (tx, rx) = mpsc::channel(1024);
+        let (_stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(engine.run(rx, stop_rx));
+        for (id, zone, ok) in &recorded {
+            tx.send(probe(id, zone, *ok)).await.unwrap();
+        }
+        // Answered once committed: everything before it is in the store.
+        silence(&tx, "t000").await.unwrap();
+        task.abort();
+        let _ = task.await;
+        let mut db = SqliteStore::open(&dir.path().join("vigil.db")).unwrap();
+        let mut decided: Vec<(String, String)> =
+            crate::store::Store::decisions(&mut db, None, 1000)
+                .unwrap()
+                .into_iter()
+                .map(|d| (d.target, d.outcome))
+                .collect();
+        decided.reverse();
+        let observed: Vec<Observation> = crate::store::Store::recover(&mut db)
+            .unwrap()
+            .ops
+            .iter()
+            .flat_map(|b| serde_json::from_str::<Vec<Op>>(b).unwrap())
+            .filter_map(|op| match op {
+                Op::Observe { obs, .. } => Some(obs),
+                _ => None,
+            })
+            .collect();
+
+        // The step's path, as the simulator drives it.
+        let mut guard = SafetyGuard::new(guard_config);
+        let mut now = Time::ZERO;
+        for t in targets(n) {
+            guard.apply(&Op::Add {
+                at: now,
+                id: t.id,
+                zone: t.zone,
+            });
+        }
+        let mut effects = Vec::new();
+        for (id, zone, ok) in &recorded {
+            now = now + Duration::from_millis(1);
+            let Command::Probe { obs, .. } = probe(id, zone, *ok) else {
+                unreachable!()
+            };
+            effects.extend(step(&mut guard, now, Input::Probe(obs)));
+        }
+        let step_decided: Vec<(String, String)> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Decide(k, d) => Some((d.target.clone(), k.as_str().to_string())),
+                Effect::Event(_) | Effect::Log(_) => None,
+            })
+            .collect();
+        let step_observed: Vec<Observation> = effects
+            .iter()
+            .filter_map(|e| match e.op() {
+                Some(Op::Observe { obs, .. }) => Some(obs.clone()),
+                _ => None,
+            })
+            .collect();
+
+        let kinds = |k: DecisionKind| step_decided.iter().filter(|d| d.1 == k.as_str()).count();
+        assert!(
+            kinds(DecisionKind::Act) > 0 && kinds(DecisionKind::HoldBack) > 0,
+            "the sequence acts and holds back: {step_decided:?}"
+        );
+        assert_eq!(
+            decided, step_decided,
+            "the same decisions, in the same order"
+        );
+        assert_eq!(observed, step_observed, "the same observations logged");
     }
 
     #[tokio::test]

@@ -16,7 +16,8 @@
 //! Here now: the replica's [`Mode`], a target's displayed [`Standing`], and the
 //! composition pieces both drivers call: [`peer_check`] and [`judge_peers`], the probers' agreement as
 //! [`Judged`] (an observation or doubt), the [`Dissent`] rule and [`DecisionKind`]
-//! (which decisions are recorded, and counted by kind). The inputs and effects below are the design the
+//! (which decisions are recorded, and counted by kind), and the judging [`step`]
+//! (probe results, probers' verdicts and ticks in, [`Effect`]s out) that both drive. The inputs and effects below are the design the
 //! controller's `engine.rs` still implements in its tokio loop; they move here input
 //! by input.
 //!
@@ -60,6 +61,7 @@
 mod compose;
 mod mode;
 mod standing;
+mod step;
 
 pub use compose::{
     DEFAULT_DISSENT_MIN, DEFAULT_DISSENT_SHARE, DecisionKind, Dissent, DissentChange,
@@ -67,3 +69,4 @@ pub use compose::{
 };
 pub use mode::Mode;
 pub use standing::Standing;
+pub use step::{Effect, Input, step};

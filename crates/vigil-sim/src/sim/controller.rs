@@ -11,7 +11,7 @@ use super::{CHECK_PEER, DecisionMark, Sim, TIMEOUT};
 use crate::scenario::{ControllerMode, GuardStateStore};
 use std::time::Duration;
 use vigil_core::anomaly::{AnomalyDetector, Counts};
-use vigil_core::fleet::{DecisionKind, judge_peers, peer_check};
+use vigil_core::fleet::{DecisionKind, Effect, Input, judge_peers, peer_check, step};
 use vigil_core::gate::WorkerGate;
 use vigil_core::guard::{GuardEvent, Observation, SafetyGuard};
 use vigil_core::{HealthState, Thresholds};
@@ -100,19 +100,21 @@ impl<'a> Sim<'a> {
                     disputed: false,
                 };
                 peer_check(&mut obs, failing & CHECK_PEER != 0);
-                let decision = self.ctl.guard.observe(now, &obs);
-                self.guard_events();
-                if let Some(d) = decision {
-                    match DecisionKind::recorded(&d) {
-                        Some(DecisionKind::Act) => {
+                let effects = step(&mut self.ctl.guard, now, Input::Probe(obs));
+                self.guard_events(&effects);
+                for e in effects {
+                    match e {
+                        Effect::Decide(DecisionKind::Act, d) => {
                             self.note(format!("controller: {d}"));
                             self.replace(iu);
                         }
-                        Some(DecisionKind::HoldBack) => {
+                        Effect::Decide(DecisionKind::HoldBack, d) => {
                             self.s.controller_holds += 1;
                             self.note(format!("controller: {d}"));
                         }
-                        Some(DecisionKind::Alert) | None => {}
+                        Effect::Decide(DecisionKind::Alert, _)
+                        | Effect::Log(_)
+                        | Effect::Event(_) => {}
                     }
                 }
             }
@@ -123,8 +125,8 @@ impl<'a> Sim<'a> {
         let now = self.now;
         self.schedule(now + self.cfg.controller.interval, Ev::CtlRound);
         if self.ctl.up && self.cfg.controller.mode == ControllerMode::Guarded {
-            self.ctl.guard.tick(Self::pt(now));
-            self.guard_events();
+            let effects = step(&mut self.ctl.guard, Self::pt(now), Input::Tick);
+            self.guard_events(&effects);
             if self.cfg.queue.is_some() {
                 self.judge_workers();
             }
@@ -157,9 +159,12 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Counts and notes the guard's events.
-    pub(super) fn guard_events(&mut self) {
-        for e in self.ctl.guard.drain_events() {
+    /// Counts and notes the guard's events among a step's effects.
+    pub(super) fn guard_events(&mut self, effects: &[Effect]) {
+        for e in effects.iter().filter_map(|e| match e {
+            Effect::Event(ev) => Some(ev),
+            _ => None,
+        }) {
             let kind = match e {
                 GuardEvent::Frozen { .. } => {
                     self.s.freezes += 1;
