@@ -20,9 +20,9 @@
 //! period however many read. The one-target view with its history
 //! (`GET /api/targets/{id}`) is still asked of the engine: one target's worth of work.
 //!
-//! A target's state, its severity and its meaning are vigil-core's
-//! [`Standing`](vigil_core::fleet::Standing), defined once: the API validates `?state=`
-//! against it, the dashboard sorts and explains with it, `vigil deploy` reads it back.
+//! A target's state, its severity and its meaning are vigil-core's [`Standing`],
+//! defined once: the API validates `?state=` against it, the dashboard sorts and
+//! explains with it, `vigil deploy` reads it back.
 
 use crate::config::TargetConfig;
 use crate::prober::ProbeRecord;

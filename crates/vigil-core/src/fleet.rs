@@ -13,14 +13,19 @@
 //!
 //! ## Status of the move (issue 32)
 //!
-//! Here now: the replica's [`Mode`], a target's displayed [`Standing`], and the
-//! composition pieces both drivers call: [`peer_check`] and [`judge_peers`], the probers' agreement as
-//! [`Judged`] (an observation or doubt), the [`Dissent`] rule and [`DecisionKind`]
-//! (which decisions are recorded, and counted by kind), and the judging [`step`]
-//! (probe results, probers' verdicts and ticks in, [`Effect`]s out) that both drive. The inputs and effects below are the design the
-//! controller's `engine.rs` still implements in its tokio loop; they move here input
-//! by input.
+//! Here now: the replica's [`Mode`]; a target's displayed [`Standing`]; the pieces of
+//! the composition both drivers call ([`peer_check`] and [`judge_peers`], the probers'
+//! agreement as [`Judged`], the [`Dissent`] rule, [`DecisionKind`]: which decisions are
+//! recorded, counted by kind); and the judging [`step`]: a probe result, the probers'
+//! verdict or a tick in, [`Effect`]s out (the op to log, the decision, the guard's
+//! events), which the controller's live path and the simulator both drive.
 //!
+//! Still in the controller's `engine.rs` (its tokio loop), to move here input by input:
+//! target lists, operator commands, leadership changes, commit results and store
+//! reads, with the batch, the snapshot policy and the view they feed. Until then the
+//! simulator keeps its own grace window, its threshold-feeding shortcut and its serde
+//! round-trip restart, and knows no store, leader or commit.
+
 //! ## Inputs
 //!
 //! Everything that happens to a controller, each stamped with the engine's time:
