@@ -1,7 +1,7 @@
 //! Command-line entry point of the example service (`vigil example-service`, or
 //! `cargo run --release --example service`).
 
-use crate::service::{ServiceConfig, start};
+use crate::service::{AdmissionMode, ServiceConfig, start};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -66,9 +66,26 @@ pub struct Args {
     /// Worker threads of the application runtime. Defaults to the number of CPUs.
     #[arg(long, env = "VIGIL_EXAMPLE_WORKERS")]
     pub workers: Option<usize>,
-    /// Application requests in flight before new ones are shed with 503.
+    /// Application requests in flight at most: the admission layer's adaptive limit
+    /// never goes above it; with `--admission off`, the fixed limit over which new ones
+    /// are shed with 503.
     #[arg(long, env = "VIGIL_EXAMPLE_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
+    /// Admission control on the application's port: `on` (the default) refuses with a
+    /// fast 503 + Retry-After work whose deadline (`x-vigil-deadline-ms`, `grpc-timeout`)
+    /// has passed or cannot be met, keeps an adaptive (AIMD) concurrency limit and a
+    /// controlled-delay queue (adaptive LIFO under overload), and warns in `/readyz`
+    /// while it sheds; `off` keeps only the fixed `--max-in-flight` limit (the naive
+    /// setup benchmarks compare it with). Health paths are never refused.
+    #[arg(long, env = "VIGIL_EXAMPLE_ADMISSION", default_value = "on", value_parser = parse_admission)]
+    pub admission: AdmissionMode,
+    /// The longest a database read waits before the read is answered from the cache,
+    /// e.g. `1s`, `300ms`; a caller's shorter deadline shortens it (less 50 ms to
+    /// answer). Reads slower than this, or failing, open the reads' breaker: the cache
+    /// answers at once until trial reads succeed.
+    // The default is service::DEFAULT_READ_BUDGET.
+    #[arg(long, env = "VIGIL_EXAMPLE_READ_BUDGET", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub read_budget: Duration,
     /// Interval of every health check, e.g. `1s`, `250ms`.
     #[arg(long, env = "VIGIL_EXAMPLE_CHECK_INTERVAL", default_value = DEFAULT_CHECK_INTERVAL, value_parser = humantime::parse_duration)]
     pub check_interval: Duration,
@@ -89,6 +106,15 @@ pub struct Args {
     pub worker_nice: Option<i32>,
 }
 
+/// `--admission`: `on` or `off`.
+fn parse_admission(s: &str) -> Result<AdmissionMode, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "on" => Ok(AdmissionMode::On),
+        "off" => Ok(AdmissionMode::Off),
+        _ => Err(format!("{s:?} is neither on nor off")),
+    }
+}
+
 /// `--disk-warn-below`: a level, or `off`.
 #[derive(Clone, Copy, Debug)]
 pub struct WarnLevel(pub Option<Amount>);
@@ -106,6 +132,9 @@ impl Args {
     fn into_config(self) -> Result<ServiceConfig, String> {
         if self.max_in_flight == 0 {
             return Err("--max-in-flight must be at least 1".into());
+        }
+        if self.read_budget.is_zero() {
+            return Err("--read-budget must be greater than zero".into());
         }
         if self.check_interval.is_zero() {
             return Err("--check-interval must be greater than zero".into());
@@ -153,6 +182,8 @@ impl Args {
             } else {
                 vigil::Criticality::NonCritical
             },
+            admission: self.admission,
+            read_budget: self.read_budget,
         })
     }
 }

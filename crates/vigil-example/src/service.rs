@@ -1,12 +1,22 @@
 //! The service itself: routes, checks, cache, fault injection, start and drain.
 //!
-//! Degraded mode, the point of the example: reads go to the database while its
-//! background check passes, and to the in-memory cache while it fails (the last check's
-//! verdict works as a circuit breaker, so a read never waits on a database known to be
-//! down). The database check is a non-critical *dependency*: when it fails `/health`
-//! says `warn` and `/readyz` stays `pass`, so load balancers keep routing to a server
-//! that still serves. Only when nothing can be served (database down *and* nothing
-//! cached) does the local `cache:serving` check fail readiness.
+//! Degraded mode, the point of the example: reads go to the database through a
+//! [`DependencyGuard`] and are answered from the in-memory cache when a read fails, runs
+//! past its budget, or the guard's breaker is open (slow or failing reads opened it: no
+//! read waits on a database known to be slow or down). A read's budget is
+//! [`ServiceConfig::read_budget`] (1 s), or less when the caller's deadline
+//! (`x-vigil-deadline-ms`, `grpc-timeout`) leaves less: what is left of it minus
+//! [`DEADLINE_MARGIN`], so the cached answer still reaches the caller in time. The
+//! database check and the guard's check are non-critical *dependencies*: when the
+//! database is down `/health` says `warn` (with the reason) and `/readyz` stays `pass`,
+//! so load balancers keep routing to a server that still serves. Only when nothing can be
+//! served (database down *and* nothing cached) does the local `cache:serving` check fail
+//! readiness.
+//!
+//! The application's port runs vigil's admission layer ([`Admission`]: deadlines, an
+//! adaptive concurrency limit, a controlled-delay queue), or with
+//! [`AdmissionMode::Off`] the fixed shed limit alone (`max_in_flight`), the setup the
+//! benchmarks compare it with.
 
 use crate::store::{Item, Store};
 use axum::Router;
@@ -22,10 +32,29 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use vigil::checks::{Amount, DiskSpace, FileDescriptors, InFlight, Memory, Saturation};
-use vigil::{Check, CheckOptions, CheckResult, Criticality, FnCheck, Health, HealthConfig, Status};
+use vigil::guard::{BreakerConfig, Degraded};
+use vigil::{
+    Admission, AdmissionConfig, Check, CheckOptions, CheckResult, Criticality, DependencyGuard,
+    FnCheck, Guarded, Health, HealthConfig, Status,
+};
 
-/// A read waits at most this long for the database before answering from the cache.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default read budget: a read waits at most 1 s for the database before answering from
+/// the cache (the clients' usual patience; a read slower than that counts as bad for the
+/// breaker).
+pub const DEFAULT_READ_BUDGET: Duration = Duration::from_secs(1);
+/// What a read leaves of the caller's deadline: 50 ms to answer from the cache and send
+/// the answer, so a degraded answer arrives before the caller gives up (a balancer's
+/// per-try timeout, loopback to a LAN away).
+pub const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
+/// Whether the application's port runs the admission layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AdmissionMode {
+    /// Deadlines, the adaptive limit (at most `max_in_flight`) and the queue (the default).
+    #[default]
+    On,
+    /// The fixed limit alone: `max_in_flight` requests, the rest shed with 503.
+    Off,
+}
 /// The database check gives up after this (its registry timeout is twice as long, so the
 /// check can record the failure itself and open the read breaker).
 pub const DB_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -74,6 +103,10 @@ pub struct ServiceConfig {
     /// Whether a database failure fails `/health` (critical) or only degrades it
     /// (non-critical, the default: reads are still served from the cache).
     pub dependency: Criticality,
+    /// The admission layer, on or off.
+    pub admission: AdmissionMode,
+    /// The longest a read waits for the database (the guard's slow-call threshold).
+    pub read_budget: Duration,
 }
 
 /// The in-memory read cache.
@@ -110,7 +143,9 @@ impl Cache {
 struct AppState {
     store: Arc<Store>,
     cache: Arc<Cache>,
-    /// Verdict of the last database check: the read path's circuit breaker.
+    /// The reads' breaker.
+    guard: Arc<DependencyGuard>,
+    /// Verdict of the last database check (for `cache:serving` and `/fault`).
     db_up: Arc<AtomicBool>,
     disk_fault: Arc<AtomicBool>,
     flap: Mutex<Option<tokio::task::AbortHandle>>,
@@ -144,7 +179,8 @@ impl Check for DiskWithFault {
     }
 }
 
-/// The database round trip; records its verdict for the read path.
+/// The database round trip, on its own connection; records its verdict for
+/// `cache:serving`.
 struct StoreCheck {
     store: Arc<Store>,
     db_up: Arc<AtomicBool>,
@@ -264,6 +300,22 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
     let db_up = Arc::new(AtomicBool::new(true));
     let disk_fault = Arc::new(AtomicBool::new(false));
     let in_flight = InFlight::new();
+    let guard = DependencyGuard::new(
+        store.kind(),
+        BreakerConfig {
+            slow_call: config.read_budget,
+            ..BreakerConfig::default()
+        },
+        "serving cached reads",
+    );
+    let admission = (config.admission == AdmissionMode::On).then(|| {
+        let mut cfg = AdmissionConfig::default();
+        let max = u32::try_from(config.max_in_flight).unwrap_or(u32::MAX);
+        cfg.limit.max = max;
+        cfg.limit.min = cfg.limit.min.min(max);
+        cfg.limit.initial = cfg.limit.initial.min(max);
+        Admission::new(cfg)
+    });
 
     let every = CheckOptions::every(config.check_interval).timeout(DB_CHECK_TIMEOUT * 2);
     let serving = {
@@ -282,7 +334,12 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
             std::future::ready(o.with_observed(n, "count"))
         })
     };
-    let health = Health::builder()
+    let mut builder = Health::builder();
+    if let Some(a) = &admission {
+        // Warns (never fails) while it queues or refuses: overload is not a fault.
+        builder = builder.local("admission:requests", a.check(), every.clone());
+    }
+    let health = builder
         .description(format!("vigil example service {}", config.name))
         .version(env!("CARGO_PKG_VERSION"))
         .release_id(config.revision.clone())
@@ -324,23 +381,37 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
                 ..every.clone()
             },
         )
+        // Warns with the reason while the reads' breaker is open; reads the breaker's
+        // state only, never the database.
+        .dependency(
+            &format!("{}:reads", store.kind()),
+            guard.check(),
+            CheckOptions {
+                criticality: Criticality::NonCritical,
+                ..every.clone()
+            },
+        )
         .start();
 
     let state = Arc::new(AppState {
         store: store.clone(),
         cache,
+        guard: guard.clone(),
         db_up,
         disk_fault,
         flap: Mutex::new(None),
         workers: config.workers,
     });
-    // The library's metrics (checks, lifecycle, shedding, build), served at /metrics in
-    // the format the scraper asks for.
+    // The library's metrics (checks, lifecycle, admission or shedding, the reads' guard,
+    // build), served at /metrics in the format the scraper asks for.
     let shed = health.shed_layer(config.max_in_flight);
     let mut registry = prometheus_client::registry::Registry::default();
-    vigil::metrics::HealthCollector::new(&health)
-        .with_shed(shed.stats())
-        .register(&mut registry);
+    let collector = vigil::metrics::HealthCollector::new(&health).with_guard(guard);
+    match &admission {
+        Some(a) => collector.with_admission(a.clone()),
+        None => collector.with_shed(shed.stats()),
+    }
+    .register(&mut registry);
     let registry = Arc::new(registry);
     let app = Router::new()
         .route("/", get(index))
@@ -378,9 +449,12 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
                     response
                 }
             },
-        ))
-        // Health paths bypass the limit and are answered by vigil on this port too.
-        .layer(shed);
+        ));
+    // Health paths bypass the limit and are answered by vigil on this port too.
+    let app = match admission {
+        Some(a) => app.layer(health.admission_layer(a)),
+        None => app.layer(shed),
+    };
 
     let reserved = health.serve_reserved(config.health_listen)?;
     let agent = match config.agent_listen {
@@ -443,7 +517,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
 
 async fn index() -> &'static str {
     "vigil example service\n\
-     GET  /items/{id}            a read (database, else cache)\n\
+     GET  /items/{id}            a read (database within its budget, else cache)\n\
      GET  /metrics               Prometheus metrics of the health machinery\n\
      GET  /work?ms=N             N ms of CPU on the application runtime\n\
      GET  /naive/livez           a liveness endpoint on the application runtime (for comparison)\n\
@@ -458,33 +532,55 @@ async fn index() -> &'static str {
      POST /fault/reset           clear every fault\n"
 }
 
-fn served(item: Item, from: &'static str) -> Response {
-    let mut r = axum::Json(serde_json::json!({
+fn served(item: Item, from: &'static str, degraded: Option<&str>) -> Response {
+    let mut body = serde_json::json!({
         "id": item.id, "name": item.name, "price_cents": item.price_cents, "served_from": from,
-    }))
-    .into_response();
+    });
+    if let Some(why) = degraded {
+        body["degraded"] = why.into();
+    }
+    let mut r = axum::Json(body).into_response();
     r.headers_mut()
         .insert("x-served-from", HeaderValue::from_static(from));
     r
 }
 
-async fn item(State(st): State<Arc<AppState>>, Path(id): Path<i64>) -> Response {
-    if st.db_up.load(Ordering::SeqCst) {
-        match tokio::time::timeout(READ_TIMEOUT, st.store.get(id)).await {
-            Ok(Ok(Some(item))) => {
+/// A read: from the database through the guard, within the read budget or what the
+/// caller's deadline leaves; from the cache when the read failed, ran out of time, or the
+/// breaker is open (marked `"degraded"` with the reason).
+async fn item(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<i64>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    let now = tokio::time::Instant::now();
+    let limit = vigil::admission::headers_deadline(&headers, now).map_or(Duration::MAX, |d| {
+        d.saturating_duration_since(now)
+            .saturating_sub(DEADLINE_MARGIN)
+    });
+    let why = if limit.is_zero() {
+        // No time for the database: answer what can be answered now.
+        "no time left for the database"
+    } else {
+        match st.guard.call_within(limit, st.store.get(id)).await {
+            Guarded::Ok(Some(item)) => {
                 st.cache.put(item.clone());
-                return served(item, "database");
+                return served(item, "database", None);
             }
-            Ok(Ok(None)) => return (StatusCode::NOT_FOUND, "no such item\n").into_response(),
-            Ok(Err(e)) => tracing::debug!(error = %e, id, "read failed; trying the cache"),
-            Err(_) => tracing::debug!(id, "read timed out; trying the cache"),
+            Guarded::Ok(None) => return (StatusCode::NOT_FOUND, "no such item\n").into_response(),
+            Guarded::Failed(e) => {
+                tracing::debug!(error = %e, id, "read failed; trying the cache");
+                "the read failed"
+            }
+            Guarded::Degraded(Degraded::TimedOut) => "the read ran out of time",
+            Guarded::Degraded(Degraded::Open) => "the breaker is open",
         }
-    }
+    };
     match st.cache.get(id) {
-        Some(item) => served(item, "cache"),
+        Some(item) => served(item, "cache", Some(why)),
         None => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("database unreachable and item {id} not cached\n"),
+            format!("database unavailable ({why}) and item {id} not cached\n"),
         )
             .into_response(),
     }
@@ -533,6 +629,7 @@ async fn faults(State(st): State<Arc<AppState>>) -> Response {
         "flap": st.flap.lock().unwrap_or_else(|e| e.into_inner()).is_some(),
         "cached_items": st.cache.len(),
         "database_up": st.db_up.load(Ordering::SeqCst),
+        "read_breaker": st.guard.state().name(),
         "store": st.store.kind(),
     }))
     .into_response()

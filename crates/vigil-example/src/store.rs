@@ -6,6 +6,13 @@
 //!   query really fails to connect;
 //! - "brownout" makes every query really slow: `pg_sleep` on the PostgreSQL server, a
 //!   sleep on the SQLite thread.
+//!
+//! The health check's round trip ([`Store::ping`]) has a connection of its own, apart
+//! from the one the reads share: a PostgreSQL connection runs its queries one after the
+//! other, so a `SELECT 1` sent behind a burst of slowed reads would measure their queue,
+//! not the database (issue 34: the demo's brownout made the check alternate between
+//! "took 798 ms" and "no answer within 1s"). A dependency check must not wait behind the
+//! traffic it judges.
 
 use serde::Serialize;
 use std::path::PathBuf;
@@ -64,12 +71,28 @@ enum Backend {
     Postgres {
         config: Box<tokio_postgres::Config>,
         broken: Box<tokio_postgres::Config>,
-        client: tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>,
+        /// The reads' connection.
+        reads: PgSlot,
+        /// The health check's own connection.
+        check: PgSlot,
     },
     Sqlite {
         path: PathBuf,
-        conn: Arc<Mutex<Option<rusqlite::Connection>>>,
+        /// The reads' connection.
+        reads: SqliteSlot,
+        /// The health check's own connection.
+        check: SqliteSlot,
     },
+}
+
+type PgSlot = tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>;
+type SqliteSlot = Arc<Mutex<Option<rusqlite::Connection>>>;
+
+/// Which connection a query uses (see the module docs).
+#[derive(Clone, Copy)]
+enum Use {
+    Reads,
+    Check,
 }
 
 /// The store; see the module docs.
@@ -156,7 +179,8 @@ impl Store {
             backend: Backend::Postgres {
                 config: Box::new(config),
                 broken: Box::new(broken),
-                client: tokio::sync::Mutex::new(Some(Arc::new(client))),
+                reads: tokio::sync::Mutex::new(Some(Arc::new(client))),
+                check: tokio::sync::Mutex::new(None),
             },
             down: AtomicBool::new(false),
             brownout_ms: AtomicU64::new(0),
@@ -184,7 +208,8 @@ impl Store {
         Ok(Store {
             backend: Backend::Sqlite {
                 path,
-                conn: Arc::new(Mutex::new(Some(conn))),
+                reads: Arc::new(Mutex::new(Some(conn))),
+                check: Arc::new(Mutex::new(None)),
             },
             down: AtomicBool::new(false),
             brownout_ms: AtomicU64::new(0),
@@ -206,9 +231,14 @@ impl Store {
         if down && !was {
             // Drop the live connection: the next query must connect, and fail.
             match &self.backend {
-                Backend::Postgres { client, .. } => *client.lock().await = None,
-                Backend::Sqlite { conn, .. } => {
-                    *conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                Backend::Postgres { reads, check, .. } => {
+                    *reads.lock().await = None;
+                    *check.lock().await = None;
+                }
+                Backend::Sqlite { reads, check, .. } => {
+                    for slot in [reads, check] {
+                        *slot.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    }
                 }
             }
         }
@@ -230,16 +260,20 @@ impl Store {
         Duration::from_millis(self.brownout_ms.load(Ordering::SeqCst))
     }
 
-    async fn pg_client(&self) -> Result<Arc<tokio_postgres::Client>, StoreError> {
+    async fn pg_client(&self, on: Use) -> Result<Arc<tokio_postgres::Client>, StoreError> {
         let Backend::Postgres {
             config,
             broken,
-            client,
+            reads,
+            check,
         } = &self.backend
         else {
             unreachable!("pg_client on a SQLite store");
         };
-        let mut slot = client.lock().await;
+        let mut slot = match on {
+            Use::Reads => reads.lock().await,
+            Use::Check => check.lock().await,
+        };
         if let Some(c) = slot.as_ref()
             && !c.is_closed()
         {
@@ -254,10 +288,15 @@ impl Store {
     /// Runs `f` on the SQLite connection, (re)opening it as needed, on the blocking pool.
     async fn with_sqlite<T: Send + 'static>(
         &self,
+        on: Use,
         f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let Backend::Sqlite { path, conn } = &self.backend else {
+        let Backend::Sqlite { path, reads, check } = &self.backend else {
             unreachable!("with_sqlite on a PostgreSQL store");
+        };
+        let conn = match on {
+            Use::Reads => reads,
+            Use::Check => check,
         };
         let path = if self.is_down() {
             PathBuf::from("/nonexistent/vigil-example/store.sqlite")
@@ -296,7 +335,7 @@ impl Store {
     pub async fn get(&self, id: i64) -> Result<Option<Item>, StoreError> {
         match &self.backend {
             Backend::Postgres { .. } => {
-                let client = self.pg_client().await?;
+                let client = self.pg_client(Use::Reads).await?;
                 self.pg_brownout(&client).await?;
                 let row = client
                     .query_opt(
@@ -311,7 +350,7 @@ impl Store {
                 }))
             }
             Backend::Sqlite { .. } => {
-                self.with_sqlite(move |c| {
+                self.with_sqlite(Use::Reads, move |c| {
                     use rusqlite::OptionalExtension;
                     c.query_row(
                         &format!("SELECT id, name, price_cents FROM {TABLE} WHERE id = ?1"),
@@ -335,7 +374,7 @@ impl Store {
     pub async fn all(&self) -> Result<Vec<Item>, StoreError> {
         match &self.backend {
             Backend::Postgres { .. } => {
-                let client = self.pg_client().await?;
+                let client = self.pg_client(Use::Reads).await?;
                 let rows = client
                     .query(
                         &format!("SELECT id, name, price_cents FROM {TABLE} ORDER BY id"),
@@ -352,7 +391,7 @@ impl Store {
                     .collect())
             }
             Backend::Sqlite { .. } => {
-                self.with_sqlite(|c| {
+                self.with_sqlite(Use::Reads, |c| {
                     let mut stmt = c.prepare(&format!(
                         "SELECT id, name, price_cents FROM {TABLE} ORDER BY id"
                     ))?;
@@ -372,17 +411,18 @@ impl Store {
         }
     }
 
-    /// A round trip to the database (`SELECT 1`, plus any brownout).
+    /// A round trip to the database (`SELECT 1`, plus any brownout), on the check's own
+    /// connection (see the module docs).
     pub async fn ping(&self) -> Result<(), StoreError> {
         match &self.backend {
             Backend::Postgres { .. } => {
-                let client = self.pg_client().await?;
+                let client = self.pg_client(Use::Check).await?;
                 self.pg_brownout(&client).await?;
                 client.execute("SELECT 1", &[]).await?;
                 Ok(())
             }
             Backend::Sqlite { .. } => {
-                self.with_sqlite(|c| c.query_row("SELECT 1", [], |_| Ok(())))
+                self.with_sqlite(Use::Check, |c| c.query_row("SELECT 1", [], |_| Ok(())))
                     .await
             }
         }

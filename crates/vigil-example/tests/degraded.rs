@@ -2,6 +2,8 @@
 //! `test`, trust auth): degraded mode, fault injection, the SQLite fallback, and the
 //! reserved listener under a frozen application runtime.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use vigil::checks::Amount;
 use vigil_example::service::{Running, ServiceConfig, start};
@@ -28,6 +30,8 @@ fn config(dir: &std::path::Path, db: &str) -> ServiceConfig {
         check_interval: Duration::from_millis(100),
         drain_delay: Duration::from_millis(200),
         dependency: vigil::Criticality::NonCritical,
+        admission: vigil_example::service::AdmissionMode::On,
+        read_budget: vigil_example::service::DEFAULT_READ_BUDGET,
     }
 }
 
@@ -244,6 +248,93 @@ async fn brownout_slows_real_queries_and_warns() {
     assert!(body.contains("slower than"), "{body}");
     s.post("/fault/brownout?ms=0").await;
     s.ready_and_passing().await;
+}
+
+/// Issue 34: the demo's brownout (500 ms on every query) under concurrent reads. The
+/// reads queue on their connection and go to the cache once the breaker opens; the
+/// check's `SELECT 1` has its own connection, so it measures the database (a steady
+/// warn), not the reads' queue (which made it alternate warn and "no answer within 1s").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brownout_under_load_is_a_steady_warn_and_reads_come_from_the_cache() {
+    let s = start_pg().await;
+    s.ready_and_passing().await;
+    s.post("/fault/brownout?ms=500").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..8)
+        .map(|i| {
+            let (client, app, stop) = (s.client.clone(), s.app.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut from_cache = 0u32;
+                while !stop.load(Ordering::SeqCst) {
+                    let r = client
+                        .get(format!("{app}/items/{}", 1 + i))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 200, "every read is answered");
+                    if r.text().await.unwrap().contains(r#""served_from":"cache""#) {
+                        from_cache += 1;
+                    }
+                }
+                from_cache
+            })
+        })
+        .collect();
+    // Verbose: with each check's time, to tell its runs apart.
+    let url = format!("{}/health?verbose", s.health);
+    // Twenty distinct runs of the database check, each one a warn.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut reads_warned = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.len() < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} check runs in 30 s",
+            seen.len()
+        );
+        let (code, body) = s.get(&url).await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let query = &v["checks"]["postgres:query"][0];
+        let time = query["time"].as_str().unwrap_or_default().to_string();
+        if seen.insert(time) && seen.len() > 2 {
+            // (The first runs may predate the brownout.)
+            assert_eq!(
+                query["status"], "warn",
+                "a brownout is a steady warn, never a fail: {body}"
+            );
+            assert_eq!(code, 200);
+        }
+        reads_warned |= check_status(&body, "postgres:reads") == "warn";
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut from_cache = 0;
+    for r in readers {
+        from_cache += r.await.unwrap();
+    }
+    assert!(
+        reads_warned,
+        "the reads' breaker opened and /health said so"
+    );
+    assert!(from_cache > 0, "queued reads were answered from the cache");
+    s.post("/fault/brownout?ms=0").await;
+    // Reads go back to the database once the abandoned queries have drained and the
+    // breaker's trial reads succeed (it reopens, for longer, while they are slow).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (code, body) = s.get(&format!("{}/items/1", s.app)).await;
+        assert_eq!(code, 200);
+        let (_, health) = s.get(&format!("{}/health", s.health)).await;
+        // Trial reads close the breaker; the check shows it at its next run.
+        if body.contains(r#""served_from":"database""#) && status_of(&health) == "pass" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reads never returned to the database: {body} {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

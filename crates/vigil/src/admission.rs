@@ -25,7 +25,7 @@
 //! A refusal is a fast `503` with `Retry-After: 1`, counted per reason
 //! ([`Refusal::name`]: `expired`, `unmeetable`, `queue_time`; and `queue_full` when the
 //! queue holds [`AdmissionConfig::max_queue`] already). Health paths bypass every rule and
-//! are answered by vigil's router, like [`crate::ShedLayer`] does.
+//! are answered by vigil's router ([`crate::front`], shared with [`crate::ShedLayer`]).
 //!
 //! Overload is not a fault: [`Admission::check`] is a local check that **warns** (never
 //! fails) while the service refuses or queues, so `/readyz` stays 200 and a balancer does
@@ -34,22 +34,19 @@
 //! The layer supersedes [`crate::ShedLayer`] (a fixed limit and no queue): the shed layer
 //! stays for services that want exactly that.
 
-use crate::endpoints::is_health_path;
+use crate::front::{Gate, GateLayer, Gated, overloaded};
 use crate::{Check, CheckResult, Status};
 use axum::Router;
 use axum::body::Body;
-use axum::http::{HeaderValue, Request, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use futures::future::BoxFuture;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::response::Response;
 use std::collections::VecDeque;
-use std::convert::Infallible;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tower::{Layer, Service, ServiceExt};
 use vigil_core::admission::{
     ConcurrencyLimit, QueueTime, check_deadline, parse_deadline_ms, parse_grpc_timeout,
 };
@@ -411,7 +408,12 @@ impl Admission {
 
 /// The deadline a request carries: [`DEADLINE_HEADER`], else `grpc-timeout`, from `now`.
 pub fn request_deadline<B>(req: &Request<B>, now: Instant) -> Option<Instant> {
-    let h = req.headers();
+    headers_deadline(req.headers(), now)
+}
+
+/// The deadline in a request's headers (see [`request_deadline`]): what a handler reads
+/// to bound its own calls below the caller's patience, with or without this layer.
+pub fn headers_deadline(h: &HeaderMap, now: Instant) -> Option<Instant> {
     let d = h
         .get(DEADLINE_HEADER)
         .and_then(|v| parse_deadline_ms(v.as_bytes()))
@@ -471,94 +473,47 @@ impl Check for AdmissionCheck {
 
 /// The tower layer; see the module doc. Build it with
 /// [`crate::Health::admission_layer`]; apply it with `Router::layer`.
-#[derive(Clone, Debug)]
-pub struct AdmissionLayer {
-    health: Router,
-    admission: Arc<Admission>,
-}
+pub type AdmissionLayer = GateLayer<Arc<Admission>>;
+
+/// The service made by [`AdmissionLayer`].
+pub type AdmissionService<S> = Gated<S, Arc<Admission>>;
 
 impl AdmissionLayer {
     /// A layer in front of `health` (the health router) sharing `admission`.
     pub fn new(health: Router, admission: Arc<Admission>) -> Self {
-        AdmissionLayer { health, admission }
+        GateLayer::with_gate(health, admission)
     }
 
     /// The shared state (counters, limit).
     pub fn admission(&self) -> Arc<Admission> {
-        self.admission.clone()
+        self.gate().clone()
     }
 }
 
-impl<S> Layer<S> for AdmissionLayer {
-    type Service = AdmissionService<S>;
+impl Gate for Arc<Admission> {
+    type Ticket = AdmissionPermit;
 
-    fn layer(&self, inner: S) -> AdmissionService<S> {
-        AdmissionService {
-            inner,
-            health: self.health.clone(),
-            admission: self.admission.clone(),
+    fn enter(
+        &self,
+        req: &Request<Body>,
+    ) -> impl Future<Output = Result<AdmissionPermit, Response>> + Send + 'static {
+        let admission = self.clone();
+        let deadline = request_deadline(req, Instant::now());
+        async move {
+            admission.acquire(deadline).await.map_err(|reason| {
+                overloaded(
+                    ADMISSION_RETRY_AFTER_SECS,
+                    format!("overloaded: request refused ({reason})\n"),
+                )
+            })
         }
     }
-}
 
-/// The service made by [`AdmissionLayer`].
-#[derive(Clone, Debug)]
-pub struct AdmissionService<S> {
-    inner: S,
-    health: Router,
-    admission: Arc<Admission>,
-}
-
-impl<S> Service<Request<Body>> for AdmissionService<S>
-where
-    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = Response;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response, Infallible>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        // Decided per request in `call`, as the shed layer does.
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
-        if is_health_path(req.uri().path()) {
-            let health = self.health.clone();
-            return Box::pin(health.oneshot(req));
+    fn leave(permit: &mut AdmissionPermit, response: &Response) {
+        if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+            permit.overloaded();
         }
-        let admission = self.admission.clone();
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let deadline = request_deadline(&req, Instant::now());
-            let mut permit = match admission.acquire(deadline).await {
-                Ok(p) => p,
-                Err(reason) => return Ok(refused(reason)),
-            };
-            let response = inner.oneshot(req).await;
-            if matches!(&response, Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE) {
-                permit.overloaded();
-            }
-            drop(permit);
-            response
-        })
     }
-}
-
-fn refused(reason: &str) -> Response {
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        [
-            (
-                header::RETRY_AFTER,
-                HeaderValue::from(ADMISSION_RETRY_AFTER_SECS),
-            ),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
-        ],
-        format!("overloaded: request refused ({reason})\n"),
-    )
-        .into_response()
 }
 
 #[cfg(test)]

@@ -142,8 +142,20 @@ impl DependencyGuard {
         }
     }
 
-    /// Runs `call` under the breaker (see the module doc).
+    /// Runs `call` under the breaker (see the module doc), bounded by the budget.
     pub async fn call<T, E, F>(&self, call: F) -> Guarded<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        self.call_within(Duration::MAX, call).await
+    }
+
+    /// [`DependencyGuard::call`] bounded by `limit` too, when it is shorter than the
+    /// budget: what the caller's deadline leaves (less the time to answer). A call cut at
+    /// `limit` counts as bad like one cut at the budget: the dependency did not answer in
+    /// the time there was, and a breaker that ignored such cuts would never open while
+    /// every caller's deadline is shorter than the budget (a balancer's per-try timeout).
+    pub async fn call_within<T, E, F>(&self, limit: Duration, call: F) -> Guarded<T, E>
     where
         F: Future<Output = Result<T, E>>,
     {
@@ -155,7 +167,7 @@ impl DependencyGuard {
                 self.calls[3].fetch_add(1, Ordering::Relaxed);
                 return Guarded::Degraded(Degraded::Open);
             }
-            st.breaker.config().slow_call
+            st.breaker.config().slow_call.min(limit)
         };
         let started = Instant::now();
         let outcome = tokio::time::timeout(budget, call).await;
@@ -172,7 +184,10 @@ impl DependencyGuard {
         };
         self.calls[i].fetch_add(1, Ordering::Relaxed);
         let mut st = self.lock();
-        let bad = st.breaker.is_bad(ok, took);
+        // A cut call is bad whatever `trip_on` says (it is a slow call) and whatever
+        // `took` says (exactly the budget is not "slower than" it in paused time).
+        let timed_out = matches!(result, Guarded::Degraded(Degraded::TimedOut));
+        let bad = timed_out || st.breaker.is_bad(ok, took);
         let change = st
             .breaker
             .record(self.now(), 1, u64::from(bad), rand::random::<f64>());
@@ -208,14 +223,20 @@ impl Check for GuardCheck {
                     "{}: closed: {bad} of {calls} recent calls failed or were slow",
                     g.name
                 )),
-            BreakerState::Open { until } => CheckResult::new(Status::Warn)
-                .with_observed(2, "state")
-                .with_output(format!(
-                    "{}: {} (trial calls in {:?})",
-                    g.name,
-                    st.reason,
-                    until.since(now)
-                )),
+            BreakerState::Open { until } => {
+                // The breaker moves on at a call: without calls, its time may be over.
+                let when = match until.since(now) {
+                    left if left.is_zero() => "trial calls at the next call".to_string(),
+                    left => format!(
+                        "trial calls in {}",
+                        // Whole milliseconds: "4s 998ms", not its nanoseconds.
+                        humantime::format_duration(Duration::from_millis(left.as_millis() as u64))
+                    ),
+                };
+                CheckResult::new(Status::Warn)
+                    .with_observed(2, "state")
+                    .with_output(format!("{}: {} ({when})", g.name, st.reason))
+            }
             BreakerState::HalfOpen { .. } => {
                 let reason = std::mem::take(&mut st.reason);
                 st.reason = reason.clone();
@@ -291,5 +312,40 @@ mod tests {
         assert_eq!(g.check().check().await.status, Status::Pass);
         assert_eq!(g.calls("timed_out"), 4);
         assert_eq!(g.calls("degraded"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shorter_limit_cuts_the_call_and_counts_it_bad() {
+        let g = DependencyGuard::new("postgres", cfg(), "serving cached reads");
+        for _ in 0..4 {
+            let started = Instant::now();
+            let r = g
+                .call_within(Duration::from_millis(30), async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok::<_, ()>(1)
+                })
+                .await;
+            assert!(matches!(r, Guarded::Degraded(Degraded::TimedOut)));
+            assert_eq!(
+                started.elapsed(),
+                Duration::from_millis(30),
+                "cut at the caller's limit, under the 100 ms budget"
+            );
+        }
+        assert!(
+            matches!(g.state(), BreakerState::Open { .. }),
+            "calls cut at the caller's limit open the breaker: {g:?}"
+        );
+        // A limit above the budget does not lengthen it.
+        let g = DependencyGuard::new("postgres", cfg(), "serving cached reads");
+        let started = Instant::now();
+        let r = g
+            .call_within(Duration::from_secs(10), async {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Ok::<_, ()>(1)
+            })
+            .await;
+        assert!(matches!(r, Guarded::Degraded(Degraded::TimedOut)));
+        assert_eq!(started.elapsed(), Duration::from_millis(100));
     }
 }

@@ -41,6 +41,7 @@
 //!   concurrency limit and a controlled-delay queue with adaptive LIFO.
 //! - [`guard`]: the dependency guard ([`DependencyGuard`]): a breaker around a
 //!   dependency's calls, degraded answers while it is open.
+//! - [`front`]: the layer both share: health paths bypass, the rest pass a [`front::Gate`].
 //! - [`shed`]: the fixed concurrency-limit layer for the application's port ([`ShedLayer`]).
 //! - [`metrics`]: Prometheus metrics read from the snapshot ([`metrics::HealthCollector`]).
 //! - [`heartbeat`]: signed heartbeats to `vigil controller`, for processes no prober reaches.
@@ -57,6 +58,7 @@ mod background;
 pub mod builtin;
 pub mod check;
 pub mod endpoints;
+pub mod front;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod guard;
