@@ -572,7 +572,10 @@ async fn item(
                 tracing::debug!(error = %e, id, "read failed; trying the cache");
                 "the read failed"
             }
-            Guarded::Degraded(Degraded::TimedOut) => "the read ran out of time",
+            Guarded::Degraded(Degraded::TimedOut) => {
+                st.store.abandon_reads().await;
+                "the read ran out of time"
+            }
             Guarded::Degraded(Degraded::Open) => "the breaker is open",
         }
     };

@@ -244,6 +244,17 @@ impl Store {
         }
     }
 
+    /// Drops the reads' connection after a read was given up (cut at its budget): the
+    /// query still runs on the server, and a PostgreSQL connection runs its queries one
+    /// after the other, so every later read would wait behind the abandoned ones (after a
+    /// brownout, trial reads stayed slow until that queue drained). The next read
+    /// connects anew.
+    pub async fn abandon_reads(&self) {
+        if let Backend::Postgres { reads, .. } = &self.backend {
+            *reads.lock().await = None;
+        }
+    }
+
     /// Whether the dependency fault is on.
     pub fn is_down(&self) -> bool {
         self.down.load(Ordering::SeqCst)
