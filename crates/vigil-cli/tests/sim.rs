@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use vigil_sim::scenario::{ControllerMode, GuardStateStore, RetryLimit, Switch};
+use vigil_sim::scenario::{Balance, ControllerMode, GuardStateStore, RetryLimit, Switch};
 use vigil_sim::{Policies, Scenario};
 
 fn vigil() -> Command {
@@ -197,6 +197,29 @@ fn heavy_retry_budget_regression_is_caught() {
         &s,
         &["recover_within", "availability", "amplification"],
         "an unbudgeted balancer in front of servers that queue everything must keep the fleet down",
+    );
+}
+
+#[test]
+fn heavy_p2c_and_dependency_guard_regressions_are_caught() {
+    // Round-robin keeps sending the slow server its share, which it sheds: P2C on
+    // outstanding requests is what steers around it without an ejection.
+    let mut s = load("slow-host-beside-gray");
+    assert!(broken(&s, Policies::Vigil).is_empty(), "baseline holds");
+    s.config.lb.balance = Balance::RoundRobin;
+    assert_breaks(
+        &s,
+        &["availability", "admission_refused"],
+        "without P2C the slow server keeps its traffic",
+    );
+    // Without the dependency guard the slow database's calls hold every worker.
+    let mut s = load("dependency-latency-creep");
+    assert!(broken(&s, Policies::Vigil).is_empty(), "baseline holds");
+    s.config.fleet.dependency_guard = Switch::Off;
+    assert_breaks(
+        &s,
+        &["availability_during_faults", "degraded"],
+        "without the guard the servable requests starve",
     );
 }
 

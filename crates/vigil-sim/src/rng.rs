@@ -28,6 +28,11 @@ impl SimRng {
         self.inner.random::<f64>()
     }
 
+    /// A uniform 64-bit draw.
+    pub fn next_u64(&mut self) -> u64 {
+        self.inner.random()
+    }
+
     /// A uniform integer in `[0, n)`; `n` must be positive.
     pub fn below(&mut self, n: u64) -> u64 {
         self.inner.random_range(0..n)

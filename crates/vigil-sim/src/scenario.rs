@@ -457,6 +457,22 @@ pub struct LbConfig {
     pub pool: PoolConfig,
     /// The balancer's retries of failed attempts.
     pub retries: LbRetriesConfig,
+    /// How requests are spread over the routing set: `p2c` (vigil lb's default) or
+    /// `round-robin`. Defaults to `p2c`.
+    pub balance: Balance,
+}
+
+/// How the simulated balancer spreads requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Balance {
+    /// vigil-core's `RoutingSet::pick_p2c` on outstanding requests plus the shed
+    /// penalty, as `vigil lb` balances by default (sampled per tick: see the sim's
+    /// module docs). Defaults to this.
+    #[default]
+    P2c,
+    /// Shares in proportion to effective weight (round-robin; nginx's default).
+    RoundRobin,
 }
 
 impl Default for LbConfig {
@@ -467,6 +483,7 @@ impl Default for LbConfig {
             timeout: DEFAULT_LB_TIMEOUT,
             pool: PoolConfig::default(),
             retries: LbRetriesConfig::default(),
+            balance: Balance::P2c,
         }
     }
 }
@@ -1251,7 +1268,7 @@ impl FaultConfig {
 
 impl ScenarioConfig {
     /// The same scenario with naive policies: the load balancer checks `/health` (deep),
-    /// never fails open and retries without a budget, the controller acts on every unhealthy verdict with no
+    /// never fails open, balances round-robin and retries without a budget, the controller acts on every unhealthy verdict with no
     /// guard, servers have no watchdog and answer health checks from the request
     /// workers, queue workers pull without checking their host, and rollouts follow a
     /// timer. Outlier detection and thresholds are kept: they are not what the article
@@ -1268,6 +1285,7 @@ impl ScenarioConfig {
         n.fleet.admission = Switch::Off;
         n.fleet.dependency_guard = Switch::Off;
         n.lb.retries.throttle = Switch::Off;
+        n.lb.balance = Balance::RoundRobin;
         n.fleet.health_capacity = HealthCapacity::Shared;
         if let Some(q) = &mut n.queue {
             q.gate = Switch::Off;

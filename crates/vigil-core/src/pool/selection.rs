@@ -278,7 +278,13 @@ impl ShedPenalty {
 
     /// Records one shed answer at `now`.
     pub fn add(&mut self, now: Time, half_life: Duration) {
-        self.value = self.load(now, half_life) + 1.0;
+        self.add_many(now, 1, half_life);
+    }
+
+    /// Records `n` shed answers at `now` (a driver that counts answers in batches, as
+    /// `vigil sim` does per tick).
+    pub fn add_many(&mut self, now: Time, n: u64, half_life: Duration) {
+        self.value = self.load(now, half_life) + n as f64;
         self.at = now;
     }
 }

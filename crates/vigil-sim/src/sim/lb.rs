@@ -5,7 +5,7 @@ use super::engine::Ev;
 use super::model::Life;
 use super::{MAX_EJECTION_MARKS, RECOVERED, Sample, Sim, TIMEOUT};
 use crate::clients::Tally;
-use crate::scenario::CheckPath;
+use crate::scenario::{Balance, CheckPath};
 use vigil_core::HealthState;
 use vigil_core::outlier::{OutlierEvent, RequestOutcome};
 use vigil_core::pool::PoolEvent;
@@ -464,6 +464,9 @@ impl<'a> Sim<'a> {
         };
         let after = s.backlog;
         s.shedding = dropped > 0 && paused == 0.0;
+        if s.shedding && self.cfg.lb.balance == Balance::P2c {
+            self.record_shed(iu, dropped);
+        }
         if max_queue < plain_queue {
             let plain_dropped = (total.saturating_sub(cap)).saturating_sub(plain_queue);
             self.s.admission_refused += dropped - plain_dropped.min(dropped);
@@ -591,10 +594,11 @@ impl<'a> Sim<'a> {
             return (unrouted, 0);
         }
         let now = Self::pt(self.now);
-        // Equal weights and no slow-start ramp: round-robin, exactly (each target gets
-        // n / k, and the remainder goes to the next targets in rotation, continuing
-        // where the last tick stopped). Otherwise: shares in proportion to effective
-        // weight, rounded randomly (unbiased; with retries, systematically from one
+        // Equal weights and no slow-start ramp (and, with P2C, servers alike): round-robin,
+        // exactly (each target gets n / k, and the remainder goes to the next targets in
+        // rotation, continuing where the last tick stopped). With P2C otherwise: its
+        // sampled picks' shares (`balance.rs`). Otherwise: shares in proportion to
+        // effective weight, rounded randomly (unbiased; with retries, systematically from one
         // random offset, so the shares add up to `n` exactly and every attempt sent is
         // accounted for).
         let w0 = self.routes.routes[0].weight;
@@ -604,11 +608,16 @@ impl<'a> Sim<'a> {
                     && r.ramp
                         .is_none_or(|_| r.effective_weight(now) >= f64::from(w0))
             });
+        // P2C (vigil's balancer) where the servers differ: sampled picks as weights.
+        let p2c = self.cfg.lb.balance == Balance::P2c && self.p2c_weights(n, uniform);
+        let uniform = uniform && !p2c;
         let k = self.routes.routes.len() as u64;
         let (base, rem, off) = (n / k, n % k, self.rr % k);
         let mut total_w = 0.0;
         if uniform {
             self.rr = self.rr.wrapping_add(n);
+        } else if p2c {
+            total_w = 1.0;
         } else {
             self.weights.clear();
             for r in &self.routes.routes {
@@ -620,7 +629,7 @@ impl<'a> Sim<'a> {
                 return (unrouted, 0);
             }
         }
-        let systematic = (!uniform && self.retrying.is_some()).then(|| self.rng.unit());
+        let systematic = (!uniform && (p2c || self.retrying.is_some())).then(|| self.rng.unit());
         let mut cum = 0.0;
         let mut given = 0u64;
         let mut tally = Tally::default();

@@ -13,8 +13,10 @@
 //! # What is simulated, and how honestly
 //!
 //! - **Clients**: each tick, a Poisson number of new requests arrives (open-loop). They
-//!   are spread over the load balancer's routing set in proportion to effective weight
-//!   (what round-robin gives; P2C's preference for less-loaded targets is not modelled).
+//!   are spread over the load balancer's routing set by vigil-core's P2C on each
+//!   server's outstanding requests, as `vigil lb` balances (sampled per tick, see
+//!   `balance.rs`), or, for the naive balancer, in proportion to effective weight
+//!   (round-robin).
 //!   Each request's outcome is drawn from the server's state (binomial draws over the
 //!   tick's requests, so every request counts, without an event per request). With
 //!   client or balancer retries, failed attempts come back ([`crate::clients`]), within
@@ -53,6 +55,7 @@
 //!   pool, passing observations of a target the guard already holds healthy are elided.
 
 mod admission;
+mod balance;
 mod controller;
 mod detection;
 mod engine;
@@ -231,6 +234,8 @@ pub struct Sim<'a> {
     streaks: Vec<(u32, u32)>,
     ejected_count: usize,
     weights: Vec<f64>,
+    /// P2C's view of each server (`balance.rs`).
+    p2c: balance::P2cState,
     /// Reused buffers of `feed_outcomes`.
     runs_buf: Vec<(Option<RequestOutcome>, u64)>,
     pos_buf: Vec<u64>,
@@ -432,6 +437,7 @@ impl<'a> Sim<'a> {
             streaks: vec![(0, 0); n],
             ejected_count: 0,
             weights: Vec::with_capacity(n),
+            p2c: balance::P2cState::new(n),
             runs_buf: Vec::new(),
             pos_buf: Vec::new(),
             served_tick: vec![u64::MAX; n],

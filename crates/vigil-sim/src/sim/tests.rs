@@ -466,3 +466,46 @@ fn gc_pause_fraction_and_remaining() {
     let f = g.paused_fraction(Time::from_secs(11), Duration::from_secs(1));
     assert!(f.abs() < 1e-9, "{f}");
 }
+
+#[test]
+fn p2c_steers_around_a_slow_or_shedding_server() {
+    let shares = |slow: f64, shed: u64| {
+        let s = sim_for("[fleet]\nservers = 4\nzones = 1\n");
+        let mut sim = Sim::new(&s.config, 1, Policies::Vigil);
+        sim.refresh_routes();
+        sim.servers[0].slow = Ramped {
+            to: slow,
+            ramp: None,
+        };
+        if shed > 0 {
+            sim.record_shed(1, shed);
+        }
+        let uniform = true;
+        if !sim.p2c_weights(2000, uniform) {
+            return None;
+        }
+        let mut w = vec![0.0; 4];
+        for (j, r) in sim.routes.routes.iter().enumerate() {
+            w[r.key as usize] = sim.weights[j];
+        }
+        Some(w)
+    };
+    // Alike: no sampling, the caller's exact round-robin applies.
+    assert_eq!(shares(0.0, 0), None);
+    // 700 ms late: P2C sends it a small share, the others share the rest evenly.
+    let w = shares(0.7, 0).expect("the servers differ");
+    assert!(w[0] < 0.08, "the slow server's share: {w:?}");
+    for x in &w[1..] {
+        assert!((0.26..0.40).contains(x), "{w:?}");
+    }
+    // 200 answers just shed: a 200-request penalty, a fraction of its share.
+    let w = shares(0.0, 200).expect("the servers differ");
+    assert!(w[1] < 0.1, "the shedding server's share: {w:?}");
+    // P2C is vigil's; the naive balancer is round-robin.
+    let s = sim_for("[fleet]\nservers = 4\n");
+    assert_eq!(s.config.lb.balance, crate::scenario::Balance::P2c);
+    assert_eq!(
+        s.config.naive().lb.balance,
+        crate::scenario::Balance::RoundRobin
+    );
+}
