@@ -57,7 +57,7 @@ for each setup. Figures of runs: bench/overload/RESULTS.md.
 
 Usage: bench/overload/run.py [--rate N | --load 0.5] [--warmup 20] [--fault 60]
        [--after 30] [--call-ms 1500] [--db-share 0.4] [--cpu-ms 5] [--arrivals fixed|poisson]
-       [--only vigil,naive] [--nginx-read-timeout 1s]
+       [--only vigil,vigil-off,naive] [--nginx-read-timeout 1s]
 The binary is $VIGIL, or target/release/vigil (built if missing). About 4-5 minutes with
 the defaults. Every process started here is stopped here, on Ctrl-C or an error too; logs
 in a temporary directory named in the output.
@@ -307,7 +307,9 @@ class Scraper:
             for c in self.svcs:
                 try:
                     text = await self._get(c, "/metrics")
-                    flight += metric_sum(text, "vigil_requests_in_flight")
+                    # The shed layer's gauge (--admission off) or the admission layer's.
+                    flight += (metric_sum(text, "vigil_requests_in_flight")
+                               + metric_sum(text, "vigil_admission_in_flight"))
                     failing += metric_sum(text, "vigil_check_status", 'check="postgres:query"') >= 2
                 except (OSError, asyncio.TimeoutError):
                     pass
@@ -567,7 +569,9 @@ def main():
     ap.add_argument("--cpu-ms", type=int, default=5,
                     help="CPU time of a request that does not (GET /work?ms=, default 5)")
     ap.add_argument("--arrivals", choices=["fixed", "poisson"], default="fixed")
-    ap.add_argument("--only", default="vigil,naive", help="setups to run, in this order (default vigil,naive)")
+    ap.add_argument("--only", default="vigil,naive",
+                    help="setups to run, in this order (default vigil,naive; also vigil-off: vigil lb in front "
+                         "of services started with --admission off)")
     ap.add_argument("--nginx-read-timeout", default="1s",
                     help="nginx proxy_read_timeout: one try's wait, retried on another server (default 1s, the "
                          "clients' patience)")
@@ -588,8 +592,10 @@ def main():
     admission = has_admission_flag(vigil)
     setups = [s.strip() for s in args.only.split(",") if s.strip()]
     for s in setups:
-        if s not in ("vigil", "naive"):
-            sys.exit(f"unknown setup {s!r} (vigil, naive)")
+        if s not in ("vigil", "vigil-off", "naive"):
+            sys.exit(f"unknown setup {s!r} (vigil, vigil-off, naive)")
+        if s == "vigil-off" and not admission:
+            sys.exit("vigil-off needs an example service with --admission (a later binary)")
     try:
         print(f"machine: {os.cpu_count()} cores, load {' '.join(open('/proc/loadavg').read().split()[:3])}; "
               f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}; logs {logdir}")
@@ -615,6 +621,8 @@ def main():
         for setup in setups:
             if setup == "vigil":
                 fleet = Fleet("vigil", vigil, procs, logdir, "vigil lb", False, args)
+            elif setup == "vigil-off":
+                fleet = Fleet("vigil-off", vigil, procs, logdir, "vigil lb", True, args)
             else:
                 fleet = Fleet("naive", vigil, procs, logdir, "nginx", admission, args)
             time.sleep(2)  # the balancers' first health checks
