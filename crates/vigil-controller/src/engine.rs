@@ -49,8 +49,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use vigil_core::Time;
 use vigil_core::anomaly::{AnomalyDetector, AnomalyState, Counts, MemberVerdict};
 use vigil_core::fleet::{
-    DecisionKind, Dissent, DissentConfig, Effect, Input, Mode, Standing, judge_peers, peer_check,
-    step,
+    DecisionKind, Dissent, DissentConfig, Effect, Input, Mode, Refusal, Standing, judge_peers,
+    peer_check, step,
 };
 use vigil_core::guard::{
     Applied, Decision, FreezeScope, GuardConfig, GuardEvent, GuardState, GuardTargetView, Hold,
@@ -228,6 +228,23 @@ pub enum EngineError {
     /// The engine has stopped (its command channel is closed): nothing was applied.
     #[error("engine stopped")]
     Stopped,
+}
+
+impl From<Refusal> for EngineError {
+    fn from(r: Refusal) -> EngineError {
+        match r {
+            Refusal::UnknownTarget(id) => EngineError::UnknownTarget(id),
+            Refusal::NoHold { id, kind } => EngineError::NoHold {
+                id,
+                kind: hold_path(kind),
+            },
+            Refusal::OtherHold { id, kind, held } => EngineError::OtherHold {
+                id,
+                kind: hold_path(kind),
+                held: hold_path(held),
+            },
+        }
+    }
 }
 
 /// A hold kind as in the API's paths (`silence`, `maintenance`).
@@ -981,63 +998,31 @@ impl Engine {
                 reply,
             } => {
                 let now = self.clock.now();
-                let at = now;
                 let hold = Hold {
                     kind,
                     reason,
                     until: duration.map(|d| now + d),
                 };
-                let found = self.op(
-                    Op::SetHold {
-                        at,
-                        id: id.clone(),
-                        hold,
-                    },
-                    Some(&id),
-                );
-                self.replies.push((
-                    reply,
-                    if found {
-                        Ok(())
-                    } else {
-                        Err(EngineError::UnknownTarget(id))
-                    },
-                ));
+                let input = Input::SetHold {
+                    id: id.clone(),
+                    hold,
+                };
+                self.command(now, input, Some(&id), reply);
             }
             Command::ClearHold { id, kind, reply } => {
-                let now = self.clock.now();
-                // Only a hold of the kind asked for is lifted: lifting a maintenance
-                // with DELETE .../silence would put a target under repair back in
-                // the counts and in reach of the actuator.
-                let held = self.guard.target(now, &id).map(|v| v.hold.map(|h| h.kind));
-                let r = match held {
-                    None => Err(EngineError::UnknownTarget(id.clone())),
-                    Some(None) => Err(EngineError::NoHold {
-                        id: id.clone(),
-                        kind: hold_path(kind),
-                    }),
-                    Some(Some(h)) if h != kind => Err(EngineError::OtherHold {
-                        id: id.clone(),
-                        kind: hold_path(kind),
-                        held: hold_path(h),
-                    }),
-                    Some(Some(_)) => Ok(()),
+                // Only a hold of the kind asked for is lifted (the step refuses the
+                // other kind).
+                let input = Input::ClearHold {
+                    id: id.clone(),
+                    kind,
                 };
-                if r.is_ok() {
-                    let at = now;
-                    self.op(Op::ClearHold { at, id: id.clone() }, Some(&id));
-                }
-                self.replies.push((reply, r));
+                self.command(self.clock.now(), input, Some(&id), reply);
             }
             Command::Freeze { reason, reply } => {
-                let at = self.clock.now();
-                self.op(Op::Freeze { at, reason }, None);
-                self.replies.push((reply, Ok(())));
+                self.command(self.clock.now(), Input::Freeze { reason }, None, reply);
             }
             Command::Unfreeze { reply } => {
-                let at = self.clock.now();
-                self.op(Op::Unfreeze { at }, None);
-                self.replies.push((reply, Ok(())));
+                self.command(self.clock.now(), Input::Unfreeze, None, reply);
             }
             Command::Reconfigure(config) => self.reconfigure(config),
             Command::Fleet(reply) => {
@@ -1271,12 +1256,31 @@ impl Engine {
                 }
                 Effect::Decide(_, d) => self.record_decision(d),
                 Effect::Event(ev) => self.guard_event(ev),
+                Effect::Refused(_) => {}
             }
         }
         if changed {
             self.refresh_states(target);
         }
         changed
+    }
+
+    /// An operator's command through the judging step: its effects recorded, its
+    /// answer (or refusal) given once the batch is committed.
+    fn command(
+        &mut self,
+        now: Time,
+        input: Input,
+        target: Option<&str>,
+        reply: oneshot::Sender<Result<(), EngineError>>,
+    ) {
+        let effects = step(&mut self.guard, now, input);
+        let refused = effects.iter().find_map(|e| match e {
+            Effect::Refused(r) => Some(EngineError::from(r.clone())),
+            _ => None,
+        });
+        self.effects(effects, target);
+        self.replies.push((reply, refused.map_or(Ok(()), Err)));
     }
 
     /// Queues an op for the store (unless a snapshot in the same batch covers it).
@@ -1997,7 +2001,8 @@ mod tests {
     }
 
     /// One recorded input sequence (probe results of six targets: passes, one target
-    /// failing for good, one flapping, two failing together), given to the controller's
+    /// flapping, one failing for good under a silence then without, two failing
+    /// together; silences set, lifted and refused), given to the controller's
     /// live path (commands, the engine's loop, the store) and to
     /// `vigil_core::fleet::step`, the judging step the simulator drives: the same
     /// observations are logged and the same decisions recorded, in the same order.
@@ -2010,25 +2015,43 @@ mod tests {
             ..GuardConfig::default()
         };
         let n = 6;
-        let mut recorded: Vec<(String, String, bool)> = Vec::new();
-        let mut round = |ok: &dyn Fn(usize) -> bool| {
+        /// One recorded input: a probe result, or an operator setting or lifting a
+        /// silence (`Maintenance` asked of a silenced target is refused).
+        enum Rec {
+            Probe(String, String, bool),
+            Hold(&'static str),
+            Lift(&'static str, HoldKind),
+        }
+        let mut recorded: Vec<Rec> = Vec::new();
+        let round = |recorded: &mut Vec<Rec>, ok: &dyn Fn(usize) -> bool| {
             for t in targets(n) {
                 let i: usize = t.id[1..].parse().unwrap();
-                recorded.push((t.id.clone(), t.zone.clone(), ok(i)));
+                recorded.push(Rec::Probe(t.id.clone(), t.zone.clone(), ok(i)));
             }
         };
         for _ in 0..2 {
-            round(&|_| true);
+            round(&mut recorded, &|_| true);
         }
         for r in 0..4 {
-            round(&|i| i != 1 && !(i == 2 && r % 2 == 1));
+            round(&mut recorded, &|i| i != 2 || r % 2 == 0);
+        }
+        recorded.push(Rec::Hold("t001"));
+        for _ in 0..2 {
+            round(&mut recorded, &|i| i != 1);
+        }
+        recorded.push(Rec::Lift("t001", HoldKind::Maintenance));
+        recorded.push(Rec::Lift("t005", HoldKind::Silenced));
+        recorded.push(Rec::Lift("t001", HoldKind::Silenced));
+        for _ in 0..4 {
+            round(&mut recorded, &|i| i != 1);
         }
         for _ in 0..4 {
-            round(&|i| i != 1 && i != 3 && i != 4);
+            round(&mut recorded, &|i| i != 1 && i != 3 && i != 4);
         }
         for _ in 0..3 {
-            round(&|i| i != 1);
+            round(&mut recorded, &|i| i != 1);
         }
+        recorded.push(Rec::Hold("t000"));
 
         // The controller's path.
         let dir = tempfile::tempdir().unwrap();
@@ -2058,11 +2081,23 @@ mod tests {
         let (tx, rx) = mpsc::channel(1024);
         let (_stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(engine.run(rx, stop_rx));
-        for (id, zone, ok) in &recorded {
-            tx.send(probe(id, zone, *ok)).await.unwrap();
+        let mut answers = Vec::new();
+        for rec in &recorded {
+            match rec {
+                Rec::Probe(id, zone, ok) => tx.send(probe(id, zone, *ok)).await.unwrap(),
+                // Answered once committed: everything before it is in the store.
+                Rec::Hold(id) => answers.push(silence(&tx, id).await),
+                Rec::Lift(id, kind) => {
+                    let (reply, rx) = oneshot::channel();
+                    let id = id.to_string();
+                    let kind = *kind;
+                    tx.send(Command::ClearHold { id, kind, reply })
+                        .await
+                        .unwrap();
+                    answers.push(rx.await.unwrap());
+                }
+            }
         }
-        // Answered once committed: everything before it is in the store.
-        silence(&tx, "t000").await.unwrap();
         task.abort();
         let _ = task.await;
         let mut db = SqliteStore::open(&dir.path().join("vigil.db")).unwrap();
@@ -2095,18 +2130,44 @@ mod tests {
             });
         }
         let mut effects = Vec::new();
-        for (id, zone, ok) in &recorded {
+        let mut step_answers = Vec::new();
+        for rec in &recorded {
             now = now + Duration::from_millis(1);
-            let Command::Probe { obs, .. } = probe(id, zone, *ok) else {
-                unreachable!()
+            let input = match rec {
+                Rec::Probe(id, zone, ok) => {
+                    let Command::Probe { obs, .. } = probe(id, zone, *ok) else {
+                        unreachable!()
+                    };
+                    Input::Probe(obs)
+                }
+                Rec::Hold(id) => Input::SetHold {
+                    id: id.to_string(),
+                    hold: Hold {
+                        kind: HoldKind::Silenced,
+                        reason: "test".into(),
+                        until: None,
+                    },
+                },
+                Rec::Lift(id, kind) => Input::ClearHold {
+                    id: id.to_string(),
+                    kind: *kind,
+                },
             };
-            effects.extend(step(&mut guard, now, Input::Probe(obs)));
+            let fx = step(&mut guard, now, input);
+            if !matches!(rec, Rec::Probe(..)) {
+                let refused = fx.iter().find_map(|e| match e {
+                    Effect::Refused(r) => Some(EngineError::from(r.clone())),
+                    _ => None,
+                });
+                step_answers.push(refused.map_or(Ok(()), Err));
+            }
+            effects.extend(fx);
         }
         let step_decided: Vec<(String, String)> = effects
             .iter()
             .filter_map(|e| match e {
                 Effect::Decide(k, d) => Some((d.target.clone(), k.as_str().to_string())),
-                Effect::Event(_) | Effect::Log(_) => None,
+                Effect::Event(_) | Effect::Log(_) | Effect::Refused(_) => None,
             })
             .collect();
         let step_observed: Vec<Observation> = effects
@@ -2125,6 +2186,12 @@ mod tests {
         assert_eq!(
             decided, step_decided,
             "the same decisions, in the same order"
+        );
+        assert_eq!(answers, step_answers, "the same answers to the operator");
+        assert!(
+            matches!(answers[1], Err(EngineError::OtherHold { .. }))
+                && matches!(answers[2], Err(EngineError::NoHold { .. })),
+            "{answers:?}"
         );
         assert_eq!(observed, step_observed, "the same observations logged");
     }

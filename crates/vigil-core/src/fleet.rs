@@ -17,11 +17,12 @@
 //! the composition both drivers call ([`peer_check`] and [`judge_peers`], the probers'
 //! agreement as [`Judged`], the [`Dissent`] rule, [`DecisionKind`]: which decisions are
 //! recorded, counted by kind); and the judging [`step`]: a probe result, the probers'
-//! verdict or a tick in, [`Effect`]s out (the op to log, the decision, the guard's
-//! events), which the controller's live path and the simulator both drive.
+//! verdict, a tick or an operator's command in, [`Effect`]s out (the op to log, the decision, the guard's
+//! events, or a typed [`Refusal`]), which the controller's live path and the simulator
+//! both drive.
 //!
 //! Still in the controller's `engine.rs` (its tokio loop), to move here input by input:
-//! target lists, operator commands, leadership changes, commit results and store
+//! target lists, reconfiguration, leadership changes, commit results and store
 //! reads, with the batch, the snapshot policy and the view they feed. Until then the
 //! simulator keeps its own grace window, its threshold-feeding shortcut and its serde
 //! round-trip restart, and knows no store, leader or commit.
@@ -74,4 +75,4 @@ pub use compose::{
 };
 pub use mode::Mode;
 pub use standing::Standing;
-pub use step::{Effect, Input, step};
+pub use step::{Effect, Input, Refusal, step};

@@ -9,7 +9,7 @@
 //! operator commands, leadership, commit results) is still the controller's own.
 
 use super::compose::{DecisionKind, Judged};
-use crate::guard::{Decision, GuardEvent, Observation, Op, SafetyGuard};
+use crate::guard::{Applied, Decision, GuardEvent, Hold, HoldKind, Observation, Op, SafetyGuard};
 use crate::time::Time;
 
 /// One input to the judging step.
@@ -28,6 +28,52 @@ pub enum Input {
     },
     /// Time passed: holds expire, flap penalties decay, freezes are re-evaluated.
     Tick,
+    /// An operator puts a hold on target `id`.
+    SetHold {
+        /// The target.
+        id: String,
+        /// The hold.
+        hold: Hold,
+    },
+    /// An operator lifts the hold of `kind` on target `id`: a hold of the other kind
+    /// stays (lifting a maintenance with a silence's lift would put a target under
+    /// repair back in the counts and in reach of the actuator), and is refused.
+    ClearHold {
+        /// The target.
+        id: String,
+        /// The kind to lift.
+        kind: HoldKind,
+    },
+    /// An operator freezes the fleet.
+    Freeze {
+        /// Why.
+        reason: String,
+    },
+    /// An operator lifts the manual freeze.
+    Unfreeze,
+}
+
+/// Why an operator's command was refused (it changed nothing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No such target.
+    UnknownTarget(String),
+    /// The target has no hold to lift.
+    NoHold {
+        /// The target.
+        id: String,
+        /// The kind asked for.
+        kind: HoldKind,
+    },
+    /// The target's hold is of the other kind.
+    OtherHold {
+        /// The target.
+        id: String,
+        /// The kind asked for.
+        kind: HoldKind,
+        /// The kind in force.
+        held: HoldKind,
+    },
 }
 
 /// One effect of a step, in the order they happened.
@@ -41,6 +87,8 @@ pub enum Effect {
     Decide(DecisionKind, Decision),
     /// Something the guard says happened (a freeze, flapping, an alert due).
     Event(GuardEvent),
+    /// The operator's command was refused; nothing changed.
+    Refused(Refusal),
 }
 
 impl Effect {
@@ -48,21 +96,48 @@ impl Effect {
     pub fn op(&self) -> Option<&Op> {
         match self {
             Effect::Log(op) => Some(op),
-            Effect::Decide(..) | Effect::Event(_) => None,
+            Effect::Decide(..) | Effect::Event(_) | Effect::Refused(_) => None,
         }
     }
 }
 
 /// Applies `input` at `now` to `guard` and returns its effects: the op first (when it
-/// changed the guard), then its decision, then the guard's events.
+/// changed the guard), then its decision, then the guard's events; or why an
+/// operator's command was refused.
 pub fn step(guard: &mut SafetyGuard, now: Time, input: Input) -> Vec<Effect> {
     let op = match input {
         Input::Probe(obs) => Op::Observe { at: now, obs },
         Input::Agreed { id, judged } => judged.into_op(now, &id),
         Input::Tick => Op::Tick { at: now },
+        Input::SetHold { id, hold } => Op::SetHold { at: now, id, hold },
+        Input::ClearHold { id, kind } => {
+            let held = guard.target(now, &id).map(|v| v.hold.map(|h| h.kind));
+            let refusal = match held {
+                None => Some(Refusal::UnknownTarget(id.clone())),
+                Some(None) => Some(Refusal::NoHold {
+                    id: id.clone(),
+                    kind,
+                }),
+                Some(Some(h)) if h != kind => Some(Refusal::OtherHold {
+                    id: id.clone(),
+                    kind,
+                    held: h,
+                }),
+                Some(Some(_)) => None,
+            };
+            if let Some(r) = refusal {
+                return vec![Effect::Refused(r)];
+            }
+            Op::ClearHold { at: now, id }
+        }
+        Input::Freeze { reason } => Op::Freeze { at: now, reason },
+        Input::Unfreeze => Op::Unfreeze { at: now },
     };
     let applied = guard.apply(&op);
     let mut effects = Vec::new();
+    if let (Applied::UnknownTarget, Op::SetHold { id, .. }) = (&applied, &op) {
+        effects.push(Effect::Refused(Refusal::UnknownTarget(id.clone())));
+    }
     if applied.changed() {
         effects.push(Effect::Log(op));
         if let Some(d) = applied.into_decision()

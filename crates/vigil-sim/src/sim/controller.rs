@@ -114,7 +114,8 @@ impl<'a> Sim<'a> {
                         }
                         Effect::Decide(DecisionKind::Alert, _)
                         | Effect::Log(_)
-                        | Effect::Event(_) => {}
+                        | Effect::Event(_)
+                        | Effect::Refused(_) => {}
                     }
                 }
             }
