@@ -16,8 +16,9 @@
 //! (one draw), so at low load most loads are 0 or 1 and a tie goes to the first
 //! candidate, as in vigil lb, where P2C is close to weighted random.
 //!
-//! When every routed server looks alike (equal weight, worker time and penalty,
-//! nothing queued), P2C's shares are equal: the exact round-robin apportionment is kept
+//! When every routed server looks alike (equal worker time, no penalty, nothing
+//! queued), outstanding counts are alike too and P2C is weighted random: the caller's
+//! shares by effective weight (exact round-robin when the weights are equal) are kept
 //! then, and the picks are sampled only where servers differ.
 
 use super::Sim;
@@ -86,8 +87,8 @@ impl<'a> Sim<'a> {
 
     /// Fills `self.weights` (per route) with P2C's picks among `n` requests. Returns
     /// false, filling nothing, when the routed servers look alike: P2C's shares are then
-    /// equal, and the caller's exact apportionment applies.
-    pub(super) fn p2c_weights(&mut self, n: u64, uniform: bool) -> bool {
+    /// the weights', and the caller's apportionment applies.
+    pub(super) fn p2c_weights(&mut self, n: u64) -> bool {
         let now = Self::pt(self.now);
         let k = self.routes.routes.len();
         let mut p = std::mem::replace(&mut self.p2c, P2cState::new(0));
@@ -100,13 +101,18 @@ impl<'a> Sim<'a> {
             let penalty = p.shed[i].load(now, DEFAULT_SHED_PENALTY_HALF_LIFE);
             p.base.push(self.servers[i].backlog as f64 + penalty);
         }
-        let alike = uniform
-            && p.latency.iter().all(|&l| l == p.latency[0])
-            && p.base.iter().all(|&b| b < 0.5);
+        let alike = p.latency.iter().all(|&l| l == p.latency[0]) && p.base.iter().all(|&b| b < 0.5);
         if alike || n == 0 {
             if alike {
+                let total: f64 = self
+                    .routes
+                    .routes
+                    .iter()
+                    .map(|r| r.effective_weight(now))
+                    .sum();
                 for r in &self.routes.routes {
-                    p.share[r.key as usize] = 1.0 / k as f64;
+                    p.share[r.key as usize] =
+                        r.effective_weight(now) / total.max(f64::MIN_POSITIVE);
                 }
             }
             self.p2c = p;
