@@ -573,7 +573,7 @@ async fn item(
                 "the read failed"
             }
             Guarded::Degraded(Degraded::TimedOut) => {
-                st.store.abandon_reads().await;
+                st.store.abandon_reads();
                 "the read ran out of time"
             }
             Guarded::Degraded(Degraded::Open) => "the breaker is open",

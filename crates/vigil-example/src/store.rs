@@ -248,10 +248,13 @@ impl Store {
     /// query still runs on the server, and a PostgreSQL connection runs its queries one
     /// after the other, so every later read would wait behind the abandoned ones (after a
     /// brownout, trial reads stayed slow until that queue drained). The next read
-    /// connects anew.
-    pub async fn abandon_reads(&self) {
-        if let Backend::Postgres { reads, .. } = &self.backend {
-            *reads.lock().await = None;
+    /// connects anew. Never waits: while another read holds the slot it is connecting
+    /// (a new connection is on its way), and a read given up must answer at once.
+    pub fn abandon_reads(&self) {
+        if let Backend::Postgres { reads, .. } = &self.backend
+            && let Ok(mut slot) = reads.try_lock()
+        {
+            *slot = None;
         }
     }
 
