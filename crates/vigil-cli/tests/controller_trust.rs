@@ -425,30 +425,11 @@ async fn hostile_target_ids_cannot_break_or_forge_the_metrics_scrape() {
 /// `promtool check metrics` on the text, when promtool is installed (Debian's
 /// `prometheus` package); skipped with a message otherwise.
 fn promtool_check(text: &str) {
-    use std::io::Write;
-    let child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn();
-    let Ok(mut child) = child else {
+    let Some(p) = vigil_testkit::promtool_check_metrics(text) else {
         eprintln!("SKIPPED promtool check: promtool not installed (apt-get install -y prometheus)");
         return;
     };
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(p.success, "promtool check metrics: {}\n{text}", p.said);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! `vigil_build_info{version,commit} 1`. Skipped, saying so, without promtool (Debian
 //! package `prometheus`, installed by scripts/install-test-deps.sh).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -78,26 +78,8 @@ async fn wait_scrape(url: &str) -> (String, String) {
 }
 
 fn promtool(body: &str) -> (bool, String) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(body.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success() && said.trim().is_empty(), said)
+    let p = vigil_testkit::promtool_check_metrics(body).expect("promtool is installed");
+    (p.clean(), p.said)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -546,3 +546,50 @@ pub fn thread_slices(pid: u32) -> Vec<ThreadSlice> {
     out.sort_by(|a, b| (&a.name, a.tid).cmp(&(&b.name, b.tid)));
     out
 }
+
+// === promtool ===
+
+/// What `promtool check metrics` said of a text.
+#[derive(Debug, Clone)]
+pub struct Promtool {
+    /// It exited 0.
+    pub success: bool,
+    /// Its stdout and stderr (lint warnings, errors).
+    pub said: String,
+}
+
+impl Promtool {
+    /// Passed without a word: no error, no lint warning.
+    pub fn clean(&self) -> bool {
+        self.success && self.said.trim().is_empty()
+    }
+}
+
+/// `promtool check metrics` on `text`; `None` when promtool is not installed (Debian's
+/// `prometheus` package): the caller skips, saying so.
+pub fn promtool_check_metrics(text: &str) -> Option<Promtool> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    child
+        .stdin
+        .take()
+        .expect("stdin was piped")
+        .write_all(text.as_bytes())
+        .expect("write the metrics to promtool");
+    let out = child.wait_with_output().expect("promtool ran");
+    Some(Promtool {
+        success: out.status.success(),
+        said: format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    })
+}

@@ -3,9 +3,7 @@
 //! handler runs, health paths never refused, the adaptive limit cutting in on slow
 //! answers, and its metrics as Prometheus' promtool reads them.
 
-use std::io::Write;
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -321,12 +319,6 @@ async fn the_concurrency_limit_cuts_in_when_answers_are_slow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_and_guard_metrics_pass_promtool() {
-    if Command::new("promtool").arg("--version").output().is_err() {
-        eprintln!(
-            "SKIPPED: promtool is not installed (Debian package `prometheus`; scripts/install-test-deps.sh installs it)"
-        );
-        return;
-    }
     let admission = Admission::new(AdmissionConfig::default());
     let guard = DependencyGuard::new("postgres", BreakerConfig::default(), "serving cached reads");
     let _ = guard.call(async { Ok::<_, ()>(()) }).await;
@@ -350,27 +342,15 @@ async fn admission_and_guard_metrics_pass_promtool() {
     ] {
         assert!(text.contains(metric), "{metric} in:\n{text}");
     }
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let Some(promtool) = vigil_testkit::promtool_check_metrics(&text) else {
+        eprintln!(
+            "SKIPPED promtool check: promtool is not installed (Debian package `prometheus`; scripts/install-test-deps.sh installs it)"
+        );
+        return;
+    };
     assert!(
-        out.status.success() && said.trim().is_empty(),
-        "promtool check metrics: {said}\n{text}"
+        promtool.clean(),
+        "promtool check metrics: {}\n{text}",
+        promtool.said
     );
 }
