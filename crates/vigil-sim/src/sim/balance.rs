@@ -16,10 +16,13 @@
 //! (one draw), so at low load most loads are 0 or 1 and a tie goes to the first
 //! candidate, as in vigil lb, where P2C is close to weighted random.
 //!
-//! When every routed server looks alike (equal worker time, no penalty, nothing
-//! queued), outstanding counts are alike too and P2C is weighted random: the caller's
-//! shares by effective weight (exact round-robin when the weights are equal) are kept
-//! then, and the picks are sampled only where servers differ.
+//! When every routed server looks alike (equal weight, worker time and penalty, nothing
+//! queued), P2C's shares are equal: the caller's exact round-robin is kept then, and the
+//! picks are sampled only where servers differ. In pools of over 64 servers a difference
+//! of weight alone (slow start) keeps the weights' shares, to bound the cost (picks x
+//! servers per tick); there P2C would even out the outstanding counts instead. A target
+//! that refuses connections is given a healthy worker time, though in vigil lb it holds
+//! nothing outstanding and attracts picks until it is ejected: optimistic there.
 
 use super::Sim;
 use vigil_core::pool::{DEFAULT_SHED_PENALTY_HALF_LIFE, ShedPenalty};
@@ -28,6 +31,9 @@ use vigil_core::pool::{DEFAULT_SHED_PENALTY_HALF_LIFE, ShedPenalty};
 pub(super) const SAMPLES: u64 = 256;
 /// Least sampled picks per tick per routed server (when the tick has as many requests).
 pub(super) const SAMPLES_PER_SERVER: u64 = 16;
+/// Pools larger than this (`pick_p2c`'s stack size) are sampled only where servers
+/// differ in worker time, queue or penalty, not in weight alone.
+const LARGE_POOL: usize = 64;
 /// Weight of last tick's shares in this tick's rate estimate, in picks.
 const PRIOR_PICKS: f64 = 16.0;
 
@@ -43,6 +49,8 @@ pub(super) struct P2cState {
     base: Vec<f64>,
     /// Per server: its route's index this tick.
     route_of: Vec<usize>,
+    /// This tick's request rate (its first pass's requests), per second.
+    rate: f64,
 }
 
 impl P2cState {
@@ -54,6 +62,7 @@ impl P2cState {
             latency: Vec::with_capacity(n),
             base: Vec::with_capacity(n),
             route_of: vec![0; n],
+            rate: 0.0,
         }
     }
 }
@@ -67,7 +76,7 @@ impl<'a> Sim<'a> {
     }
 
     /// The mean time a request sent to server `i` now stays outstanding, besides its
-    /// queue wait: its worker time, and half a GC pause's share of the tick.
+    /// queue wait: its worker time, and its share of a GC pause's wait.
     fn outstanding_time(&self, i: usize) -> f64 {
         let now = self.now;
         if !self.is_up(i) {
@@ -82,13 +91,18 @@ impl<'a> Sim<'a> {
         let paused = self.servers[i]
             .gc
             .map_or(0.0, |g| g.paused_fraction(now, dt));
-        worker + paused * dt.as_secs_f64() / 2.0
+        // A share `paused` of the tick's requests arrive during the pause and wait half
+        // of it on average: `paused^2 x dt / 2` per request.
+        worker + paused * paused * dt.as_secs_f64() / 2.0
     }
 
     /// Fills `self.weights` (per route) with P2C's picks among `n` requests. Returns
     /// false, filling nothing, when the routed servers look alike: P2C's shares are then
     /// the weights', and the caller's apportionment applies.
-    pub(super) fn p2c_weights(&mut self, n: u64) -> bool {
+    /// `first`: the tick's first pass (its requests set the rate, and its shares are the
+    /// next tick's prior); a spill pass (requests moved off a target ejected mid-tick)
+    /// keeps both.
+    pub(super) fn p2c_weights(&mut self, n: u64, first: bool, uniform: bool) -> bool {
         let now = Self::pt(self.now);
         let k = self.routes.routes.len();
         let mut p = std::mem::replace(&mut self.p2c, P2cState::new(0));
@@ -101,9 +115,15 @@ impl<'a> Sim<'a> {
             let penalty = p.shed[i].load(now, DEFAULT_SHED_PENALTY_HALF_LIFE);
             p.base.push(self.servers[i].backlog as f64 + penalty);
         }
-        let alike = p.latency.iter().all(|&l| l == p.latency[0]) && p.base.iter().all(|&b| b < 0.5);
+        // Unequal weights (a slow-start ramp) give unequal outstanding counts, which P2C
+        // evens out: sampled, except in pools over `pick_p2c`'s stack size, where the
+        // weights' shares stand in (the cost would be picks x servers a tick).
+        let small = k <= LARGE_POOL;
+        let alike = (uniform || !small)
+            && p.latency.iter().all(|&l| l == p.latency[0])
+            && p.base.iter().all(|&b| b < 0.5);
         if alike || n == 0 {
-            if alike {
+            if alike && first {
                 let total: f64 = self
                     .routes
                     .routes
@@ -136,7 +156,10 @@ impl<'a> Sim<'a> {
         let total: f64 = prior.iter().sum::<f64>().max(f64::MIN_POSITIVE);
         prior.iter_mut().for_each(|s| *s /= total);
         let picks = n.min(SAMPLES.max(SAMPLES_PER_SERVER * k as u64));
-        let rate = n as f64 / self.cfg.tick.as_secs_f64();
+        if first {
+            p.rate = n as f64 / self.cfg.tick.as_secs_f64();
+        }
+        let rate = p.rate;
         p.counts.clear();
         p.counts.resize(k, 0);
         let rng = std::cell::RefCell::new(&mut self.rng);
@@ -164,10 +187,14 @@ impl<'a> Sim<'a> {
             return false;
         }
         self.weights.clear();
-        p.share.iter_mut().for_each(|s| *s = 0.0);
+        if first {
+            p.share.iter_mut().for_each(|s| *s = 0.0);
+        }
         for (j, r) in self.routes.routes.iter().enumerate() {
             let share = p.counts[j] as f64 / sum as f64;
-            p.share[r.key as usize] = share;
+            if first {
+                p.share[r.key as usize] = share;
+            }
             self.weights.push(share);
         }
         self.p2c = p;

@@ -609,7 +609,7 @@ impl<'a> Sim<'a> {
                         .is_none_or(|_| r.effective_weight(now) >= f64::from(w0))
             });
         // P2C (vigil's balancer) where the servers differ: sampled picks as weights.
-        let p2c = self.cfg.lb.balance == Balance::P2c && self.p2c_weights(n);
+        let p2c = self.cfg.lb.balance == Balance::P2c && self.p2c_weights(n, feed, uniform);
         let uniform = uniform && !p2c;
         let k = self.routes.routes.len() as u64;
         let (base, rem, off) = (n / k, n % k, self.rr % k);

@@ -480,7 +480,7 @@ fn p2c_steers_around_a_slow_or_shedding_server() {
         if shed > 0 {
             sim.record_shed(1, shed);
         }
-        if !sim.p2c_weights(2000) {
+        if !sim.p2c_weights(2000, true, true) {
             return None;
         }
         let mut w = vec![0.0; 4];
