@@ -415,19 +415,6 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
     let registry = Arc::new(registry);
     let app = Router::new()
         .route("/", get(index))
-        .route(
-            "/metrics",
-            get(move |headers: axum::http::HeaderMap| {
-                let registry = registry.clone();
-                async move {
-                    let accept = headers
-                        .get(axum::http::header::ACCEPT)
-                        .and_then(|v| v.to_str().ok());
-                    let (ctype, body) = vigil::metrics::encode(&registry, accept);
-                    ([(axum::http::header::CONTENT_TYPE, ctype)], body)
-                }
-            }),
-        )
         .route("/items/{id}", get(item))
         .route("/work", get(work))
         .route("/naive/livez", get(naive_livez))
@@ -455,6 +442,21 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
         Some(a) => app.layer(health.admission_layer(a)),
         None => app.layer(shed),
     };
+    // Added after the layer, so outside it: a scrape is never refused or queued, and
+    // the figures of an overload are there while it lasts.
+    let app = app.route(
+        "/metrics",
+        get(move |headers: axum::http::HeaderMap| {
+            let registry = registry.clone();
+            async move {
+                let accept = headers
+                    .get(axum::http::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok());
+                let (ctype, body) = vigil::metrics::encode(&registry, accept);
+                ([(axum::http::header::CONTENT_TYPE, ctype)], body)
+            }
+        }),
+    );
 
     let reserved = health.serve_reserved(config.health_listen)?;
     let agent = match config.agent_listen {
