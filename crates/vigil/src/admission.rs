@@ -111,6 +111,38 @@ struct Waiter {
     tx: oneshot::Sender<Result<(), Refusal>>,
 }
 
+/// What became of a waiter that left the queue on its own (its time ran out, or its
+/// caller went away).
+enum Left {
+    /// Still queued: taken out.
+    Removed,
+    /// Granted a slot it will not use: given back.
+    Granted,
+    /// Refused by `dispatch` (counted there).
+    Refused(Refusal),
+    /// `dispatch` found its receiver gone and undid the slot itself.
+    Gone,
+}
+
+/// A queued request's place: if its future is dropped while it waits (the client
+/// disconnected, the balancer's per-try timeout cancelled the attempt), the place is
+/// taken out of the queue, or a slot already granted is given back. Without it, a
+/// cancelled waiter's slot would stay counted for good and the limit would close.
+struct Place<'a> {
+    admission: &'a Arc<Admission>,
+    id: u64,
+    rx: oneshot::Receiver<Result<(), Refusal>>,
+    armed: bool,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.admission.leave(self.id, &mut self.rx);
+        }
+    }
+}
+
 struct Inner {
     limit: ConcurrencyLimit,
     queue_time: QueueTime,
@@ -294,10 +326,15 @@ impl Admission {
             }) else {
                 break;
             };
-            let verdict = st
-                .queue_time
-                .check(t, self.time(w.enqueued))
-                .and_then(|()| check_deadline(t, w.deadline.map(|d| self.time(d)), Duration::ZERO));
+            // vigil-core's rule, as `vigil sim` drives it: a request with a deadline may
+            // wait while it can still finish in time; one without, by the queue time.
+            let expected = Duration::from_secs_f64(st.median);
+            let verdict = st.queue_time.admit(
+                t,
+                self.time(w.enqueued),
+                w.deadline.map(|d| self.time(d)),
+                expected,
+            );
             match verdict {
                 Ok(()) => {
                     // Counted before the waiter runs, so the slot is not given twice.
@@ -316,6 +353,30 @@ impl Admission {
         }
         if st.waiting.is_empty() {
             st.queue_time.empty_at(t);
+        }
+    }
+
+    /// Takes waiter `id` out of the queue, or gives back the slot `dispatch` granted it
+    /// (a sent permit is read from `rx` under the lock, so `dispatch` cannot be halfway).
+    fn leave(&self, id: u64, rx: &mut oneshot::Receiver<Result<(), Refusal>>) -> Left {
+        let mut st = self.lock();
+        let now = Instant::now();
+        if let Some(i) = st.waiting.iter().position(|w| w.id == id) {
+            st.waiting.remove(i);
+            if st.waiting.is_empty() {
+                let t = self.time(now);
+                st.queue_time.empty_at(t);
+            }
+            return Left::Removed;
+        }
+        match rx.try_recv() {
+            Ok(Ok(())) => {
+                st.in_flight = st.in_flight.saturating_sub(1);
+                self.dispatch(&mut st, now);
+                Left::Granted
+            }
+            Ok(Err(r)) => Left::Refused(r),
+            Err(_) => Left::Gone,
         }
     }
 
@@ -354,11 +415,27 @@ impl Admission {
             (id, rx)
         };
         let (id, rx) = rx;
-        let give_up = now + self.cfg.queue.interval;
-        let give_up = deadline.map_or(give_up, |d| d.min(give_up));
-        match tokio::time::timeout_at(give_up, rx).await {
+        let mut place = Place {
+            admission: self,
+            id,
+            rx,
+            armed: true,
+        };
+        // When it can no longer be served in time: its deadline less the expected
+        // latency, else the queue-time rule's longest wait.
+        let give_up = {
+            let st = self.lock();
+            let t = self.time(now);
+            let expected = Duration::from_secs_f64(st.median);
+            now + st
+                .queue_time
+                .wait_bound(t, deadline.map(|d| self.time(d)), expected)
+        };
+        let waited = tokio::time::timeout_at(give_up, &mut place.rx).await;
+        match waited {
             Ok(Ok(Ok(()))) => {
-                // dispatch counted the slot already.
+                // dispatch counted the slot already; it is the permit's from here.
+                place.armed = false;
                 let st = self.lock();
                 self.admitted.fetch_add(1, Ordering::Relaxed);
                 Ok(AdmissionPermit {
@@ -368,31 +445,28 @@ impl Admission {
                     overload: false,
                 })
             }
-            Ok(Ok(Err(r))) => Err(r.name()),
-            Ok(Err(_)) => unreachable!("a waiter's sender is dropped only after sending"),
-            Err(_) => {
-                let mut st = self.lock();
+            Ok(Ok(Err(r))) => {
+                place.armed = false;
+                Err(r.name())
+            }
+            // A waiter's sender is dropped only after sending; were it otherwise, the
+            // request has waited its time.
+            Ok(Err(_)) | Err(_) => {
+                place.armed = false;
+                let left = self.leave(id, &mut place.rx);
                 let now = Instant::now();
-                if let Some(i) = st.waiting.iter().position(|w| w.id == id) {
-                    st.waiting.remove(i);
-                    let r = if deadline.is_some_and(|d| d <= now) {
-                        Refusal::Expired
-                    } else {
-                        Refusal::QueueTime
-                    };
-                    self.count(&mut st, Some(r), now);
-                    if st.waiting.is_empty() {
-                        let t = self.time(now);
-                        st.queue_time.empty_at(t);
-                    }
-                    Err(r.name())
-                } else {
-                    // Dispatched at the very moment the timer fired: the slot is ours,
-                    // but the caller's time is up. Give it back.
-                    st.in_flight = st.in_flight.saturating_sub(1);
-                    self.dispatch(&mut st, now);
-                    Err(Refusal::QueueTime.name())
-                }
+                let r = match left {
+                    Left::Refused(r) => return Err(r.name()),
+                    Left::Removed if deadline.is_some_and(|d| d <= now) => Refusal::Expired,
+                    // Its deadline less the expected latency came first.
+                    Left::Removed if deadline.is_some() => Refusal::Unmeetable,
+                    // Granted at the moment the timer fired (given back), or still
+                    // queued past its time.
+                    Left::Removed | Left::Granted | Left::Gone => Refusal::QueueTime,
+                };
+                let mut st = self.lock();
+                self.count(&mut st, Some(r), now);
+                Err(r.name())
             }
         }
     }
@@ -530,6 +604,41 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_waiter_gives_its_place_and_its_granted_slot_back() {
+        let a = Admission::new(cfg(1));
+        let busy = a.acquire(None).await.expect("starts at once");
+        // Cancelled while queued: taken out of the queue.
+        let w = tokio::spawn({
+            let a = a.clone();
+            async move { a.acquire(None).await.map(drop) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(a.queued(), 1);
+        w.abort();
+        let _ = w.await;
+        assert_eq!((a.queued(), a.in_flight()), (0, 1));
+        // Granted a slot, then cancelled before it ran: the slot comes back.
+        let w = tokio::spawn({
+            let a = a.clone();
+            async move { a.acquire(None).await.map(drop) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(a.queued(), 1);
+        drop(busy);
+        assert_eq!(a.in_flight(), 1, "dispatch granted the waiter the slot");
+        w.abort();
+        let _ = w.await;
+        assert_eq!(
+            a.in_flight(),
+            0,
+            "the cancelled waiter's slot is free again"
+        );
+        let p = a.acquire(None).await.expect("the limit is open again");
+        drop(p);
+        assert_eq!(a.in_flight(), 0);
     }
 
     #[tokio::test(start_paused = true)]

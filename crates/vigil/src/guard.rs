@@ -159,7 +159,7 @@ impl DependencyGuard {
     where
         F: Future<Output = Result<T, E>>,
     {
-        let budget = {
+        let (budget, trial) = {
             let mut st = self.lock();
             let (permit, change) = st.breaker.permit(self.now());
             self.log(&mut st, change);
@@ -167,10 +167,20 @@ impl DependencyGuard {
                 self.calls[3].fetch_add(1, Ordering::Relaxed);
                 return Guarded::Degraded(Degraded::Open);
             }
-            st.breaker.config().slow_call.min(limit)
+            (
+                st.breaker.config().slow_call.min(limit),
+                permit == Permit::Trial,
+            )
         };
         let started = Instant::now();
+        let mut pending = Pending {
+            guard: self,
+            started,
+            trial,
+            armed: true,
+        };
         let outcome = tokio::time::timeout(budget, call).await;
+        pending.armed = false;
         let took = started.elapsed();
         let (ok, result) = match outcome {
             Ok(Ok(v)) => (true, Guarded::Ok(v)),
@@ -195,10 +205,41 @@ impl DependencyGuard {
         result
     }
 
+    /// Records a call whose caller went away before it ended (see [`Pending`]).
+    fn cancelled(&self, started: Instant, trial: bool) {
+        let mut st = self.lock();
+        let slow = started.elapsed() > st.breaker.config().slow_call;
+        if trial || slow {
+            let change = st.breaker.record(self.now(), 1, 1, rand::random::<f64>());
+            self.log(&mut st, change);
+        }
+    }
+
     /// A check for `/health`: warn with the reason while open or half-open.
     pub fn check(self: &Arc<Self>) -> GuardCheck {
         GuardCheck {
             guard: self.clone(),
+        }
+    }
+}
+
+/// A call in progress. If its future is dropped before the call ends (the client
+/// disconnected, the balancer cancelled the attempt), the breaker still hears of it: a
+/// half-open trial that never reported would keep the breaker half-open for good (its
+/// trials all handed out, none recorded), so a cancelled trial counts as bad (the
+/// breaker opens again and tries later); a cancelled call already slower than the
+/// budget counts as slow; any other says nothing.
+struct Pending<'a> {
+    guard: &'a DependencyGuard,
+    started: Instant,
+    trial: bool,
+    armed: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.guard.cancelled(self.started, self.trial);
         }
     }
 }
@@ -347,5 +388,35 @@ mod tests {
             .await;
         assert!(matches!(r, Guarded::Degraded(Degraded::TimedOut)));
         assert_eq!(started.elapsed(), Duration::from_millis(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cancelled_trials_do_not_leave_the_breaker_half_open() {
+        let g = DependencyGuard::new("postgres", cfg(), "serving cached reads");
+        let slow = || async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok::<_, ()>(1)
+        };
+        for _ in 0..4 {
+            g.call(slow()).await;
+        }
+        assert!(matches!(g.state(), BreakerState::Open { .. }));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        // The trial's caller goes away before the trial ends.
+        let cut = tokio::time::timeout(Duration::from_millis(10), g.call(slow())).await;
+        assert!(cut.is_err(), "the caller gave up first");
+        assert!(
+            matches!(g.state(), BreakerState::Open { .. }),
+            "a cancelled trial reopens it, it does not leave it half-open: {g:?}"
+        );
+        // And it tries again later: good trials close it.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        for _ in 0..3 {
+            assert!(matches!(
+                g.call(async { Ok::<_, ()>(1) }).await,
+                Guarded::Ok(1)
+            ));
+        }
+        assert_eq!(g.state(), BreakerState::Closed);
     }
 }
