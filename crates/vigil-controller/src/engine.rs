@@ -1903,11 +1903,25 @@ mod tests {
         watch::Sender<bool>,
         tokio::task::JoinHandle<()>,
     ) {
+        let guard = GuardConfig {
+            grace: Duration::ZERO,
+            ..GuardConfig::default()
+        };
+        start_with(dir, n, guard).await
+    }
+
+    /// [`start`] with the guard's settings.
+    async fn start_with(
+        dir: &std::path::Path,
+        n: usize,
+        guard: GuardConfig,
+    ) -> (
+        mpsc::Sender<Command>,
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let config = Arc::new(ControllerConfig {
-            guard: GuardConfig {
-                grace: Duration::ZERO,
-                ..GuardConfig::default()
-            },
+            guard,
             ..ControllerConfig::default()
         });
         let store = SqliteStore::open(&dir.join("vigil.db")).unwrap();
@@ -2055,32 +2069,7 @@ mod tests {
 
         // The controller's path.
         let dir = tempfile::tempdir().unwrap();
-        let config = Arc::new(ControllerConfig {
-            guard: guard_config.clone(),
-            ..ControllerConfig::default()
-        });
-        let store = SqliteStore::open(&dir.path().join("vigil.db")).unwrap();
-        let (store, _thread) = StoreHandle::spawn(Box::new(store));
-        let (actions, _actions_rx) = mpsc::unbounded_channel();
-        let (plan, _plan_rx) = watch::channel(Arc::new(Plan {
-            targets: Vec::new(),
-            probe: config.probe.clone(),
-            heartbeat_ttl: config.heartbeat.ttl,
-        }));
-        let (mut engine, _) = Engine::recover(
-            config,
-            store,
-            Arc::new(Metrics::new()),
-            Arc::new(StoreHealth::default()),
-            actions,
-            plan,
-        )
-        .await
-        .unwrap();
-        engine.initial_targets(Vec::new(), Some(targets(n)));
-        let (tx, rx) = mpsc::channel(1024);
-        let (_stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(engine.run(rx, stop_rx));
+        let (tx, _stop, task) = start_with(dir.path(), n, guard_config.clone()).await;
         let mut answers = Vec::new();
         for rec in &recorded {
             match rec {

@@ -583,8 +583,16 @@ impl Gate for Arc<Admission> {
         }
     }
 
+    /// A shed answer from further in (a `503` with `Retry-After`, as
+    /// [`overloaded`] makes it) is a sign of overload; a plain `503` ("the database is
+    /// down and the item is not cached") is not, or a dependency outage at light load
+    /// would sink the limit to its minimum and refuse what the cache could serve.
     fn leave(permit: &mut AdmissionPermit, response: &Response) {
-        if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+        if response.status() == StatusCode::SERVICE_UNAVAILABLE
+            && response
+                .headers()
+                .contains_key(axum::http::header::RETRY_AFTER)
+        {
             permit.overloaded();
         }
     }
@@ -593,6 +601,7 @@ impl Gate for Arc<Admission> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::response::IntoResponse;
 
     fn cfg(limit: u32) -> AdmissionConfig {
         AdmissionConfig {
@@ -604,6 +613,22 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_shed_503_cuts_the_limit() {
+        let a = Admission::new(AdmissionConfig::default());
+        let before = a.limit();
+        let plain = (StatusCode::SERVICE_UNAVAILABLE, "db down, not cached").into_response();
+        let mut p = a.acquire(None).await.unwrap();
+        <Arc<Admission> as Gate>::leave(&mut p, &plain);
+        drop(p);
+        assert_eq!(a.limit(), before, "a plain 503 is not overload");
+        let shed = overloaded(1, "overloaded".into());
+        let mut p = a.acquire(None).await.unwrap();
+        <Arc<Admission> as Gate>::leave(&mut p, &shed);
+        drop(p);
+        assert!(a.limit() < before, "a shed 503 cuts it: {}", a.limit());
     }
 
     #[tokio::test(start_paused = true)]
