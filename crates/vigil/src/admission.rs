@@ -480,7 +480,7 @@ impl Admission {
     }
 }
 
-/// The deadline a request carries: [`DEADLINE_HEADER`], else `grpc-timeout`, from `now`.
+/// The deadline a request carries: the shorter of [`DEADLINE_HEADER`] and `grpc-timeout`, from `now`.
 pub fn request_deadline<B>(req: &Request<B>, now: Instant) -> Option<Instant> {
     headers_deadline(req.headers(), now)
 }
@@ -488,13 +488,17 @@ pub fn request_deadline<B>(req: &Request<B>, now: Instant) -> Option<Instant> {
 /// The deadline in a request's headers (see [`request_deadline`]): what a handler reads
 /// to bound its own calls below the caller's patience, with or without this layer.
 pub fn headers_deadline(h: &HeaderMap, now: Instant) -> Option<Instant> {
-    let d = h
+    // Both present: the shorter, as vigil lb reads them.
+    let vigil = h
         .get(DEADLINE_HEADER)
-        .and_then(|v| parse_deadline_ms(v.as_bytes()))
-        .or_else(|| {
-            h.get("grpc-timeout")
-                .and_then(|v| parse_grpc_timeout(v.as_bytes()))
-        })?;
+        .and_then(|v| parse_deadline_ms(v.as_bytes()));
+    let grpc = h
+        .get("grpc-timeout")
+        .and_then(|v| parse_grpc_timeout(v.as_bytes()));
+    let d = match (vigil, grpc) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b)?,
+    };
     Some(now + d)
 }
 
@@ -613,6 +617,30 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_shorter_of_both_deadline_headers_counts() {
+        let now = Instant::now();
+        let mut h = HeaderMap::new();
+        h.insert(DEADLINE_HEADER, "900".parse().unwrap());
+        h.insert("grpc-timeout", "200m".parse().unwrap());
+        assert_eq!(
+            headers_deadline(&h, now),
+            Some(now + Duration::from_millis(200))
+        );
+        h.insert("grpc-timeout", "2S".parse().unwrap());
+        assert_eq!(
+            headers_deadline(&h, now),
+            Some(now + Duration::from_millis(900))
+        );
+        h.remove(DEADLINE_HEADER);
+        assert_eq!(
+            headers_deadline(&h, now),
+            Some(now + Duration::from_secs(2))
+        );
+        h.remove("grpc-timeout");
+        assert_eq!(headers_deadline(&h, now), None);
     }
 
     #[tokio::test(start_paused = true)]
