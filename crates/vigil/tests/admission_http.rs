@@ -9,22 +9,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use vigil::admission::{ConcurrencyLimitConfig, DEADLINE_HEADER};
 use vigil::guard::BreakerConfig;
-use vigil::{
-    Admission, AdmissionConfig, CheckOptions, DependencyGuard, FnCheck, Health, HealthConfig,
-};
+use vigil::{Admission, AdmissionConfig, DependencyGuard, FnCheck, Health};
 
-fn fast_config() -> HealthConfig {
-    HealthConfig {
-        heartbeat: Duration::from_millis(50),
-        stale_after: Duration::from_millis(400),
-        restart_backoff: Duration::from_millis(600),
-        drain_delay: Duration::from_millis(400),
-    }
-}
-
-fn every(ms: u64) -> CheckOptions {
-    CheckOptions::every(Duration::from_millis(ms)).jitter(0.0)
-}
+mod support;
+use support::{every, fast_config};
 
 /// A limit fixed at `n` (initial = min = max).
 fn fixed(n: u32) -> AdmissionConfig {

@@ -6,24 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use vigil::{
-    CheckOptions, CheckResult, CheckerFault, FnCheck, Health, HealthConfig, HealthReport,
-    Lifecycle, Status,
+    CheckResult, CheckerFault, FnCheck, Health, HealthConfig, HealthReport, Lifecycle, Status,
 };
-
-/// Short periods so the watchdog acts within a test, generous enough for a loaded
-/// 2-core machine (a heartbeat missed by 400 ms would be a real stall).
-fn fast_config() -> HealthConfig {
-    HealthConfig {
-        heartbeat: Duration::from_millis(50),
-        stale_after: Duration::from_millis(400),
-        restart_backoff: Duration::from_millis(600),
-        drain_delay: Duration::from_millis(400),
-    }
-}
-
-fn every(ms: u64) -> CheckOptions {
-    CheckOptions::every(Duration::from_millis(ms)).jitter(0.0)
-}
 
 fn pass_check() -> FnCheck<impl Fn() -> std::future::Ready<CheckResult> + Send + Sync> {
     FnCheck::new(|| std::future::ready(vigil::check::pass()))
@@ -692,6 +676,9 @@ async fn sigterm_fails_readiness_before_the_service_stops_listening() {
 }
 
 use std::future::IntoFuture;
+
+mod support;
+use support::{every, fast_config};
 
 // === shed layer ===
 

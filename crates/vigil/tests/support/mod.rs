@@ -1,4 +1,4 @@
-//! Test doubles shared by the protocol tests (gRPC, agent-check, HAProxy interop).
+//! Test doubles shared by the library's tests (protocols, HTTP, admission, workers).
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod queue;
@@ -6,7 +6,7 @@ pub mod queue;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
-use vigil::{CheckOptions, CheckResult, FnCheck, Status};
+use vigil::{CheckOptions, CheckResult, FnCheck, HealthConfig, Status};
 
 /// A check whose status the test sets.
 #[derive(Clone, Default)]
@@ -42,4 +42,20 @@ pub fn fast() -> CheckOptions {
     CheckOptions::every(Duration::from_millis(50))
         .timeout(Duration::from_secs(1))
         .jitter(0.0)
+}
+
+/// Short periods so the watchdog acts within a test, generous enough for a loaded
+/// 2-core machine (a heartbeat missed by 400 ms would be a real stall).
+pub fn fast_config() -> HealthConfig {
+    HealthConfig {
+        heartbeat: Duration::from_millis(50),
+        stale_after: Duration::from_millis(400),
+        restart_backoff: Duration::from_millis(600),
+        drain_delay: Duration::from_millis(400),
+    }
+}
+
+/// A check every `ms` milliseconds, without jitter.
+pub fn every(ms: u64) -> CheckOptions {
+    CheckOptions::every(Duration::from_millis(ms)).jitter(0.0)
 }
