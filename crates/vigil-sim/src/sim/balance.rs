@@ -47,6 +47,8 @@ pub(super) struct P2cState {
     counts: Vec<u64>,
     latency: Vec<f64>,
     base: Vec<f64>,
+    /// Per route, this tick: the prior share (a reused buffer).
+    prior: Vec<f64>,
     /// Per server: its route's index this tick.
     route_of: Vec<usize>,
     /// This tick's request rate (its first pass's requests), per second.
@@ -61,6 +63,7 @@ impl P2cState {
             counts: Vec::with_capacity(n),
             latency: Vec::with_capacity(n),
             base: Vec::with_capacity(n),
+            prior: Vec::with_capacity(n),
             route_of: vec![0; n],
             rate: 0.0,
         }
@@ -138,20 +141,14 @@ impl<'a> Sim<'a> {
             self.p2c = p;
             return false;
         }
-        // The prior: last tick's shares, else the weights'.
-        let mut prior: Vec<f64> = self
-            .routes
-            .routes
-            .iter()
-            .map(|r| p.share[r.key as usize])
-            .collect();
+        // The prior: last tick's shares, else the weights' (in a reused buffer: this
+        // runs every tick the servers differ).
+        let mut prior = std::mem::take(&mut p.prior);
+        prior.clear();
+        prior.extend(self.routes.routes.iter().map(|r| p.share[r.key as usize]));
         if prior.iter().sum::<f64>() <= 0.0 {
-            prior = self
-                .routes
-                .routes
-                .iter()
-                .map(|r| r.effective_weight(now))
-                .collect();
+            prior.clear();
+            prior.extend(self.routes.routes.iter().map(|r| r.effective_weight(now)));
         }
         let total: f64 = prior.iter().sum::<f64>().max(f64::MIN_POSITIVE);
         prior.iter_mut().for_each(|s| *s /= total);
@@ -181,6 +178,7 @@ impl<'a> Sim<'a> {
                 p.counts[j] += 1;
             }
         }
+        p.prior = prior;
         let sum: u64 = p.counts.iter().sum();
         if sum == 0 {
             self.p2c = p;
