@@ -15,6 +15,8 @@
 //!   peers?), for queue workers and balancer targets.
 //! - [`throttle`]: retries that stop when they cannot help (gRPC's retry throttling) and
 //!   local shedding when targets refuse most work (the SRE book's adaptive throttling).
+//! - [`backoff`]: exponential backoff with caller-supplied jitter, for every loop that
+//!   tries again after a failure.
 //! - [`admission`]: whether a service should start a request at all: its deadline, its
 //!   time in the queue (controlled delay, adaptive LIFO), an adaptive concurrency limit.
 //! - [`breaker`]: the dependency guard's circuit breaker (slow calls count as failures),
@@ -40,6 +42,7 @@
 
 pub mod admission;
 pub mod anomaly;
+pub mod backoff;
 pub mod breaker;
 pub mod build;
 pub mod fleet;
