@@ -13,6 +13,14 @@
 //!   [`vigil_core::Invalid`] with a key path, and [`invalid`] finds that path in the
 //!   text (as deep as it exists: a key left at its default is shown at its table).
 //!
+//! Every validation error is reported, not only the first, as rustc reports every error
+//! it finds ([`invalid_all`]): the first is the error itself, the others follow it.
+//! A parse error stops at the first: serde gives up at it, and a file that does not
+//! parse has no values to validate.
+//!
+//! [`try_bind`] checks that a listen address can be bound, as `nginx -t` does: a
+//! `check-config` that passes a port already taken passes a daemon that cannot start.
+//!
 //! ```
 //! use std::path::Path;
 //! #[derive(serde::Deserialize, Debug)]
@@ -53,9 +61,23 @@ pub enum ErrorKind {
 }
 
 /// A configuration file that cannot be used: where and why (its fields are those of
-/// [`Located`], boxed: an error is rare, a `Result` is everywhere).
+/// [`Located`], boxed: an error is rare, a `Result` is everywhere). It may carry more
+/// problems of the same file after the first ([`ConfigError::all`]); it derefs to the
+/// first.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigError(Box<Located>);
+pub struct ConfigError(Box<Located>, Vec<Located>);
+
+impl ConfigError {
+    /// Every problem, the first one first.
+    pub fn all(&self) -> impl Iterator<Item = &Located> {
+        std::iter::once(&*self.0).chain(&self.1)
+    }
+
+    /// How many problems it holds (at least one).
+    pub fn count(&self) -> usize {
+        1 + self.1.len()
+    }
+}
 
 impl std::ops::Deref for ConfigError {
     type Target = Located;
@@ -66,7 +88,7 @@ impl std::ops::Deref for ConfigError {
 
 impl From<Located> for ConfigError {
     fn from(l: Located) -> Self {
-        ConfigError(Box::new(l))
+        ConfigError(Box::new(l), Vec::new())
     }
 }
 
@@ -112,7 +134,14 @@ impl fmt::Display for Located {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        self.0.fmt(f)?;
+        for more in &self.1 {
+            write!(f, "\n{more}")?;
+        }
+        if !self.1.is_empty() {
+            write!(f, "\n{}: {} problems", self.0.file.display(), self.count())?;
+        }
+        Ok(())
     }
 }
 
@@ -173,6 +202,37 @@ pub fn invalid(file: &Path, text: &str, e: Invalid) -> ConfigError {
         source_line: line.and_then(|l| line_text(text, l)),
     }
     .into()
+}
+
+/// Every validation error of `errs` located in `text` ([`invalid`]): Ok when there is
+/// none, else one error holding them all, in the order given.
+pub fn invalid_all(
+    file: &Path,
+    text: &str,
+    errs: impl IntoIterator<Item = Invalid>,
+) -> Result<(), ConfigError> {
+    let mut all = errs.into_iter().map(|e| *invalid(file, text, e).0);
+    match all.next() {
+        None => Ok(()),
+        Some(first) => Err(ConfigError(Box::new(first), all.collect())),
+    }
+}
+
+/// Checks that `addr` (the value of key `key`) can be listened on now, by binding it
+/// and letting it go at once. Port 0 always can. The error names the address: a port
+/// taken by another process (or by the very daemon being checked, when it runs) means
+/// the daemon could not start on this file.
+pub fn try_bind(key: &str, addr: std::net::SocketAddr) -> Result<(), Invalid> {
+    match std::net::TcpListener::bind(addr) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(Invalid::new(
+            key,
+            format!(
+                "{addr} is already in use by another process (or by this daemon, running): the daemon could not listen there"
+            ),
+        )),
+        Err(e) => Err(Invalid::new(key, format!("cannot listen on {addr}: {e}"))),
+    }
 }
 
 /// 1-based line and column of a byte offset.
@@ -429,6 +489,57 @@ mod tests {
             e.to_string()
                 .starts_with("/nonexistent/vigil.toml: cannot read")
         );
+    }
+
+    #[test]
+    fn every_validation_error_is_reported_in_order() {
+        let f = Path::new("lb.toml");
+        assert_eq!(invalid_all(f, TEXT, Vec::new()), Ok(()));
+        let e = invalid_all(
+            f,
+            TEXT,
+            [
+                Invalid::new("probe.interval", "too short"),
+                Invalid::new("pools.api.targets[1].weight", "too heavy"),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(e.count(), 2);
+        let lines: Vec<_> = e.all().map(|l| (l.line, l.key.clone())).collect();
+        assert_eq!(
+            lines,
+            [
+                (Some(2), Some("probe.interval".to_string())),
+                (Some(7), Some("pools.api.targets[1].weight".to_string()))
+            ]
+        );
+        assert_eq!(
+            e.to_string(),
+            "lb.toml:2:1: key `probe.interval`: too short\n    2 | interval = \"1s\"\n\
+             lb.toml:7:19: key `pools.api.targets[1].weight`: too heavy\n    7 |   { addr = \"b:2\", weight = 3 },\n\
+             lb.toml: 2 problems"
+        );
+        assert_eq!(
+            e.key.as_deref(),
+            Some("probe.interval"),
+            "derefs to the first"
+        );
+    }
+
+    #[test]
+    fn a_listen_address_in_use_is_refused_naming_key_and_address() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let e = try_bind("listen", addr).unwrap_err();
+        assert_eq!(e.key, "listen");
+        assert!(
+            e.message.contains(&addr.to_string()) && e.message.contains("already in use"),
+            "{}",
+            e.message
+        );
+        drop(taken);
+        assert_eq!(try_bind("listen", addr), Ok(()), "a free port passes");
+        assert_eq!(try_bind("listen", "127.0.0.1:0".parse().unwrap()), Ok(()));
     }
 
     #[test]
