@@ -149,6 +149,32 @@ pub(crate) fn poll_read_more<S: tokio::io::AsyncRead + Unpin>(
     tokio_util::io::poll_read_buf(Pin::new(tcp), cx, buf)
 }
 
+/// Largest chunk size taken from a client: `i64::MAX`, nginx's (its `off_t`); HAProxy
+/// stops below 2^60. A size of 16 hex digits above it (`ffffffffffffffff`) overflows
+/// a signed length in a peer, and no real body comes near it.
+const MAX_CHUNK_SIZE: u64 = i64::MAX as u64;
+
+/// Whether the chunk-size line that `before` ends with (what the decoder consumed
+/// before a chunk's first data: the previous chunk's CRLF, if any, then the line)
+/// names more than [`MAX_CHUNK_SIZE`]. Empty when the data continues a chunk.
+///
+/// The decoder ([`ChunkedDecoder`], vigil-core) takes any 16 hex digits; this limit
+/// belongs in its `chunk_line`, where it would also cover targets' answers, and moves
+/// there when vigil-core's parser is next changed.
+fn chunk_too_large(before: &[u8]) -> bool {
+    let line = before.strip_prefix(b"\r\n").unwrap_or(before);
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    // A chunk line goes on with its end, an extension or whitespace; a trailer field
+    // line (`abc: 1`, after the last chunk) with a colon.
+    if !matches!(line.get(digits), Some(b'\r' | b';' | b' ' | b'\t')) {
+        return false;
+    }
+    std::str::from_utf8(&line[..digits])
+        .ok()
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .is_some_and(|size| size > MAX_CHUNK_SIZE)
+}
+
 /// What is left of a streamed request body.
 #[derive(Debug)]
 enum Remaining {
@@ -262,6 +288,19 @@ impl<'c> BodyReader<'c> {
                     return Some(Ok(rbuf.split_to(n).freeze()));
                 }
                 Remaining::Chunked(dec) if !rbuf.is_empty() => match dec.decode(rbuf) {
+                    // Refused as soon as its line is in, data or not.
+                    Ok((n, ref d))
+                        if chunk_too_large(match d {
+                            Decoded::Data(r) => &rbuf[..r.start],
+                            Decoded::NeedMore => &rbuf[..n],
+                            Decoded::End => &[],
+                        }) =>
+                    {
+                        return Some(Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "chunk size over 2^63 - 1 bytes",
+                        )));
+                    }
                     Ok((_, Decoded::Data(r))) => {
                         rbuf.advance(r.start);
                         return Some(Ok(rbuf.split_to(r.len()).freeze()));
@@ -311,5 +350,23 @@ impl<'c> BodyReader<'c> {
             BodySource::H1 { state, .. } => matches!(state, Remaining::Done),
             BodySource::H2(recv) => recv.is_none(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_sizes_over_the_largest_signed_length_are_found_and_others_are_not() {
+        assert!(chunk_too_large(b"ffffffffffffffff\r\n"));
+        assert!(chunk_too_large(b"\r\n8000000000000000;ext=1\r\n"));
+        assert!(!chunk_too_large(b"7fffffffffffffff\r\n"));
+        assert!(!chunk_too_large(b"\r\n1a\r\n"));
+        assert!(!chunk_too_large(b""), "data continuing a chunk");
+        assert!(
+            !chunk_too_large(b"ffffffffffffffff: x\r\n"),
+            "a trailer field line is no chunk line"
+        );
     }
 }

@@ -408,6 +408,15 @@ impl ClientConn {
                     {
                         return HeadRead::H2;
                     }
+                    // `HTTP/1.2`: served as HTTP/1.1, the highest minor version of
+                    // HTTP/1 (RFC 9110 2.5), as nginx and HAProxy do; httparse knows
+                    // only 1.0 and 1.1, so the digit is rewritten and the head parsed
+                    // again (forwarded heads say HTTP/1.1 anyway).
+                    Err(RequestError::Syntax(_)) if let Some(i) = newer_minor(&self.rbuf) => {
+                        self.rbuf[i] = b'1';
+                        partial = None;
+                        continue;
+                    }
                     Err(e) => return HeadRead::Refused(400, e.to_string()),
                 }
             } else if partial.is_some() {
@@ -858,6 +867,17 @@ fn put_data(out: &mut Vec<u8>, data: &[u8], chunked: bool) {
     }
 }
 
+/// Where the minor digit of the request line's version is, when that version is
+/// `HTTP/1.2` to `HTTP/1.9` (the line complete or not: httparse refuses the version as
+/// soon as it is read).
+fn newer_minor(buf: &[u8]) -> Option<usize> {
+    let line = &buf[..buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len())];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let n = line.len();
+    (n >= 9 && line[..n - 1].ends_with(b" HTTP/1.") && (b'2'..=b'9').contains(&line[n - 1]))
+        .then_some(n - 1)
+}
+
 fn too_large(settings: &FrontSettings) -> HeadRead {
     HeadRead::Refused(
         431,
@@ -883,6 +903,55 @@ fn split_target(target: &str) -> Option<(Option<&str>, &str)> {
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, pq) = rest.split_at(end);
     (!authority.is_empty()).then_some((Some(authority), pq))
+}
+
+/// Whether `v` is a valid `Host` value (RFC 9110 7.2, RFC 3986 3.2.2): `uri-host [
+/// ":" port ]`, the host an IP literal in brackets or a reg-name (letters, digits,
+/// `-._~`, sub-delims, `%` and two hex digits; an IPv4 address is one), the port
+/// digits. Empty is valid (a target URI without an authority, RFC 9110 7.2).
+fn valid_host(v: &[u8]) -> bool {
+    let (host, port) = if let Some(lit) = v.strip_prefix(b"[") {
+        let Some(close) = lit.iter().position(|&b| b == b']') else {
+            return false;
+        };
+        let (inner, rest) = (&lit[..close], &lit[close + 1..]);
+        // IPv6 (hex digits, colons, dots for an embedded IPv4) or IPvFuture (`v1.x`).
+        if inner.is_empty()
+            || !inner
+                .iter()
+                .all(|&b| b.is_ascii_alphanumeric() || b":._~-!$&'()*+,;=".contains(&b))
+        {
+            return false;
+        }
+        (&b""[..], rest)
+    } else {
+        let end = v.iter().position(|&b| b == b':').unwrap_or(v.len());
+        (&v[..end], &v[end..])
+    };
+    let port_ok = match port {
+        [] => true,
+        [b':', digits @ ..] => digits.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    let mut i = 0;
+    while i < host.len() {
+        match host[i] {
+            b'%' => {
+                if !host
+                    .get(i + 1..i + 3)
+                    .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+                {
+                    return false;
+                }
+                i += 3;
+                continue;
+            }
+            b if b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=".contains(&b) => {}
+            _ => return false,
+        }
+        i += 1;
+    }
+    port_ok
 }
 
 /// Whether an `Upgrade` value may be tunnelled: protocol tokens (`websocket`,
@@ -980,6 +1049,30 @@ pub fn forwarded_head_as<'b>(
     let Some((authority, pq)) = split_target(head.target) else {
         return Err((400, format!("bad request target {:?}", head.target)));
     };
+    // `http://u:p@b/`: userinfo is deprecated in http(s) URIs (RFC 9110 4.2.4) and a
+    // recipient may refuse it; nginx and HAProxy answer 400. Taken as a host, `u:p@b`
+    // would route to another pool than `b` and hand the credentials to its targets.
+    if let Some(a) = authority
+        && a.contains('@')
+    {
+        return Err((
+            400,
+            format!("userinfo in the request target {:?}", head.target),
+        ));
+    }
+    // RFC 9112 3.2: a Host field with an invalid value is a 400. A peer that reads
+    // `b:80@evil` or `a b` as a host, and one that does not, would route or log the
+    // same request apart.
+    for (what, value) in [
+        ("request target's authority", authority.map(str::as_bytes)),
+        ("Host field", head.host),
+    ] {
+        if let Some(v) = value
+            && !valid_host(v)
+        {
+            return Err((400, format!("bad {what} {:?}", String::from_utf8_lossy(v))));
+        }
+    }
     if pq == "*" && head.method != "OPTIONS" {
         return Err((400, "the asterisk form is for OPTIONS only".into()));
     }
@@ -1273,6 +1366,58 @@ mod tests {
         let refused = |raw: &str| forward(raw).unwrap_err().0;
         assert_eq!(refused("CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n"), 405);
         assert_eq!(refused("GET a:443 HTTP/1.1\r\nHost: a\r\n\r\n"), 400);
+        assert_eq!(
+            refused("GET http://u:p@b:80/x HTTP/1.1\r\nHost: b\r\n\r\n"),
+            400,
+            "userinfo is never a host to route by"
+        );
+        assert_eq!(refused("GET http://@b/x HTTP/1.1\r\nHost: b\r\n\r\n"), 400);
+    }
+
+    #[test]
+    fn malformed_host_values_are_refused_and_valid_ones_kept() {
+        for good in [
+            "b",
+            "b:80",
+            "App.Example",
+            "10.0.0.1:8080",
+            "[::1]",
+            "[::1]:8443",
+            "[v1.x]",
+            "b:",
+            "",
+            "xn--bcher-kva.example",
+            "a%41b",
+            "a_b~c!$&'()*+,;=",
+        ] {
+            assert!(valid_host(good.as_bytes()), "{good:?} is a valid Host");
+        }
+        for bad in [
+            "a b",
+            "b:80@evil",
+            "u@b",
+            "b:8a",
+            "b:80:90",
+            "[::1",
+            "[]",
+            "[::1]x",
+            "a/b",
+            "a%4",
+            "a%zz",
+            "a\\b",
+            "a\"b",
+            "a{b}",
+        ] {
+            assert!(!valid_host(bad.as_bytes()), "{bad:?} is not a Host");
+        }
+        let refused = |raw: &str| forward(raw).unwrap_err();
+        assert_eq!(refused("GET / HTTP/1.1\r\nHost: a b\r\n\r\n").0, 400);
+        assert_eq!(refused("GET / HTTP/1.1\r\nHost: b:80@evil\r\n\r\n").0, 400);
+        assert_eq!(
+            refused("GET http://b/ HTTP/1.1\r\nHost: b:80@evil\r\n\r\n").0,
+            400,
+            "the Host field is checked even when the authority replaces it"
+        );
     }
 
     #[test]
@@ -1333,6 +1478,32 @@ mod tests {
         assert_eq!(f.underscores_dropped, 0);
         let e = forwarded_head(&head, fields, "10.9.8.7", Underscores::Reject).unwrap_err();
         assert_eq!(e.0, 400, "{e:?}");
+    }
+
+    #[test]
+    fn higher_minor_versions_of_http1_are_found_to_be_served_as_1_1() {
+        assert_eq!(newer_minor(b"GET / HTTP/1.2\r\nHost: a\r\n\r\n"), Some(13));
+        assert_eq!(
+            newer_minor(b"GET / HTTP/1.9"),
+            Some(13),
+            "line not complete yet"
+        );
+        assert_eq!(newer_minor(b"GET / HTTP/1.2\n"), Some(13));
+        for other in [
+            &b"GET / HTTP/1.1\r\n"[..],
+            b"GET / HTTP/2.0\r\n",
+            b"GET / HTTP/1.10\r\n",
+            b"GET / HTTP/1.x\r\n",
+            b"PRI * HTTP/2.0\r\n",
+            b"HTTP/1.2",
+        ] {
+            assert_eq!(
+                newer_minor(other),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(other)
+            );
+        }
     }
 
     #[test]
