@@ -23,6 +23,7 @@ use sha2::Sha256;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use vigil_core::backoff::Backoff;
 
 /// Header carrying the body's HMAC-SHA256, as `sha256=<hex>`.
 pub const SIGNATURE_HEADER: &str = "X-Vigil-Signature";
@@ -31,6 +32,11 @@ pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 /// Longest backoff between webhook retries, however many: 30 s keeps a long outage of
 /// the receiver from stretching one action over hours.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Share of each webhook backoff that is random: equal jitter (each wait between half
+/// and all of its doubling), so that actions and replicas whose webhooks failed on one
+/// receiver outage do not all knock again at the same instant, while a retry still
+/// waits at least half as long as before jitter.
+const WEBHOOK_JITTER: f64 = vigil_core::backoff::EQUAL_JITTER;
 /// While the store cannot count an action's attempt, how often it is tried again: as
 /// often as the engine retries a failing store.
 const ATTEMPT_RETRY_EVERY: Duration = Duration::from_secs(1);
@@ -206,9 +212,10 @@ async fn webhook(
 
 /// POSTs `body` (JSON) to the webhook: signed with the secret (`VIGIL_WEBHOOK_SECRET`
 /// wins over the config's) in [`SIGNATURE_HEADER`], `key` in [`IDEMPOTENCY_HEADER`],
-/// retried with doubling backoff on errors, timeouts, 408, 429 and 5xx. `Ok` with what
-/// the receiver answered, `Err` with why it gave up. `label` names the caller's work in
-/// the retry logs. Shared by the controller's actuator and `vigil deploy`'s install hook.
+/// retried with doubling, jittered backoff ([`webhook_backoff`]) on errors, timeouts,
+/// 408, 429 and 5xx. `Ok` with what the receiver answered, `Err` with why it gave up.
+/// `label` names the caller's work in the retry logs. Shared by the controller's
+/// actuator and `vigil deploy`'s install hook.
 pub async fn post_signed(
     cfg: &WebhookConfig,
     http: &reqwest::Client,
@@ -220,12 +227,11 @@ pub async fn post_signed(
         .ok()
         .filter(|s| !s.is_empty())
         .or_else(|| cfg.secret.clone());
-    let mut backoff = cfg.backoff;
+    let backoff = webhook_backoff(cfg);
     let mut last = String::new();
     for attempt in 0..=cfg.retries {
         if attempt > 0 {
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            tokio::time::sleep(backoff.next(attempt - 1, rand::random())).await;
         }
         let mut req = http
             .post(&cfg.url)
@@ -260,6 +266,11 @@ pub async fn post_signed(
         "{last}; gave up after {} attempts",
         cfg.retries + 1
     ))
+}
+
+/// The webhook's waits between attempts: `backoff` doubling up to 30 s, equal jitter.
+pub fn webhook_backoff(cfg: &WebhookConfig) -> Backoff {
+    Backoff::new(cfg.backoff, MAX_BACKOFF).with_jitter(WEBHOOK_JITTER)
 }
 
 async fn exec(cfg: &ExecConfig, action: &ActionRecord) -> (ActionState, String) {
@@ -341,6 +352,103 @@ mod tests {
         assert_eq!(
             sign(b"Jefe", b"what do ya want for nothing?"),
             "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    /// A webhook receiver on loopback answering each request (one per connection) with
+    /// the next status of `statuses` (the last one for ever after); returns its URL and
+    /// when each request arrived.
+    async fn receiver(
+        statuses: &[u16],
+    ) -> (String, Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let arrivals = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (seen, statuses) = (arrivals.clone(), statuses.to_vec());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let mut buf = Vec::new();
+                // The head, then as much body as it announces.
+                let end = loop {
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                    if tcp.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                        break 0;
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                while buf.len() < end + length {
+                    if tcp.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                        break;
+                    }
+                }
+                seen.lock().unwrap().push(tokio::time::Instant::now());
+                let code = statuses[n.min(statuses.len() - 1)];
+                n += 1;
+                let answer =
+                    format!("HTTP/1.1 {code} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = tcp.write_all(answer.as_bytes()).await;
+            }
+        });
+        (url, arrivals)
+    }
+
+    #[test]
+    fn webhook_waits_double_from_the_configured_backoff_with_equal_jitter() {
+        let cfg = WebhookConfig::default();
+        let b = webhook_backoff(&cfg);
+        assert_eq!(b.next(0, 0.0), Duration::from_millis(500), "the first wait");
+        assert_eq!(b.next(1, 0.0), Duration::from_secs(1), "doubled");
+        assert_eq!(b.next(10, 0.0), MAX_BACKOFF, "capped");
+        assert_eq!(
+            b.next(1, 1.0),
+            Duration::from_millis(500),
+            "jitter takes at most half"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_webhook_answering_5xx_is_retried_after_jittered_doubling_waits() {
+        let (url, arrivals) = receiver(&[503, 500, 200]).await;
+        let cfg = WebhookConfig {
+            url,
+            retries: 5,
+            backoff: Duration::from_millis(40),
+            ..WebhookConfig::default()
+        };
+        let http = reqwest::Client::new();
+        let said = post_signed(&cfg, &http, "k1", "{}".into(), "test")
+            .await
+            .expect("the third attempt is answered 200");
+        assert!(said.contains("attempt 3"), "{said}");
+        let at = arrivals.lock().unwrap().clone();
+        assert_eq!(at.len(), 3, "no attempt after the 200");
+        // Equal jitter: each wait is at least half its doubling (20 ms, then 40 ms).
+        assert!(at[1] - at[0] >= Duration::from_millis(20), "{at:?}");
+        assert!(at[2] - at[1] >= Duration::from_millis(40), "{at:?}");
+
+        let (url, arrivals) = receiver(&[500]).await;
+        let cfg = WebhookConfig {
+            url,
+            retries: 2,
+            backoff: Duration::from_millis(1),
+            ..WebhookConfig::default()
+        };
+        let why = post_signed(&cfg, &http, "k2", "{}".into(), "test")
+            .await
+            .unwrap_err();
+        assert_eq!(why, "webhook answered 500; gave up after 3 attempts");
+        assert_eq!(
+            arrivals.lock().unwrap().len(),
+            3,
+            "the first try and 2 retries"
         );
     }
 

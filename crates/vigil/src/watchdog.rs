@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use vigil_core::backoff::Backoff;
 
 /// Spawns the checker, then watches it until the last `Health` handle is dropped.
 pub(crate) async fn run(shared: Arc<Shared>) {
@@ -31,7 +32,11 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         .heartbeat
         .min(cfg.stale_after / 4)
         .max(Duration::from_millis(1));
-    let mut backoff = cfg.restart_backoff;
+    // No jitter: one process's checker, nobody to collide with, and the restart times
+    // stay exact for tests on paused time.
+    let schedule = Backoff::new(cfg.restart_backoff, MAX_RESTART_BACKOFF);
+    let mut restarts_in_a_row = 0;
+    let mut backoff = schedule.next(restarts_in_a_row, 0.0);
     let mut restarted_at: Option<Instant> = None;
     let mut checker = spawn_checker(&shared);
     loop {
@@ -70,7 +75,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         let Some(reason) = reason else {
             // Healthy for a while after a restart: a crash loop is over, reset the backoff.
             if restarted_at.is_some_and(|t| now - t > cfg.stale_after * 2) {
-                backoff = cfg.restart_backoff;
+                restarts_in_a_row = 0;
+                backoff = schedule.next(restarts_in_a_row, 0.0);
                 restarted_at = None;
             }
             continue;
@@ -109,7 +115,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         }
         checker = spawn_checker(&shared);
         restarted_at = Some(Instant::now());
-        backoff = (backoff * 2).min(MAX_RESTART_BACKOFF.max(cfg.restart_backoff));
+        restarts_in_a_row = restarts_in_a_row.saturating_add(1);
+        backoff = schedule.next(restarts_in_a_row, 0.0);
     }
 }
 

@@ -12,6 +12,7 @@ use crate::aws::credentials::{self, Credentials};
 use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
 use aws_sigv4::sign::v4;
 use std::time::{Duration, Instant, SystemTime};
+use vigil_core::backoff::{Backoff, FULL_JITTER};
 
 /// Longest backoff between two retries: 20 s, the AWS SDKs' standard-mode cap.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(20);
@@ -150,17 +151,21 @@ impl AwsReply {
 #[derive(Debug)]
 pub struct Retry {
     until: Instant,
-    next: Duration,
+    backoff: Backoff,
+    /// Waits taken so far (the next one is `backoff`'s attempt this).
+    waits: u32,
     /// Tries made so far.
     pub attempts: u32,
 }
 
 impl Retry {
-    /// Retries until `deadline` from now, the first backoff `backoff`.
+    /// Retries until `deadline` from now, the first backoff `backoff`, doubling up to
+    /// [`MAX_BACKOFF`], full jitter.
     pub fn new(deadline: Duration, backoff: Duration) -> Retry {
         Retry {
             until: Instant::now() + deadline,
-            next: backoff,
+            backoff: Backoff::new(backoff, MAX_BACKOFF).with_jitter(FULL_JITTER),
+            waits: 0,
             attempts: 0,
         }
     }
@@ -173,13 +178,12 @@ impl Retry {
     /// Sleeps a random time up to the current backoff, doubles it; false (without
     /// sleeping) when that sleep would reach the deadline.
     pub async fn wait(&mut self) -> bool {
-        let max = self.next.as_millis() as u64;
-        let sleep = Duration::from_millis(rand::random_range(0..=max));
+        let sleep = self.backoff.next(self.waits, rand::random());
         if sleep >= self.left() {
             return false;
         }
         tokio::time::sleep(sleep).await;
-        self.next = (self.next * 2).min(MAX_BACKOFF);
+        self.waits = self.waits.saturating_add(1);
         true
     }
 }

@@ -24,6 +24,7 @@ use crate::engine::{Command, Source};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
+use vigil_core::backoff::Backoff;
 
 /// Group names per `DescribeAutoScalingGroups` request (the API's maximum).
 const GROUPS_PER_CALL: usize = 100;
@@ -32,6 +33,22 @@ const GROUPS_PER_CALL: usize = 100;
 const INSTANCES_PER_CALL: usize = 100;
 /// After failures in a row, the poll interval doubles up to this many times (8 x).
 const MAX_BACKOFF_DOUBLINGS: u32 = 3;
+/// Share of a failing poll's backoff that is random: equal jitter, so that replicas
+/// (and controllers of other fleets in one account) that failed on one throttled API
+/// do not all poll again together; a poll still waits at least `poll`.
+const BACKOFF_JITTER: f64 = vigil_core::backoff::EQUAL_JITTER;
+
+/// The wait before the next poll after `failures` failures in a row (at least 1):
+/// `poll` doubled per failure up to 8 x, equal jitter, `rand_unit` in `[0, 1)`.
+fn failing_poll_wait(
+    poll: std::time::Duration,
+    failures: u32,
+    rand_unit: f64,
+) -> std::time::Duration {
+    Backoff::new(poll, poll.saturating_mul(1 << MAX_BACKOFF_DOUBLINGS))
+        .with_jitter(BACKOFF_JITTER)
+        .next(failures, rand_unit)
+}
 
 /// An instance of a group, as far as the URL template can see it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -353,7 +370,7 @@ pub async fn run(
                         let kept = last.as_ref().map_or(0, Vec::len);
                         failures = status.failed(Source::Aws, &e);
                         tracing::error!(error = %e, failures, kept, "Auto Scaling discovery failed; keeping the last list");
-                        Some(d.poll * 2u32.pow(failures.min(MAX_BACKOFF_DOUBLINGS)))
+                        Some(failing_poll_wait(d.poll, failures, rand::random()))
                     }
                 }
             }
@@ -375,6 +392,20 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failing_poll_backs_off_doubling_up_to_8_polls_with_equal_jitter() {
+        let poll = std::time::Duration::from_secs(30);
+        let no_jitter: Vec<u64> = (1..6)
+            .map(|f| failing_poll_wait(poll, f, 0.0).as_secs())
+            .collect();
+        assert_eq!(no_jitter, [60, 120, 240, 240, 240], "as before jitter");
+        assert_eq!(
+            failing_poll_wait(poll, 1, 0.999_999_999).as_secs(),
+            30,
+            "never sooner than one poll"
+        );
+    }
 
     #[test]
     fn urls_come_from_fields_and_tags_and_name_what_is_missing() {
