@@ -18,15 +18,13 @@ use crate::config::{
 };
 use crate::metrics::Metrics;
 use crate::store::{ActionRecord, ActionState, StoreHandle};
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use vigil_core::backoff::Backoff;
 
 /// Header carrying the body's HMAC-SHA256, as `sha256=<hex>`.
-pub const SIGNATURE_HEADER: &str = "X-Vigil-Signature";
+pub use vigil_core::signature::SIGNATURE_HEADER;
 /// Header carrying the action's idempotency key.
 pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 /// Longest backoff between webhook retries, however many: 30 s keeps a long outage of
@@ -44,10 +42,9 @@ const ATTEMPT_RETRY_EVERY: Duration = Duration::from_secs(1);
 const EXEC_OUTPUT_KEEP: usize = 1024;
 
 /// `sha256=<hex>` of the body under `secret`: what [`SIGNATURE_HEADER`] carries.
+/// ([`vigil_core::signature::sign_body`]).
 pub fn sign(secret: &[u8], body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any size");
-    mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    vigil_core::signature::sign_body(secret, body)
 }
 
 /// What an action runs with: the actuator's settings, and an AWS client for

@@ -26,11 +26,11 @@
 //! The request: `POST /api/heartbeat` with the JSON body, `X-Vigil-Timestamp: <ms>`
 //! and `X-Vigil-Signature: sha256=<hex HMAC-SHA256(key, "<ms>." + body)>`, the
 //! webhook's signature format with the timestamp in front, as Stripe and Slack sign
-//! their webhooks.
+//! their webhooks. The signature itself is [`vigil_core::signature`], the very code the
+//! library's sender signs with.
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
 use std::time::Duration;
+use vigil_core::signature;
 
 /// A queue worker's counters, as the library's heartbeat sends them under `"worker"`
 /// (`vigil::worker::WorkerReport`): totals since the worker started. Fields the
@@ -56,10 +56,7 @@ impl WorkerCounters {
     }
 }
 
-/// Header carrying the signing time, UNIX milliseconds.
-pub const TIMESTAMP_HEADER: &str = "X-Vigil-Timestamp";
-/// Header carrying the signature, `sha256=<hex>`.
-pub const SIGNATURE_HEADER: &str = crate::actuator::SIGNATURE_HEADER;
+pub use vigil_core::signature::{SIGNATURE_HEADER, TIMESTAMP_HEADER};
 
 /// Why a heartbeat was refused (the `result` label of the heartbeat counter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,32 +95,9 @@ impl Rejection {
     }
 }
 
-fn mac(key: &[u8]) -> Hmac<Sha256> {
-    Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes keys of any size")
-}
-
 /// Target `id`'s signing key: `hex(HMAC-SHA256(secret, "heartbeat:" + id))`.
 pub fn target_key(secret: &str, id: &str) -> String {
-    let mut m = mac(secret.as_bytes());
-    m.update(b"heartbeat:");
-    m.update(id.as_bytes());
-    hex::encode(m.finalize().into_bytes())
-}
-
-fn signed(key: &str, timestamp_ms: i64, body: &[u8]) -> Hmac<Sha256> {
-    let mut m = mac(key.as_bytes());
-    m.update(timestamp_ms.to_string().as_bytes());
-    m.update(b".");
-    m.update(body);
-    m
-}
-
-/// The `X-Vigil-Signature` value of a heartbeat: `sha256=<hex>`.
-pub fn sign(key: &str, timestamp_ms: i64, body: &[u8]) -> String {
-    format!(
-        "sha256={}",
-        hex::encode(signed(key, timestamp_ms, body).finalize().into_bytes())
-    )
+    signature::heartbeat_key(secret, id)
 }
 
 /// Checks a heartbeat of target `id` (its body already parsed to learn the id).
@@ -138,22 +112,17 @@ pub fn verify(
     max_skew: Duration,
 ) -> Result<i64, Rejection> {
     let secret = secret.ok_or(Rejection::NoSecret)?;
-    let (Some(timestamp), Some(signature)) = (timestamp, signature) else {
+    let (Some(timestamp), Some(given)) = (timestamp, signature) else {
         return Err(Rejection::Unsigned);
     };
     let ts: i64 = timestamp
         .trim()
         .parse()
         .map_err(|_| Rejection::BadSignature)?;
-    let given = signature
-        .trim()
-        .strip_prefix("sha256=")
-        .and_then(|h| hex::decode(h).ok())
-        .ok_or(Rejection::BadSignature)?;
-    // Constant time (hmac's `verify_slice`): no byte-by-byte guessing from timings.
-    signed(&target_key(secret, id), ts, body)
-        .verify_slice(&given)
-        .map_err(|_| Rejection::BadSignature)?;
+    // Constant time: no byte-by-byte guessing from timings.
+    if !signature::verify_heartbeat(&target_key(secret, id), ts, body, given) {
+        return Err(Rejection::BadSignature);
+    }
     let skew = i64::try_from(max_skew.as_millis()).unwrap_or(i64::MAX);
     if now_ms.abs_diff(ts) > skew.unsigned_abs() {
         return Err(Rejection::Stale);
@@ -167,11 +136,40 @@ mod tests {
 
     const SKEW: Duration = Duration::from_secs(30);
 
+    /// The library's sender signs (`vigil::heartbeat::sign`, with the time it stamps),
+    /// the controller verifies: one protocol. The bytes of a known signature, computed
+    /// by both sides before they shared one implementation, are pinned in
+    /// `vigil_core::signature`.
+    #[test]
+    fn a_heartbeat_signed_by_the_library_verifies_at_the_controller() {
+        let key = target_key("s3cret", "w1");
+        let body = br#"{"target":"w1","report":{"status":"pass"}}"#;
+        let now = signature::timestamp_ms(std::time::SystemTime::now());
+        let sig = vigil::heartbeat::sign(&key, now, body);
+        assert_eq!(
+            verify(
+                Some("s3cret"),
+                "w1",
+                Some(&now.to_string()),
+                Some(&sig),
+                body,
+                now + 10,
+                SKEW
+            ),
+            Ok(now)
+        );
+        assert_eq!(
+            vigil::heartbeat::sign(&key, 1_765_000_000_123, body),
+            "sha256=7cf9ae094f34990c9fd40e8ba37eaee3312127e210119c556c0f8c259b50d313",
+            "the pinned bytes"
+        );
+    }
+
     #[test]
     fn only_the_targets_own_key_over_this_body_and_time_verifies() {
         let key = target_key("s3cret", "w1");
         let body = br#"{"target":"w1"}"#;
-        let sig = sign(&key, 1_000_000, body);
+        let sig = signature::sign_heartbeat(&key, 1_000_000, body);
         let ok = |id, ts: &str, sig: &str, body: &[u8]| {
             verify(
                 Some("s3cret"),
@@ -199,7 +197,7 @@ mod tests {
             Err(Rejection::BadSignature),
             "the body is signed"
         );
-        let old = sign(&key, 1_000_500 - 31_000, body);
+        let old = signature::sign_heartbeat(&key, 1_000_500 - 31_000, body);
         assert_eq!(
             ok("w1", &(1_000_500 - 31_000).to_string(), &old, body),
             Err(Rejection::Stale)

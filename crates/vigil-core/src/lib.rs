@@ -35,6 +35,8 @@
 //!   the verdict by agreement of a target's probers.
 //! - [`judge`](mod@judge): the one judge of an HTTP health answer (status code + optional
 //!   health+json body -> verdict), with its rule table.
+//! - [`signature`]: not a policy but the HMAC signatures of heartbeats and webhooks, one
+//!   implementation for the signer and the verifier.
 //! - [`build`]: the version and git commit this was built from.
 //! - [`http1`]: not a policy but the HTTP/1.1 wire codec the balancer and the prober share,
 //!   sans-IO: request and response framing (where a head ends, how its body is delimited,
@@ -58,6 +60,7 @@ pub mod report;
 pub mod retry;
 pub mod rollout;
 pub mod shard;
+pub mod signature;
 pub mod status;
 pub mod thresholds;
 pub mod throttle;

@@ -9,7 +9,8 @@
 //! sha256=<hex HMAC-SHA256(key, timestamp + "." + body)>`, where `key` is the target's own
 //! key (`vigil controller heartbeat-key <id>` prints it). A signature is good only for its
 //! body and time, so a heartbeat read off the wire cannot be replayed for long, and a
-//! worker holds only its own key.
+//! worker holds only its own key. The signature is [`vigil_core::signature`], the very
+//! code the controller verifies with.
 //!
 //! Sending never blocks the service and never changes its health: a controller that is
 //! down is the controller's problem (its TTL turns the target failed, and its guard
@@ -19,26 +20,22 @@
 use crate::health::Health;
 use crate::worker::Worker;
 use bytes::Bytes;
-use hmac::{Hmac, Mac};
 use http::{Request, Uri, header};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use sha2::Sha256;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
+use vigil_core::signature;
 
 /// Default interval between heartbeats: 5 s, a sixth of the controller's default TTL
 /// (30 s), so that a few lost beats never look like a dead worker.
 pub const DEFAULT_EVERY: Duration = Duration::from_secs(5);
 /// Default timeout of one heartbeat: 2 s.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
-/// The header carrying the timestamp the signature covers.
-pub const TIMESTAMP_HEADER: &str = "x-vigil-timestamp";
-/// The header carrying the signature.
-pub const SIGNATURE_HEADER: &str = "x-vigil-signature";
+pub use vigil_core::signature::{SIGNATURE_HEADER, TIMESTAMP_HEADER};
 
 /// Where and as whom to send heartbeats.
 #[derive(Clone, Debug)]
@@ -192,10 +189,7 @@ async fn send(
     config: &HeartbeatConfig,
     body: Bytes,
 ) -> Result<(), String> {
-    let ts = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
+    let ts = signature::timestamp_ms(SystemTime::now());
     let request = Request::post(url.clone())
         .header(header::CONTENT_TYPE, "application/json")
         .header(
@@ -223,12 +217,24 @@ async fn send(
 }
 
 /// `sha256=<hex HMAC-SHA256(key, timestamp + "." + body)>`, the controller's heartbeat
-/// signature.
-pub fn sign(key: &str, timestamp_ms: u128, body: &[u8]) -> String {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key.as_bytes())
-        .expect("HMAC takes a key of any length");
-    mac.update(timestamp_ms.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+/// signature ([`vigil_core::signature::sign_heartbeat`]); `timestamp_ms` is UNIX
+/// milliseconds, as sent in [`TIMESTAMP_HEADER`].
+pub fn sign(key: &str, timestamp_ms: i64, body: &[u8]) -> String {
+    signature::sign_heartbeat(key, timestamp_ms, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes the old sender made, pinned (as in `vigil_core::signature`).
+    #[test]
+    fn a_known_signature_keeps_its_bytes() {
+        let key = "bd96a43fa9047ca16a44562d290f4d0e6f18152710c35f58588a04fa3056ec4b";
+        let body = br#"{"target":"w1","report":{"status":"pass"}}"#;
+        assert_eq!(
+            sign(key, 1_765_000_000_123, body),
+            "sha256=7cf9ae094f34990c9fd40e8ba37eaee3312127e210119c556c0f8c259b50d313"
+        );
+    }
 }
