@@ -1,6 +1,11 @@
 //! The probe scheduler: every target on its own interval with jitter, probes bounded by
 //! a semaphore, heartbeat targets judged by the age of their last heartbeat.
 //!
+//! A heartbeat target's silence is evidence only once a whole TTL has passed since the
+//! scheduler first knew it (added to the plan, or at start for the targets it already
+//! had): before that it is pending, and no observation is sent. A worker that sends
+//! every 30 s of a 1 h TTL must not be replaced in the controller's first second.
+//!
 //! One task holds a min-heap of due times over a slab of targets. Removed targets are
 //! dropped lazily (their heap entries carry a slot and an epoch that no longer match). New targets get a random first
 //! slot within one interval, so a fleet added at once is not probed at once.
@@ -125,6 +130,10 @@ pub async fn run(
     let mut permits = Arc::new(Semaphore::new(plan.probe.concurrency));
     let mut replan = true;
     let mut probing_open = true;
+    // When each heartbeat target of the plan was first known: the start of the TTL its
+    // first heartbeat has (all of the plan, not only this replica's share, so a target
+    // handed over from a replica is not given a new TTL).
+    let mut known_since: HashMap<String, Instant> = HashMap::new();
     loop {
         if replan {
             replan = false;
@@ -137,6 +146,14 @@ pub async fn run(
                 .map(|(i, t)| (t.id.as_str(), i))
                 .collect();
             heartbeats.retain(|id| by_id.get(id).is_some_and(|&i| plan.targets[i].heartbeat));
+            known_since.retain(|id, _| {
+                by_id
+                    .get(id.as_str())
+                    .is_some_and(|&i| plan.targets[i].heartbeat)
+            });
+            for t in plan.targets.iter().filter(|t| t.heartbeat) {
+                known_since.entry(t.id.clone()).or_insert(now);
+            }
             // Several replicas share the probing: this one probes its share only.
             let mine: Vec<&Arc<TargetConfig>> = {
                 let probing = probing_rx.borrow_and_update();
@@ -229,7 +246,12 @@ pub async fn run(
                 heap.push(Reverse((since(base, start + interval.mul_f64(1.0 + jitter)), si, ep)));
                 if spec.heartbeat {
                     let beat = heartbeats.get(&spec.id);
-                    let (obs, record) = judge_heartbeat(&spec, beat.clone(), plan.heartbeat_ttl);
+                    let known = known_since.get(&spec.id).copied().unwrap_or(base);
+                    let Some((obs, record)) =
+                        judge_heartbeat(&spec, beat.clone(), plan.heartbeat_ttl, known, now)
+                    else {
+                        continue; // pending: no heartbeat yet, and its first TTL not over
+                    };
                     // A worker's counters count only while its heartbeat is fresh.
                     let worker = beat
                         .filter(|_| !obs.endpoint_failed)
@@ -264,11 +286,16 @@ pub async fn run(
     tracing::debug!("scheduler stopped");
 }
 
+/// Judges a heartbeat target at `now` from its last heartbeat. None while it is pending:
+/// no heartbeat yet and less than `ttl` since `known_since`, when the scheduler first
+/// knew it (silence is no evidence before a heartbeat was due).
 fn judge_heartbeat(
     spec: &TargetConfig,
     beat: Option<Beat>,
     ttl: Duration,
-) -> (Observation, ProbeRecord) {
+    known_since: Instant,
+    now: Instant,
+) -> Option<(Observation, ProbeRecord)> {
     let mut record = ProbeRecord {
         at_ms: crate::clock::wall_ms(),
         ok: false,
@@ -277,15 +304,24 @@ fn judge_heartbeat(
         health: None,
         detail: String::new(),
     };
+    let whole_secs = |d: Duration| humantime::format_duration(Duration::from_secs(d.as_secs()));
     let obs = match beat {
         None => {
-            record.detail = "no heartbeat received yet".into();
+            let silent = now.saturating_duration_since(known_since);
+            if silent <= ttl {
+                return None;
+            }
+            record.detail = format!(
+                "no heartbeat received in the {} since the target was known (ttl {})",
+                whole_secs(silent),
+                humantime::format_duration(ttl)
+            );
             Observation::endpoint_failure(&spec.id, &spec.zone)
         }
-        Some(b) if b.at.elapsed() > ttl => {
+        Some(b) if now.saturating_duration_since(b.at) > ttl => {
             record.detail = format!(
                 "no heartbeat for {} (ttl {})",
-                humantime::format_duration(Duration::from_secs(b.at.elapsed().as_secs())),
+                whole_secs(now.saturating_duration_since(b.at)),
                 humantime::format_duration(ttl)
             );
             Observation::endpoint_failure(&spec.id, &spec.zone)
@@ -303,5 +339,88 @@ fn judge_heartbeat(
         },
     };
     record.ok = obs.is_ok();
-    (obs, record)
+    Some((obs, record))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn worker() -> TargetConfig {
+        TargetConfig {
+            id: "worker-1".into(),
+            url: String::new(),
+            zone: "a".into(),
+            group: "workers".into(),
+            heartbeat: true,
+            interval: None,
+        }
+    }
+
+    fn beat_at(at: Instant) -> Beat {
+        Beat {
+            at,
+            report: None,
+            signed_ms: 1,
+            worker: None,
+        }
+    }
+
+    #[test]
+    fn silence_is_no_evidence_before_the_first_ttl_has_passed() {
+        let known = Instant::now();
+        for after in [Duration::ZERO, Duration::from_millis(600), HOUR] {
+            assert!(
+                judge_heartbeat(&worker(), None, HOUR, known, known + after).is_none(),
+                "a heartbeat target without a heartbeat {after:?} after it was known \
+                 (ttl 1h) must be pending, not failing"
+            );
+        }
+    }
+
+    #[test]
+    fn silence_fails_once_the_first_ttl_has_passed() {
+        let known = Instant::now();
+        let (obs, record) = judge_heartbeat(
+            &worker(),
+            None,
+            HOUR,
+            known,
+            known + HOUR + Duration::from_secs(1),
+        )
+        .expect("a target silent for longer than its TTL is judged");
+        assert!(obs.endpoint_failed, "silence past the TTL is a failure");
+        assert!(!record.ok);
+        assert!(
+            record.detail.contains("no heartbeat received in the 1h 1s")
+                && record.detail.contains("ttl 1h"),
+            "the detail says how long and against which TTL: {}",
+            record.detail
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_is_judged_by_its_age_whenever_the_target_was_known() {
+        let t0 = Instant::now();
+        let known = t0 + HOUR; // the beat predates the target's first knowledge here
+        let (obs, _) = judge_heartbeat(&worker(), Some(beat_at(t0)), HOUR, t0, t0 + HOUR / 2)
+            .expect("a fresh heartbeat is an observation");
+        assert!(obs.is_ok(), "a fresh heartbeat without a report passes");
+        let (obs, record) = judge_heartbeat(
+            &worker(),
+            Some(beat_at(t0)),
+            HOUR,
+            known,
+            t0 + HOUR + Duration::from_secs(5),
+        )
+        .expect("a stale heartbeat is an observation");
+        assert!(obs.endpoint_failed, "a heartbeat older than the TTL fails");
+        assert!(
+            record.detail.contains("no heartbeat for 1h 5s"),
+            "{}",
+            record.detail
+        );
+    }
 }
