@@ -41,20 +41,18 @@ use crate::store::{
 use crate::view::FleetViews;
 pub use crate::view::{EventInfo, FleetView, GuardView, HoldInfo, TargetDetail, TargetInfo};
 use prometheus_client::metrics::gauge::Gauge;
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 use vigil_core::Time;
-use vigil_core::anomaly::{AnomalyDetector, AnomalyState, Counts, MemberVerdict};
+use vigil_core::anomaly::{AnomalyDetector, Counts, MemberVerdict};
 use vigil_core::fleet::{
-    DecisionKind, Dissent, DissentConfig, Effect, Input, Mode, Refusal, Standing, judge_peers,
-    peer_check, step,
+    AfterCommit, Commit, DecisionKind, Dissent, DissentConfig, Effect, Input, Mode, Rebuilt,
+    Refusal, Replica, Standing, Stored, Turn, Uncommitted, judge_peers, peer_check,
 };
 use vigil_core::guard::{
-    Applied, Decision, FreezeScope, GuardConfig, GuardEvent, GuardState, GuardTargetView, Hold,
-    HoldKind, Observation, Op, Reason, SafetyGuard, WhenFrozen,
+    Decision, FreezeScope, GuardEvent, Hold, HoldKind, Observation, Op, Reason, WhenFrozen,
 };
 
 /// The outcome of a freeze alert's decision, and the kind of its action's event
@@ -243,6 +241,11 @@ impl From<Refusal> for EngineError {
                 kind: hold_path(kind),
                 held: hold_path(held),
             },
+            Refusal::Halted(Mode::Following { leader }) => EngineError::NotLeader {
+                leader: None,
+                detail: leader,
+            },
+            Refusal::Halted(mode) => EngineError::Store(mode.to_string()),
         }
     }
 }
@@ -255,40 +258,12 @@ pub fn hold_path(kind: HoldKind) -> &'static str {
     }
 }
 
-/// The guard config and state as snapshotted together (the ops after a snapshot were
-/// made under its config until a `Reconfigure` op says otherwise), with the queue
-/// workers' peer comparison, so a restart judges them on the window they had.
-#[derive(Serialize, Deserialize)]
-struct Snapshot {
-    config: GuardConfig,
-    state: GuardState,
-    /// Guard time of the snapshot: the clock never restarts earlier than this.
-    #[serde(default)]
-    at: Time,
-    /// The anomaly detector's windows (absent before the first heartbeat worker, and in
-    /// snapshots written before they were kept).
-    #[serde(default)]
-    anomaly: AnomalyState,
-}
-
-/// [`Snapshot`] as written.
-#[derive(Serialize)]
-struct SnapshotRef<'a> {
-    config: &'a GuardConfig,
-    state: &'a GuardState,
-    at: Time,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    anomaly: Option<&'a AnomalyState>,
-}
-
 struct TargetRuntime {
     spec: Arc<TargetConfig>,
     /// Its `target_up` metric labels.
     labels: TargetLabels,
     /// Its `target_up` series.
     up: Gauge,
-    /// Its standing (None until first computed).
-    state: Option<Standing>,
     history: History,
     /// Its last probe failed (the next failure is not logged again).
     last_failed: bool,
@@ -301,7 +276,9 @@ type Reply = (
 
 /// The engine. Build it with [`Engine::recover`], run it with [`Engine::run`].
 pub struct Engine {
-    guard: SafetyGuard,
+    /// The guard, the mode, the standings and the batch not yet committed
+    /// (`vigil_core::fleet::Replica`, which the simulator drives too).
+    replica: Replica,
     clock: Clock,
     store: StoreHandle,
     metrics: Arc<Metrics>,
@@ -315,27 +292,14 @@ pub struct Engine {
     /// By id (the same shared string as the target's metric labels).
     runtime: BTreeMap<Arc<str>, TargetRuntime>,
     events: VecDeque<EventInfo>,
-    batch: Batch,
     replies: Vec<Reply>,
     last_snapshot: Instant,
-    /// The length of the last snapshot written (bytes).
-    snapshot_size: usize,
     /// Zone names, one shared copy each.
     zones: BTreeSet<Arc<str>>,
-    /// Ops are applied without being logged: a snapshot in the same batch covers them.
-    unlogged: bool,
-    /// Ops logged since the last snapshot.
-    ops_since_snapshot: usize,
     /// Shared with `/readyz` and the dashboard.
     health: Arc<StoreHealth>,
-    /// Leading (with its term), following, store failing or recovering
-    /// (`vigil_core::fleet::Mode`): only a mode that judges feeds the guard; in the
-    /// others target list and config changes wait for the next batch that commits.
-    mode: Mode,
     /// When a failing store is tried again.
     retry_at: Instant,
-    /// Guard events recorded since the last commit (undone with it if it fails).
-    events_since_flush: usize,
     /// Discovery is configured but no good list has been read since start: targets
     /// the guard knows are kept (see [`Engine::initial_targets`]).
     discovery_pending: bool,
@@ -374,48 +338,13 @@ pub struct Engine {
 
 pub use vigil_core::anomaly::PEER_CHECK;
 
-/// The guard rebuilt from what the store holds: the snapshot, then the ops after it.
-/// Returns it with the latest time it has seen, the number of ops replayed and the
-/// workers' comparison as snapshotted.
-fn rebuild(
-    rec: &Recovered,
-    config: &GuardConfig,
-) -> Result<(SafetyGuard, Time, usize, AnomalyState), anyhow::Error> {
-    let mut latest = Time::ZERO;
-    let mut anomaly = AnomalyState::default();
-    let mut guard = match &rec.snapshot {
-        Some(text) => {
-            let snap: Snapshot = serde_json::from_str(text).map_err(|e| {
-                anyhow::anyhow!(
-                    "the store's guard snapshot does not parse ({e}); refusing to start with a reset budget"
-                )
-            })?;
-            latest = snap.at;
-            anomaly = snap.anomaly;
-            SafetyGuard::restore(snap.config, snap.state)
-        }
-        None => SafetyGuard::new(config.clone()),
-    };
-    let mut replayed = 0;
-    for (i, text) in rec.ops.iter().enumerate() {
-        let ops: Vec<Op> = serde_json::from_str(text).map_err(|e| {
-            anyhow::anyhow!("guard op batch {i} after the snapshot does not parse: {e}")
-        })?;
-        for op in ops {
-            if let Some(at) = op.at() {
-                latest = latest.max(at);
-            }
-            guard.apply(&op);
-            replayed += 1;
-        }
+/// The guard's part of what the store holds (its snapshot and op rows), taken out of
+/// `rec`.
+fn stored(rec: &mut Recovered) -> Stored {
+    Stored {
+        snapshot: rec.snapshot.take(),
+        ops: std::mem::take(&mut rec.ops),
     }
-    guard.drain_events();
-    for v in guard.targets(latest) {
-        if let Some(t) = v.failing_since {
-            latest = latest.max(t);
-        }
-    }
-    Ok((guard, latest, replayed, anomaly))
 }
 
 /// What recovery found, for the log.
@@ -439,17 +368,23 @@ impl Engine {
         actions: mpsc::UnboundedSender<ActionRecord>,
         plan: watch::Sender<Arc<Plan>>,
     ) -> Result<(Engine, RecoveryReport), anyhow::Error> {
-        let rec = store.call(|s| s.recover()).await?;
-        let (guard, latest, replayed, anomaly) = rebuild(&rec, &config.guard)?;
+        let mut rec = store.call(|s| s.recover()).await?;
+        let had_snapshot = rec.snapshot.is_some();
+        let Rebuilt {
+            replica,
+            latest,
+            replayed,
+            anomaly,
+        } = Replica::rebuild(&stored(&mut rec), &config.guard)?;
         metrics.store_healthy(true);
         let clock = Clock::start(latest);
         let report = RecoveryReport {
-            snapshot: rec.snapshot.is_some(),
+            snapshot: had_snapshot,
             ops: replayed,
             pending: rec.pending,
         };
         let mut engine = Engine {
-            guard,
+            replica,
             clock,
             store,
             metrics,
@@ -461,17 +396,11 @@ impl Engine {
             aws_discovered: Vec::new(),
             runtime: BTreeMap::new(),
             events: VecDeque::new(),
-            batch: Batch::default(),
             replies: Vec::new(),
             last_snapshot: Instant::now(),
-            snapshot_size: rec.snapshot.as_ref().map_or(0, String::len),
             zones: BTreeSet::new(),
-            unlogged: false,
-            ops_since_snapshot: rec.ops.len(),
             health,
-            mode: Mode::ALONE,
             retry_at: Instant::now(),
-            events_since_flush: 0,
             discovery_pending: false,
             aws_pending: false,
             views: FleetViews::new(FleetView::empty()),
@@ -490,13 +419,15 @@ impl Engine {
         // Targets the guard remembers keep their state only if still configured; the
         // caller sends both sources before the first flush.
         for id in engine
-            .guard
+            .replica
+            .guard()
             .target_ids()
             .map(String::from)
             .collect::<Vec<_>>()
         {
             let zone = engine
-                .guard
+                .replica
+                .guard()
                 .target(latest, &id)
                 .map(|v| v.zone.to_string())
                 .unwrap_or_default();
@@ -514,7 +445,6 @@ impl Engine {
                         heartbeat: false,
                         interval: None,
                     }),
-                    state: None,
                     history: History::default(),
                     last_failed: false,
                 },
@@ -607,7 +537,7 @@ impl Engine {
     pub fn replicated(&mut self, lead: watch::Receiver<Leadership>) {
         let who = lead.borrow().describe();
         self.lead = Some(lead);
-        self.mode = Mode::Following { leader: who };
+        self.replica.follow(who);
     }
 
     /// Makes this replica share the probing with the others (see [`crate::probing`]):
@@ -621,7 +551,7 @@ impl Engine {
     /// Reports this replica's results (and heartbeat) to the store; the leader reads
     /// everyone's back and judges the targets due.
     async fn report(&mut self) {
-        let leading = self.mode.epoch().is_some();
+        let leading = self.replica.mode().epoch().is_some();
         let Some(sh) = self.sharding.as_mut() else {
             return;
         };
@@ -636,7 +566,7 @@ impl Engine {
                 if sh.answered(state, leading) {
                     self.view_dirty = true;
                 }
-                if leading && self.mode.judges() {
+                if leading && self.replica.mode().judges() {
                     self.judge_agreed();
                 }
             }
@@ -674,8 +604,8 @@ impl Engine {
                 id: id.to_string(),
                 judged,
             };
-            let effects = step(&mut self.guard, self.clock.now(), input);
-            if self.effects(effects, Some(&id)) {
+            let turn = self.replica.step(self.clock.now(), input);
+            if self.effects(turn) {
                 self.view_dirty = true;
             }
         }
@@ -716,22 +646,17 @@ impl Engine {
         let Some(l) = self.lead.as_mut().map(|rx| rx.borrow_and_update().clone()) else {
             return;
         };
-        if l.epoch.is_some() && l.epoch != self.mode.epoch() {
+        if l.epoch.is_some() && l.epoch != self.replica.mode().epoch() {
             tracing::warn!(replica = %l.replica, epoch = ?l.epoch, "leading: the guard is reloaded from what the store holds, then judging starts");
             if let Some(sh) = self.sharding.as_mut() {
                 sh.all_due();
             }
-            self.batch = Batch::default();
             // Judged again only once the guard is as the store has it: until it could
             // be read, the term's first batch waits (and says why, as before).
-            let error = self.mode.halted().unwrap_or_else(|| {
+            let error = self.replica.mode().halted().unwrap_or_else(|| {
                 "the store could not be read at the start of this term".to_string()
             });
-            self.mode = Mode::StoreFailing {
-                epoch: l.epoch,
-                error,
-                dirty: true,
-            };
+            self.replica.lead(l.epoch, error);
             self.retry_store().await;
             // Actions a previous leader intended and never finished are resumed here.
             match self.store.call(|s| s.recover()).await {
@@ -745,21 +670,19 @@ impl Engine {
                     tracing::error!(error = %e, "cannot read the actions left intended; they run at the next term")
                 }
             }
-        } else if l.epoch.is_none() && !self.mode.follows() {
+        } else if l.epoch.is_none() && !self.replica.mode().follows() {
             tracing::warn!(replica = %l.replica, "the term ended: this replica follows and decides nothing");
             self.follow(l.describe());
-        } else if self.mode.follows() {
-            self.mode = Mode::Following {
-                leader: l.describe(),
-            };
+        } else if self.replica.mode().follows() {
+            self.replica.follow(l.describe());
             self.view_dirty = true;
         }
     }
 
-    /// The fence of this replica's term, which its batches carry (None: following, or
-    /// a lone controller).
-    fn fence(&self) -> Option<Fence> {
-        let epoch = self.mode.epoch()?;
+    /// The fence of a batch decided in the term `epoch` (None: following, or a lone
+    /// controller).
+    fn fence(&self, epoch: Option<i64>) -> Option<Fence> {
+        let epoch = epoch?;
         let l = self.lead.as_ref()?.borrow();
         Some(Fence {
             lease: l.lease.clone(),
@@ -783,11 +706,10 @@ impl Engine {
     /// Stops judging: what was not committed is dropped (a successor decides it again),
     /// and target changes wait for a term of this replica's own.
     fn follow(&mut self, who: String) {
-        self.batch = Batch::default();
         for (tx, _) in std::mem::take(&mut self.replies) {
             let _asker_may_be_gone = tx.send(Err(self.not_leader(who.clone())));
         }
-        self.mode = Mode::Following { leader: who };
+        self.replica.follow(who);
         self.follow_reload_at = Instant::now();
         self.view_dirty = true;
     }
@@ -833,14 +755,14 @@ impl Engine {
                     }
                 }
                 _ = tick.tick() => {
-                    if self.mode.follows() {
+                    if self.replica.mode().follows() {
                         if self.follow_reload_at <= Instant::now() {
                             self.follow_reload_at = Instant::now() + FOLLOW_RELOAD_EVERY;
                             if self.reload().await {
                                 self.view_dirty = true;
                             }
                         }
-                    } else if !self.mode.judges() {
+                    } else if !self.replica.mode().judges() {
                         if self.retry_at <= Instant::now() {
                             self.retry_store().await;
                         }
@@ -848,8 +770,8 @@ impl Engine {
                         // A tick with no hold due and nobody flapping changes nothing:
                         // it is not logged, and no target's state needs a refresh.
                         self.judge_workers();
-                        let effects = step(&mut self.guard, self.clock.now(), Input::Tick);
-                        if self.effects(effects, None) {
+                        let turn = self.replica.step(self.clock.now(), Input::Tick);
+                        if self.effects(turn) {
                             self.view_dirty = true;
                         }
                     }
@@ -858,11 +780,11 @@ impl Engine {
             self.flush().await;
             self.publish_if_due();
         }
-        if self.mode.follows() {
+        if self.replica.mode().follows() {
             tracing::info!("engine stopped (a follower: nothing of its own to snapshot)");
             return;
         }
-        if !self.mode.judges() {
+        if !self.replica.mode().judges() {
             tracing::error!(
                 "engine stopped with the store failing: the guard state is as last committed"
             );
@@ -882,9 +804,9 @@ impl Engine {
             | Command::ClearHold { reply, .. }
             | Command::Freeze { reply, .. }
             | Command::Unfreeze { reply }
-                if !self.mode.judges() =>
+                if !self.replica.mode().judges() =>
             {
-                let refusal = match &self.mode {
+                let refusal = match self.replica.mode() {
                     Mode::Following { leader } => self.not_leader(leader.clone()),
                     other => EngineError::Store(other.to_string()),
                 };
@@ -960,17 +882,15 @@ impl Engine {
                     sh.record(&id, &obs, heartbeat);
                     return;
                 }
-                if !self.mode.judges() {
-                    // Shown, not judged: a decision now could not be committed. A
-                    // target still failing is decided again once the store works.
-                    return;
-                }
                 // A probe that changes nothing in the guard (a healthy target passing
                 // again) is not logged: replaying the log without it ends in the same
                 // state (`Applied::Unchanged`), and a healthy fleet then writes
-                // nothing to the store per probe.
-                let effects = step(&mut self.guard, self.clock.now(), Input::Probe(obs));
-                self.effects(effects, Some(&id));
+                // nothing to the store per probe. While this replica does not judge,
+                // it is shown, not judged (the turn is a refusal): a decision now could
+                // not be committed, and a target still failing is decided again once
+                // the store works.
+                let turn = self.replica.step(self.clock.now(), Input::Probe(obs));
+                self.effects(turn);
             }
             Command::Targets { source, targets } => {
                 let targets = shared(targets);
@@ -986,7 +906,7 @@ impl Engine {
                     }
                 }
                 // Otherwise they wait: applied with the next batch that commits.
-                if self.mode.judges() {
+                if self.replica.mode().judges() {
                     self.apply_targets();
                 }
             }
@@ -1007,7 +927,7 @@ impl Engine {
                     id: id.clone(),
                     hold,
                 };
-                self.command(now, input, Some(&id), reply);
+                self.command(now, input, reply);
             }
             Command::ClearHold { id, kind, reply } => {
                 // Only a hold of the kind asked for is lifted (the step refuses the
@@ -1016,13 +936,13 @@ impl Engine {
                     id: id.clone(),
                     kind,
                 };
-                self.command(self.clock.now(), input, Some(&id), reply);
+                self.command(self.clock.now(), input, reply);
             }
             Command::Freeze { reason, reply } => {
-                self.command(self.clock.now(), Input::Freeze { reason }, None, reply);
+                self.command(self.clock.now(), Input::Freeze { reason }, reply);
             }
             Command::Unfreeze { reply } => {
-                self.command(self.clock.now(), Input::Unfreeze, None, reply);
+                self.command(self.clock.now(), Input::Unfreeze, reply);
             }
             Command::Reconfigure(config) => self.reconfigure(config),
             Command::Fleet(reply) => {
@@ -1049,7 +969,7 @@ impl Engine {
             self.aws_pending = false;
             self.aws_discovered = Vec::new();
         }
-        if !self.mode.judges() {
+        if !self.replica.mode().judges() {
             // Applied with the next successful commit (`retry_store`).
             return;
         }
@@ -1058,13 +978,11 @@ impl Engine {
     }
 
     fn reconfigure_guard(&mut self, config: &ControllerConfig) {
-        if *self.guard.config() != config.guard {
-            self.op(
-                Op::Reconfigure {
-                    config: Box::new(config.guard.clone()),
-                },
-                None,
-            );
+        if *self.replica.guard().config() != config.guard {
+            let op = Op::Reconfigure {
+                config: Box::new(config.guard.clone()),
+            };
+            self.op(op, None);
         }
     }
 
@@ -1103,7 +1021,7 @@ impl Engine {
             }
         }
         let pending = self.discovery_pending || self.aws_pending;
-        let guard = &self.guard;
+        let guard = self.replica.guard();
         let now = self.clock.now();
         // While the discovery file has not been read right since start, a target the
         // guard knows stays (see `initial_targets`).
@@ -1120,7 +1038,8 @@ impl Engine {
         // Targets the guard knows without a record here (a removal undone by a failed
         // commit) go as well.
         gone.extend(
-            self.guard
+            self.replica
+                .guard()
                 .target_ids()
                 .filter(|id| !wanted(id) && !self.runtime.contains_key(*id))
                 .map(Arc::from),
@@ -1130,7 +1049,9 @@ impl Engine {
             .filter(|t| !self.runtime.contains_key(t.id.as_str()))
             .count();
         let bulk = gone.len() + added >= BULK_CHANGES;
-        self.unlogged = bulk;
+        if bulk {
+            self.replica.start_bulk();
+        }
         for id in gone {
             let at = self.clock.now();
             // Only the removed target's own state changes (to gone): no other
@@ -1150,7 +1071,8 @@ impl Engine {
         for spec in &merged {
             let id = &spec.id;
             let known = self
-                .guard
+                .replica
+                .guard()
                 .target(self.clock.now(), id)
                 .map(|v| v.zone.to_string());
             if known.as_deref() != Some(spec.zone.as_str()) {
@@ -1176,7 +1098,6 @@ impl Engine {
                         up: self.metrics.target_up(&labels),
                         labels,
                         spec: spec.clone(),
-                        state: None,
                         history: History::default(),
                         last_failed: false,
                     },
@@ -1196,11 +1117,11 @@ impl Engine {
         }
         if bulk {
             // The snapshot covers every op of this batch, logged or not.
-            self.unlogged = false;
-            self.snapshot();
-            self.batch.ops.clear();
+            let anomaly = (!self.anomaly.is_empty()).then(|| self.anomaly.state());
+            self.replica.end_bulk(self.clock.now(), anomaly);
+            self.last_snapshot = Instant::now();
+            self.anomaly_changed = false;
             // Maps filled one target at a time in id order keep half-empty nodes.
-            self.guard.compact();
             let runtime = std::mem::take(&mut self.runtime);
             self.runtime = runtime.into_iter().collect();
         }
@@ -1219,48 +1140,31 @@ impl Engine {
         });
     }
 
-    /// Applies an op, queues it for the store, records its decision and the state
-    /// changes it caused. `target`: the one target it affects (None: any may change).
-    /// Returns whether the op found its target.
+    /// Applies a membership or settings op through the replica (journaled, its
+    /// decision and state changes recorded). `target`: the one target it affects
+    /// (None: any may change). Returns whether the op found its target.
     fn op(&mut self, op: Op, target: Option<&str>) -> bool {
-        let applied = self.guard.apply(&op);
-        let found = applied != Applied::UnknownTarget;
-        self.logged(op, applied.into_decision(), target);
+        let (turn, found) = self.replica.apply(self.clock.now(), op, target);
+        self.effects(turn);
         found
     }
 
-    /// Queues an op already applied to the guard for the store, records its decision
-    /// and the state changes it caused.
-    fn logged(&mut self, op: Op, decision: Option<Decision>, target: Option<&str>) {
-        self.log_op(&op);
-        if let Some(d) = decision {
-            self.record_decision(d);
-        }
-        for ev in self.guard.drain_events() {
-            self.guard_event(ev);
-        }
-        self.refresh_states(target);
-    }
-
-    /// Records the effects of one judging step (`vigil_core::fleet::step`, which the
-    /// simulator drives too) in their order: its op in the batch, its decision, the
-    /// guard's events; then the state changes it caused. `target`: the one target it
-    /// affects (None: any may change). Returns whether the guard changed.
-    fn effects(&mut self, effects: Vec<Effect>, target: Option<&str>) -> bool {
-        let mut changed = false;
-        for e in effects {
+    /// Says what one turn of the replica did (`vigil_core::fleet::Replica::step`,
+    /// which the simulator drives too), in its order: its decisions and the guard's
+    /// events in the log and on the dashboard, then the state changes it caused. The
+    /// replica keeps them in its batch; [`Engine::flush`] writes them. Returns whether
+    /// the guard changed.
+    fn effects(&mut self, turn: Turn) -> bool {
+        let changed = turn.changed();
+        for e in turn.effects {
             match e {
-                Effect::Log(op) => {
-                    changed = true;
-                    self.log_op(&op);
-                }
-                Effect::Decide(_, d) => self.record_decision(d),
+                Effect::Decide(kind, d) => self.note_decision(kind, &d),
                 Effect::Event(ev) => self.guard_event(ev),
-                Effect::Refused(_) => {}
+                Effect::Log(_) | Effect::Refused(_) => {}
             }
         }
-        if changed {
-            self.refresh_states(target);
+        for t in turn.transitions {
+            tracing::info!(target_id = %t.id, from = %t.from, to = %t.to, detail = %t.detail, "target state changed");
         }
         changed
     }
@@ -1271,41 +1175,20 @@ impl Engine {
         &mut self,
         now: Time,
         input: Input,
-        target: Option<&str>,
         reply: oneshot::Sender<Result<(), EngineError>>,
     ) {
-        let effects = step(&mut self.guard, now, input);
-        let refused = effects.iter().find_map(|e| match e {
-            Effect::Refused(r) => Some(EngineError::from(r.clone())),
-            _ => None,
-        });
-        self.effects(effects, target);
+        let turn = self.replica.step(now, input);
+        let refused = turn.refusal().cloned().map(EngineError::from);
+        self.effects(turn);
         self.replies.push((reply, refused.map_or(Ok(()), Err)));
     }
 
-    /// Queues an op for the store (unless a snapshot in the same batch covers it).
-    fn log_op(&mut self, op: &Op) {
-        if !self.unlogged {
-            self.batch
-                .ops
-                .push(serde_json::to_string(op).expect("guard ops serialise"));
-            self.ops_since_snapshot += 1;
-        }
-    }
-
-    /// Logs a guard event, keeps it for the dashboard, and records a freeze alert.
+    /// Logs a guard event and keeps it for the dashboard (a freeze alert is recorded
+    /// with the batch, as a decision: [`Engine::alert`]).
     fn guard_event(&mut self, ev: GuardEvent) {
         let message = ev.to_string();
         match &ev {
-            GuardEvent::FreezeAlert {
-                scope,
-                frozen_for,
-                reason,
-                action,
-            } => {
-                tracing::error!(event = %message, "guard");
-                self.record_alert(scope, *frozen_for, reason, *action, &message);
-            }
+            GuardEvent::FreezeAlert { .. } => tracing::error!(event = %message, "guard"),
             GuardEvent::Frozen { .. }
             | GuardEvent::Flapping { .. }
             | GuardEvent::ManualFreeze { .. } => {
@@ -1316,67 +1199,44 @@ impl Engine {
         if self.events.len() >= RECENT_EVENTS {
             self.events.pop_front();
         }
-        self.events_since_flush += 1;
         self.events.push_back(EventInfo {
             at_ms: unix_ms(self.clock.now()),
             message,
         });
     }
 
-    /// Refreshes the displayed state of `target` (None: of every target).
-    fn refresh_states(&mut self, target: Option<&str>) {
-        match target {
-            Some(id) => self.refresh_state(id),
-            None => {
-                let ids: Vec<Arc<str>> = self.runtime.keys().cloned().collect();
-                for id in ids {
-                    self.refresh_state(&id);
-                }
-            }
-        }
-    }
-
-    fn refresh_state(&mut self, id: &str) {
-        let now = self.clock.now();
-        let Some(view) = self.guard.target(now, id) else {
-            return;
-        };
-        let state = Standing::of(&view);
-        let Some(rt) = self.runtime.get_mut(id) else {
-            return;
-        };
-        if rt.state != Some(state) {
-            let detail = describe(&view);
-            if let Some(from) = rt.state {
-                tracing::info!(target_id = %id, from = %from, to = %state, detail = %detail, "target state changed");
-                self.batch.transitions.push(NewTransition {
-                    at_ms: unix_ms(now),
-                    target: id.to_string(),
-                    from: from.name().to_string(),
-                    to: state.name().to_string(),
-                    detail,
-                });
-            }
-            rt.state = Some(state);
-        }
-    }
-
-    fn record_decision(&mut self, d: Decision) {
-        let Some(kind) = DecisionKind::recorded(&d) else {
-            return;
-        };
+    /// A decision's summary: a worker judged by its peers has the comparison with it.
+    fn summary(&self, d: &Decision) -> (String, Option<&MemberVerdict>) {
         let summary = d.to_string();
-        let at_ms = unix_ms(d.at);
-        let reasons = serde_json::to_value(&d.reasons).expect("reasons serialise");
-        // A worker judged by its peers: the comparison goes with the decision.
         let peers = self
             .verdicts
             .get(d.target.as_str())
             .filter(|v| v.is_outlier());
-        let summary = match peers {
-            Some(v) => format!("{summary}; peers: {v}"),
-            None => summary,
-        };
+        match peers {
+            Some(v) => (format!("{summary}; peers: {v}"), Some(v)),
+            None => (summary, None),
+        }
+    }
+
+    /// Logs a decision as it is made (it is written with the batch).
+    fn note_decision(&mut self, kind: DecisionKind, d: &Decision) {
+        let (summary, _) = self.summary(d);
+        match kind {
+            DecisionKind::Act => {
+                tracing::warn!(target_id = %d.target, decision = %summary, "guard acts")
+            }
+            DecisionKind::HoldBack | DecisionKind::Alert => {
+                tracing::info!(target_id = %d.target, decision = %summary, "guard holds back")
+            }
+        }
+        self.decided = true;
+    }
+
+    /// A decision as the store records it; an act's with its action.
+    fn decision(&self, kind: DecisionKind, d: Decision) -> NewDecision {
+        let (summary, peers) = self.summary(&d);
+        let at_ms = unix_ms(d.at);
+        let reasons = serde_json::to_value(&d.reasons).expect("reasons serialise");
         let action = (kind == DecisionKind::Act).then(|| {
             let spec = self.runtime.get(d.target.as_str()).map(|r| &r.spec);
             serde_json::json!({
@@ -1391,16 +1251,7 @@ impl Engine {
                 "reasons": reasons,
             })
         });
-        match kind {
-            DecisionKind::Act => {
-                tracing::warn!(target_id = %d.target, decision = %summary, "guard acts")
-            }
-            DecisionKind::HoldBack | DecisionKind::Alert => {
-                tracing::info!(target_id = %d.target, decision = %summary, "guard holds back")
-            }
-        }
-        self.decided = true;
-        self.batch.decisions.push(NewDecision {
+        NewDecision {
             at_ms,
             target: d.target,
             zone: d.zone,
@@ -1408,7 +1259,95 @@ impl Engine {
             reasons,
             summary,
             action,
-        });
+        }
+    }
+
+    /// A freeze alert as a decision with an action of kind `alert`: committed with
+    /// the batch like an act, so it is delivered once, after a crash too (the guard
+    /// raises it once per freeze, and that is in its persisted state). It has no
+    /// target: its `target` is empty and its scope says what is frozen.
+    fn alert(
+        &self,
+        scope: &FreezeScope,
+        frozen_for: Duration,
+        reason: &Reason,
+        doing: WhenFrozen,
+        summary: String,
+    ) -> NewDecision {
+        let at_ms = unix_ms(self.clock.now());
+        let zone = match scope {
+            FreezeScope::Fleet => String::new(),
+            FreezeScope::Zone(z) => z.clone(),
+        };
+        let reasons = serde_json::to_value([reason]).expect("reasons serialise");
+        NewDecision {
+            at_ms,
+            target: String::new(),
+            zone: zone.clone(),
+            outcome: DecisionKind::Alert,
+            reasons: reasons.clone(),
+            summary: summary.clone(),
+            action: Some(serde_json::json!({
+                "kind": ALERT,
+                "target": "",
+                "scope": scope.to_string(),
+                "zone": zone,
+                "frozen_for": humantime::format_duration(frozen_for).to_string(),
+                "when_frozen": doing,
+                "decided_at": rfc3339_ms(at_ms),
+                "summary": summary,
+                "reasons": reasons,
+            })),
+        }
+    }
+
+    /// The replica's batch as the store writes it, fenced by its term.
+    fn batch(&self, u: Uncommitted) -> Batch {
+        let mut decisions = Vec::new();
+        for e in u.effects {
+            match e {
+                Effect::Decide(kind, d) => decisions.push(self.decision(kind, d)),
+                Effect::Event(ev) => {
+                    if let GuardEvent::FreezeAlert {
+                        scope,
+                        frozen_for,
+                        reason,
+                        action,
+                    } = &ev
+                    {
+                        decisions.push(self.alert(
+                            scope,
+                            *frozen_for,
+                            reason,
+                            *action,
+                            ev.to_string(),
+                        ));
+                    }
+                }
+                Effect::Log(_) | Effect::Refused(_) => {}
+            }
+        }
+        Batch {
+            ops: u
+                .ops
+                .iter()
+                .map(|op| serde_json::to_string(op).expect("guard ops serialise"))
+                .collect(),
+            decisions,
+            transitions: u
+                .transitions
+                .into_iter()
+                .map(|t| NewTransition {
+                    at_ms: unix_ms(t.at),
+                    target: t.id,
+                    from: t.from.name().to_string(),
+                    to: t.to.name().to_string(),
+                    detail: t.detail,
+                })
+                .collect(),
+            snapshot: u.snapshot.map(|(text, at)| (text, unix_ms(at))),
+            fence: self.fence(u.epoch),
+        }
     }
 
     /// Compares the queue workers with their peers: refreshes every worker's verdict
@@ -1437,63 +1376,10 @@ impl Engine {
         self.verdicts = verdicts;
     }
 
-    /// Records a freeze alert as a decision with an action of kind `alert`: committed
-    /// with the batch like an act, so it is delivered once, after a crash too (the
-    /// guard raises it once per freeze, and that is in its persisted state). It has no
-    /// target: its `target` is empty and its scope says what is frozen.
-    fn record_alert(
-        &mut self,
-        scope: &FreezeScope,
-        frozen_for: Duration,
-        reason: &Reason,
-        doing: WhenFrozen,
-        summary: &str,
-    ) {
-        let at_ms = unix_ms(self.clock.now());
-        let zone = match scope {
-            FreezeScope::Fleet => String::new(),
-            FreezeScope::Zone(z) => z.clone(),
-        };
-        let reasons = serde_json::to_value([reason]).expect("reasons serialise");
-        self.decided = true;
-        self.batch.decisions.push(NewDecision {
-            at_ms,
-            target: String::new(),
-            zone: zone.clone(),
-            outcome: DecisionKind::Alert,
-            reasons: reasons.clone(),
-            summary: summary.to_string(),
-            action: Some(serde_json::json!({
-                "kind": ALERT,
-                "target": "",
-                "scope": scope.to_string(),
-                "zone": zone,
-                "frozen_for": humantime::format_duration(frozen_for).to_string(),
-                "when_frozen": doing,
-                "decided_at": rfc3339_ms(at_ms),
-                "summary": summary,
-                "reasons": reasons,
-            })),
-        });
-    }
-
     fn snapshot(&mut self) {
-        // Serialised from references: cloning a large fleet's state first would double
-        // its memory for a moment, and the allocator keeps such peaks.
-        let snap = SnapshotRef {
-            config: self.guard.config(),
-            state: self.guard.state(),
-            at: self.clock.now(),
-            anomaly: (!self.anomaly.is_empty()).then(|| self.anomaly.state()),
-        };
-        // One buffer of about the last snapshot's size, not a chain of doublings.
-        let mut buf = Vec::with_capacity(self.snapshot_size + self.snapshot_size / 8);
-        serde_json::to_writer(&mut buf, &snap).expect("guard state serialises");
-        self.snapshot_size = buf.len();
-        let text = String::from_utf8(buf).expect("serde_json writes UTF-8");
-        self.batch.snapshot = Some((text, unix_ms(self.clock.now())));
+        let anomaly = (!self.anomaly.is_empty()).then(|| self.anomaly.state());
+        self.replica.snapshot(self.clock.now(), anomaly);
         self.last_snapshot = Instant::now();
-        self.ops_since_snapshot = 0;
         self.anomaly_changed = false;
     }
 
@@ -1503,16 +1389,16 @@ impl Engine {
         // the stored state is current; rewriting it would only churn memory and disk.
         // Now and then all the same, so the stored guard time keeps up.
         let since = self.last_snapshot.elapsed();
-        if self.mode.judges()
+        if self.replica.mode().judges()
             && since >= self.config.store.snapshot_every
-            && (self.ops_since_snapshot > 0
+            && (self.replica.ops_since_snapshot() > 0
                 || since >= QUIET_SNAPSHOT_EVERY
                 || (self.anomaly_changed && since >= ANOMALY_SNAPSHOT_EVERY))
         {
             self.snapshot();
         }
         let now = self.clock.now();
-        let st = self.guard.status(now);
+        let st = self.replica.guard().status(now);
         self.metrics.guard(
             st.fleet_frozen,
             st.budget_left,
@@ -1525,18 +1411,14 @@ impl Engine {
                 .map(|f| now.since(f.since).as_secs_f64())
                 .fold(0.0, f64::max),
         );
-        if self.mode.follows() {
-            // Nothing is ours to commit: what changed waits for a term of ours.
-            self.batch = Batch::default();
-        }
         let replies = std::mem::take(&mut self.replies);
-        if self.batch.is_empty() {
-            self.events_since_flush = 0;
+        // A follower's changes are dropped: nothing is its to commit.
+        let Some(uncommitted) = self.replica.take() else {
             self.answer(replies);
             return;
-        }
-        let mut batch = std::mem::take(&mut self.batch);
-        batch.fence = self.fence();
+        };
+        let n_events = uncommitted.events().count();
+        let batch = self.batch(uncommitted);
         let n_actions = batch
             .decisions
             .iter()
@@ -1548,12 +1430,10 @@ impl Engine {
         });
         match self.store.call(move |s| s.commit(&batch)).await {
             Ok(created) => {
-                self.events_since_flush = 0;
                 for (kind, n) in counts {
                     self.metrics.decision(kind.as_str(), n);
                 }
-                if let Mode::Recovering { epoch } = self.mode {
-                    self.mode = Mode::Leading { epoch };
+                if self.replica.committed(Commit::Done) == AfterCommit::Recovered {
                     tracing::warn!(
                         "store works again: the committed guard state is current; judging resumes"
                     );
@@ -1574,45 +1454,40 @@ impl Engine {
                 for (tx, _) in replies {
                     let _asker_may_be_gone = tx.send(Err(self.not_leader(e.to_string())));
                 }
+                self.replica.committed(Commit::Fenced(e.to_string()));
                 self.follow(e.to_string());
             }
             Err(e) => {
+                let after = self.replica.committed(Commit::Failed(e.to_string()));
+                let first = matches!(after, AfterCommit::Undo { first: true });
                 // A failed retry is not news: the failing state is logged once.
-                if !self.mode.recovering() {
+                if first {
                     log_store_error(&e, n_actions);
                 }
                 for (tx, _) in replies {
                     let _asker_may_be_gone = tx.send(Err(EngineError::Store(e.to_string())));
                 }
-                self.undo(&e).await;
+                self.undo(&e, first, n_events).await;
             }
         }
     }
 
-    /// A commit failed: the batch never happened. Enter (or stay in) the failing
-    /// state and put the guard back where the store has it.
-    async fn undo(&mut self, e: &StoreError) {
+    /// A commit failed: the batch never happened. The replica is failing; put the
+    /// guard back where the store has it, and its `n_events` guard events off the
+    /// dashboard. `first`: the store worked until this commit.
+    async fn undo(&mut self, e: &StoreError, first: bool, n_events: usize) {
         self.metrics.store_error();
         self.metrics.store_healthy(false);
         let message = e.to_string();
         self.health.set_failing(message.clone());
-        if matches!(self.mode, Mode::Leading { .. }) {
+        if first {
             tracing::error!(error = %message, "store failing: no actions are taken until it works again");
         }
-        let retry = self.mode.recovering();
-        // Target changes the batch applied are applied again after the store works.
-        self.mode = Mode::StoreFailing {
-            epoch: self.mode.epoch(),
-            error: message,
-            dirty: true,
-        };
         self.retry_at = Instant::now() + STORE_RETRY_EVERY;
-        // The batch's guard events did not happen either.
-        for _ in 0..self.events_since_flush.min(self.events.len()) {
+        for _ in 0..n_events.min(self.events.len()) {
             self.events.pop_back();
         }
-        self.events_since_flush = 0;
-        if self.reload().await && !retry {
+        if self.reload().await && first {
             tracing::info!("guard put back at its last committed state");
         }
     }
@@ -1621,7 +1496,7 @@ impl Engine {
     /// could; if not, the guard stays ahead of the store (`dirty`) and nothing is
     /// judged or written until it can.
     async fn reload(&mut self) -> bool {
-        let rec = match self.store.call(|s| s.recover()).await {
+        let mut rec = match self.store.call(|s| s.recover()).await {
             Ok(rec) => rec,
             Err(e) => {
                 self.metrics.store_error();
@@ -1629,25 +1504,11 @@ impl Engine {
                 return false;
             }
         };
-        match rebuild(&rec, &self.config.guard) {
-            // The workers' comparison stays this replica's own: a leader undoing a
-            // failed commit has a newer one than the store's.
-            Ok((guard, _, replayed, _)) => {
+        // The workers' comparison stays this replica's own: a leader undoing a failed
+        // commit has a newer one than the store's.
+        match self.replica.restore(&stored(&mut rec), self.clock.now()) {
+            Ok(replayed) => {
                 tracing::debug!(ops_replayed = replayed, "guard rebuilt from the store");
-                self.guard = guard;
-                if let Mode::StoreFailing { dirty, .. } = &mut self.mode {
-                    *dirty = false;
-                }
-                self.ops_since_snapshot = rec.ops.len();
-                self.snapshot_size = rec.snapshot.as_ref().map_or(0, String::len);
-                // Display states follow the guard back, without recording transitions
-                // that never happened.
-                let now = self.clock.now();
-                for (id, rt) in self.runtime.iter_mut() {
-                    if let Some(v) = self.guard.target(now, id) {
-                        rt.state = Some(Standing::of(&v));
-                    }
-                }
                 true
             }
             Err(e) => {
@@ -1662,12 +1523,10 @@ impl Engine {
     /// undoes it all again.
     async fn retry_store(&mut self) {
         self.retry_at = Instant::now() + STORE_RETRY_EVERY;
-        if self.mode.dirty() && !self.reload().await {
+        if self.replica.mode().dirty() && !self.reload().await {
             return;
         }
-        self.mode = Mode::Recovering {
-            epoch: self.mode.epoch(),
-        };
+        self.replica.retry();
         let config = self.config.clone();
         self.reconfigure_guard(&config);
         // Target changes waited in every mode but this one's.
@@ -1714,8 +1573,9 @@ impl Engine {
 
     fn build_view(&self) -> FleetView {
         let now = self.clock.now();
-        let st = self.guard.status(now);
-        let cfg = self.guard.config();
+        let guard = self.replica.guard();
+        let st = guard.status(now);
+        let cfg = guard.config();
         let guard = GuardView {
             frozen: st.fleet_frozen,
             frozen_zones: st
@@ -1749,14 +1609,14 @@ impl Engine {
             counts: FleetView::count_states(&targets),
             targets,
             events: self.events.iter().cloned().collect(),
-            store_error: self.mode.halted(),
+            store_error: self.replica.mode().halted(),
             workers: self.verdicts.values().cloned().collect(),
             answers: Default::default(),
         }
     }
 
     fn target_info(&self, now: Time, id: &str, rt: &TargetRuntime) -> Option<TargetInfo> {
-        let v = self.guard.target(now, id)?;
+        let v = self.replica.guard().target(now, id)?;
         Some(TargetInfo {
             spec: rt.spec.clone(),
             state: Standing::of(&v),
@@ -1817,30 +1677,11 @@ fn log_store_error(e: &StoreError, n_actions: usize) {
     );
 }
 
-fn describe(v: &GuardTargetView<'_>) -> String {
-    let mut parts = Vec::new();
-    if v.endpoint_failed {
-        parts.push("endpoint failed".to_string());
-    }
-    if !v.failing_checks.is_empty() {
-        parts.push(format!("failing: {}", v.failing_checks.join(", ")));
-    }
-    if v.consecutive_failures > 0 {
-        parts.push(format!("{} consecutive failures", v.consecutive_failures));
-    }
-    if v.flapping {
-        parts.push(format!("flap penalty {}", v.penalty));
-    }
-    if let Some(h) = v.hold {
-        parts.push(format!("{:?}: {}", h.kind, h.reason).to_lowercase());
-    }
-    parts.join("; ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::SqliteStore;
+    use vigil_core::guard::{GuardConfig, SafetyGuard};
 
     fn targets(n: usize) -> Vec<TargetConfig> {
         (0..n)

@@ -16,16 +16,18 @@
 //! Here now: the replica's [`Mode`]; a target's displayed [`Standing`]; the pieces of
 //! the composition both drivers call ([`peer_check`] and [`judge_peers`], the probers'
 //! agreement as [`Judged`], the [`Dissent`] rule, [`DecisionKind`]: which decisions are
-//! recorded, counted by kind); and the judging [`step`]: a probe result, the probers'
-//! verdict, a tick or an operator's command in, [`Effect`]s out (the op to log, the decision, the guard's
-//! events, or a typed [`Refusal`]), which the controller's live path and the simulator
-//! both drive.
+//! recorded, counted by kind); the judging [`step`]: a probe result, the probers'
+//! verdict, a tick or an operator's command in, [`Effect`]s out (the op to log, the
+//! decision, the guard's events, or a typed [`Refusal`]); and the [`Replica`] around
+//! it: the guard with its mode, its standings and the batch not yet committed
+//! ([`Uncommitted`]), what a commit's outcome ([`Commit`]), a store read
+//! ([`Replica::restore`]), a new term or its end do to them, and recovery
+//! ([`Replica::rebuild`]). The controller's live path, its crash recovery, its
+//! failing-store path and the simulator all drive the replica.
 //!
-//! Still in the controller's `engine.rs` (its tokio loop), to move here input by input:
-//! target lists, reconfiguration, leadership changes, commit results and store
-//! reads, with the batch, the snapshot policy and the view they feed. Until then the
-//! simulator keeps its own grace window, its threshold-feeding shortcut and its serde
-//! round-trip restart, and knows no store, leader or commit.
+//! Still in the controller's `engine.rs` (its tokio loop): merging the target lists of
+//! its sources into membership ops, the snapshot policy's timers, the probers' shared
+//! results (`probing.rs`), and the view it publishes.
 
 //! ## Inputs
 //!
@@ -66,6 +68,7 @@
 
 mod compose;
 mod mode;
+mod replica;
 mod standing;
 mod step;
 
@@ -74,5 +77,9 @@ pub use compose::{
     DissentConfig, DissentRound, Judged, judge_peers, peer_check,
 };
 pub use mode::Mode;
+pub use replica::{
+    AfterCommit, Commit, RebuildError, Rebuilt, Replica, Stored, Transition, Turn, Uncommitted,
+    describe,
+};
 pub use standing::Standing;
 pub use step::{Effect, Input, Refusal, step};

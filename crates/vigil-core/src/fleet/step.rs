@@ -53,9 +53,13 @@ pub enum Input {
     Unfreeze,
 }
 
-/// Why an operator's command was refused (it changed nothing).
+/// Why an input was refused (it changed nothing).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
+    /// This replica does not judge now ([`Replica::step`](super::Replica::step)):
+    /// it follows, or its store fails. A probe is shown, not judged; an operator's
+    /// command is refused, since it could not be made durable.
+    Halted(super::Mode),
     /// No such target.
     UnknownTarget(String),
     /// The target has no hold to lift.
