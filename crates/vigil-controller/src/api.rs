@@ -31,6 +31,7 @@ use serde::Deserialize;
 use serde_json::json;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+use subtle::ConstantTimeEq;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use vigil_core::HealthReport;
 use vigil_core::fleet::Standing;
@@ -238,9 +239,10 @@ fn bad_param(name: &str, why: impl std::fmt::Display) -> BadParam {
 
 // === auth ===
 
-/// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
+/// Constant-time comparison (`subtle`), so the token cannot be guessed byte by byte
+/// from timings. Only its length shows (as before: a token's length is no secret).
 fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.ct_eq(b).into()
 }
 
 /// The token of an `Authorization: Bearer <token>` value. The scheme is
@@ -1033,6 +1035,18 @@ mod tests {
     use crate::config::TargetConfig;
     use crate::store::SqliteStore;
     use vigil_core::HealthState;
+
+    #[test]
+    fn tokens_match_only_byte_for_byte() {
+        assert!(same(b"s3cret-token", b"s3cret-token"));
+        assert!(!same(b"s3cret-token", b"s3cret-tokeN"), "last byte differs");
+        assert!(
+            !same(b"s3cret-token", b"s3cret"),
+            "a prefix is not the token"
+        );
+        assert!(!same(b"", b"x"));
+        assert!(same(b"", b""));
+    }
 
     fn info(id: &str, zone: &str, state: Standing) -> TargetInfo {
         TargetInfo {

@@ -7,6 +7,7 @@
 //! list itself (`controller.hosts = "controller"`).
 
 use super::config::{DeployConfig, DeployControllerConfig, HostConfig, HostSource};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use std::collections::BTreeMap;
 use vigil_core::fleet::Standing;
 
@@ -116,18 +117,18 @@ impl ControllerClient {
     }
 }
 
+/// What a query value percent-encodes: every byte but RFC 3986's unreserved
+/// characters (`A-Z a-z 0-9 - . _ ~`).
+const QUERY_VALUE_ENCODED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// `text` as a query value: unreserved characters (RFC 3986) as they are, every other
 /// byte as `%XX`.
 fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(text, QUERY_VALUE_ENCODED).to_string()
 }
 
 /// The hosts a rollout covers: the config's, or (with `controller.hosts = "controller"`)
@@ -213,5 +214,15 @@ mod tests {
         assert!(e.contains("group \"none\""), "{e}");
         assert!(targets["b"].held() && !targets["a"].held());
         assert_eq!(percent_encode("10.0.0.1:80/a b"), "10.0.0.1%3A80%2Fa%20b");
+    }
+
+    #[test]
+    fn a_tricky_target_id_is_encoded_as_the_hand_written_encoder_did() {
+        // Pinned to the old encoder's output: `%`, `&`, `+`, `#` and non-ASCII escaped
+        // (upper-case hex), unreserved characters kept.
+        assert_eq!(
+            percent_encode("w 1/50%&a+b#é~_.-"),
+            "w%201%2F50%25%26a%2Bb%23%C3%A9~_.-"
+        );
     }
 }
