@@ -59,3 +59,16 @@ for port in 5672 4222; do
   for _ in $(seq 60); do answers $port && break; sleep 1; done
   answers $port || echo "WARNING: nothing answers on 127.0.0.1:$port: the queue-worker tests (RabbitMQ 5672, NATS 4222) will fail"
 done
+
+# The HTTP/2 edge tests of vigil lb (crates/vigil-cli/tests/lb_edge.rs) drive the python
+# h2 library (with hpack and hyperframe) for half header blocks and idle connections.
+if ! python3 -c 'import h2, hpack, hyperframe' >/dev/null 2>&1; then
+  echo "installing h2 (pip)"
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  fi
+  python3 -m pip install -q h2 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages h2
+fi

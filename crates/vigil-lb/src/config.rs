@@ -72,6 +72,13 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// `timeout http-request` advice). A slowloris client gets 408 after it. It also bounds
 /// how long an idle keep-alive client connection is kept.
 pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time an HTTP/2 client connection with no stream being served is kept: 75 s,
+/// nginx's `keepalive_timeout`, which bounds idle HTTP/2 connections since 1.19.7.
+/// Longer than an HTTP/1.1 keep-alive (`client_header`) because one HTTP/2 connection
+/// carries all of a client's requests (a gRPC channel), and reopening it costs a
+/// handshake; the client is told GOAWAY first, so it opens a new one without failing a
+/// request.
+pub const DEFAULT_CLIENT_H2_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 /// Default time a client has to take each part of its answer: 60 s (nginx's
 /// `send_timeout`). A client that stops reading (slow read) is disconnected after it, so
 /// it cannot hold a target connection whose body is being relayed.
@@ -83,6 +90,14 @@ pub const DEFAULT_CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Default limit on a request header: 16 KiB (HAProxy's `tune.bufsize`); larger gets 431.
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Default limit on the client connections open at once on one listener: 10,000.
+/// Each in flight needs a second descriptor for its target, so this stays within the
+/// 65,536 open files a systemd unit commonly allows (`LimitNOFILE`), and at the 17 KiB
+/// a slow HTTP/2 client was measured to hold (issue 38) it caps them near 170 MiB;
+/// `bench/lb/memory.py`'s 9,000 idle connections stay under it. nginx's default is 512
+/// per worker (`worker_connections`), HAProxy derives its `maxconn` from the open-file
+/// limit.
+pub const DEFAULT_MAX_CLIENT_CONNECTIONS: usize = 10_000;
 /// Default largest request body buffered so that the request can be retried or hedged:
 /// 64 KiB; larger bodies stream straight through and are never retried.
 pub const DEFAULT_MAX_RETRY_BODY_BYTES: usize = 64 * 1024;
@@ -207,6 +222,11 @@ pub struct TimeoutsConfig {
     /// then the connection closes. Defaults to 60s.
     #[serde(with = "humantime_serde")]
     pub client_write: Duration,
+    /// How long an HTTP/2 client connection with no stream being served is kept; then
+    /// GOAWAY and close. (An HTTP/2 header block must be done within `client_header`.)
+    /// Defaults to 75s.
+    #[serde(with = "humantime_serde")]
+    pub client_h2_idle: Duration,
     /// Longest time a tunnel (a WebSocket or other upgrade, after the target's `101`)
     /// may pass no byte either way; then both sides are closed. Defaults to 1h.
     #[serde(with = "humantime_serde")]
@@ -236,6 +256,7 @@ impl Default for TimeoutsConfig {
             idle: DEFAULT_IDLE_TIMEOUT,
             client_header: DEFAULT_CLIENT_HEADER_TIMEOUT,
             client_write: DEFAULT_CLIENT_WRITE_TIMEOUT,
+            client_h2_idle: DEFAULT_CLIENT_H2_IDLE_TIMEOUT,
             tunnel_idle: DEFAULT_TUNNEL_IDLE_TIMEOUT,
         }
     }
@@ -250,6 +271,11 @@ pub struct LimitsConfig {
     /// Largest request body buffered for retries and hedging; larger bodies stream and
     /// are never retried. Defaults to 65536.
     pub max_retry_body_bytes: usize,
+    /// Client connections open at once on one listener (the plain `listen`, each TLS
+    /// listener; over every worker), idle ones included; more are refused at once
+    /// (503 on a plain listener, closed before the handshake on a TLS one). At least
+    /// 1. Defaults to 10000.
+    pub max_client_connections: usize,
 }
 
 impl Default for LimitsConfig {
@@ -257,6 +283,7 @@ impl Default for LimitsConfig {
         LimitsConfig {
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             max_retry_body_bytes: DEFAULT_MAX_RETRY_BODY_BYTES,
+            max_client_connections: DEFAULT_MAX_CLIENT_CONNECTIONS,
         }
     }
 }
@@ -977,6 +1004,9 @@ impl LbConfig {
         if self.timeouts.client_write.is_zero() {
             return Err(invalid("timeouts.client_write", "must be more than 0s"));
         }
+        if self.timeouts.client_h2_idle.is_zero() {
+            return Err(invalid("timeouts.client_h2_idle", "must be more than 0s"));
+        }
         if self.timeouts.tunnel_idle.is_zero() {
             return Err(invalid("timeouts.tunnel_idle", "must be more than 0s"));
         }
@@ -987,6 +1017,12 @@ impl LbConfig {
                     "must be at least 8192, got {}",
                     self.limits.max_header_bytes
                 ),
+            ));
+        }
+        if self.limits.max_client_connections == 0 {
+            return Err(invalid(
+                "limits.max_client_connections",
+                "must be at least 1",
             ));
         }
         if self.listen == self.admin_listen {

@@ -14,6 +14,7 @@
 use crate::admin;
 use crate::checker;
 use crate::config::{self, LbConfig};
+use crate::downstream::admit::Admission;
 use crate::downstream::{self, FrontSettings};
 use crate::metrics::Metrics;
 use crate::park::Park;
@@ -190,12 +191,15 @@ impl Lb {
                         || cur.worker_slice != new.worker_slice
                         || cur.timeouts.client_header != new.timeouts.client_header
                         || cur.timeouts.client_write != new.timeouts.client_write
+                        || cur.timeouts.client_h2_idle != new.timeouts.client_h2_idle
                         || cur.limits.max_header_bytes != new.limits.max_header_bytes
+                        || cur.limits.max_client_connections != new.limits.max_client_connections
                     {
                         tracing::warn!(
                             "listen, admin_listen, workers, worker_slice, timeouts.client_header, \
-                             timeouts.client_write and limits.max_header_bytes take effect \
-                             only after a restart"
+                             timeouts.client_write, timeouts.client_h2_idle, \
+                             limits.max_header_bytes and limits.max_client_connections take \
+                             effect only after a restart"
                         );
                     }
                     let addrs = |c: &LbConfig| -> Vec<_> {
@@ -375,11 +379,39 @@ fn ask_for_slice(slice: Duration, log: bool) {
     }
 }
 
+/// Warns when the process's open-file limit would refuse connections before
+/// `limits.max_client_connections` does: `max x listeners` client connections (and a
+/// few descriptors for the rest) must fit, or `accept` fails with EMFILE first. (Each
+/// one in flight takes a second for its target; idle ones do not.) Read from
+/// `/proc/self/limits`: no system call wrapper needed.
+fn warn_if_open_files_run_out_first(max: usize, listeners: usize) {
+    let Ok(limits) = std::fs::read_to_string("/proc/self/limits") else {
+        return;
+    };
+    let soft = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse::<usize>().ok());
+    let want = max.saturating_mul(listeners).saturating_add(256);
+    if let Some(soft) = soft
+        && soft < want
+    {
+        tracing::warn!(
+            "the open-file limit ({soft}) is below what limits.max_client_connections = {max} \
+             on {listeners} listener(s) needs (about {want}, and one more per request in \
+             flight): accept will fail before the limit refuses connections; raise \
+             LimitNOFILE (ulimit -n) or lower limits.max_client_connections"
+        );
+    }
+}
+
 /// Accepts connections until `shutdown`, serving each in a task of this runtime (TLS
 /// ones after their handshake, in that task).
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<TlsSlot>,
+    admission: Arc<Admission>,
     proxy: Arc<Proxy>,
     settings: FrontSettings,
     stop: downstream::Stop,
@@ -403,7 +435,7 @@ async fn accept_loop(
             a = listener.accept() => a,
             woken = async { park.as_mut().expect("checked").woken().await }, if park.is_some() => {
                 let sender = park.as_ref().expect("checked").sender();
-                for (tcp, peer) in woken {
+                for (tcp, peer, admitted) in woken {
                     let Ok(tcp) = TcpStream::from_std(tcp) else { continue };
                     connections.spawn(downstream::serve_parkable(
                         tcp,
@@ -413,6 +445,7 @@ async fn accept_loop(
                         stop.clone(),
                         sender.clone(),
                         false,
+                        admitted,
                     ));
                 }
                 continue;
@@ -429,6 +462,15 @@ async fn accept_loop(
         };
         let _ = tcp.set_nodelay(true);
         crate::worker::share_cpu();
+        let Some(admitted) = admission.admit() else {
+            connections.spawn(downstream::refuse(
+                tcp,
+                peer,
+                tls.is_some(),
+                admission.max(),
+            ));
+            continue;
+        };
         match (&tls, &park) {
             (None, Some(park)) => connections.spawn(downstream::serve_parkable(
                 tcp,
@@ -438,6 +480,7 @@ async fn accept_loop(
                 stop.clone(),
                 park.sender(),
                 true,
+                admitted,
             )),
             (None, None) => connections.spawn(downstream::serve_connection(
                 crate::body::ClientStream::Plain(tcp),
@@ -445,6 +488,7 @@ async fn accept_loop(
                 proxy.clone(),
                 settings,
                 stop.clone(),
+                admitted,
             )),
             (Some(slot), _) => connections.spawn(downstream::serve_tls(
                 tcp,
@@ -453,6 +497,7 @@ async fn accept_loop(
                 proxy.clone(),
                 settings,
                 stop.clone(),
+                admitted,
             )),
         };
     }
@@ -507,9 +552,22 @@ async fn serve(config: LbConfig, tls: tls::Loaded, path: PathBuf, workers: usize
         header_timeout: config.timeouts.client_header,
         max_header_bytes: config.limits.max_header_bytes,
         write_timeout: config.timeouts.client_write,
+        h2_idle_timeout: config.timeouts.client_h2_idle,
     };
     let listen = config.listen;
     let worker_slice = config.worker_slice;
+    // One count per listener, over every worker: the plain one, then the TLS ones in
+    // the order their sockets are in.
+    let max_connections = config.limits.max_client_connections;
+    let listener_keys: Vec<String> = std::iter::once("listen".to_string())
+        .chain(
+            config
+                .tls_listeners
+                .keys()
+                .map(|n| format!("tls_listeners.{n}")),
+        )
+        .collect();
+    warn_if_open_files_run_out_first(max_connections, listener_keys.len());
     tracing::info!(
         listen = %config.listen,
         admin = %config.admin_listen,
@@ -518,6 +576,10 @@ async fn serve(config: LbConfig, tls: tls::Loaded, path: PathBuf, workers: usize
         "vigil lb started"
     );
     let lb = Lb::start(config, tls);
+    let admissions: Vec<Arc<Admission>> = listener_keys
+        .iter()
+        .map(|k| Admission::new(k, max_connections, &lb.metrics))
+        .collect();
     tokio::spawn(lb.clone().tick_loop());
     let admin_task = tokio::spawn(serve_admin(admin_listener, lb.clone()));
 
@@ -541,6 +603,7 @@ async fn serve(config: LbConfig, tls: tls::Loaded, path: PathBuf, workers: usize
     let mut threads = Vec::new();
     for (k, (rt, worker_listeners)) in parts.into_iter().enumerate() {
         let (proxy, stop, tracker) = (lb.proxy.clone(), stop.clone(), connections.clone());
+        let admissions = admissions.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("vigil-lb-{k}"))
             .spawn(move || {
@@ -549,10 +612,12 @@ async fn serve(config: LbConfig, tls: tls::Loaded, path: PathBuf, workers: usize
                 rt.block_on(async {
                     let loops: Vec<_> = worker_listeners
                         .into_iter()
-                        .map(|(listener, tls)| {
+                        .zip(admissions)
+                        .map(|((listener, tls), admission)| {
                             tokio::spawn(accept_loop(
                                 listener,
                                 tls,
+                                admission,
                                 proxy.clone(),
                                 settings,
                                 stop.clone(),

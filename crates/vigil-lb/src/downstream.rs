@@ -31,6 +31,8 @@
 //!
 //! Not done here: HTTP/2, forwarding request trailers.
 
+/// The client connections of a listener, under `limits.max_client_connections`.
+pub mod admit;
 /// HTTP/2 from clients (TLS ALPN `h2`, cleartext prior knowledge).
 pub mod http2;
 
@@ -41,6 +43,7 @@ use crate::park::{self, PARK_AFTER};
 use crate::proxy::{Proxy, ProxyTable, Reply};
 use crate::spare;
 use crate::upstream::{Outgoing, OutgoingBody, ResponseHead, Upgraded, UpstreamResponse};
+use admit::Admitted;
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
 use smallvec::SmallVec;
@@ -69,6 +72,8 @@ pub struct FrontSettings {
     pub max_header_bytes: usize,
     /// Longest wait for a client to take more of its answer.
     pub write_timeout: Duration,
+    /// How long an HTTP/2 connection with no stream being served is kept.
+    pub h2_idle_timeout: Duration,
 }
 
 /// How the HTTP/2 connection preface starts (RFC 9113 3.4): a request line httparse
@@ -161,8 +166,37 @@ pub struct Stop {
     pub close: CancellationToken,
 }
 
+/// Where an idle plain connection waits, with its place under the listener's limit.
+pub type ParkSender = park::Sender<Admitted>;
+
+/// Answers a connection over its listener's `limits.max_client_connections` and closes
+/// it: a plain one gets `503` (`Retry-After: 1`) before it has sent anything, and what
+/// it sends meanwhile is read for a moment so that the close does not reset the answer
+/// away; a TLS one is closed at once, before any handshake.
+pub async fn refuse(tcp: TcpStream, peer: SocketAddr, tls: bool, max: usize) {
+    tracing::debug!(%peer, "connection refused: {max} open (limits.max_client_connections)");
+    if tls {
+        return;
+    }
+    let mut c = ClientConn {
+        tcp: ClientStream::Plain(tcp),
+        rbuf: BytesMut::new(),
+        wbuf: Vec::new(),
+        write_timeout: LINGER_TIME,
+        tunneled: false,
+    };
+    let msg = format!(
+        "too many connections: {max} are open on this listener (limits.max_client_connections)"
+    );
+    if c.write_local(503, &msg, false, false).await.is_ok() {
+        c.linger().await;
+    }
+}
+
 /// Serves a connection to a TLS listener: the handshake (within
-/// `timeouts.client_header`, as a request head), then HTTP/1.1 over it.
+/// `timeouts.client_header`, as a request head), then HTTP/1.1 over it. `admitted`:
+/// its place under the listener's limit, given back when it closes.
+#[allow(clippy::too_many_arguments)] // the connection's parts, as serve_connection's
 pub async fn serve_tls(
     tcp: TcpStream,
     peer: SocketAddr,
@@ -170,6 +204,7 @@ pub async fn serve_tls(
     proxy: Arc<Proxy>,
     settings: FrontSettings,
     stop: Stop,
+    admitted: Admitted,
 ) {
     // Boxed: the handshake's state is large and over once the connection is served.
     let accept = Box::pin(tokio_rustls::TlsAcceptor::from(config).accept(tcp));
@@ -189,7 +224,9 @@ pub async fn serve_tls(
     proxy.count_handshake("ok");
     if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
         let h2 = crate::downstream::http2::serve_h2(tls, peer, proxy, settings, stop, true);
-        return Box::pin(h2).await;
+        Box::pin(h2).await;
+        drop(admitted);
+        return;
     }
     let served = serve_connection(
         ClientStream::Tls(Box::new(tls)),
@@ -197,20 +234,22 @@ pub async fn serve_tls(
         proxy,
         settings,
         stop,
+        admitted,
     );
     Box::pin(served).await;
 }
 
 /// Serves one client connection until it closes, fails, or `stop.drain` is cancelled
-/// between two requests.
+/// between two requests; `admitted` is given back then.
 pub async fn serve_connection(
     tcp: ClientStream,
     peer: SocketAddr,
     proxy: Arc<Proxy>,
     settings: FrontSettings,
     stop: Stop,
+    admitted: Admitted,
 ) {
-    serve(tcp, peer, proxy, settings, stop, None, true).await
+    serve(tcp, peer, proxy, settings, stop, None, true, admitted).await
 }
 
 /// A plain connection of a listener with a park ([`crate::park`]): idle for
@@ -223,11 +262,22 @@ pub(crate) async fn serve_parkable(
     proxy: Arc<Proxy>,
     settings: FrontSettings,
     stop: Stop,
-    park: park::Sender,
+    park: ParkSender,
     first: bool,
+    admitted: Admitted,
 ) {
     let tcp = ClientStream::Plain(tcp);
-    serve(tcp, peer, proxy, settings, stop, Some(park), first).await
+    serve(
+        tcp,
+        peer,
+        proxy,
+        settings,
+        stop,
+        Some(park),
+        first,
+        admitted,
+    )
+    .await
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -237,8 +287,9 @@ async fn serve(
     proxy: Arc<Proxy>,
     settings: FrontSettings,
     stop: Stop,
-    park: Option<park::Sender>,
+    park: Option<ParkSender>,
     mut first: bool,
+    admitted: Admitted,
 ) {
     let shutdown = &stop.drain;
     let parkable = park.is_some() && matches!(tcp, ClientStream::Plain(_));
@@ -281,6 +332,7 @@ async fn serve(
                         tcp,
                         peer,
                         idle_since,
+                        keep: admitted,
                     });
                 }
                 return;
@@ -1254,7 +1306,7 @@ mod tests {
     use super::*;
 
     /// The size of the future an async fn returns, from the fn alone.
-    fn future_size<A, B, C, D, E, F: Future>(_: impl FnOnce(A, B, C, D, E) -> F) -> usize {
+    fn future_size<A, B, C, D, E, G, F: Future>(_: impl FnOnce(A, B, C, D, E, G) -> F) -> usize {
         std::mem::size_of::<F>()
     }
 
@@ -1265,12 +1317,12 @@ mod tests {
         // connection is not the size of them (docs/lb.md, memory per connection).
         let plain = future_size(serve_connection);
         assert!(plain <= 1280, "serve_connection's future is {plain} bytes");
-        fn future_size6<A, B, C, D, E, G, F: Future>(
-            _: impl FnOnce(A, B, C, D, E, G) -> F,
+        fn future_size7<A, B, C, D, E, G, H, F: Future>(
+            _: impl FnOnce(A, B, C, D, E, G, H) -> F,
         ) -> usize {
             std::mem::size_of::<F>()
         }
-        let tls = future_size6(serve_tls);
+        let tls = future_size7(serve_tls);
         eprintln!("futures: serve_connection {plain} bytes, serve_tls {tls} bytes");
         assert!(tls <= 2048, "serve_tls's future is {tls} bytes");
     }

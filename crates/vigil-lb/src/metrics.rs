@@ -21,6 +21,8 @@
 //! | `vigil_lb_tunnels_closed_total` | pool, reason | tunnels closed: `closed` (by the peers), `idle` (`timeouts.tunnel_idle`), `drain` (the drain time ran out after SIGTERM), `error` |
 //! | `vigil_lb_tunnel_bytes_total` | pool, direction | bytes through tunnels, `to_target` or `to_client`, counted as they move |
 //! | `vigil_lb_tls_handshakes_total` | result | TLS handshakes on the TLS listeners: `ok`, `error` (no common protocol, a bad client hello, a reset), `timeout` (`timeouts.client_header`) |
+//! | `vigil_lb_client_connections` | listener | client connections open now, by listener (`listen`, `tls_listeners.<name>`), idle and parked ones included |
+//! | `vigil_lb_client_connections_refused_total` | listener | client connections refused at once because `limits.max_client_connections` were open on that listener |
 //! | `vigil_lb_request_fields_dropped_total` | reason | client request header fields not forwarded (`underscore`: a name with `_`, dropped or refused per `headers.underscores`) |
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -112,6 +114,13 @@ pub struct TunnelCloseLabels {
     pub reason: String,
 }
 
+/// Labels of the client connection metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// The listener's key in lb.toml: `listen` or `tls_listeners.<name>`.
+    pub listener: String,
+}
+
 /// Labels of the TLS handshake counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HandshakeLabels {
@@ -158,6 +167,10 @@ pub struct Metrics {
     pub tunnel_bytes: Family<TunnelBytesLabels, Counter>,
     /// TLS handshakes by result.
     pub tls_handshakes: Family<HandshakeLabels, Counter>,
+    /// Client connections open, by listener.
+    pub client_connections: Family<ListenerLabels, Gauge>,
+    /// Client connections refused over the limit, by listener.
+    pub client_connections_refused: Family<ListenerLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -257,8 +270,22 @@ impl Metrics {
             "TLS handshakes on the TLS listeners, by result",
             tls_handshakes.clone(),
         );
+        let client_connections = Family::<ListenerLabels, Gauge>::default();
+        registry.register(
+            "client_connections",
+            "Client connections open, by listener",
+            client_connections.clone(),
+        );
+        let client_connections_refused = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "client_connections_refused",
+            "Client connections refused because limits.max_client_connections were open",
+            client_connections_refused.clone(),
+        );
         Metrics {
             registry: root,
+            client_connections,
+            client_connections_refused,
             tls_handshakes,
             tunnels,
             tunnels_open,

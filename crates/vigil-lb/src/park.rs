@@ -38,47 +38,51 @@ pub const PARK_AFTER: Duration = Duration::from_millis(250);
 /// Events taken from the epoll set per wake-up.
 const EVENTS: usize = 256;
 
-/// A connection handed to the park by its task.
+/// A connection handed to the park by its task, with `K`, what it keeps while parked
+/// and gets back when woken (its place under the listener's connection limit).
 #[derive(Debug)]
-pub struct Parked {
+pub struct Parked<K = ()> {
     /// Its socket, taken off the runtime (`tokio::net::TcpStream::into_std`).
     pub tcp: std::net::TcpStream,
     /// The client.
     pub peer: SocketAddr,
     /// When it went idle: its idle time runs from then.
     pub idle_since: Instant,
+    /// Kept with it, dropped when it closes.
+    pub keep: K,
 }
 
 /// Where a connection task parks its connection.
-pub type Sender = mpsc::UnboundedSender<Parked>;
+pub type Sender<K = ()> = mpsc::UnboundedSender<Parked<K>>;
 
 #[derive(Debug)]
-struct Slot {
+struct Slot<K> {
     tcp: mio::net::TcpStream,
     peer: SocketAddr,
+    keep: K,
     /// Tells a slot from a later one at the same key (the expiry queue keeps keys).
     serial: u64,
 }
 
 /// The parked connections of one listener on one worker thread.
 #[derive(Debug)]
-pub struct Park {
+pub struct Park<K = ()> {
     poll: AsyncFd<mio::Poll>,
     events: mio::Events,
-    slots: Slab<Slot>,
+    slots: Slab<Slot<K>>,
     /// Deadlines in the order connections were parked: they went idle in that order
     /// (give or take the channel), so the front is the next to expire.
     expiry: VecDeque<(Instant, usize, u64)>,
     serial: u64,
     idle_timeout: Duration,
-    rx: mpsc::UnboundedReceiver<Parked>,
-    tx: Sender,
+    rx: mpsc::UnboundedReceiver<Parked<K>>,
+    tx: Sender<K>,
 }
 
-impl Park {
+impl<K> Park<K> {
     /// A park for connections that close after `idle_timeout` without a request.
     /// Must be called within the worker's runtime.
-    pub fn new(idle_timeout: Duration) -> io::Result<Park> {
+    pub fn new(idle_timeout: Duration) -> io::Result<Park<K>> {
         // Deprecated because a generic `T` may close or swap its descriptor while
         // registered; a `mio::Poll` owns its epoll descriptor for its whole life and
         // the `AsyncFd` owns the `Poll`, which is the condition the unsafe
@@ -99,7 +103,7 @@ impl Park {
     }
 
     /// For connection tasks to park their connection with.
-    pub fn sender(&self) -> Sender {
+    pub fn sender(&self) -> Sender<K> {
         self.tx.clone()
     }
 
@@ -116,7 +120,7 @@ impl Park {
     /// Parks what arrives, closes what expires, and returns the connections whose
     /// socket turned readable (at least one), taken out of the park. Cancel-safe: a
     /// connection is either still parked or returned.
-    pub async fn woken(&mut self) -> Vec<(std::net::TcpStream, SocketAddr)> {
+    pub async fn woken(&mut self) -> Vec<(std::net::TcpStream, SocketAddr, K)> {
         loop {
             let next_expiry = self.expiry.front().map(|e| e.0);
             tokio::select! {
@@ -154,7 +158,7 @@ impl Park {
         }
     }
 
-    fn insert(&mut self, p: Parked) {
+    fn insert(&mut self, p: Parked<K>) {
         let deadline = p.idle_since + self.idle_timeout;
         if deadline <= Instant::now() {
             return; // its time is up already: dropped, closed
@@ -175,12 +179,13 @@ impl Park {
         entry.insert(Slot {
             tcp,
             peer: p.peer,
+            keep: p.keep,
             serial: self.serial,
         });
         self.expiry.push_back((deadline, key, self.serial));
     }
 
-    fn take_ready(&mut self) -> Vec<(std::net::TcpStream, SocketAddr)> {
+    fn take_ready(&mut self) -> Vec<(std::net::TcpStream, SocketAddr, K)> {
         let mut woken = Vec::new();
         for event in self.events.iter() {
             let Some(mut slot) = self.slots.try_remove(event.token().0) else {
@@ -193,7 +198,7 @@ impl Park {
             match tcp.peek(&mut [0u8]) {
                 Ok(0) => continue,
                 Err(e) if e.kind() != io::ErrorKind::WouldBlock => continue,
-                _ => woken.push((tcp, slot.peer)),
+                _ => woken.push((tcp, slot.peer, slot.keep)),
             }
         }
         woken
@@ -248,6 +253,7 @@ mod tests {
                 tcp,
                 peer,
                 idle_since,
+                keep: (),
             })
             .unwrap();
         }
@@ -257,7 +263,7 @@ mod tests {
             .await
             .expect("the connection with bytes wakes");
         assert_eq!(woken.len(), 1);
-        let (mut tcp, peer) = woken.into_iter().next().unwrap();
+        let (mut tcp, peer, ()) = woken.into_iter().next().unwrap();
         assert_eq!(peer, busy_client.local_addr().unwrap());
         assert_eq!(park.len(), 1, "the quiet one is still parked");
         tcp.set_nonblocking(false).unwrap();
@@ -296,6 +302,7 @@ mod tests {
                     tcp,
                     peer,
                     idle_since: Instant::now(),
+                    keep: (),
                 })
                 .unwrap();
         }
