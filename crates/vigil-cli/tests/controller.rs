@@ -67,7 +67,7 @@ async fn one_of_ten_failing_gets_exactly_one_action_after_the_thresholds() {
         "vigil_controller_decisions_total{outcome=\"act\"} 1",
         "vigil_controller_guard_frozen 0",
         "vigil_controller_guard_budget_left 1",
-        "vigil_controller_actions_total{result=\"done\"} 1",
+        "vigil_controller_actions_total{kind=\"replace\",result=\"done\"} 1",
     ] {
         assert!(
             metrics.contains(line),

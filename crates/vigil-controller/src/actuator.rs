@@ -16,7 +16,7 @@ use crate::clock::wall_ms;
 use crate::config::{
     ActuatorConfig, ActuatorKind, AwsConfig, ControllerConfig, ExecConfig, WebhookConfig,
 };
-use crate::metrics::Metrics;
+use crate::metrics::{ActionKind, Metrics};
 use crate::store::{ActionRecord, ActionState, StoreHandle};
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,7 +107,7 @@ pub async fn run(
                 tokio::time::sleep(ATTEMPT_RETRY_EVERY).await;
             }
             let (state, result) = execute(&cfg, &tools, &action).await;
-            metrics.action(state);
+            metrics.action(kind(&action), state);
             let r = result.clone();
             match store
                 .call(move |s| s.finish_action(id, state, wall_ms(), &r))
@@ -123,13 +123,23 @@ pub async fn run(
     }
 }
 
+/// What `action` does, as `execute` tells: an alert by its event's kind, anything else
+/// a replacement.
+fn kind(action: &ActionRecord) -> ActionKind {
+    if action.event["kind"] == crate::engine::ALERT {
+        ActionKind::Alert
+    } else {
+        ActionKind::Replace
+    }
+}
+
 async fn execute(
     cfg: &ActuatorConfig,
     tools: &Tools,
     action: &ActionRecord,
 ) -> (ActionState, String) {
     let http = &tools.http;
-    if action.event["kind"] == crate::engine::ALERT {
+    if kind(action) == ActionKind::Alert {
         return alert(cfg, http, action).await;
     }
     match cfg.kind {

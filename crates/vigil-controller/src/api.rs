@@ -1095,6 +1095,14 @@ mod tests {
     /// An API on real loopback HTTP whose engine never answers (a busy engine), with
     /// `view` published.
     async fn serve(view: FleetView) -> (String, mpsc::Receiver<Command>, tempfile::TempDir) {
+        serve_with(view, Arc::new(Metrics::new())).await
+    }
+
+    /// [`serve`] with these metrics.
+    async fn serve_with(
+        view: FleetView,
+        metrics: Arc<Metrics>,
+    ) -> (String, mpsc::Receiver<Command>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let (store, _thread) = StoreHandle::spawn(Box::new(
             SqliteStore::open(&dir.path().join("v.db")).unwrap(),
@@ -1105,7 +1113,6 @@ mod tests {
             probe: Default::default(),
             heartbeat_ttl: Duration::from_secs(30),
         }));
-        let metrics = Arc::new(Metrics::new());
         let app = router(AppState {
             engine,
             store,
@@ -1129,6 +1136,87 @@ mod tests {
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await });
         (base, engine_rx, dir)
+    }
+
+    /// A replacement the actuator fails (exec `false`) and an alert it finishes (exec
+    /// does not run for alerts): both counted by kind and result on `/metrics`, which
+    /// `promtool check metrics` passes.
+    #[tokio::test]
+    async fn metrics_count_finished_actions_by_kind_and_result() {
+        use crate::store::{ActionState, Batch, NewDecision, Store};
+        use vigil_core::fleet::DecisionKind;
+        let dir = tempfile::tempdir().unwrap();
+        let mut db = SqliteStore::open(&dir.path().join("a.db")).unwrap();
+        let decision = |target: &str, outcome, kind: &str| NewDecision {
+            at_ms: 1,
+            target: target.into(),
+            zone: "z".into(),
+            outcome,
+            reasons: json!([]),
+            summary: format!("{kind} {target}"),
+            action: Some(json!({"kind": kind, "target": target})),
+        };
+        let actions = db
+            .commit(&Batch {
+                decisions: vec![
+                    decision("t1", DecisionKind::Act, "replace"),
+                    decision("fleet", DecisionKind::Alert, crate::engine::ALERT),
+                ],
+                ..Batch::default()
+            })
+            .unwrap();
+        assert_eq!(actions.len(), 2);
+        let (store, _thread) = StoreHandle::spawn(Box::new(db));
+        let mut config = crate::config::ControllerConfig::default();
+        config.actuator.kind = crate::config::ActuatorKind::Exec;
+        config.actuator.exec.command = vec!["false".into()];
+        let (_config_tx, config) = watch::channel(Arc::new(config));
+        let metrics = Arc::new(Metrics::new());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let tasks = tokio_util::task::TaskTracker::new();
+        tokio::spawn(crate::actuator::run(
+            rx,
+            config,
+            store.clone(),
+            metrics.clone(),
+            tasks.clone(),
+        ));
+        for a in actions {
+            tx.send(a).unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let done = store.call(|s| s.actions(10)).await.unwrap();
+            if done.iter().all(|a| a.state != ActionState::Intended) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "actions never finished"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tasks.close();
+        tasks.wait().await;
+
+        let (base, _engine, _dir) = serve_with(fleet(), metrics).await;
+        let text = reqwest::get(format!("{base}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for line in [
+            "# TYPE vigil_controller_actions_total counter\n",
+            "vigil_controller_actions_total{kind=\"replace\",result=\"failed\"} 1\n",
+            "vigil_controller_actions_total{kind=\"alert\",result=\"done\"} 1\n",
+        ] {
+            assert!(text.contains(line), "/metrics lacks {line:?}:\n{text}");
+        }
+        match vigil_testkit::promtool_check_metrics(&text) {
+            Some(p) => assert!(p.clean(), "promtool: {}", p.said),
+            None => eprintln!("promtool not installed: not checked"),
+        }
     }
 
     fn ids(v: &serde_json::Value) -> Vec<String> {

@@ -68,6 +68,25 @@ impl EncodeLabelValue for Escaped<'_> {
     }
 }
 
+/// What an action does, the `kind` label of `vigil_controller_actions_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActionKind {
+    /// A target's replacement (event kind `replace`).
+    Replace,
+    /// A freeze alert for a human (event kind `alert`).
+    Alert,
+}
+
+impl ActionKind {
+    /// The label value, the event's `kind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::Replace => "replace",
+            ActionKind::Alert => "alert",
+        }
+    }
+}
+
 /// Probe duration buckets (seconds): from a fast loopback answer to the timeout.
 const PROBE_BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -139,7 +158,7 @@ impl Metrics {
         let actions = Family::<Labels, Counter>::default();
         registry.register(
             "actions",
-            "Actuator runs finished, by result",
+            "Actuator runs finished, by kind (replace, alert) and result (done, failed); alert on failed",
             actions.clone(),
         );
         let heartbeats = Family::<Labels, Counter>::default();
@@ -290,15 +309,18 @@ impl Metrics {
         self.store_healthy.set(i64::from(healthy));
     }
 
-    /// Records a finished action.
-    pub fn action(&self, state: ActionState) {
+    /// Records a finished action of `kind` (its event's: `replace` or `alert`).
+    pub fn action(&self, kind: ActionKind, state: ActionState) {
         let s = match state {
             ActionState::Done => "done",
             ActionState::Failed => "failed",
             ActionState::Intended => "intended",
         };
         self.actions
-            .get_or_create(&vec![("result", s.to_string())])
+            .get_or_create(&vec![
+                ("kind", kind.as_str().to_string()),
+                ("result", s.to_string()),
+            ])
             .inc();
     }
 
