@@ -633,8 +633,34 @@ pub enum FaultKind {
     /// `vigil_core::rollout::Rollout` with the `rollout` settings; with `gate = "none"`
     /// (naive) it pushes `waves` on a timer.
     Deploy,
-    /// The controller process restarts (down for `duration`).
+    /// The controller process restarts (down for `duration`): what it decided and had
+    /// not committed is lost; it rebuilds its guard from its store.
     ControllerRestart,
+    /// The controller's store fails (commits and reads) for `duration`: nothing is
+    /// judged, a decision whose commit failed never happened and is made again once the
+    /// store works.
+    StoreOutage,
+    /// The controller's store takes `latency` per commit for `duration` (a slow disk):
+    /// decisions wait for their commit before they are acted on.
+    StoreSlow,
+    /// The leading controller is cut off from its lease (paused); a successor leads
+    /// `duration` later (defaults to 3s), from what the store holds: a commit of the
+    /// old term that lands later is refused (fenced), its actions never run.
+    LeaderFailover,
+}
+
+impl FaultKind {
+    /// Whether the fault is the controller's own (its process or its store), not the
+    /// fleet's.
+    pub fn is_controllers(self) -> bool {
+        matches!(
+            self,
+            FaultKind::ControllerRestart
+                | FaultKind::StoreOutage
+                | FaultKind::StoreSlow
+                | FaultKind::LeaderFailover
+        )
+    }
 }
 
 /// Whether a deployment waits for each wave to be healthy.
@@ -1176,7 +1202,7 @@ impl FaultConfig {
                 }
             }
             Gray => need(self.error_rate.is_some(), "error_rate")?,
-            Latency => {
+            Latency | StoreSlow => {
                 need(self.latency.is_some(), "latency")?;
                 if self.latency.is_some_and(|l| l.is_zero()) {
                     return Err(("latency", "must be longer than 0s".into()));

@@ -41,6 +41,22 @@ pub struct Stored {
     pub ops: Vec<String>,
 }
 
+impl Stored {
+    /// Writes `batch` as a store does: its ops as one row, then its snapshot, which
+    /// covers every row before it (those are dropped). This is the contract the
+    /// controller's SQLite and PostgreSQL stores keep in one transaction; the
+    /// simulator's store is this.
+    pub fn commit(&mut self, batch: &Uncommitted) {
+        if !batch.ops.is_empty() {
+            self.ops.push(batch.ops_row());
+        }
+        if let Some((text, _)) = &batch.snapshot {
+            self.snapshot = Some(text.clone());
+            self.ops.clear();
+        }
+    }
+}
+
 /// The guard rebuilt from what the store holds ([`Replica::rebuild`]).
 #[derive(Debug)]
 pub struct Rebuilt {

@@ -1,9 +1,15 @@
-//! The controller driver: `/health` probes, vigil-core's `SafetyGuard` (or the naive
-//! thresholds), the peer comparison of queue workers, replacements and restarts.
+//! The controller driver: `/health` probes, vigil-core's fleet [`Replica`] (the guard
+//! with its mode and the batch not yet committed, as `vigil controller` drives it) or
+//! the naive thresholds, the peer comparison of queue workers, its store, replacements
+//! and restarts.
 //!
 //! The composition of the guard with the peer comparison (which worker is an
 //! outlier, how that fails its observation, which decisions count) is
-//! `vigil_core::fleet`'s, the very functions `vigil controller` calls.
+//! `vigil_core::fleet`'s, the very functions `vigil controller` calls; so are the
+//! journal and its failure paths: a decision is acted on only once its batch is in the
+//! store, a failed commit never happened (the guard is put back as the store has it),
+//! a restart rebuilds the guard from the store and loses the batch not yet committed,
+//! a successor's term fences the batch of the leader it replaced.
 
 use super::engine::Ev;
 use super::model::{Growth, Life, Ramped};
@@ -11,19 +17,23 @@ use super::{CHECK_PEER, DecisionMark, Sim, TIMEOUT};
 use crate::scenario::{ControllerMode, GuardStateStore};
 use std::time::Duration;
 use vigil_core::anomaly::{AnomalyDetector, Counts};
-use vigil_core::fleet::{DecisionKind, Effect, Input, judge_peers, peer_check, step};
+use vigil_core::fleet::{
+    AfterCommit, Commit, DecisionKind, Effect, Input, Replica, Stored, Uncommitted, judge_peers,
+    peer_check,
+};
 use vigil_core::gate::WorkerGate;
-use vigil_core::guard::{GuardEvent, Observation, SafetyGuard};
+use vigil_core::guard::{GuardEvent, Observation, Op, SafetyGuard};
 use vigil_core::{HealthState, Thresholds};
+
+/// While the store fails, how often the controller tries it again (`vigil
+/// controller`'s `STORE_RETRY_EVERY`).
+const STORE_RETRY_EVERY: Duration = Duration::from_secs(1);
 
 impl<'a> Sim<'a> {
     pub(super) fn on_ctl_probe(&mut self, i: u32) {
         let now = self.now;
         let iu = i as usize;
         if !self.ctl.up || self.servers[iu].life == Life::Booting {
-            return;
-        }
-        if Self::pt(now) < self.ctl.grace_end[iu] {
             return;
         }
         let p = self.probe(iu, now, true, self.cfg.controller.timeout);
@@ -41,10 +51,6 @@ impl<'a> Sim<'a> {
             if self.ctl.outlier[iu] {
                 peer = CHECK_PEER;
             }
-        }
-        let need = self.cfg.controller.guard.thresholds.healthy_threshold + 1;
-        if p.ok && peer == 0 && self.ctl.passes_fed[iu] >= need {
-            return;
         }
         self.schedule(
             now + p.latency,
@@ -69,11 +75,6 @@ impl<'a> Sim<'a> {
             return;
         }
         let ok = !endpoint_failed && failing == 0;
-        self.ctl.passes_fed[iu] = if ok {
-            self.ctl.passes_fed[iu].saturating_add(1)
-        } else {
-            0
-        };
         let now = Self::pt(self.now);
         match self.cfg.controller.mode {
             ControllerMode::Off => {}
@@ -100,24 +101,9 @@ impl<'a> Sim<'a> {
                     disputed: false,
                 };
                 peer_check(&mut obs, failing & CHECK_PEER != 0);
-                let effects = step(&mut self.ctl.guard, now, Input::Probe(obs));
-                self.guard_events(&effects);
-                for e in effects {
-                    match e {
-                        Effect::Decide(DecisionKind::Act, d) => {
-                            self.note(format!("controller: {d}"));
-                            self.replace(iu);
-                        }
-                        Effect::Decide(DecisionKind::HoldBack, d) => {
-                            self.s.controller_holds += 1;
-                            self.note(format!("controller: {d}"));
-                        }
-                        Effect::Decide(DecisionKind::Alert, _)
-                        | Effect::Log(_)
-                        | Effect::Event(_)
-                        | Effect::Refused(_) => {}
-                    }
-                }
+                let turn = self.ctl.replica.step(now, Input::Probe(obs));
+                self.guard_events(&turn.effects);
+                self.ctl_flush();
             }
         }
     }
@@ -126,11 +112,12 @@ impl<'a> Sim<'a> {
         let now = self.now;
         self.schedule(now + self.cfg.controller.interval, Ev::CtlRound);
         if self.ctl.up && self.cfg.controller.mode == ControllerMode::Guarded {
-            let effects = step(&mut self.ctl.guard, Self::pt(now), Input::Tick);
-            self.guard_events(&effects);
+            let turn = self.ctl.replica.step(Self::pt(now), Input::Tick);
+            self.guard_events(&turn.effects);
             if self.cfg.queue.is_some() {
                 self.judge_workers();
             }
+            self.ctl_flush();
         }
     }
 
@@ -199,11 +186,7 @@ impl<'a> Sim<'a> {
         self.s.controller_actions += 1;
         let was_up = self.is_up(i);
         let now = self.now;
-        if self.cfg.controller.mode == ControllerMode::Guarded {
-            self.ctl
-                .guard
-                .remove_target(Self::pt(now), &self.ctl_ids[i]);
-        }
+        self.ctl_member(i, None);
         let s = &mut self.servers[i];
         s.incarnation += 1;
         s.life = Life::Booting;
@@ -269,15 +252,14 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// A new instance in slot `i`: the controller starts its grace period.
+    /// A new instance in slot `i`: the controller starts its grace period (the guard's,
+    /// as a target added to `vigil controller`'s list).
     pub(super) fn controller_meets_new_instance(&mut self, i: usize) {
         let pnow = Self::pt(self.now);
-        self.ctl.passes_fed[i] = 0;
-        self.ctl.grace_end[i] = pnow + self.cfg.controller.guard.grace;
         match self.cfg.controller.mode {
             ControllerMode::Guarded => {
-                let zone = self.zone_names[self.servers[i].zone as usize].clone();
-                self.ctl.guard.add_target(pnow, &self.ctl_ids[i], &zone);
+                self.ctl_member(i, Some(self.servers[i].incarnation));
+                self.ctl_flush();
             }
             ControllerMode::Naive => {
                 self.ctl.naive[i] =
@@ -287,43 +269,297 @@ impl<'a> Sim<'a> {
         }
     }
 
-    pub(super) fn on_controller_up(&mut self) {
+    /// The fleet lists instance `incarnation` in slot `i` (None: none, it is being
+    /// replaced). While the controller judges, the guard learns it now (journaled);
+    /// otherwise it waits for the next batch that can commit, as `vigil controller`'s
+    /// target lists do.
+    fn ctl_member(&mut self, i: usize, incarnation: Option<u32>) {
+        if self.cfg.controller.mode != ControllerMode::Guarded {
+            return;
+        }
+        self.ctl.listed[i] = incarnation;
+        if self.ctl.up && self.ctl.replica.mode().judges() {
+            self.ctl_apply_member(i);
+        }
+    }
+
+    /// Brings the guard's knowledge of slot `i` to what the fleet lists: a replaced
+    /// instance is removed, a new one added (in its grace period).
+    fn ctl_apply_member(&mut self, i: usize) {
         let pnow = Self::pt(self.now);
-        self.ctl.up = true;
+        let id = self.ctl_ids[i].clone();
+        let listed = self.ctl.listed[i];
+        let known = self.ctl.replica.guard().target(pnow, &id).is_some();
+        if known {
+            let op = Op::Remove {
+                at: pnow,
+                id: id.clone(),
+            };
+            self.ctl.replica.apply(pnow, op, Some(&id));
+        }
+        if listed.is_some() {
+            let zone = self.zone_names[self.servers[i].zone as usize].clone();
+            let op = Op::Add {
+                at: pnow,
+                id: id.clone(),
+                zone,
+            };
+            self.ctl.replica.apply(pnow, op, Some(&id));
+        }
+        self.ctl.members.push((i, listed));
+    }
+
+    /// Every slot whose listed instance is not the one the guard knows as committed
+    /// (after a restart, a failover or a failed commit): brought up to date.
+    fn ctl_reconcile(&mut self) {
+        for i in 0..self.servers.len() {
+            if self.ctl.listed[i] != self.ctl.committed[i] {
+                self.ctl_apply_member(i);
+            }
+        }
+    }
+
+    /// Commits the replica's batch, as `vigil controller` does after every turn of its
+    /// loop (one commit at a time: the next waits for the one under way).
+    pub(super) fn ctl_flush(&mut self) {
+        if !self.ctl.up
+            || self.cfg.controller.mode != ControllerMode::Guarded
+            || self.ctl.store.in_flight.is_some()
+        {
+            return;
+        }
+        if self.ctl.replica.mode().follows() {
+            self.ctl.members.clear();
+        }
+        let Some(batch) = self.ctl.replica.take() else {
+            return;
+        };
+        let members = std::mem::take(&mut self.ctl.members);
+        self.ctl.store.commits += 1;
+        let n = self.ctl.store.commits;
+        self.ctl.store.in_flight = Some((n, batch, members));
+        if self.ctl.store.latency.is_zero() {
+            self.on_ctl_committed(n);
+        } else {
+            let at = self.now + self.ctl.store.latency;
+            self.schedule(at, Ev::CtlCommitted(n));
+        }
+    }
+
+    /// Commit number `n` reaches the store: written (its acts run, once), refused (a
+    /// successor's term: fenced, its acts never run), or failed (undone).
+    pub(super) fn on_ctl_committed(&mut self, n: u32) {
+        if !matches!(&self.ctl.store.in_flight, Some((m, ..)) if *m == n) {
+            return; // Lost with a restart.
+        }
+        let (_, batch, members) = self.ctl.store.in_flight.take().expect("matched above");
+        let acts = acts(&batch);
+        if batch.epoch != self.ctl.store.epoch {
+            self.note(format!(
+                "controller: another replica took over: this batch is rolled back and its {acts} action(s) are NOT run"
+            ));
+            self.ctl_flush();
+            return;
+        }
+        if self.ctl.store.down {
+            let after = self
+                .ctl
+                .replica
+                .committed(Commit::Failed("store unreachable".into()));
+            if after == (AfterCommit::Undo { first: true }) {
+                self.note(format!(
+                    "controller: store failing: the batch is undone, its {acts} action(s) are NOT run; nothing is judged until it works again"
+                ));
+            }
+            self.ctl_read_store();
+            self.ctl_schedule_retry();
+            return;
+        }
+        self.ctl.store.stored.commit(&batch);
+        for (i, inc) in members {
+            self.ctl.committed[i] = inc;
+        }
+        if self.ctl.replica.committed(Commit::Done) == AfterCommit::Recovered {
+            self.note("controller: the store took the batch: judging resumes".into());
+        }
+        for e in batch.effects {
+            match e {
+                Effect::Decide(DecisionKind::Act, d) => {
+                    if let Some(i) = self.ctl_ids.iter().position(|id| *id == d.target) {
+                        self.ctl.store.intended.push(i);
+                    }
+                    self.note(format!("controller: {d}"));
+                }
+                Effect::Decide(DecisionKind::HoldBack, d) => {
+                    self.s.controller_holds += 1;
+                    self.note(format!("controller: {d}"));
+                }
+                Effect::Decide(DecisionKind::Alert, _)
+                | Effect::Log(_)
+                | Effect::Event(_)
+                | Effect::Refused(_) => {}
+            }
+        }
+        self.ctl_run_intended();
+        self.ctl_flush();
+    }
+
+    /// Runs the committed actions not yet run (once each: a restarted controller or a
+    /// successor resumes those its predecessor left intended).
+    fn ctl_run_intended(&mut self) {
+        if !self.ctl.up {
+            return;
+        }
+        for i in std::mem::take(&mut self.ctl.store.intended) {
+            self.replace(i);
+        }
+    }
+
+    /// Puts the guard back as the store holds it (a store that is down cannot be read:
+    /// the guard stays ahead of it until it can).
+    fn ctl_read_store(&mut self) -> bool {
+        if self.ctl.store.down {
+            return false;
+        }
+        let now = Self::pt(self.now);
+        self.ctl
+            .replica
+            .restore(&self.ctl.store.stored, now)
+            .expect("the simulator's store holds what the replica wrote");
+        true
+    }
+
+    fn ctl_schedule_retry(&mut self) {
+        if !self.ctl.store.retry_scheduled {
+            self.ctl.store.retry_scheduled = true;
+            self.schedule(self.now + STORE_RETRY_EVERY, Ev::CtlRetry);
+        }
+    }
+
+    /// The failing store's retry: the guard as committed, what waited applied, and a
+    /// snapshot of it all committed (or undone again).
+    pub(super) fn on_ctl_retry(&mut self) {
+        self.ctl.store.retry_scheduled = false;
+        if !self.ctl.up || self.ctl.replica.mode().judges() || self.ctl.replica.mode().follows() {
+            return;
+        }
+        if self.ctl.replica.mode().dirty() && !self.ctl_read_store() {
+            self.ctl_schedule_retry();
+            return;
+        }
+        self.ctl.replica.retry();
+        self.ctl_reconcile();
+        self.ctl.replica.snapshot(Self::pt(self.now), None);
+        self.ctl_flush();
+    }
+
+    /// A successor takes the lease over (`leader_failover`): a new term, the guard as
+    /// the store holds it, the actions its predecessor left intended resumed.
+    pub(super) fn on_ctl_lead(&mut self) {
+        let epoch = self.ctl.store.epoch.map_or(2, |e| e + 1);
+        self.ctl.store.epoch = Some(epoch);
+        self.ctl_start(format!("replica {epoch} leads (epoch {epoch})"));
+        self.ctl.replica.lead(
+            Some(epoch),
+            "the store could not be read at the start of this term".into(),
+        );
+        if self.ctl_read_store() {
+            self.ctl.replica.retry();
+            self.ctl_reconcile();
+            self.ctl.replica.snapshot(Self::pt(self.now), None);
+        } else {
+            self.ctl_schedule_retry();
+        }
+        self.ctl_run_intended();
+        self.ctl_flush();
+    }
+
+    /// A controller process starts (a restart, or a successor): its guard is what the
+    /// store holds (or a fresh one, `state = "in-memory"`), its peer comparison
+    /// starts afresh.
+    fn ctl_start(&mut self, how: String) {
+        let pnow = Self::pt(self.now);
         let n = self.servers.len();
+        self.ctl.up = true;
         let cfg = self.cfg.controller.guard.clone();
-        self.ctl.guard = match self.cfg.controller.state {
+        self.ctl.members.clear();
+        self.ctl.replica = match self.cfg.controller.state {
             GuardStateStore::Persisted => {
-                // What the store holds: the state after the last decision, serialised.
-                let saved =
-                    serde_json::to_string(self.ctl.guard.state()).expect("guard state serialises");
-                let state = serde_json::from_str(&saved).expect("guard state deserialises");
-                SafetyGuard::restore(cfg, state)
+                Replica::rebuild(&self.ctl.store.stored, &cfg)
+                    .expect("the simulator's store holds what the replica wrote")
+                    .replica
             }
             GuardStateStore::InMemory => {
+                // No store: every listed instance is new to it.
                 let mut g = SafetyGuard::new(cfg);
                 for i in 0..n {
-                    let zone = &self.zone_names[self.servers[i].zone as usize];
-                    g.add_target(pnow, &self.ctl_ids[i], zone);
+                    if self.ctl.listed[i].is_some() {
+                        let zone = &self.zone_names[self.servers[i].zone as usize];
+                        g.add_target(pnow, &self.ctl_ids[i], zone);
+                    }
                 }
-                g
+                let mut r = Replica::new(g);
+                r.snapshot(pnow, None);
+                let mut stored = Stored::default();
+                if let Some(b) = r.take() {
+                    stored.commit(&b);
+                }
+                self.ctl.store.stored = stored;
+                self.ctl.committed = self.ctl.listed.clone();
+                r
             }
         };
         self.ctl.anomaly = AnomalyDetector::new(self.cfg.controller.anomaly.clone());
         self.ctl.outlier = vec![false; n];
         for i in 0..n {
             self.ctl.naive[i] = Thresholds::new_unknown(self.cfg.controller.guard.thresholds, pnow);
-            self.ctl.passes_fed[i] = 0;
-            if self.cfg.controller.state == GuardStateStore::InMemory {
-                self.ctl.grace_end[i] = pnow + self.cfg.controller.guard.grace;
-            }
         }
         self.note(format!(
-            "controller restarted ({} guard state)",
+            "controller: {how} ({} guard state)",
             match self.cfg.controller.state {
-                GuardStateStore::Persisted => "persisted",
+                GuardStateStore::Persisted => "the store's",
                 GuardStateStore::InMemory => "fresh, in-memory",
             }
         ));
     }
+
+    /// The controller process stops (`controller_restart`, or cut off from its lease
+    /// by `leader_failover`): what it had not committed is gone with it. `dies`: a
+    /// commit under way dies with it (a paused process's lands later, fenced).
+    pub(super) fn ctl_stop(&mut self, dies: bool) {
+        self.ctl.up = false;
+        let mut lost = self.ctl.replica.take().map(|b| acts(&b)).unwrap_or(0);
+        if dies && let Some((_, b, _)) = self.ctl.store.in_flight.take() {
+            lost += acts(&b);
+        }
+        if lost > 0 {
+            self.note(if dies {
+                format!(
+                    "controller: {lost} decided action(s) not committed are lost with the process, never run"
+                )
+            } else {
+                format!(
+                    "controller: the cut-off leader's {lost} decided action(s) are not committed: they never run"
+                )
+            });
+        }
+    }
+
+    pub(super) fn on_controller_up(&mut self) {
+        self.ctl_start("restarted".into());
+        if self.cfg.controller.mode == ControllerMode::Guarded {
+            self.ctl_reconcile();
+            self.ctl_run_intended();
+            self.ctl_flush();
+        }
+    }
+}
+
+/// The acts decided in `batch`.
+fn acts(batch: &Uncommitted) -> usize {
+    batch
+        .effects
+        .iter()
+        .filter(|e| matches!(e, Effect::Decide(DecisionKind::Act, _)))
+        .count()
 }

@@ -40,6 +40,12 @@ pub(super) enum Ev {
         fault: u16,
     },
     ControllerUp,
+    /// The controller's commit number `n` ends (`store_slow`).
+    CtlCommitted(u32),
+    /// The controller tries its failing store again.
+    CtlRetry,
+    /// A successor takes the controller's lease over (`leader_failover`).
+    CtlLead,
 }
 
 /// A strictly periodic event per server (active probes): presorted phases walked in
@@ -189,6 +195,9 @@ impl<'a> Sim<'a> {
             Ev::DeployWave { fault, wave } => self.on_deploy_wave(fault, wave),
             Ev::DeployPoll { fault } => self.on_deploy_poll(fault),
             Ev::ControllerUp => self.on_controller_up(),
+            Ev::CtlCommitted(n) => self.on_ctl_committed(n),
+            Ev::CtlRetry => self.on_ctl_retry(),
+            Ev::CtlLead => self.on_ctl_lead(),
         }
     }
 }

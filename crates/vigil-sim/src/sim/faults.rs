@@ -6,13 +6,17 @@ use super::{Mark, Sim};
 use crate::scenario::{ControllerMode, DepCriticality, DeployGate, FaultConfig, FaultKind};
 use std::time::Duration;
 
+/// How long a successor waits for a lost leader's lease to lapse (`vigil controller`'s
+/// `replicas.lease_ttl` default is longer; the demo's is 3 s).
+const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(3);
+
 impl<'a> Sim<'a> {
     pub(super) fn on_fault(&mut self, fi: usize, start: bool) {
         let f: &FaultConfig = &self.cfg.faults[fi];
         let now = self.now;
         let targets = f.servers(&self.cfg.fleet);
         if start {
-            if f.kind != FaultKind::Surge && f.kind != FaultKind::ControllerRestart {
+            if !f.kind.is_controllers() && f.kind != FaultKind::Surge {
                 self.first_fault_at.get_or_insert(now);
             }
             self.marks.push(Mark {
@@ -23,6 +27,7 @@ impl<'a> Sim<'a> {
             self.note(format!("fault: {}", f.label()));
             if let Some(d) = f.duration
                 && f.kind != FaultKind::Deploy
+                && f.kind != FaultKind::LeaderFailover
             {
                 self.schedule(now + d, Ev::FaultEnd(fi as u16));
             }
@@ -245,10 +250,28 @@ impl<'a> Sim<'a> {
             }
             FaultKind::ControllerRestart => {
                 if start && self.cfg.controller.mode != ControllerMode::Off {
-                    self.ctl.up = false;
-                    self.note("controller down".into());
+                    self.ctl_stop(true);
+                    self.note("controller down: what it had not committed is lost".into());
                     let d = f.duration.unwrap_or(Duration::from_secs(30));
                     self.schedule(now + d, Ev::ControllerUp);
+                }
+            }
+            FaultKind::StoreOutage => self.ctl.store.down = start,
+            FaultKind::StoreSlow => {
+                self.ctl.store.latency = if start {
+                    f.latency.unwrap_or_default()
+                } else {
+                    Duration::ZERO
+                };
+            }
+            FaultKind::LeaderFailover => {
+                if start && self.cfg.controller.mode == ControllerMode::Guarded {
+                    // Paused, not dead: a commit under way lands later, in a term
+                    // that is no longer its own.
+                    self.ctl_stop(false);
+                    self.note("controller: the leader is cut off from its lease".into());
+                    let d = f.duration.unwrap_or(DEFAULT_LEASE_TTL);
+                    self.schedule(now + d, Ev::CtlLead);
                 }
             }
         }

@@ -75,10 +75,13 @@ use crate::rng::SimRng;
 use crate::scenario::{ControllerMode, ScenarioConfig, Switch};
 use crate::summary::Summary;
 use engine::{Ev, Periodic, Scheduled};
-use model::{Controller, Dep, DepCond, Deployment, FaultRamp, Growth, Life, Ramped, Server};
+use model::{
+    Controller, Dep, DepCond, Deployment, FaultRamp, Growth, Life, Ramped, Server, SimStore,
+};
 use std::collections::BinaryHeap;
 use std::time::Duration;
 use vigil_core::anomaly::{AnomalyDetector, Counts, PEER_CHECK};
+use vigil_core::fleet::{Replica, Stored};
 use vigil_core::gate::WorkerGate;
 use vigil_core::guard::{Observation, SafetyGuard};
 use vigil_core::outlier::RequestOutcome;
@@ -357,16 +360,34 @@ impl<'a> Sim<'a> {
             }
         }
         guard.drain_events();
+        // The controller has run for a while: its store holds the warm guard.
+        let mut replica = Replica::new(guard);
+        replica.snapshot(warm, None);
+        let mut stored = Stored::default();
+        if let Some(batch) = replica.take() {
+            stored.commit(&batch);
+        }
         let ctl = Controller {
             up: true,
-            guard,
+            replica,
+            store: SimStore {
+                stored,
+                down: false,
+                latency: Duration::ZERO,
+                in_flight: None,
+                commits: 0,
+                epoch: None,
+                retry_scheduled: false,
+                intended: Vec::new(),
+            },
             naive: (0..n)
                 .map(|_| Thresholds::new_healthy(cfg.controller.guard.thresholds, Time::ZERO))
                 .collect(),
-            passes_fed: vec![k; n],
-            grace_end: vec![Time::ZERO; n],
             anomaly: AnomalyDetector::new(cfg.controller.anomaly.clone()),
             outlier: vec![false; n],
+            listed: vec![Some(0); n],
+            committed: vec![Some(0); n],
+            members: Vec::new(),
         };
         let mut pool = Pool::new("fleet", cfg.lb.pool);
         let warm = Time::from_elapsed(EPOCH) - Duration::from_secs(60);

@@ -5,7 +5,7 @@
 use crate::scenario::DepCriticality;
 use std::time::Duration;
 use vigil_core::anomaly::AnomalyDetector;
-use vigil_core::guard::SafetyGuard;
+use vigil_core::fleet::{Replica, Stored, Uncommitted};
 use vigil_core::rollout::Rollout;
 use vigil_core::{Thresholds, Time};
 
@@ -234,19 +234,50 @@ pub(super) struct Deployment {
     pub(super) polls: u64,
 }
 
-/// The controller's state that a restart loses (the guard's may be persisted).
+/// The controller: the replica `vigil controller` drives (`vigil_core::fleet::Replica`:
+/// the guard, its mode, the batch not yet committed) and what a restart loses.
 pub(super) struct Controller {
     pub(super) up: bool,
-    pub(super) guard: SafetyGuard,
+    pub(super) replica: Replica,
+    /// Its store (the guard's snapshot and op rows), which a restart reads back.
+    pub(super) store: SimStore,
     /// Naive mode: thresholds per server.
     pub(super) naive: Vec<Thresholds>,
-    /// Consecutive passes fed per server (for the exact elision).
-    pub(super) passes_fed: Vec<u32>,
-    /// When a server's grace period ends (policy time).
-    pub(super) grace_end: Vec<Time>,
     /// Queue workers compared with their peers, as `vigil controller` does with the
     /// counters workers report (kept in memory there too: a restart starts afresh).
     pub(super) anomaly: AnomalyDetector,
     /// Per server: the comparison's last verdict said outlier.
     pub(super) outlier: Vec<bool>,
+    /// Per slot, the instance the fleet lists (its incarnation; None while it is being
+    /// replaced): the controller's target list.
+    pub(super) listed: Vec<Option<u32>>,
+    /// Per slot, the instance the committed guard knows.
+    pub(super) committed: Vec<Option<u32>>,
+    /// Membership changes in the batch not yet committed.
+    pub(super) members: Vec<Member>,
+}
+
+/// A membership change: slot, and the instance now listed there (None: none).
+pub(super) type Member = (usize, Option<u32>);
+
+/// The controller's store: what it holds, and whether it works.
+pub(super) struct SimStore {
+    pub(super) stored: Stored,
+    /// Commits and reads fail (`store_outage`).
+    pub(super) down: bool,
+    /// A commit takes this long (`store_slow`; 0: at once).
+    pub(super) latency: Duration,
+    /// The commit under way: its number, its batch and its membership changes.
+    pub(super) in_flight: Option<(u32, Uncommitted, Vec<Member>)>,
+    /// Commits started (a restart or a failover ends the one under way: its
+    /// completion, numbered before, is ignored).
+    pub(super) commits: u32,
+    /// The lease's epoch (None: a lone controller, unfenced): a failover starts the
+    /// next, and the store refuses a batch of an earlier term.
+    pub(super) epoch: Option<i64>,
+    /// A retry of the failing store is scheduled.
+    pub(super) retry_scheduled: bool,
+    /// Slots whose committed act has not run yet (the controller was down when it
+    /// was committed): a restarted controller or a successor runs them.
+    pub(super) intended: Vec<usize>,
 }

@@ -508,3 +508,73 @@ fn p2c_steers_around_a_slow_or_shedding_server() {
         crate::scenario::Balance::RoundRobin
     );
 }
+
+/// The log of the repository's scenario `name` (seed 1, vigil's policies).
+fn scenario_log(name: &str) -> Vec<(f64, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scenarios")
+        .join(format!("{name}.toml"));
+    let s = Scenario::load(&path).expect("the scenario loads");
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
+    o.log
+        .into_iter()
+        .map(|(t, line)| (t.as_secs_f64(), line))
+        .collect()
+}
+
+fn acts(log: &[(f64, String)]) -> Vec<f64> {
+    log.iter()
+        .filter(|(_, l)| l.starts_with("controller: act on "))
+        .map(|(t, _)| *t)
+        .collect()
+}
+
+#[test]
+fn while_the_store_fails_nobody_is_acted_on_and_after_it_each_failing_server_once() {
+    let log = scenario_log("store-outage-mid-incident");
+    let acts = acts(&log);
+    assert_eq!(acts.len(), 2, "{log:#?}");
+    assert!(
+        acts.iter().all(|t| *t >= 390.0),
+        "an act before the store works again (3m30s to 6m30s): {acts:?}"
+    );
+    assert!(
+        log.iter()
+            .any(|(t, l)| *t < 390.0 && l.starts_with("controller: store failing")),
+        "{log:#?}"
+    );
+}
+
+#[test]
+fn a_crash_loses_the_decision_not_committed_and_the_restarted_controller_decides_once_more() {
+    let log = scenario_log("controller-crash-lost-batch");
+    let lost = log
+        .iter()
+        .find(|(_, l)| l.contains("not committed are lost with the process"))
+        .map(|(t, _)| *t)
+        .expect("the crash catches a decision before its commit");
+    let acts = acts(&log);
+    assert_eq!(acts.len(), 1, "{log:#?}");
+    assert!(
+        acts[0] > lost + 20.0,
+        "acted on after the restart: {acts:?}"
+    );
+}
+
+#[test]
+fn a_successor_fences_the_cut_off_leaders_commit_and_decides_again_once_per_server() {
+    let log = scenario_log("leader-failover");
+    let cut = log
+        .iter()
+        .find(|(_, l)| l.contains("the cut-off leader's 2 decided action(s)"))
+        .map(|(t, _)| *t)
+        .expect("the leader is cut off with its decisions not committed");
+    assert!(
+        log.iter()
+            .any(|(t, l)| *t > cut && l.starts_with("controller: another replica took over")),
+        "the old term's commit lands fenced: {log:#?}"
+    );
+    let acts = acts(&log);
+    assert_eq!(acts.len(), 2, "{log:#?}");
+    assert!(acts.iter().all(|t| *t > cut), "{acts:?}");
+}

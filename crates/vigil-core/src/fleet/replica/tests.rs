@@ -19,17 +19,7 @@ impl Mem {
         if self.down {
             return (r.committed(Commit::Failed("disk full".into())), Vec::new());
         }
-        if let Some((text, _)) = &batch.snapshot {
-            self.stored = Stored {
-                snapshot: Some(text.clone()),
-                ops: Vec::new(),
-            };
-            if !batch.ops.is_empty() {
-                self.stored.ops.push(batch.ops_row());
-            }
-        } else if !batch.ops.is_empty() {
-            self.stored.ops.push(batch.ops_row());
-        }
+        self.stored.commit(&batch);
         let kinds = batch
             .effects
             .iter()
