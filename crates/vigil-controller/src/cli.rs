@@ -108,7 +108,7 @@ fn heartbeat_key(path: &Path, target: &str) -> ExitCode {
 }
 
 fn check_config(path: &Path) -> ExitCode {
-    let cfg = match config::load(path) {
+    let cfg = match config::check(path) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
@@ -225,6 +225,18 @@ fn open_store(db: &Path, reset_store: bool) -> anyhow::Result<SqliteStore> {
 
 async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyhow::Result<()> {
     use anyhow::Context;
+    // Listen first: a port already taken fails the start before anything is created
+    // (a data dir, a store file, a schema) for a controller that cannot run.
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| {
+            format!(
+                "{}: key `listen`: cannot listen on {}",
+                path.display(),
+                cfg.listen
+            )
+        })?;
+    let addr = listener.local_addr()?;
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
     let db = cfg.data_dir.join("vigil.db");
@@ -377,11 +389,6 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         None => (Some(Vec::new()), None),
     };
     engine.initial_targets(cfg.targets.clone(), discovered);
-
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
-    let addr = listener.local_addr()?;
 
     let tasks = tokio_util::task::TaskTracker::new();
     let views = engine.views();

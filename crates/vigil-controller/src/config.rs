@@ -507,29 +507,47 @@ impl TargetConfig {
     }
 }
 
-/// Checks a list of targets (unique ids, valid URLs).
+/// Checks a list of targets (unique ids, valid URLs): the first problem.
 pub fn validate_targets(targets: &[TargetConfig], what: &str) -> Result<(), Invalid> {
+    target_problems(targets, what)
+        .into_iter()
+        .next()
+        .map_or(Ok(()), Err)
+}
+
+/// Every problem of a list of targets, one per target at most.
+fn target_problems(targets: &[TargetConfig], what: &str) -> Vec<Invalid> {
     let mut seen = std::collections::BTreeSet::new();
+    let mut bad = Vec::new();
     for (i, t) in targets.iter().enumerate() {
-        t.validate(&format!("{what}[{i}]"))?;
-        if !seen.insert(t.id.as_str()) {
-            return Err(Invalid::new(
+        if let Err(e) = t.validate(&format!("{what}[{i}]")) {
+            bad.push(e);
+        } else if !seen.insert(t.id.as_str()) {
+            bad.push(Invalid::new(
                 format!("{what}[{i}].id"),
                 format!("{:?} is a duplicate", t.id),
             ));
         }
     }
-    Ok(())
+    bad
 }
 
 impl ControllerConfig {
-    /// Checks the values; the error names the bad key.
+    /// Checks the values; the error names the bad key (the first of [`Self::problems`]).
     pub fn validate(&self) -> Result<(), Invalid> {
+        self.problems().into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Every value that cannot be used, each naming its key, in the file's order of
+    /// sections. One per check: a policy section (`guard`, `anomaly`, `aws`, ...) whose
+    /// own `validate` stops at its first reports that one.
+    pub fn problems(&self) -> Vec<Invalid> {
+        let mut bad = Vec::new();
         for (i, url) in self.dashboard.balancers.iter().enumerate() {
             let ok = url.starts_with("http://")
                 && url.parse::<http::Uri>().is_ok_and(|u| u.host().is_some());
             if !ok {
-                return Err(Invalid::new(
+                bad.push(Invalid::new(
                     format!("dashboard.balancers[{i}]"),
                     format!(
                         "must be a vigil lb admin address like \"http://127.0.0.1:9101\", got {url:?}"
@@ -539,42 +557,42 @@ impl ControllerConfig {
         }
         let p = &self.probe;
         if p.interval.is_zero() {
-            return Err(Invalid::new("probe.interval", "must be longer than 0s"));
+            bad.push(Invalid::new("probe.interval", "must be longer than 0s"));
         }
         if p.timeout.is_zero() {
-            return Err(Invalid::new("probe.timeout", "must be longer than 0s"));
+            bad.push(Invalid::new("probe.timeout", "must be longer than 0s"));
         }
         if !(0.0..=0.5).contains(&p.jitter) {
-            return Err(Invalid::new(
+            bad.push(Invalid::new(
                 "probe.jitter",
                 format!("must be within 0..0.5, got {}", p.jitter),
             ));
         }
         if p.concurrency == 0 {
-            return Err(Invalid::new("probe.concurrency", "must be at least 1"));
+            bad.push(Invalid::new("probe.concurrency", "must be at least 1"));
         }
         if !p.path.starts_with('/') {
-            return Err(Invalid::new(
+            bad.push(Invalid::new(
                 "probe.path",
                 format!("must start with /, got {:?}", p.path),
             ));
         }
         if p.max_body == 0 {
-            return Err(Invalid::new("probe.max_body", "must be at least 1"));
+            bad.push(Invalid::new("probe.max_body", "must be at least 1"));
         }
         if self.heartbeat.ttl.is_zero() {
-            return Err(Invalid::new("heartbeat.ttl", "must be longer than 0s"));
+            bad.push(Invalid::new("heartbeat.ttl", "must be longer than 0s"));
         }
         if self.heartbeat.max_skew.is_zero() {
-            return Err(Invalid::new("heartbeat.max_skew", "must be longer than 0s"));
+            bad.push(Invalid::new("heartbeat.max_skew", "must be longer than 0s"));
         }
-        self.guard.validate().map_err(|e| e.within("guard"))?;
-        self.anomaly.validate().map_err(|e| e.within("anomaly"))?;
+        bad.extend(self.guard.validate().err().map(|e| e.within("guard")));
+        bad.extend(self.anomaly.validate().err().map(|e| e.within("anomaly")));
         match self.actuator.kind {
             ActuatorKind::Log => {}
             ActuatorKind::Webhook => {
                 if !self.actuator.webhook.url.starts_with("http://") {
-                    return Err(Invalid::new(
+                    bad.push(Invalid::new(
                         "actuator.webhook.url",
                         format!(
                             "must be an http:// URL when actuator.kind = \"webhook\", got {:?}",
@@ -592,7 +610,7 @@ impl ControllerConfig {
                         .unwrap_or("")
                         .is_empty()
                 {
-                    return Err(Invalid::new(
+                    bad.push(Invalid::new(
                         "actuator.webhook.secret",
                         "must be set (or VIGIL_WEBHOOK_SECRET): webhook events are always signed",
                     ));
@@ -600,7 +618,7 @@ impl ControllerConfig {
             }
             ActuatorKind::Exec => {
                 if self.actuator.exec.command.is_empty() {
-                    return Err(Invalid::new(
+                    bad.push(Invalid::new(
                         "actuator.exec.command",
                         "must name a program when actuator.kind = \"exec\"",
                     ));
@@ -610,24 +628,29 @@ impl ControllerConfig {
         }
         let aws_discovery = self.discovery.as_ref().and_then(|d| d.aws.as_ref());
         if let Some(a) = aws_discovery {
-            a.validate().map_err(|e| e.within("discovery.aws"))?;
+            bad.extend(a.validate().err().map(|e| e.within("discovery.aws")));
         }
-        self.aws
-            .validate(self.actuator.kind == ActuatorKind::AwsAutoscaling || aws_discovery.is_some())
-            .map_err(|e| e.within("aws"))?;
+        bad.extend(
+            self.aws
+                .validate(
+                    self.actuator.kind == ActuatorKind::AwsAutoscaling || aws_discovery.is_some(),
+                )
+                .err()
+                .map(|e| e.within("aws")),
+        );
         if let Some(d) = &self.discovery {
             if d.path.as_os_str().is_empty() && d.aws.is_none() {
-                return Err(Invalid::new(
+                bad.push(Invalid::new(
                     "discovery.path",
                     "must name a file (or set [discovery.aws])",
                 ));
             }
             if d.poll.is_zero() {
-                return Err(Invalid::new("discovery.poll", "must be longer than 0s"));
+                bad.push(Invalid::new("discovery.poll", "must be longer than 0s"));
             }
         }
         if self.store.snapshot_every.is_zero() {
-            return Err(Invalid::new(
+            bad.push(Invalid::new(
                 "store.snapshot_every",
                 "must be longer than 0s",
             ));
@@ -635,7 +658,7 @@ impl ControllerConfig {
         if let Some(url) = &self.store.url
             && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
         {
-            return Err(Invalid::new(
+            bad.push(Invalid::new(
                 "store.url",
                 format!(
                     "must be a PostgreSQL URL (postgres://...), got {:?}",
@@ -644,17 +667,17 @@ impl ControllerConfig {
             ));
         }
         if self.replicas.probers == 0 {
-            return Err(Invalid::new("replicas.probers", "must be at least 1"));
+            bad.push(Invalid::new("replicas.probers", "must be at least 1"));
         }
         if self.replicas.id.as_deref() == Some("") {
-            return Err(Invalid::new("replicas.id", "must not be empty"));
+            bad.push(Invalid::new("replicas.id", "must not be empty"));
         }
-        self.replicas
-            .lease()
-            .validate()
-            .map_err(|_| Invalid::new("replicas.lease_ttl", "must be at least 3ms"))?;
-        validate_targets(&self.targets, "targets")?;
-        self.heartbeat.check_targets(&self.targets, "targets")
+        if self.replicas.lease().validate().is_err() {
+            bad.push(Invalid::new("replicas.lease_ttl", "must be at least 3ms"));
+        }
+        bad.extend(target_problems(&self.targets, "targets"));
+        bad.extend(self.heartbeat.check_targets(&self.targets, "targets").err());
+        bad
     }
 
     /// The API token in force: `VIGIL_API_TOKEN` if set and non-empty, else the config's.
@@ -670,14 +693,28 @@ impl ControllerConfig {
 /// (the one implementation every vigil TOML file shares).
 pub use vigil_config::{ConfigError, ErrorKind};
 
-/// Loads, parses and validates a config file. Relative paths inside (data dir,
-/// discovery file) are resolved against the file's directory.
+/// Loads, parses and validates a config file; the error lists every value that cannot
+/// be used. Relative paths inside (data dir, discovery file) are resolved against the
+/// file's directory.
 pub fn load(path: &Path) -> Result<ControllerConfig, ConfigError> {
+    load_with(path, |_| None)
+}
+
+/// [`load`], and `listen` must be free now (`check-config`, like `nginx -t`: a daemon
+/// started on this file must be able to listen).
+pub fn check(path: &Path) -> Result<ControllerConfig, ConfigError> {
+    load_with(path, |c| vigil_config::try_bind("listen", c.listen).err())
+}
+
+fn load_with(
+    path: &Path,
+    more: impl Fn(&ControllerConfig) -> Option<Invalid>,
+) -> Result<ControllerConfig, ConfigError> {
     let text = vigil_config::read(path)?;
     let mut config: ControllerConfig = vigil_config::from_str(path, &text)?;
-    config
-        .validate()
-        .map_err(|e| vigil_config::invalid(path, &text, e))?;
+    let mut bad = config.problems();
+    bad.extend(more(&config));
+    vigil_config::invalid_all(path, &text, bad)?;
     let base = path.parent().unwrap_or(Path::new("."));
     if config.data_dir.is_relative() {
         config.data_dir = base.join(&config.data_dir);
@@ -713,6 +750,47 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/fleet.toml");
         let c = load(&path).unwrap_or_else(|e| panic!("{e}"));
         assert!(!c.targets.is_empty());
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_not_only_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.toml");
+        std::fs::write(
+            &path,
+            "[probe]\ninterval = \"0s\"\njitter = 0.9\n[heartbeat]\nttl = \"0s\"\n\
+             [[targets]]\nid = \"a\"\nurl = \"https://a\"\n[[targets]]\nid = \"\"\n",
+        )
+        .unwrap();
+        let e = load(&path).unwrap_err();
+        let keys: Vec<_> = e.all().map(|l| l.key.clone().unwrap_or_default()).collect();
+        assert_eq!(
+            keys,
+            [
+                "probe.interval",
+                "probe.jitter",
+                "heartbeat.ttl",
+                "targets[0].url",
+                "targets[1].id"
+            ],
+            "every problem, in order: {e}"
+        );
+        assert!(e.to_string().ends_with("5 problems"), "{e}");
+    }
+
+    #[test]
+    fn check_refuses_a_listen_address_already_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.toml");
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        std::fs::write(&path, format!("listen = \"{addr}\"\n")).unwrap();
+        load(&path).expect("load does not look at the network");
+        let e = check(&path).unwrap_err();
+        assert_eq!((e.key.as_deref(), e.line), (Some("listen"), Some(1)), "{e}");
+        assert!(e.message.contains(&addr.to_string()), "{e}");
+        drop(taken);
+        check(&path).expect("free again");
     }
 
     #[test]
