@@ -188,6 +188,27 @@ impl Args {
     }
 }
 
+/// Names the addresses among `listens` (flag, address) that cannot be bound now because
+/// they are in use, for the start-up error: the OS's "Address already in use" says
+/// neither which address nor which flag. Empty when none is (or all are port 0).
+fn taken(listens: &[(&str, Option<SocketAddr>)]) -> String {
+    let taken: Vec<String> = listens
+        .iter()
+        .filter_map(|(flag, addr)| addr.map(|a| (flag, a)))
+        .filter(|(_, a)| {
+            a.port() != 0
+                && std::net::TcpListener::bind(a)
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::AddrInUse)
+        })
+        .map(|(flag, a)| format!("{a} ({flag})"))
+        .collect();
+    if taken.is_empty() {
+        String::new()
+    } else {
+        format!("; in use by another process: {}", taken.join(", "))
+    }
+}
+
 /// Runs the example service until SIGTERM or Ctrl-C: readiness fails first, the
 /// listener closes after the drain delay, then it exits 0. Exit 64 on bad arguments, 1 on
 /// a failure to start (a taken port, an unusable data directory).
@@ -221,11 +242,17 @@ pub fn run(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let listens = [
+        ("--listen", Some(config.listen)),
+        ("--health-listen", Some(config.health_listen)),
+        ("--agent-listen", config.agent_listen),
+        ("--grpc-listen", config.grpc_listen),
+    ];
     runtime.block_on(async move {
         let running = match start(config).await {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("example service: cannot start: {e:#}");
+                eprintln!("example service: cannot start: {e:#}{}", taken(&listens));
                 return ExitCode::FAILURE;
             }
         };
