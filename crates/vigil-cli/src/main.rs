@@ -80,7 +80,7 @@ enum Command {
 
 fn main() -> ExitCode {
     die_with_parent();
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(help_without_help_flags(std::env::args_os())) {
         Ok(cli) => cli,
         Err(e) => {
             let code = match e.kind() {
@@ -120,6 +120,36 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `vigil help --help` (or `vigil help lb -h`) asks for help about help: clap reads the
+/// flag as a subcommand named `--help` and fails with a usage error (exit 64). Every
+/// `-h`/`--help` after a `help` subcommand is dropped, so that it prints the help asked
+/// for and exits 0. Other arguments pass unchanged.
+fn help_without_help_flags(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    let mut after_help = false;
+    let mut first_positional = true;
+    for (i, a) in args.into_iter().enumerate() {
+        let s = a.to_string_lossy();
+        if after_help && (s == "--help" || s == "-h") {
+            continue;
+        }
+        if i > 0 && first_positional && !s.starts_with('-') {
+            // The first word that is no flag (nor `--log-format`'s value) is the command.
+            if out
+                .last()
+                .is_none_or(|p: &std::ffi::OsString| p != "--log-format")
+            {
+                first_positional = false;
+                after_help = s == "help";
+            }
+        }
+        out.push(a);
+    }
+    out
 }
 
 /// Writes generated text to stdout; a closed pipe (`| head`) is not an error.
