@@ -31,17 +31,36 @@ use std::process::{ExitCode, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
 
 /// `println!` that survives a closed stdout. `vigil demo | tee log` then Ctrl-C kills
-/// `tee` too, often first: the demo must still stop and reap its children and say so on
-/// stderr, where `println!` would panic on the broken pipe. A failed write is dropped:
-/// nobody is left to read it.
+/// `tee` too, often first: the demo must still stop and reap its children, where
+/// `println!` would panic on the broken pipe. A failed write is dropped: nobody is left
+/// to read it.
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
         let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that survives a closed stderr: with `vigil demo 2>&1 | tee log` the same
+/// Ctrl-C closes stderr too, and `eprintln!` would panic (exit 101, and the runtime's
+/// drop would then wait for the stdin reader: a hang until Enter).
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that survives a closed stderr (see [`tell!`]).
+macro_rules! tell_part {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, $($arg)*);
+        let _ = err.flush();
     }};
 }
 
@@ -218,18 +237,18 @@ pub fn run(args: DemoArgs) -> ExitCode {
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("vigil demo: cannot start a runtime: {e}");
+            tell!("vigil demo: cannot start a runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     let result = rt.block_on(demo(args));
-    // The stdin reader sits in a blocking read on the runtime's blocking pool; waiting
-    // for it would hang the exit until the user typed something.
+    // Nothing left to wait for: the children are reaped, the key reader is a thread of
+    // its own (`keys`); tasks still in a request are dropped.
     rt.shutdown_background();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("vigil demo: {e:#}");
+            tell!("vigil demo: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -278,9 +297,9 @@ async fn reap(name: &str, child: &mut Child, deadline: tokio::time::Instant) {
         .await
         .is_err()
     {
-        eprintln!("demo: {name} did not stop within {STOP_GRACE:?}; killing it");
+        tell!("demo: {name} did not stop within {STOP_GRACE:?}; killing it");
         if let Err(e) = child.kill().await {
-            eprintln!("demo: cannot kill {name}: {e}");
+            tell!("demo: cannot kill {name}: {e}");
         }
     }
 }
@@ -349,18 +368,18 @@ async fn demo(args: DemoArgs) -> Result<()> {
         deploys: deploy::Deploys::default(),
     };
     let result = run_fleet(&args, &launcher, &mut fleet).await;
-    eprintln!("demo: stopping {} processes", fleet.children.len());
+    tell!("demo: stopping {} processes", fleet.children.len());
     fleet.stop().await;
     match &store {
         Some(st) => {
             st.drop_runs().await;
-            eprintln!(
+            tell!(
                 "demo: stopped; logs are in {}, and the replicas' schemas {}_* are dropped",
                 dir.display(),
                 st.schema
             );
         }
-        None => eprintln!(
+        None => tell!(
             "demo: stopped; logs and the controller's store are in {}",
             dir.display()
         ),
@@ -434,7 +453,7 @@ impl ReplicaStore {
                 .execute(format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
                 .await
             {
-                eprintln!("demo: cannot drop schema {name}: {e:#}");
+                tell!("demo: cannot drop schema {name}: {e:#}");
             }
         }
     }
@@ -676,7 +695,7 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
     let started = Instant::now();
     let mut breaks = args.breaks.clone().into_iter();
     let mut next_break = started + args.break_after;
-    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut stdin = keys();
     let mut stdin_open = true;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -684,8 +703,8 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break Ok(()),
             _ = sigterm.recv() => break Ok(()),
-            line = stdin.next_line(), if stdin_open => match line {
-                Ok(Some(l)) => {
+            line = stdin.recv(), if stdin_open => match line {
+                Some(l) => {
                     let fault = match l.trim() {
                         "k" => Some(Fault::Kill), "d" => Some(Fault::Disk),
                         "p" => Some(Fault::Dependency), "b" => Some(Fault::Brownout),
@@ -704,7 +723,7 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
                     }
                 }
                 // No terminal (CI, a pipe closed): keep running on flags alone.
-                Ok(None) | Err(_) => stdin_open = false,
+                None => stdin_open = false,
             },
             _ = tick.tick() => {
                 if let Err(e) = deploy::install_wanted(launcher, fleet).await {
@@ -738,7 +757,7 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
     let _ = stop.0.send(true);
     for (what, task) in [("traffic", traffic_task), ("narrator", narrator)] {
         if let Err(e) = task.await {
-            eprintln!("demo: the {what} task failed: {e}");
+            tell!("demo: the {what} task failed: {e}");
         }
     }
     let t = traffic.snapshot();
@@ -754,6 +773,29 @@ async fn run_fleet(args: &DemoArgs, launcher: &Launcher<'_>, fleet: &mut Fleet) 
         }
     );
     outcome
+}
+
+/// The lines typed on stdin, read by a thread of their own. A read from a terminal
+/// cannot be cancelled: on the runtime's blocking pool it would hold up the runtime's
+/// drop (a demo stopped by Ctrl-C would wait for Enter). The thread is left blocked in
+/// its read when the demo stops, and ends with the process.
+fn keys() -> tokio::sync::mpsc::Receiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let spawned = std::thread::Builder::new()
+        .name("demo-keys".into())
+        .spawn(move || {
+            for line in std::io::stdin().lines() {
+                // Ends on EOF, a read error or the demo no longer listening.
+                let Ok(line) = line else { break };
+                if tx.blocking_send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tell!("demo: cannot read keys from stdin ({e}); running on flags alone");
+    }
+    rx
 }
 
 /// A child's command line with its log file `name.log` in `dir` (appended to when
@@ -802,9 +844,9 @@ async fn wait_until_up(client: &reqwest::Client, ports: &Ports, fleet: &mut Flee
             .iter()
             .map(|(_, h)| format!("http://127.0.0.1:{h}/livez")),
     );
-    eprint!("demo: starting {} processes", fleet.children.len());
+    tell_part!("demo: starting {} processes", fleet.children.len());
     wait_for_urls(client, &urls, fleet, true).await?;
-    eprintln!(" up");
+    tell!(" up");
     Ok(())
 }
 
@@ -838,7 +880,7 @@ async fn wait_for_urls(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         if dots {
-            eprint!(".");
+            tell_part!(".");
         }
     }
     Ok(())
@@ -966,7 +1008,7 @@ async fn apply(
             say!("demo: RESET every injected fault");
             fleet.deploys.stop().await;
             if let Some(q) = &fleet.queue {
-                q.reset(client).await;
+                q.reset(client, launcher, &mut fleet.children).await?;
             }
             let mut restarted = Vec::new();
             for (i, n) in names.iter().enumerate() {

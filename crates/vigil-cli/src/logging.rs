@@ -18,6 +18,10 @@ pub enum LogFormat {
 /// Colours only on a terminal (and not with `NO_COLOR` set): journald, a log file or a
 /// pipe get plain text. JSON lines never have colour codes.
 ///
+/// A log line that cannot be written is dropped: `vigil demo 2>&1 | tee log`, Ctrl-C,
+/// and `tee` is gone before the last lines. The subscriber's default reports the failed
+/// write with `eprintln!`, to the same closed stderr, which panics (exit 101).
+///
 /// Event fields must not be named `target` (nor `level`, `timestamp`): the JSON format
 /// puts fields beside its own `target` (the module path), and a duplicate key makes
 /// parsers keep one and lose the other. Name them `target_id`, `addr`, ...
@@ -27,6 +31,7 @@ pub fn init(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour && format == LogFormat::Text)
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

@@ -97,36 +97,18 @@ pub(super) async fn start(launcher: &Launcher<'_>, fleet: &mut Fleet) -> Result<
         broker.declare(&name).await?;
         broker.purge(&name).await?;
     }
-    let controller = format!("http://127.0.0.1:{}", launcher.ports.controller);
     let mut workers = Vec::new();
     for i in 0..WORKERS {
-        let wid = id(i);
-        let mut cmd = child_command(launcher.exe, launcher.dir, &wid, false)?;
-        cmd.arg("example-worker")
-            .args(["--queue", &name, "--id", &wid])
-            .args(["--listen", "127.0.0.1:0", "--work-time", WORK_TIME])
-            .args(["--check-interval", "1s", "--heartbeat-every", "1s"])
-            .args(["--controller", &controller])
-            .args(["--heartbeat-key", &heartbeat_key(&wid)])
-            .arg("--data-dir")
-            .arg(launcher.dir)
-            // Its address is its first line; its logs go to its log file (stderr).
-            .stdout(Stdio::piped());
-        let mut child = cmd.spawn().with_context(|| format!("starting {wid}"))?;
-        let mut lines =
-            tokio::io::BufReader::new(child.stdout.take().context("piped stdout")?).lines();
-        fleet.children.insert(wid.clone(), child);
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .with_context(|| format!("{wid} did not start within 30s; see {wid}.log"))??
-            .unwrap_or_default();
-        let url = line
-            .strip_prefix("LISTENING worker=")
-            .with_context(|| format!("{wid} did not start ({line:?}); see {wid}.log"))?
-            .to_string();
-        // Nothing else is written there; keep reading so a late line never blocks it.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        workers.push((wid, url));
+        let url = spawn_worker(
+            launcher,
+            &mut fleet.children,
+            &name,
+            i,
+            "127.0.0.1:0",
+            false,
+        )
+        .await?;
+        workers.push((id(i), url));
     }
     let producer = Producer::start(DEFAULT_AMQP, &name, RATE).await?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -138,6 +120,45 @@ pub(super) async fn start(launcher: &Launcher<'_>, fleet: &mut Fleet) -> Result<
         narrator,
         stop,
     })
+}
+
+/// Starts worker `i` on queue `name`, listening on `listen`, as a child of the fleet
+/// (`again`: its log file is appended to). Returns its `http://addr`, once it listens.
+async fn spawn_worker(
+    launcher: &Launcher<'_>,
+    children: &mut BTreeMap<String, tokio::process::Child>,
+    name: &str,
+    i: usize,
+    listen: &str,
+    again: bool,
+) -> Result<String> {
+    let controller = format!("http://127.0.0.1:{}", launcher.ports.controller);
+    let wid = id(i);
+    let mut cmd = child_command(launcher.exe, launcher.dir, &wid, again)?;
+    cmd.arg("example-worker")
+        .args(["--queue", name, "--id", &wid])
+        .args(["--listen", listen, "--work-time", WORK_TIME])
+        .args(["--check-interval", "1s", "--heartbeat-every", "1s"])
+        .args(["--controller", &controller])
+        .args(["--heartbeat-key", &heartbeat_key(&wid)])
+        .arg("--data-dir")
+        .arg(launcher.dir)
+        // Its address is its first line; its logs go to its log file (stderr).
+        .stdout(Stdio::piped());
+    let mut child = cmd.spawn().with_context(|| format!("starting {wid}"))?;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().context("piped stdout")?).lines();
+    children.insert(wid.clone(), child);
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .with_context(|| format!("{wid} did not start within 30s; see {wid}.log"))??
+        .unwrap_or_default();
+    let url = line
+        .strip_prefix("LISTENING worker=")
+        .with_context(|| format!("{wid} did not start ({line:?}); see {wid}.log"))?
+        .to_string();
+    // Nothing else is written there; keep reading so a late line never blocks it.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(url)
 }
 
 impl Queue {
@@ -183,11 +204,36 @@ impl Queue {
             .await;
     }
 
-    /// `r`: every worker's faults off.
-    pub(super) async fn reset(&self, client: &reqwest::Client) {
+    /// `r`: every worker's faults off, and a worker its own kill switch paused (or put on
+    /// probation) started again on its address: the switch remembers the black hole's
+    /// failures after the fault is off (its first pause is 60 s, then probation), and
+    /// only a fresh process forgets them, as a replaced worker would.
+    pub(super) async fn reset(
+        &self,
+        client: &reqwest::Client,
+        launcher: &Launcher<'_>,
+        children: &mut BTreeMap<String, tokio::process::Child>,
+    ) -> Result<()> {
         for i in 0..self.workers.len() {
             self.post(client, i, "/fault/reset").await;
         }
+        for (i, (wid, url)) in self.workers.iter().enumerate() {
+            let Some(report) = super::get_json(client, &format!("{url}/worker")).await else {
+                continue;
+            };
+            let state = report["state"].as_str().unwrap_or("");
+            if !state.contains("kill switch") {
+                continue;
+            }
+            say!("demo: {wid} is held by its own kill switch ({state}): starting it again");
+            if let Some(mut c) = children.remove(wid) {
+                super::stop_child(wid, &mut c).await;
+            }
+            let listen = url.strip_prefix("http://").unwrap_or(url);
+            let again = spawn_worker(launcher, children, &self.name, i, listen, true).await?;
+            debug_assert_eq!(&again, url, "started again on its own address");
+        }
+        Ok(())
     }
 
     /// Stops the producer and the narrator (the workers are the fleet's children) and
@@ -195,7 +241,7 @@ impl Queue {
     pub(super) async fn stop(self) {
         let _ = self.stop.send(true);
         if let Err(e) = self.narrator.await {
-            eprintln!("demo: the queue narrator failed: {e}");
+            tell!("demo: the queue narrator failed: {e}");
         }
         match self.producer.stop().await {
             Ok(n) => say!("demo: queue {}: {n} messages published", self.name),
