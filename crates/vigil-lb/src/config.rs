@@ -92,8 +92,9 @@ pub const DEFAULT_TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Default limit on the client connections open at once on one listener: 10,000.
 /// Each in flight needs a second descriptor for its target, so this stays within the
-/// 65,536 open files a systemd unit commonly allows (`LimitNOFILE`), and at the 17 KiB
-/// a slow HTTP/2 client was measured to hold (issue 38) it caps them near 170 MiB;
+/// 65,536 open files a systemd unit commonly allows (`LimitNOFILE`), and at the 14 KiB
+/// a slow HTTP/2 client holds until `client_header` closes it (`bench/lb/slow_h2.py`,
+/// issue 38) it caps them near 140 MiB;
 /// `bench/lb/memory.py`'s 9,000 idle connections stay under it. nginx's default is 512
 /// per worker (`worker_connections`), HAProxy derives its `maxconn` from the open-file
 /// limit.
