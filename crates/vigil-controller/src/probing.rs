@@ -38,8 +38,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use vigil_core::fleet::{DissentTally, tally_dissent};
 use vigil_core::guard::Observation;
-use vigil_core::shard::{Report, Shard, agree, dissenting, fresh_for, heard};
+use vigil_core::shard::{Report, Shard, agree, fresh_for, heard};
 
 /// The quickest a replica reports, whatever its probe interval: twenty small
 /// transactions a second per replica is the most a store should see from probing.
@@ -109,7 +110,7 @@ pub struct Sharding {
     /// The leader's next evaluation of each target.
     due: HashMap<Arc<str>, Instant>,
     /// Per prober, since the last `take_dissent`: (failed alone, fresh results).
-    dissent: HashMap<String, (u32, u32)>,
+    dissent: DissentTally,
     error_logged: bool,
 }
 
@@ -144,7 +145,7 @@ impl Sharding {
             anchor: None,
             composed: Instant::now(),
             due: HashMap::new(),
-            dissent: HashMap::new(),
+            dissent: DissentTally::new(),
             error_logged: false,
         }
     }
@@ -330,14 +331,7 @@ impl Sharding {
             probers.iter().map(|p| self.report_of(id, p, now)).collect();
         let fresh = fresh_for(interval, timeout);
         if !heartbeat {
-            for (p, r) in probers.iter().zip(&reports) {
-                if r.is_some_and(|r| r.age <= fresh) {
-                    self.dissent.entry(p.to_string()).or_default().1 += 1;
-                }
-            }
-            for i in dissenting(&reports, fresh) {
-                self.dissent.entry(probers[i].to_string()).or_default().0 += 1;
-            }
+            tally_dissent(&mut self.dissent, &probers, &reports, fresh);
         }
         let judge = if heartbeat { heard } else { agree };
         Some(Judged::of(judge(&reports, fresh), id, zone, || {

@@ -74,7 +74,7 @@ mod step;
 
 pub use compose::{
     DEFAULT_DISSENT_MIN, DEFAULT_DISSENT_SHARE, DecisionKind, Dissent, DissentChange,
-    DissentConfig, DissentRound, Judged, judge_peers, peer_check,
+    DissentConfig, DissentRound, DissentTally, Judged, judge_peers, peer_check, tally_dissent,
 };
 pub use mode::Mode;
 pub use replica::{

@@ -577,6 +577,14 @@ pub struct ControllerConfig {
     pub timeout: Duration,
     /// Where the guard's state lives. Defaults to `persisted`.
     pub state: GuardStateStore,
+    /// Controller replicas sharing the probing (`vigil controller`'s `[replicas]`):
+    /// with more than 1, each target is probed by `probers` of them (rendezvous
+    /// hashing, `vigil_core::shard`) and the leader judges it by their agreement.
+    /// Defaults to 1 (one controller probes everything).
+    pub replicas: u32,
+    /// Replicas probing each target when `replicas` > 1. Defaults to 2
+    /// (`vigil_core::shard::DEFAULT_PROBERS`).
+    pub probers: u32,
     /// The guard policy, exactly as `vigil controller` reads it.
     pub guard: GuardConfig,
     /// How queue workers are compared with their peers, exactly as `vigil controller`
@@ -592,6 +600,8 @@ impl Default for ControllerConfig {
             interval: DEFAULT_CTL_INTERVAL,
             timeout: DEFAULT_CTL_TIMEOUT,
             state: GuardStateStore::Persisted,
+            replicas: 1,
+            probers: vigil_core::shard::DEFAULT_PROBERS as u32,
             guard: GuardConfig::default(),
             anomaly: AnomalyConfig::default(),
         }
@@ -647,6 +657,10 @@ pub enum FaultKind {
     /// `duration` later (defaults to 3s), from what the store holds: a commit of the
     /// old term that lands later is refused (fenced), its actions never run.
     LeaderFailover,
+    /// Controller replica `replica` (defaults to 0) cannot reach the targets (a route,
+    /// a firewall): every probe of its times out, for `duration`. Needs
+    /// `controller.replicas` > 1.
+    ProberCutOff,
 }
 
 impl FaultKind {
@@ -659,6 +673,7 @@ impl FaultKind {
                 | FaultKind::StoreOutage
                 | FaultKind::StoreSlow
                 | FaultKind::LeaderFailover
+                | FaultKind::ProberCutOff
         )
     }
 }
@@ -736,6 +751,9 @@ pub struct FaultConfig {
     /// Zone index (`zone_down`).
     #[serde(default)]
     pub zone: Option<u32>,
+    /// Controller replica index (`prober_cut_off`).
+    #[serde(default)]
+    pub replica: Option<u32>,
     /// Cumulative fleet fractions per wave of the timer rollout, e.g. `[0.1, 0.3, 1.0]`
     /// (`deploy` with `gate = "none"`, and the naive run).
     #[serde(default)]
@@ -1092,6 +1110,17 @@ impl ScenarioConfig {
                 "must be shorter than controller.interval".into(),
             ));
         }
+        for (k, v) in [
+            ("replicas", self.controller.replicas),
+            ("probers", self.controller.probers),
+        ] {
+            if !(1..=16).contains(&v) {
+                return Err((
+                    vec![key("controller"), key(k)],
+                    "must be between 1 and 16".into(),
+                ));
+            }
+        }
         self.controller
             .guard
             .validate()
@@ -1209,6 +1238,18 @@ impl FaultConfig {
                 }
             }
             Surge => need(self.load.is_some(), "load")?,
+            ProberCutOff => {
+                let r = self.replica.unwrap_or(0);
+                if s.controller.replicas < 2 || r >= s.controller.replicas {
+                    return Err((
+                        "replica",
+                        format!(
+                            "must be below controller.replicas ({}), which must be at least 2 for probers to be cut off",
+                            s.controller.replicas
+                        ),
+                    ));
+                }
+            }
             ZoneDown => {
                 need(self.zone.is_some(), "zone")?;
                 if self.zone.unwrap_or(0) >= s.fleet.zones {

@@ -123,6 +123,30 @@ impl Default for DissentConfig {
     }
 }
 
+/// One interval's tally for the [`Dissent`] rule, per prober: (targets it failed
+/// alone while another prober passed them, targets it had a fresh result for).
+pub type DissentTally = BTreeMap<String, (u32, u32)>;
+
+/// Counts one target's verdict into `tally`: every prober in `probers` with a fresh
+/// result among `reports` (one per prober, in the same order), and those failing it
+/// alone (`crate::shard::dissenting`). Both drivers call it for every probed target
+/// they judge, once per its interval.
+pub fn tally_dissent(
+    tally: &mut DissentTally,
+    probers: &[&str],
+    reports: &[Option<crate::shard::Report>],
+    fresh_for: std::time::Duration,
+) {
+    for (p, r) in probers.iter().zip(reports) {
+        if r.is_some_and(|r| r.age <= fresh_for) {
+            tally.entry((*p).to_string()).or_default().1 += 1;
+        }
+    }
+    for i in crate::shard::dissenting(reports, fresh_for) {
+        tally.entry(probers[i].to_string()).or_default().0 += 1;
+    }
+}
+
 /// The dissent rule, once per probe interval over that interval's verdicts: a replica
 /// failing at least `share` of the targets it has fresh results for while another
 /// prober passes them (and at least `min_targets` of them) is likely cut off from the

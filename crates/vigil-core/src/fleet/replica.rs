@@ -288,6 +288,7 @@ impl Replica {
             }
         }
         let mut replica = Replica::new(guard);
+        replica.standing = standings(&replica.guard, latest);
         replica.ops_since_snapshot = stored.ops.len();
         replica.snapshot_size = stored.snapshot.as_ref().map_or(0, String::len);
         Ok(Rebuilt {
@@ -334,14 +335,13 @@ impl Replica {
                 transitions: Vec::new(),
             };
         }
-        let target = match &input {
-            Input::Probe(obs) => Some(obs.target.clone()),
-            Input::Agreed { id, .. } | Input::SetHold { id, .. } | Input::ClearHold { id, .. } => {
-                Some(id.clone())
-            }
-            Input::Tick | Input::Freeze { .. } | Input::Unfreeze => None,
-        };
         let effects = step(&mut self.guard, now, input);
+        // The one target its op is about (none: a tick, a freeze: any may change).
+        let target = effects
+            .iter()
+            .find_map(Effect::op)
+            .and_then(Op::target)
+            .map(str::to_string);
         self.record(now, effects, target.as_deref())
     }
 
@@ -449,17 +449,7 @@ impl Replica {
         if let Mode::StoreFailing { dirty, .. } = &mut self.mode {
             *dirty = false;
         }
-        let ids: Vec<String> = self.standing.keys().cloned().collect();
-        for id in ids {
-            match self.guard.target(now, &id) {
-                Some(v) => {
-                    self.standing.insert(id, Standing::of(&v));
-                }
-                None => {
-                    self.standing.remove(&id);
-                }
-            }
-        }
+        self.standing = standings(&self.guard, now);
         Ok(rebuilt.replayed)
     }
 
@@ -516,9 +506,12 @@ impl Replica {
             match target {
                 Some(id) => self.refresh(now, id, &mut transitions),
                 None => {
-                    let ids: Vec<String> = self.guard.target_ids().map(String::from).collect();
-                    for id in ids {
-                        self.refresh(now, &id, &mut transitions);
+                    // Every target with a standing (a target gets one when its own op
+                    // is recorded, and loses it with its removal).
+                    for (id, from) in self.standing.iter_mut() {
+                        if let Some(view) = self.guard.target(now, id) {
+                            refreshed(now, id, from, &view, &mut transitions);
+                        }
                     }
                 }
             }
@@ -535,23 +528,42 @@ impl Replica {
             self.standing.remove(id);
             return;
         };
-        let to = Standing::of(&view);
         match self.standing.get_mut(id) {
-            Some(from) if *from != to => {
-                out.push(Transition {
-                    at: now,
-                    id: id.to_string(),
-                    from: *from,
-                    to,
-                    detail: describe(&view),
-                });
-                *from = to;
-            }
-            Some(_) => {}
+            Some(from) => refreshed(now, id, from, &view, out),
             None => {
-                self.standing.insert(id.to_string(), to);
+                self.standing.insert(id.to_string(), Standing::of(&view));
             }
         }
+    }
+}
+
+/// Every target's standing in `guard` at `now`.
+fn standings(guard: &SafetyGuard, now: Time) -> BTreeMap<String, Standing> {
+    guard
+        .targets(now)
+        .map(|v| (v.id.to_string(), Standing::of(&v)))
+        .collect()
+}
+
+/// Target `id`'s standing `from`, refreshed from its guard view: a change is a
+/// transition.
+fn refreshed(
+    now: Time,
+    id: &str,
+    from: &mut Standing,
+    view: &GuardTargetView<'_>,
+    out: &mut Vec<Transition>,
+) {
+    let to = Standing::of(view);
+    if *from != to {
+        out.push(Transition {
+            at: now,
+            id: id.to_string(),
+            from: *from,
+            to,
+            detail: describe(view),
+        });
+        *from = to;
     }
 }
 

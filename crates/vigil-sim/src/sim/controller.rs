@@ -18,11 +18,12 @@ use crate::scenario::{ControllerMode, GuardStateStore};
 use std::time::Duration;
 use vigil_core::anomaly::{AnomalyDetector, Counts};
 use vigil_core::fleet::{
-    AfterCommit, Commit, DecisionKind, Effect, Input, Replica, Stored, Uncommitted, judge_peers,
-    peer_check,
+    AfterCommit, Commit, DecisionKind, Effect, Input, Judged, Replica, Stored, Uncommitted,
+    judge_peers, peer_check, tally_dissent,
 };
 use vigil_core::gate::WorkerGate;
 use vigil_core::guard::{GuardEvent, Observation, Op, SafetyGuard};
+use vigil_core::shard::{Report, agree, fresh_for};
 use vigil_core::{HealthState, Thresholds};
 
 /// While the store fails, how often the controller tries it again (`vigil
@@ -52,6 +53,16 @@ impl<'a> Sim<'a> {
                 peer = CHECK_PEER;
             }
         }
+        // Sharded probing: which of the target's probers cannot reach it.
+        let cut = match &self.ctl.shard {
+            Some(sh) => sh
+                .probers_of(&self.ctl_ids[iu])
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| self.ctl.cut[replica_index(p)])
+                .fold(0u16, |m, (k, _)| m | (1 << k)),
+            None => 0,
+        };
         self.schedule(
             now + p.latency,
             Ev::CtlProbeDone {
@@ -59,6 +70,7 @@ impl<'a> Sim<'a> {
                 incarnation: self.servers[iu].incarnation,
                 endpoint_failed: p.endpoint_failed,
                 failing: p.failing | peer,
+                cut,
             },
         );
     }
@@ -69,17 +81,21 @@ impl<'a> Sim<'a> {
         incarnation: u32,
         endpoint_failed: bool,
         failing: u32,
+        cut: u16,
     ) {
         let iu = i as usize;
         if !self.ctl.up || incarnation != self.servers[iu].incarnation {
             return;
         }
         let ok = !endpoint_failed && failing == 0;
+        // The naive controller acts on any prober's failure: one cut off from the
+        // target sees it fail.
+        let naive_ok = ok && cut == 0;
         let now = Self::pt(self.now);
         match self.cfg.controller.mode {
             ControllerMode::Off => {}
             ControllerMode::Naive => {
-                if let Some(t) = self.ctl.naive[iu].observe(now, ok)
+                if let Some(t) = self.ctl.naive[iu].observe(now, naive_ok)
                     && t.to == HealthState::Unhealthy
                 {
                     self.note(format!(
@@ -101,7 +117,31 @@ impl<'a> Sim<'a> {
                     disputed: false,
                 };
                 peer_check(&mut obs, failing & CHECK_PEER != 0);
-                let turn = self.ctl.replica.step(now, Input::Probe(obs));
+                let input = match self.ctl.shard.as_ref() {
+                    None => Input::Probe(obs),
+                    Some(sh) => {
+                        // The leader judges by the agreement of the target's probers,
+                        // each fresh (they probe on the same tick here); a prober cut
+                        // off sees the endpoint fail.
+                        let probers = sh.probers_of(&obs.target);
+                        let reports: Vec<Option<Report>> = (0..probers.len())
+                            .map(|k| {
+                                Some(Report {
+                                    failing: !ok || cut & (1 << k) != 0,
+                                    age: Duration::ZERO,
+                                })
+                            })
+                            .collect();
+                        let c = &self.cfg.controller;
+                        let fresh = fresh_for(c.interval, c.timeout);
+                        tally_dissent(&mut self.ctl.tally, &probers, &reports, fresh);
+                        let (id, zone) = (obs.target.clone(), obs.zone.clone());
+                        let judged =
+                            Judged::of(agree(&reports, fresh), &id, &zone, || (!ok).then_some(obs));
+                        Input::Agreed { id, judged }
+                    }
+                };
+                let turn = self.ctl.replica.step(now, input);
                 self.guard_events(&turn.effects);
                 self.ctl_flush();
             }
@@ -116,6 +156,9 @@ impl<'a> Sim<'a> {
             self.guard_events(&turn.effects);
             if self.cfg.queue.is_some() {
                 self.judge_workers();
+            }
+            if self.ctl.shard.is_some() {
+                self.check_dissent();
             }
             self.ctl_flush();
         }
@@ -144,6 +187,25 @@ impl<'a> Sim<'a> {
                     format!("controller: worker no longer an outlier: {v}")
                 });
             }
+        }
+    }
+
+    /// The leader's dissent rule over this interval's verdicts, as `vigil controller`
+    /// runs it: a replica failing most of its targets alone is said to be cut off,
+    /// once when it starts and once when it ends.
+    fn check_dissent(&mut self) {
+        let tally = std::mem::take(&mut self.ctl.tally);
+        let round = self.ctl.dissent.judge(&tally);
+        for d in round.started {
+            self.note(format!(
+                "controller: replica {} fails {} of the {} targets it probes while their other probers pass them: it is likely cut off from the targets; the guard holds the actions they would need",
+                d.replica, d.alone, d.fresh
+            ));
+        }
+        for r in round.ended {
+            self.note(format!(
+                "controller: replica {r} agrees with the other probers again"
+            ));
         }
     }
 
@@ -562,4 +624,9 @@ fn acts(batch: &Uncommitted) -> usize {
         .iter()
         .filter(|e| matches!(e, Effect::Decide(DecisionKind::Act, _)))
         .count()
+}
+
+/// The index of replica `r{k}`.
+fn replica_index(name: &str) -> usize {
+    name[1..].parse().expect("replicas are named r0, r1, ...")
 }

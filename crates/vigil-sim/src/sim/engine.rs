@@ -22,6 +22,8 @@ pub(super) enum Ev {
         incarnation: u32,
         endpoint_failed: bool,
         failing: u32,
+        /// Sharded probing: bit k set when the target's k-th prober is cut off from it.
+        cut: u16,
     },
     CtlRound,
     FaultStart(u16),
@@ -184,7 +186,8 @@ impl<'a> Sim<'a> {
                 incarnation,
                 endpoint_failed,
                 failing,
-            } => self.on_ctl_probe_done(server, incarnation, endpoint_failed, failing),
+                cut,
+            } => self.on_ctl_probe_done(server, incarnation, endpoint_failed, failing, cut),
             Ev::CtlRound => self.on_ctl_round(),
             Ev::FaultStart(f) => self.on_fault(f as usize, true),
             Ev::FaultEnd(f) => self.on_fault(f as usize, false),

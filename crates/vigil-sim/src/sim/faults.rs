@@ -257,6 +257,10 @@ impl<'a> Sim<'a> {
                 }
             }
             FaultKind::StoreOutage => self.ctl.store.down = start,
+            FaultKind::ProberCutOff => {
+                let r = f.replica.unwrap_or(0) as usize;
+                self.ctl.cut[r] = start;
+            }
             FaultKind::StoreSlow => {
                 self.ctl.store.latency = if start {
                     f.latency.unwrap_or_default()

@@ -81,11 +81,12 @@ use model::{
 use std::collections::BinaryHeap;
 use std::time::Duration;
 use vigil_core::anomaly::{AnomalyDetector, Counts, PEER_CHECK};
-use vigil_core::fleet::{Replica, Stored};
+use vigil_core::fleet::{Dissent, DissentConfig, DissentTally, Replica, Stored};
 use vigil_core::gate::WorkerGate;
 use vigil_core::guard::{Observation, SafetyGuard};
 use vigil_core::outlier::RequestOutcome;
 use vigil_core::pool::{Pool, RoutingSet, TargetSpec};
+use vigil_core::shard::Shard;
 use vigil_core::{HealthState, Thresholds, Time};
 
 /// Policy time is simulation time plus this epoch, so the fleet can be warmed up
@@ -388,6 +389,15 @@ impl<'a> Sim<'a> {
             listed: vec![Some(0); n],
             committed: vec![Some(0); n],
             members: Vec::new(),
+            shard: (cfg.controller.replicas > 1).then(|| {
+                Shard::new(
+                    (0..cfg.controller.replicas).map(|r| format!("r{r}")),
+                    cfg.controller.probers as usize,
+                )
+            }),
+            cut: vec![false; cfg.controller.replicas as usize],
+            dissent: Dissent::new(DissentConfig::default()),
+            tally: DissentTally::new(),
         };
         let mut pool = Pool::new("fleet", cfg.lb.pool);
         let warm = Time::from_elapsed(EPOCH) - Duration::from_secs(60);

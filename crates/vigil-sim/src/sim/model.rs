@@ -5,8 +5,9 @@
 use crate::scenario::DepCriticality;
 use std::time::Duration;
 use vigil_core::anomaly::AnomalyDetector;
-use vigil_core::fleet::{Replica, Stored, Uncommitted};
+use vigil_core::fleet::{Dissent, DissentTally, Replica, Stored, Uncommitted};
 use vigil_core::rollout::Rollout;
+use vigil_core::shard::Shard;
 use vigil_core::{Thresholds, Time};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,6 +256,14 @@ pub(super) struct Controller {
     pub(super) committed: Vec<Option<u32>>,
     /// Membership changes in the batch not yet committed.
     pub(super) members: Vec<Member>,
+    /// Sharded probing (`controller.replicas` > 1): who probes which target.
+    pub(super) shard: Option<Shard>,
+    /// Per replica: cut off from the targets (`prober_cut_off`).
+    pub(super) cut: Vec<bool>,
+    /// The dissent rule, as the leader runs it once per probe interval.
+    pub(super) dissent: Dissent,
+    /// This interval's tally for it.
+    pub(super) tally: DissentTally,
 }
 
 /// A membership change: slot, and the instance now listed there (None: none).

@@ -578,3 +578,26 @@ fn a_successor_fences_the_cut_off_leaders_commit_and_decides_again_once_per_serv
     assert_eq!(acts.len(), 2, "{log:#?}");
     assert!(acts.iter().all(|t| *t > cut), "{acts:?}");
 }
+
+#[test]
+fn a_prober_cut_off_is_named_and_nobody_is_replaced_on_its_view_alone() {
+    let log = scenario_log("prober-cut-off");
+    assert!(
+        log.iter().any(|(t, l)| (180.0..240.0).contains(t)
+            && l.starts_with("controller: replica r0 fails")
+            && l.contains("likely cut off")),
+        "{log:#?}"
+    );
+    assert!(
+        log.iter()
+            .any(|(_, l)| l == "controller: replica r0 agrees with the other probers again"),
+        "{log:#?}"
+    );
+    let acted: Vec<&String> = log
+        .iter()
+        .filter(|(_, l)| l.starts_with("controller: act on "))
+        .map(|(_, l)| l)
+        .collect();
+    assert_eq!(acted.len(), 1, "{acted:?}");
+    assert!(acted[0].contains("server-0007"), "only the full disk: {acted:?}");
+}
