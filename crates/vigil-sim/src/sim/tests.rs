@@ -599,5 +599,8 @@ fn a_prober_cut_off_is_named_and_nobody_is_replaced_on_its_view_alone() {
         .map(|(_, l)| l)
         .collect();
     assert_eq!(acted.len(), 1, "{acted:?}");
-    assert!(acted[0].contains("server-0007"), "only the full disk: {acted:?}");
+    assert!(
+        acted[0].contains("server-0007"),
+        "only the full disk: {acted:?}"
+    );
 }
