@@ -1,8 +1,9 @@
-//! The engine: the one task that owns the [`SafetyGuard`], feeds it probe results and
-//! operator commands, records everything in the store, and hands committed actions to
-//! the actuator.
+//! The engine: the one task that owns the fleet [`Replica`] (the guard, its mode and
+//! the batch not yet committed: `vigil_core::fleet`, which the simulator drives too),
+//! feeds it probe results and operator commands, records everything in the store, and
+//! hands committed actions to the actuator.
 //!
-//! Every guard call is an op ([`Op`], applied with [`SafetyGuard::apply`]) appended to the current batch; once per turn
+//! Every guard call is an op ([`Op`], applied by the replica) appended to the current batch; once per turn
 //! of the loop (after draining every queued command) the batch is committed in one
 //! transaction, and only then are its actions run and its operator commands answered.
 //! One owner, one order: the op log replays exactly.
