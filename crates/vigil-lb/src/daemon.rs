@@ -467,7 +467,7 @@ async fn accept_loop(
                 tcp,
                 peer,
                 tls.is_some(),
-                admission.max(),
+                admission.clone(),
             ));
             continue;
         };

@@ -173,11 +173,16 @@ pub type ParkSender = park::Sender<Admitted>;
 /// it: a plain one gets `503` (`Retry-After: 1`) before it has sent anything, and what
 /// it sends meanwhile is read for a moment so that the close does not reset the answer
 /// away; a TLS one is closed at once, before any handshake.
-pub async fn refuse(tcp: TcpStream, peer: SocketAddr, tls: bool, max: usize) {
+pub async fn refuse(tcp: TcpStream, peer: SocketAddr, tls: bool, admission: Arc<admit::Admission>) {
+    let max = admission.max();
     tracing::debug!(%peer, "connection refused: {max} open (limits.max_client_connections)");
     if tls {
         return;
     }
+    // Held while answering: a flood over the limit is closed unanswered past a few.
+    let Some(_answering) = admission.answer_refusal() else {
+        return;
+    };
     let mut c = ClientConn {
         tcp: ClientStream::Plain(tcp),
         rbuf: BytesMut::new(),

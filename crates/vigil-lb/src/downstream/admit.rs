@@ -11,17 +11,25 @@
 //! gives the place back. Over the limit, the connection is refused at once
 //! ([`crate::downstream::refuse`]): a plain one gets `503` with `Retry-After: 1` and is
 //! closed, a TLS one is closed before its handshake (answering would cost a handshake
-//! exactly when the balancer is full). HAProxy's `maxconn` leaves such connections in
+//! exactly when the balancer is full); past [`ANSWERED_AT_ONCE`] refusals being
+//! answered, a plain one is closed unanswered too. HAProxy's `maxconn` leaves such connections in
 //! the kernel's backlog instead; a clear refusal tells a client to go elsewhere now.
 
 use crate::metrics::{ListenerLabels, Metrics};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Refusals are logged at most this often (each line says how many since the last).
 const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Refused connections answered at once per listener (each holds its socket for the
+/// answer and up to a second of lingering, [`crate::downstream::refuse`]); past them a
+/// refused connection is closed without an answer, so a flood over the limit cannot
+/// hold more than this many descriptors beyond it.
+const ANSWERED_AT_ONCE: usize = 64;
 
 /// A listener's connection count and limit.
 #[derive(Debug)]
@@ -35,11 +43,18 @@ pub struct Admission {
     refused: Counter,
     /// When a refusal was last logged, and refusals since.
     warned: Mutex<(Option<Instant>, u64)>,
+    /// Refused connections being answered now.
+    answering: AtomicUsize,
 }
 
 /// A connection's place under its listener's limit, given back when dropped.
 #[derive(Debug)]
 pub struct Admitted(Arc<Admission>);
+
+/// A refused connection's place among those being answered
+/// ([`Admission::answer_refusal`]), given back when dropped.
+#[derive(Debug)]
+pub struct Answering(Arc<Admission>);
 
 impl Admission {
     /// The count of `listener` (its key in lb.toml), at most `max` open at once.
@@ -56,7 +71,19 @@ impl Admission {
                 .get_or_create(&labels)
                 .clone(),
             warned: Mutex::new((None, 0)),
+            answering: AtomicUsize::new(0),
         })
+    }
+
+    /// Whether a refused connection may be answered (at most [`ANSWERED_AT_ONCE`] at
+    /// once), or must be closed without an answer.
+    pub fn answer_refusal(self: &Arc<Self>) -> Option<Answering> {
+        let before = self.answering.fetch_add(1, Ordering::AcqRel);
+        if before < ANSWERED_AT_ONCE {
+            return Some(Answering(self.clone()));
+        }
+        self.answering.fetch_sub(1, Ordering::AcqRel);
+        None
     }
 
     /// A place for a new connection, or `None` (counted and logged) when `max` are
@@ -106,6 +133,12 @@ impl Drop for Admitted {
     }
 }
 
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.answering.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +153,12 @@ mod tests {
         assert_eq!(a.open(), 2, "a refusal takes no place");
         drop(first);
         let third = a.admit().expect("a place was given back");
+        let answered: Vec<Answering> = (0..ANSWERED_AT_ONCE)
+            .map(|_| a.answer_refusal().expect("answered"))
+            .collect();
+        assert!(a.answer_refusal().is_none(), "past them: closed unanswered");
+        drop(answered);
+        assert!(a.answer_refusal().is_some(), "answering places come back");
         drop((second, third));
         assert_eq!(a.open(), 0);
         let text = metrics.encode();
