@@ -4,14 +4,14 @@
 //!
 //! Floor 3, downstream, a child of [`crate::downstream`]: imports metrics only.
 //!
-//! One [`Admission`] per listener (the plain `listen`, each TLS listener), shared by
+//! One `Admission` per listener (the plain `listen`, each TLS listener), shared by
 //! every worker: the workers' sockets on one address are one listener to the operator.
 //! An accepted connection takes an [`Admitted`] and keeps it for as long as its socket
 //! is open, through its stay in the park ([`crate::park`]) if it idles; dropping it
 //! gives the place back. Over the limit, the connection is refused at once
 //! ([`crate::downstream::refuse`]): a plain one gets `503` with `Retry-After: 1` and is
 //! closed, a TLS one is closed before its handshake (answering would cost a handshake
-//! exactly when the balancer is full); past [`ANSWERED_AT_ONCE`] refusals being
+//! exactly when the balancer is full); past `ANSWERED_AT_ONCE` refusals being
 //! answered, a plain one is closed unanswered too. HAProxy's `maxconn` leaves such connections in
 //! the kernel's backlog instead; a clear refusal tells a client to go elsewhere now.
 
@@ -75,7 +75,7 @@ impl Admission {
         })
     }
 
-    /// Whether a refused connection may be answered (at most [`ANSWERED_AT_ONCE`] at
+    /// Whether a refused connection may be answered (at most `ANSWERED_AT_ONCE` at
     /// once), or must be closed without an answer.
     pub fn answer_refusal(self: &Arc<Self>) -> Option<Answering> {
         let before = self.answering.fetch_add(1, Ordering::AcqRel);

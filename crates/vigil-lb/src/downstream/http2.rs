@@ -22,8 +22,8 @@
 //! Time limits (issue 38: before them, 3,000 connections that had sent half a header
 //! block were all open 23 s later, 17 KiB each, and an idle connection was kept for
 //! ever). The h2 crate buffers a header block until its last frame and has no clock of
-//! its own, so the connection's reader ([`Watched`]) reads the frame headers going
-//! by ([`FrameScan`]): from the first byte of a HEADERS frame to the end of the frame
+//! its own, so the connection's reader (`Watched`) reads the frame headers going
+//! by (`FrameScan`): from the first byte of a HEADERS frame to the end of the frame
 //! that carries END_HEADERS, the block must be done within `timeouts.client_header`,
 //! as an HTTP/1.1 head must; a connection with no stream being served for
 //! `timeouts.client_h2_idle` is idle. Either way the client is told GOAWAY (NO_ERROR,
