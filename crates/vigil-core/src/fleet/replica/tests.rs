@@ -71,6 +71,26 @@ fn fail(r: &mut Replica, s: u64, id: &str) -> Turn {
     )
 }
 
+/// Fails `id` from second `from`, committing each turn, until a turn decides to act
+/// on it; that turn's batch is left uncommitted. Returns its second, and the guard
+/// state (serialised) as of the last commit before it.
+fn fail_until_decided(r: &mut Replica, mem: &mut Mem, from: u64, id: &str) -> (u64, String) {
+    let mut committed = serde_json::to_string(r.guard().state()).unwrap();
+    for s in from..from + 10 {
+        let turn = fail(r, s, id);
+        if turn
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::Decide(DecisionKind::Act, _)))
+        {
+            return (s, committed);
+        }
+        mem.commit(r);
+        committed = serde_json::to_string(r.guard().state()).unwrap();
+    }
+    panic!("no act decided on {id}");
+}
+
 /// Fails `id` until the guard acts; returns when it did.
 fn fail_until_act(r: &mut Replica, mem: &mut Mem, from: u64, id: &str) -> (u64, Vec<DecisionKind>) {
     for s in from..from + 10 {
@@ -88,21 +108,7 @@ fn a_failed_commit_never_happened_and_the_decision_is_made_again_once_the_store_
     let mut mem = Mem::default();
     let mut r = fleet(&mut mem);
     // t1 fails, committed each time, until the act is decided; then the store fails.
-    let mut s = 3;
-    let mut before = serde_json::to_string(r.guard().state()).unwrap();
-    loop {
-        let turn = fail(&mut r, s, "t1");
-        if turn
-            .effects
-            .iter()
-            .any(|e| matches!(e, Effect::Decide(DecisionKind::Act, _)))
-        {
-            break;
-        }
-        mem.commit(&mut r);
-        before = serde_json::to_string(r.guard().state()).unwrap();
-        s += 1;
-    }
+    let (s, before) = fail_until_decided(&mut r, &mut mem, 3, "t1");
     mem.down = true;
     let (after, kinds) = mem.commit(&mut r);
     assert_eq!(after, AfterCommit::Undo { first: true });
@@ -149,19 +155,7 @@ fn a_crash_loses_the_uncommitted_batch_and_nothing_else() {
     let (s, _) = fail_until_act(&mut r, &mut mem, 3, "t1");
     let committed = serde_json::to_string(r.guard().state()).unwrap();
     // t2 fails until its act is decided, and the process dies before the commit.
-    let mut t = s + 1;
-    loop {
-        let turn = fail(&mut r, t, "t2");
-        if turn
-            .effects
-            .iter()
-            .any(|e| matches!(e, Effect::Decide(DecisionKind::Act, _)))
-        {
-            break;
-        }
-        mem.commit(&mut r);
-        t += 1;
-    }
+    let (t, _) = fail_until_decided(&mut r, &mut mem, s + 1, "t2");
     assert!(!r.is_clean());
     let mut lost = Replica::rebuild(&mem.stored, &config()).unwrap().replica;
     let v = lost.guard().target(at(t), "t2").unwrap();
