@@ -7,8 +7,8 @@
 
 mod demo_support;
 
-use demo_support::{Demo, Narration, children_of, said};
-use std::io::{BufRead, Write};
+use demo_support::{Demo, children_of, said, spawn_demo};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -115,31 +115,19 @@ fn heavy_demo_with_stdout_and_stderr_piped_into_tee_stops_on_ctrl_c() {
 fn heavy_demo_reset_key_ends_worker_3s_kill_switch_pause_at_once() {
     const BASE: u16 = 18200;
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(vigil_bin())
-        .args(["demo", "--base-port", &BASE.to_string()])
-        .args(["--services", "2", "--rps", "5"])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start vigil demo");
-    let mut keys = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let _demo = Demo(child);
-    let narration = Narration::default();
-    let kept = narration.clone();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            println!("[demo] {line}");
-            kept.lock().unwrap().push(line);
-        }
-    });
+    let args = vec![
+        "--base-port".to_string(),
+        BASE.to_string(),
+        "--services".into(),
+        "2".into(),
+        "--rps".into(),
+        "5".into(),
+        "--data-dir".into(),
+        dir.path().display().to_string(),
+        "--db".into(),
+        "postgres://nobody@127.0.0.1:1/none".into(),
+    ];
+    let (_demo, mut keys, narration) = spawn_demo(&args);
     let limit = Duration::from_secs(60);
     wait_until("the demo runs its queue", limit, || {
         said(&narration, &["worker-4", "/worker"]) && said(&narration, &["vigil demo is running"])
