@@ -71,6 +71,7 @@ mod mode;
 mod replica;
 mod standing;
 mod step;
+mod trace;
 
 pub use compose::{
     DEFAULT_DISSENT_MIN, DEFAULT_DISSENT_SHARE, DecisionKind, Dissent, DissentChange,
@@ -83,3 +84,4 @@ pub use replica::{
 };
 pub use standing::Standing;
 pub use step::{Effect, Input, Refusal, step};
+pub use trace::{Call, Divergence, Trace};

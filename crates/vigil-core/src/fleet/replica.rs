@@ -22,6 +22,7 @@
 use super::mode::Mode;
 use super::standing::Standing;
 use super::step::{Effect, Input, Refusal, step};
+use super::trace::{Call, Trace};
 use crate::anomaly::AnomalyState;
 use crate::guard::{
     Applied, GuardConfig, GuardEvent, GuardState, GuardTargetView, Op, SafetyGuard,
@@ -226,7 +227,7 @@ impl Turn {
 }
 
 /// One replica's judging state. See the module's doc.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Replica {
     guard: SafetyGuard,
     mode: Mode,
@@ -239,6 +240,8 @@ pub struct Replica {
     ops_since_snapshot: usize,
     /// The length of the last snapshot (bytes), to size the next one's buffer.
     snapshot_size: usize,
+    /// Every call since [`Replica::start_trace`] (None: not recording).
+    trace: Option<Trace>,
 }
 
 impl Replica {
@@ -252,6 +255,31 @@ impl Replica {
             unlogged: false,
             ops_since_snapshot: 0,
             snapshot_size: 0,
+            trace: None,
+        }
+    }
+
+    /// Starts recording every call on this replica, with what each returns, from the
+    /// replica as it is now (see [`Trace`]); a trace already recording starts again.
+    pub fn start_trace(&mut self) {
+        let mut start = self.clone();
+        start.trace = None;
+        self.trace = Some(Trace {
+            start: Box::new(start),
+            calls: Vec::new(),
+        });
+    }
+
+    /// The calls recorded since [`Replica::start_trace`] (None: not recording), and
+    /// recording stops.
+    pub fn take_trace(&mut self) -> Option<Trace> {
+        self.trace.take()
+    }
+
+    /// Records a call when recording; `call` builds it only then.
+    fn traced(&mut self, call: impl FnOnce() -> Call) {
+        if let Some(t) = &mut self.trace {
+            t.calls.push(call());
         }
     }
 
@@ -329,6 +357,16 @@ impl Replica {
     /// standings refreshed. While this replica does not judge ([`Mode::judges`]),
     /// nothing is applied and the turn is one [`Refusal::Halted`].
     pub fn step(&mut self, now: Time, input: Input) -> Turn {
+        let recorded = self.trace.is_some().then(|| input.clone());
+        let turn = self.step_untraced(now, input);
+        if let Some(input) = recorded {
+            let turn = turn.clone();
+            self.traced(|| Call::Step { now, input, turn });
+        }
+        turn
+    }
+
+    fn step_untraced(&mut self, now: Time, input: Input) -> Turn {
         if !self.mode.judges() {
             return Turn {
                 effects: vec![Effect::Refused(Refusal::Halted(self.mode.clone()))],
@@ -350,6 +388,22 @@ impl Replica {
     /// journaled like a step's. `target`: the one target it affects (None: any may
     /// change). Returns the turn and whether the op found its target.
     pub fn apply(&mut self, now: Time, op: Op, target: Option<&str>) -> (Turn, bool) {
+        let recorded = self.trace.is_some().then(|| op.clone());
+        let out = self.apply_untraced(now, op, target);
+        if let Some(op) = recorded {
+            let out = out.clone();
+            let target = target.map(str::to_string);
+            self.traced(|| Call::Apply {
+                now,
+                op,
+                target,
+                out,
+            });
+        }
+        out
+    }
+
+    fn apply_untraced(&mut self, now: Time, op: Op, target: Option<&str>) -> (Turn, bool) {
         let applied = self.guard.apply(&op);
         let found = applied != Applied::UnknownTarget;
         let mut effects = vec![Effect::Log(op)];
@@ -365,13 +419,18 @@ impl Replica {
     /// Starts a bulk change (many targets added or removed at once): its ops are
     /// applied but not logged, since [`Replica::end_bulk`] snapshots the result.
     pub fn start_bulk(&mut self) {
+        self.traced(|| Call::StartBulk);
         self.unlogged = true;
     }
 
     /// Ends a bulk change: a snapshot covers every op of the batch, logged or not.
     pub fn end_bulk(&mut self, at: Time, anomaly: Option<&AnomalyState>) {
+        self.traced(|| Call::EndBulk {
+            at,
+            anomaly: anomaly.cloned(),
+        });
         self.unlogged = false;
-        self.snapshot(at, anomaly);
+        self.snapshot_untraced(at, anomaly);
         self.pending.ops.clear();
         // Maps filled one target at a time in id order keep half-empty nodes.
         self.guard.compact();
@@ -381,6 +440,14 @@ impl Replica {
 
     /// Puts a snapshot of the guard (and the workers' comparison) in the batch.
     pub fn snapshot(&mut self, at: Time, anomaly: Option<&AnomalyState>) {
+        self.traced(|| Call::Snapshot {
+            at,
+            anomaly: anomaly.cloned(),
+        });
+        self.snapshot_untraced(at, anomaly);
+    }
+
+    fn snapshot_untraced(&mut self, at: Time, anomaly: Option<&AnomalyState>) {
         let snap = SnapshotRef {
             config: self.guard.config(),
             state: self.guard.state(),
@@ -399,6 +466,15 @@ impl Replica {
     /// The batch to commit now (None: nothing to write, or nothing of this replica's
     /// own: a follower's changes are dropped), fenced by the mode's epoch.
     pub fn take(&mut self) -> Option<Uncommitted> {
+        let batch = self.take_untraced();
+        if self.trace.is_some() {
+            let recorded = batch.clone();
+            self.traced(|| Call::Take(recorded));
+        }
+        batch
+    }
+
+    fn take_untraced(&mut self) -> Option<Uncommitted> {
         if self.mode.follows() {
             self.pending = Uncommitted::default();
             return None;
@@ -413,6 +489,16 @@ impl Replica {
 
     /// The outcome of committing the batch last [`Replica::take`]n.
     pub fn committed(&mut self, outcome: Commit) -> AfterCommit {
+        let recorded = self.trace.is_some().then(|| outcome.clone());
+        let after = self.committed_untraced(outcome);
+        if let Some(outcome) = recorded {
+            let after = after.clone();
+            self.traced(|| Call::Committed { outcome, after });
+        }
+        after
+    }
+
+    fn committed_untraced(&mut self, outcome: Commit) -> AfterCommit {
         match outcome {
             Commit::Done => match self.mode {
                 Mode::Recovering { epoch } => {
@@ -422,7 +508,7 @@ impl Replica {
                 _ => AfterCommit::Done,
             },
             Commit::Fenced(why) => {
-                self.follow(why);
+                self.follow_untraced(why);
                 AfterCommit::Follow
             }
             Commit::Failed(error) => {
@@ -441,6 +527,20 @@ impl Replica {
     /// follow the leader): standings follow it back without transitions that never
     /// happened, and a failing store is no longer `dirty`.
     pub fn restore(&mut self, stored: &Stored, now: Time) -> Result<usize, RebuildError> {
+        let out = self.restore_untraced(stored, now);
+        if self.trace.is_some() {
+            let recorded = out.as_ref().map(|n| *n).map_err(|e| e.to_string());
+            let stored = stored.clone();
+            self.traced(|| Call::Restore {
+                stored,
+                now,
+                out: recorded,
+            });
+        }
+        out
+    }
+
+    fn restore_untraced(&mut self, stored: &Stored, now: Time) -> Result<usize, RebuildError> {
         let rebuilt = Replica::rebuild(stored, self.guard.config())?;
         let r = rebuilt.replica;
         self.guard = r.guard;
@@ -458,18 +558,23 @@ impl Replica {
     /// what waited, then a snapshot). Returns false (nothing changed) when the guard
     /// must be restored first.
     pub fn retry(&mut self) -> bool {
-        if self.mode.dirty() {
-            return false;
+        let retried = !self.mode.dirty();
+        if retried {
+            self.mode = Mode::Recovering {
+                epoch: self.mode.epoch(),
+            };
         }
-        self.mode = Mode::Recovering {
-            epoch: self.mode.epoch(),
-        };
-        true
+        self.traced(|| Call::Retry(retried));
+        retried
     }
 
     /// A term of this replica's own starts at `epoch`: nothing is judged until the
     /// store has been read ([`Replica::restore`], then [`Replica::retry`]).
     pub fn lead(&mut self, epoch: Option<i64>, why: String) {
+        if self.trace.is_some() {
+            let why = why.clone();
+            self.traced(|| Call::Lead { epoch, why });
+        }
         self.pending = Uncommitted::default();
         self.mode = Mode::StoreFailing {
             epoch,
@@ -481,6 +586,14 @@ impl Replica {
     /// Another replica leads (or none does): what was not committed is dropped (a
     /// successor decides it again), and nothing is judged.
     pub fn follow(&mut self, leader: String) {
+        if self.trace.is_some() {
+            let leader = leader.clone();
+            self.traced(|| Call::Follow { leader });
+        }
+        self.follow_untraced(leader);
+    }
+
+    fn follow_untraced(&mut self, leader: String) {
         self.pending = Uncommitted::default();
         self.mode = Mode::Following { leader };
     }

@@ -545,6 +545,10 @@ impl<'a> Sim<'a> {
         self.ctl.up = true;
         let cfg = self.cfg.controller.guard.clone();
         self.ctl.members.clear();
+        #[cfg(test)]
+        if let Some(traces) = &mut self.ctl.traces {
+            traces.extend(self.ctl.replica.take_trace());
+        }
         self.ctl.replica = match self.cfg.controller.state {
             GuardStateStore::Persisted => {
                 Replica::rebuild(&self.ctl.store.stored, &cfg)
@@ -571,6 +575,10 @@ impl<'a> Sim<'a> {
                 r
             }
         };
+        #[cfg(test)]
+        if self.ctl.traces.is_some() {
+            self.ctl.replica.start_trace();
+        }
         self.ctl.anomaly = AnomalyDetector::new(self.cfg.controller.anomaly.clone());
         self.ctl.outlier = vec![false; n];
         for i in 0..n {

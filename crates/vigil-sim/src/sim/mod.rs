@@ -67,6 +67,8 @@ mod rollout;
 mod servers;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod trace_tests;
 
 use crate::Policies;
 use crate::clients::Retrying;
@@ -398,6 +400,8 @@ impl<'a> Sim<'a> {
             cut: vec![false; cfg.controller.replicas as usize],
             dissent: Dissent::new(DissentConfig::default()),
             tally: DissentTally::new(),
+            #[cfg(test)]
+            traces: None,
         };
         let mut pool = Pool::new("fleet", cfg.lb.pool);
         let warm = Time::from_elapsed(EPOCH) - Duration::from_secs(60);

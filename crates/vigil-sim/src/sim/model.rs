@@ -264,6 +264,10 @@ pub(super) struct Controller {
     pub(super) dissent: Dissent,
     /// This interval's tally for it.
     pub(super) tally: DissentTally,
+    /// Tests: the replica's calls are recorded, one trace per process (a restart
+    /// starts a new replica), for `vigil_core::fleet::Trace::replay`.
+    #[cfg(test)]
+    pub(super) traces: Option<Vec<vigil_core::fleet::Trace>>,
 }
 
 /// A membership change: slot, and the instance now listed there (None: none).

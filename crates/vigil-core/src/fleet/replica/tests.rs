@@ -1,6 +1,8 @@
 use super::*;
+use crate::fleet::Call;
 use crate::fleet::DecisionKind;
 use crate::guard::{GuardConfig, Observation};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// An in-memory store: what [`Replica::take`]n batches left behind when committed.
@@ -263,4 +265,61 @@ fn a_store_that_does_not_parse_is_an_error_that_names_the_row() {
             .contains("refusing to start with a reset budget"),
         "{e}"
     );
+}
+
+/// A run through a failed commit, its undo, the store's return and a fence, recorded
+/// from the middle (after the fleet was built).
+fn traced_run() -> (Replica, crate::fleet::Trace) {
+    let mut mem = Mem::default();
+    let mut r = fleet(&mut mem);
+    r.start_trace();
+    let (s, _) = fail_until_decided(&mut r, &mut mem, 3, "t1");
+    mem.down = true;
+    mem.commit(&mut r);
+    r.restore(&mem.stored, at(s + 1)).unwrap();
+    mem.down = false;
+    assert!(r.retry());
+    r.snapshot(at(s + 2), None);
+    mem.commit(&mut r);
+    fail_until_act(&mut r, &mut mem, s + 3, "t1");
+    r.step(at(s + 20), Input::Tick);
+    r.take();
+    r.committed(Commit::Fenced("epoch 2 leads".into()));
+    let trace = r.take_trace().expect("recording");
+    (r, trace)
+}
+
+#[test]
+fn a_recorded_run_replays_to_the_same_outputs_and_the_same_replica() {
+    let (mut r, trace) = traced_run();
+    let kinds: BTreeSet<&str> = trace.calls().iter().map(Call::name).collect();
+    for k in ["step", "take", "committed", "restore", "retry", "snapshot"] {
+        assert!(kinds.contains(k), "the run records {k}: {kinds:?}");
+    }
+    let replayed = trace
+        .replay()
+        .expect("the same calls give the same outputs");
+    assert_eq!(replayed.mode(), r.mode());
+    assert_eq!(
+        serde_json::to_string(replayed.guard().state()).unwrap(),
+        serde_json::to_string(r.guard().state()).unwrap()
+    );
+    assert!(r.take_trace().is_none(), "taking the trace stops recording");
+}
+
+#[test]
+fn a_replay_names_the_first_call_whose_output_differs() {
+    let (_, mut trace) = traced_run();
+    // Pretend the recorded run decided nothing at its first act.
+    let index = trace
+        .calls
+        .iter()
+        .position(|c| matches!(c, Call::Take(Some(b)) if b.effects.iter().any(|e| matches!(e, Effect::Decide(DecisionKind::Act, _)))))
+        .expect("the run acts");
+    if let Call::Take(Some(b)) = &mut trace.calls[index] {
+        b.effects.clear();
+    }
+    let d = trace.replay().unwrap_err();
+    assert_eq!((d.index, d.name), (index, "take"), "{d}");
+    assert!(d.replayed.contains("Act"), "{d}");
 }
