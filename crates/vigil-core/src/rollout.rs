@@ -26,19 +26,38 @@
 //!    its wave, and the rollout rolls back (Kubernetes' `progressDeadlineSeconds` only sets
 //!    a condition: kubernetes #23211).
 //! 3. **Bake and verdict.** Once every host of a wave reported back, the wave bakes for
-//!    `bake` (default 5 minutes). During the bake a new host that turns unhealthy, or new
-//!    hosts whose error rate exceeds `max_error_rate`, fail the wave at once. After the bake
-//!    the verdict compares the new hosts' samples (e.g. error rate per interval) with the
-//!    old-revision hosts' samples of the same window by a one-sided Mann-Whitney U test
-//!    (Kayenta's choice: no assumption on the distribution): **Fail** when the new hosts
-//!    are worse with p < `alpha` *and* by at least `min_effect` (difference of medians);
-//!    **Pass** when there are `min_samples` per side (default 50, Kayenta's minimum) and
-//!    it is not a fail; **Inconclusive** otherwise, which *holds* the rollout and says so
-//!    (never a pass, never a fail: Argo #3015/#3850; Flagger counts no data as failure,
-//!    flagger #1035). A held rollout is re-judged as samples arrive, and a human can
-//!    [`approve`](Rollout::approve) or [`abort`](Rollout::abort) it. When no old host is
-//!    left (the last wave), the verdict rests on the fixed limits and the sample count
-//!    alone, and says so; the last host failing still fails the rollout (aws-cdk #6575).
+//!    `bake` (default 5 minutes). During the bake a new host that turns unhealthy fails
+//!    the wave at once. What the verdict weighs depends on the evidence the driver has
+//!    ([`Evidence`], [`Rollout::judge_by`]):
+//!    - **The balancer's request counts** ([`Evidence::BalancerRequests`], fed by
+//!      [`Rollout::outcomes`]): the new hosts' errors and requests summed over the wave
+//!      against the old-revision hosts' over the same window, every request one trial
+//!      (a host weighs what it served: slow start gives a just-returned host little
+//!      traffic, and little weight). A one-sided SPRT on the error counts
+//!      ([`requests`]: H0 the old rate, H1 the old rate plus `min_effect`, errors of
+//!      both kinds `alpha` and `beta`) **fails** the wave as soon as it is reached, even
+//!      during the bake; it **passes** once the bake is over; in between it is
+//!      **inconclusive: needs N more requests**. New hosts whose error rate is above
+//!      `max_error_rate` beyond doubt (a Wilson bound at `1 - alpha`) fail at once too.
+//!      The last wave has no old host left: it is compared with the old hosts' counts of
+//!      the last wave judged, and says so (only a rollout without any old host is held to
+//!      `max_error_rate` alone).
+//!    - **The hosts' own samples** ([`Evidence::HostSamples`], the default, fed by
+//!      [`Rollout::sample`]; the fallback when no balancer is read): new hosts whose mean
+//!      sample exceeds `max_error_rate` fail at once; after the bake the new hosts'
+//!      samples are compared with the old hosts' of the same window by a one-sided
+//!      Mann-Whitney U test (Kayenta's choice): **Fail** when worse with p < `alpha`
+//!      *and* by at least `min_effect` (difference of medians); **Pass** with
+//!      `min_samples` per side (default 50, Kayenta's minimum) that is not a fail. With
+//!      sparse traffic most samples see no error and the medians tie at 0: prefer the
+//!      balancer's counts.
+//!
+//!    **Inconclusive** *holds* the rollout and says so (never a pass, never a fail: Argo
+//!    #3015/#3850; Flagger counts no data as failure, flagger #1035). A held rollout is
+//!    re-judged as data arrives, and a human can [`approve`](Rollout::approve) or
+//!    [`abort`](Rollout::abort) it. With host samples and no old host left (the last
+//!    wave), the verdict rests on the fixed limit and the sample count alone, and says
+//!    so; the last host failing still fails the rollout (aws-cdk #6575).
 //! 4. **Rollback is latched.** A failed wave marks the revision *bad*: it is never
 //!    deployed again until a human [`clears`](Rollout::clear_bad) it, and a new rollout of it
 //!    is refused. The rollback reinstalls the previous revision on every host that got the
@@ -77,6 +96,7 @@
 
 use crate::invalid::Invalid;
 use crate::time::Time;
+pub use requests::{Decision, ErrorSprt, FixedLimit, RequestCounts, SprtResult};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -96,6 +116,12 @@ pub const DEFAULT_MIN_SAMPLES: usize = 50;
 pub const DEFAULT_MIN_EFFECT: f64 = 0.01;
 /// Default significance of the comparison: 0.05 (one-sided).
 pub const DEFAULT_ALPHA: f64 = 0.05;
+/// Default chance of passing a wave worse by `min_effect` under the request-weighted
+/// test: 0.05. As small as `alpha`: passing a bad wave costs the next waves' clients,
+/// while failing a good one costs a redeploy; at the default `min_effect` it takes
+/// about 300 error-free requests on the new hosts to pass against an error-free
+/// baseline (seconds of traffic for a web fleet).
+pub const DEFAULT_BETA: f64 = 0.05;
 
 /// The minimum number of hosts in service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,10 +227,15 @@ pub struct RolloutConfig {
     pub max_error_rate: f64,
     /// Samples needed per side for a verdict. Defaults to 50.
     pub min_samples: usize,
-    /// Smallest difference of medians (new - old) that fails a wave. Defaults to 0.01.
+    /// Smallest worsening (new - old) that fails a wave: of error rates under the
+    /// balancer's counts (the SPRT's H1), of medians under host samples. Defaults to
+    /// 0.01.
     pub min_effect: f64,
     /// Significance of the one-sided comparison. Defaults to 0.05.
     pub alpha: f64,
+    /// Under the balancer's counts: the chance of passing a wave worse by `min_effect`.
+    /// Defaults to 0.05.
+    pub beta: f64,
 }
 
 impl Default for RolloutConfig {
@@ -219,6 +250,7 @@ impl Default for RolloutConfig {
             min_samples: DEFAULT_MIN_SAMPLES,
             min_effect: DEFAULT_MIN_EFFECT,
             alpha: DEFAULT_ALPHA,
+            beta: DEFAULT_BETA,
         }
     }
 }
@@ -247,6 +279,12 @@ impl RolloutConfig {
             return Err(Invalid::new(
                 "alpha",
                 format!("must be in (0, 1), got {}", self.alpha),
+            ));
+        }
+        if !(self.beta.is_finite() && self.beta > 0.0 && self.beta < 1.0 - self.alpha) {
+            return Err(Invalid::new(
+                "beta",
+                format!("must be in (0, 1 - alpha), got {}", self.beta),
             ));
         }
         if !(self.min_effect.is_finite() && self.min_effect >= 0.0) {
@@ -374,6 +412,23 @@ struct Host {
     step: HostStep,
     /// Samples (e.g. error rate per interval) with their time.
     samples: Vec<(Time, f64)>,
+    /// The balancer's counts per interval between two reads: (from, to, counts).
+    #[serde(default)]
+    outcomes: Vec<(Time, Time, RequestCounts)>,
+    /// The last cumulative counts read and when.
+    #[serde(default)]
+    counted: Option<(Time, RequestCounts)>,
+}
+
+/// What the verdict weighs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Evidence {
+    /// The hosts' own samples ([`Rollout::sample`]): the host-reported rule.
+    #[default]
+    HostSamples,
+    /// The balancer's request counts per host ([`Rollout::outcomes`]).
+    BalancerRequests,
 }
 
 /// Where the rollout is.
@@ -432,7 +487,11 @@ pub enum WaveVerdict {
     /// Roll back.
     Fail,
     /// Not enough data: hold.
-    Inconclusive,
+    Inconclusive {
+        /// About how many more requests on the new hosts decide it (more samples per
+        /// side under host samples).
+        needs: u64,
+    },
 }
 
 /// The comparison behind a verdict.
@@ -487,6 +546,13 @@ pub struct Rollout {
     /// The hosts of every wave started, in order (a rollback's reinstall is not a wave).
     #[serde(default)]
     wave_log: Vec<Vec<String>>,
+    /// What the verdict weighs.
+    #[serde(default)]
+    evidence: Evidence,
+    /// The old hosts' counts in the last wave judged against them (wave index, counts):
+    /// the last wave's baseline.
+    #[serde(default)]
+    baseline: Option<(usize, RequestCounts)>,
 }
 
 /// One host of a rollout as it stands (for display: the dashboard, `status`).
@@ -598,6 +664,8 @@ impl Rollout {
                         held,
                         step,
                         samples: Vec::new(),
+                        outcomes: Vec::new(),
+                        counted: None,
                     },
                 )
             })
@@ -616,6 +684,8 @@ impl Rollout {
             outbox: Vec::new(),
             unreadable,
             wave_log: Vec::new(),
+            evidence: Evidence::HostSamples,
+            baseline: None,
         };
         let n = r.hosts.len();
         let floor = r.config.min_healthy.of(n);
@@ -889,6 +959,112 @@ impl Rollout {
         }
     }
 
+    /// What the verdict weighs from now on (said once when it changes). The driver that
+    /// reads a balancer's counts says [`Evidence::BalancerRequests`] before it feeds
+    /// them; without one the host-reported rule stays.
+    pub fn judge_by(&mut self, now: Time, evidence: Evidence) {
+        if self.evidence != evidence {
+            self.evidence = evidence;
+            self.decide(now, format!("verdicts weigh {}", evidence_words(evidence)));
+        }
+    }
+
+    /// What the verdict weighs.
+    pub fn evidence(&self) -> Evidence {
+        self.evidence
+    }
+
+    /// The balancer's counts of `host` so far (cumulative, as its counters stand at
+    /// `now`: the requests it answered through this host and the errors among them).
+    /// The policy keeps the differences between two reads; a count lower than the last
+    /// (a balancer restarted) starts again from it.
+    pub fn outcomes(&mut self, now: Time, host: &str, total: RequestCounts) {
+        let Some(h) = self.hosts.get_mut(host) else {
+            return;
+        };
+        if let Some((at, last)) = h.counted {
+            let delta = if total.requests >= last.requests && total.errors >= last.errors {
+                RequestCounts::new(total.requests - last.requests, total.errors - last.errors)
+            } else {
+                total
+            };
+            if delta.requests > 0 && now > at {
+                h.outcomes.push((at, now, delta));
+            }
+        }
+        h.counted = Some((now, total));
+    }
+
+    /// The balancer's counts over intervals that began at or after `since`: the wave's
+    /// hosts, and the old-revision hosts not yet deployed.
+    pub fn request_counts(&self, since: Time) -> (RequestCounts, RequestCounts) {
+        let (mut new, mut old) = (RequestCounts::default(), RequestCounts::default());
+        for (id, h) in &self.hosts {
+            let window = h
+                .outcomes
+                .iter()
+                .filter(|(from, _, _)| *from >= since)
+                .fold(RequestCounts::default(), |a, (_, _, c)| a.plus(*c));
+            if self.wave_hosts.contains(id) {
+                new = new.plus(window);
+            } else if h.revision != self.revision && h.step == HostStep::Pending {
+                old = old.plus(window);
+            }
+        }
+        (new, old)
+    }
+
+    /// The rule the current (or next) wave's verdict follows, in words (for a plan).
+    pub fn verdict_rule(&self) -> String {
+        let cfg = &self.config;
+        match self.evidence {
+            Evidence::BalancerRequests => {
+                let old_left = self
+                    .hosts
+                    .values()
+                    .any(|h| h.revision != self.revision && h.step == HostStep::Pending);
+                let against = if old_left {
+                    "the old-revision hosts' counts of the same window".to_string()
+                } else {
+                    match self.baseline {
+                        Some((w, c)) => format!("the old hosts' counts of wave {} ({c}), as no old-revision host is left", w + 1),
+                        None => "the old hosts' counts of the last wave judged (no old-revision host left)".to_string(),
+                    }
+                };
+                format!(
+                    "the balancer's request counts: the new hosts' errors per request against {against}, by an SPRT (alpha {}, beta {}, min_effect {}), failing as soon as it is reached and passing after the bake; error rate above {} fails",
+                    cfg.alpha, cfg.beta, cfg.min_effect, cfg.max_error_rate
+                )
+            }
+            Evidence::HostSamples => format!(
+                "the hosts' own samples: Mann-Whitney against the old hosts' with {} samples per side (alpha {}, min_effect {} of medians); mean above {} fails",
+                cfg.min_samples, cfg.alpha, cfg.min_effect, cfg.max_error_rate
+            ),
+        }
+    }
+
+    /// A dry run's stand-in for a verdict: a wave whose bake is over (or that is held
+    /// inconclusive) passes, and the decision says it was assumed. Returns true when it
+    /// did. Never for a real rollout: `vigil deploy plan` uses it to show the waves.
+    pub fn assume_pass(&mut self, now: Time) -> bool {
+        let wave = match self.phase {
+            Phase::Baking { wave, since } if now.since(since) >= self.config.bake => wave,
+            Phase::Held { wave, ref reason } if reason.starts_with("inconclusive") => wave,
+            _ => return false,
+        };
+        let rule = self.verdict_rule();
+        self.decide(
+            now,
+            format!(
+                "wave {} baked {}; its verdict is assumed to pass here (`run` judges it by {rule})",
+                wave + 1,
+                humantime::format_duration(self.config.bake)
+            ),
+        );
+        self.next_wave(now);
+        true
+    }
+
     /// Advances time and returns what the driver must do now.
     pub fn poll(&mut self, now: Time) -> Vec<Command> {
         self.advance(now);
@@ -1051,6 +1227,20 @@ impl Rollout {
                 if let Some(sick) = self.sick_new_host() {
                     return self.fail(now, sick);
                 }
+                if self.evidence == Evidence::BalancerRequests {
+                    // A sequential test may be acted on at any look: a fail fails now; a
+                    // pass waits for the bake's end.
+                    if let (WaveVerdict::Fail, why) = self.request_verdict(since) {
+                        return self.fail(
+                            now,
+                            format!("wave {} fails during its bake: {why}", wave + 1),
+                        );
+                    }
+                    if now.since(since) >= self.config.bake {
+                        self.judge(now, wave, since);
+                    }
+                    return;
+                }
                 let (limit_broken, mean, count) = self.over_limit(since);
                 if limit_broken {
                     return self.fail(
@@ -1109,17 +1299,28 @@ impl Rollout {
     /// Judges a baked wave.
     fn judge(&mut self, now: Time, wave: usize, since: Time) {
         let (verdict, why) = self.verdict(since);
+        if self.evidence == Evidence::BalancerRequests
+            && !matches!(verdict, WaveVerdict::Inconclusive { .. })
+        {
+            // The last wave's baseline: the old hosts as last seen beside new ones.
+            let (_, old) = self.request_counts(since);
+            if old.requests > 0 {
+                self.baseline = Some((wave, old));
+            }
+        }
         match verdict {
             WaveVerdict::Pass => {
                 self.decide(now, format!("wave {} passes: {why}", wave + 1));
                 self.next_wave(now);
             }
             WaveVerdict::Fail => self.fail(now, format!("wave {} fails: {why}", wave + 1)),
-            WaveVerdict::Inconclusive => {
+            WaveVerdict::Inconclusive { .. } => {
                 let reason = format!(
                     "inconclusive: {why}; waiting for more data (or a human: approve / abort)"
                 );
-                if !matches!(&self.phase, Phase::Held { reason: r, .. } if *r == reason) {
+                // Said once per hold: the figures change every round while it waits.
+                if !matches!(&self.phase, Phase::Held { reason: r, .. } if r.starts_with("inconclusive"))
+                {
                     if !matches!(self.phase, Phase::Held { .. }) {
                         self.outbox.push(Command::Alert {
                             reason: format!(
@@ -1136,13 +1337,90 @@ impl Rollout {
         }
     }
 
-    /// The verdict of the current wave over samples since `since`.
+    /// The verdict of the current wave over what was seen since `since` (not knowing
+    /// whether the bake is over: a pass before it is not acted on).
     pub fn verdict(&self, since: Time) -> (WaveVerdict, String) {
+        match self.evidence {
+            Evidence::BalancerRequests => self.request_verdict(since),
+            Evidence::HostSamples => self.sample_verdict(since),
+        }
+    }
+
+    /// The verdict by the balancer's counts (rule 3).
+    fn request_verdict(&self, since: Time) -> (WaveVerdict, String) {
+        let cfg = &self.config;
+        let (new, old) = self.request_counts(since);
+        let limit = FixedLimit {
+            limit: cfg.max_error_rate,
+            alpha: cfg.alpha,
+        };
+        let (fixed, lo, hi) = limit.test(new);
+        if fixed == Decision::Fail {
+            return (
+                WaveVerdict::Fail,
+                format!(
+                    "the new hosts' error rate by the balancer's counts, {new}, is above the limit {:.2}% (Wilson bound {:.2}%..{:.2}% at {})",
+                    cfg.max_error_rate * 100.0,
+                    lo * 100.0,
+                    hi * 100.0,
+                    1.0 - cfg.alpha
+                ),
+            );
+        }
+        let (baseline, note) = if old.requests > 0 {
+            (Some(old), String::new())
+        } else {
+            match self.baseline {
+                Some((w, b)) => (
+                    Some(b),
+                    format!(
+                        "; no old-revision host serves now: compared with the old hosts' counts of wave {}",
+                        w + 1
+                    ),
+                ),
+                None => (None, String::new()),
+            }
+        };
+        let (decision, why) = match baseline {
+            Some(b) => {
+                let sprt = ErrorSprt {
+                    alpha: cfg.alpha,
+                    beta: cfg.beta,
+                    min_effect: cfg.min_effect,
+                }
+                .test(new, b);
+                (sprt.decision, format!("{sprt}{note}"))
+            }
+            None => (
+                fixed,
+                format!(
+                    "no old-revision host to compare with: the new hosts' {new} held to the limit {:.2}% (Wilson bound {:.2}%..{:.2}% at {})",
+                    cfg.max_error_rate * 100.0,
+                    lo * 100.0,
+                    hi * 100.0,
+                    1.0 - cfg.alpha
+                ),
+            ),
+        };
+        match decision {
+            Decision::Fail => (WaveVerdict::Fail, why),
+            Decision::Pass => (WaveVerdict::Pass, why),
+            Decision::Inconclusive { needs } => (
+                WaveVerdict::Inconclusive { needs },
+                format!("needs {needs} more requests on the new hosts ({why})"),
+            ),
+        }
+    }
+
+    /// The verdict by the hosts' own samples (rule 3, the host-reported rule).
+    fn sample_verdict(&self, since: Time) -> (WaveVerdict, String) {
         let c = self.compare(since);
         let cfg = &self.config;
         if c.new_samples < cfg.min_samples {
             return (
-                WaveVerdict::Inconclusive,
+                WaveVerdict::Inconclusive {
+                    needs: (cfg.min_samples - c.new_samples) as u64,
+                },
                 format!(
                     "{} samples from the new hosts, {} needed",
                     c.new_samples, cfg.min_samples
@@ -1160,7 +1438,9 @@ impl Rollout {
         };
         if c.old_samples < cfg.min_samples {
             return (
-                WaveVerdict::Inconclusive,
+                WaveVerdict::Inconclusive {
+                    needs: (cfg.min_samples - c.old_samples) as u64,
+                },
                 format!(
                     "{} samples from the old hosts, {} needed",
                     c.old_samples, cfg.min_samples
@@ -1331,6 +1611,15 @@ impl Rollout {
     }
 }
 
+fn evidence_words(e: Evidence) -> &'static str {
+    match e {
+        Evidence::BalancerRequests => {
+            "the balancer's request counts per host (errors per request, new vs old)"
+        }
+        Evidence::HostSamples => "the hosts' own samples (host-reported rule)",
+    }
+}
+
 /// A host is out of service when it is in a wave's hands, unhealthy or held.
 fn out(h: &Host) -> bool {
     !h.healthy
@@ -1407,6 +1696,8 @@ impl fmt::Display for Phase {
         }
     }
 }
+
+pub mod requests;
 
 #[cfg(test)]
 mod tests;
