@@ -476,14 +476,14 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
     tracing::info!(addr = %addr, url = %format!("http://{addr}/"), "vigil controller listening");
     let mut current = cfg;
     let serving = format!("serving on http://{addr}/");
-    vigil::systemd::ready(&serving);
-    let watchdog = tokio::spawn(vigil::systemd::watchdog());
+    vigil_daemon::systemd::ready(&serving);
+    let watchdog = tokio::spawn(vigil_daemon::systemd::watchdog());
     loop {
         tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); break; }
             _ = int.recv() => { tracing::info!("SIGINT: draining"); break; }
             _ = hup.recv() => {
-                vigil::systemd::reloading();
+                vigil_daemon::systemd::reloading();
                 match config::load(&path) {
                     Ok(new) => {
                         if new.listen != current.listen || new.data_dir != current.data_dir {
@@ -501,11 +501,11 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
                     }
                     Err(e) => tracing::error!(error = %e, "SIGHUP: new config rejected; keeping the old one"),
                 }
-                vigil::systemd::ready(&serving);
+                vigil_daemon::systemd::ready(&serving);
             }
         }
     }
-    vigil::systemd::stopping();
+    vigil_daemon::systemd::stopping();
     watchdog.abort();
     let _ = shutdown_tx.send(true);
     match server.await {

@@ -7,7 +7,8 @@
 //! persisted (a clock stepped backwards must not refill the budget), and advances it
 //! with the monotonic clock from there.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
 use vigil_core::Time;
 
 /// Wall-clock-based, monotonic `Time` source.

@@ -44,8 +44,9 @@ pub use crate::view::{EventInfo, FleetView, GuardView, HoldInfo, TargetDetail, T
 use prometheus_client::metrics::gauge::Gauge;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 use vigil_core::Time;
 use vigil_core::anomaly::{AnomalyDetector, Counts, MemberVerdict};
 use vigil_core::fleet::{
@@ -185,6 +186,10 @@ pub enum Command {
         /// Answer.
         reply: oneshot::Sender<Result<TargetDetail, EngineError>>,
     },
+    /// Tests: start recording the replica's calls (None), or answer with what was
+    /// recorded and stop ([`vigil_core::fleet::Trace`]).
+    #[cfg(test)]
+    Trace(Option<oneshot::Sender<Option<vigil_core::fleet::Trace>>>),
 }
 
 /// Why the engine refused a command or a query (it changed nothing): the API maps each
@@ -731,7 +736,7 @@ impl Engine {
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => break,
-                _ = async { tokio::time::sleep_until(report_at.expect("checked by the guard").into()).await }, if report_at.is_some() => {
+                _ = async { tokio::time::sleep_until(report_at.expect("checked by the guard")).await }, if report_at.is_some() => {
                     self.report().await;
                 }
                 r = async { lead.expect("checked by the guard").changed().await }, if lead.is_some() => {
@@ -954,6 +959,12 @@ impl Engine {
                 let detail = self.target_detail(&id);
                 let _receiver_may_be_gone =
                     reply.send(detail.ok_or(EngineError::UnknownTarget(id)));
+            }
+            #[cfg(test)]
+            Command::Trace(None) => self.replica.start_trace(),
+            #[cfg(test)]
+            Command::Trace(Some(reply)) => {
+                let _receiver_may_be_gone = reply.send(self.replica.take_trace());
             }
         }
     }
@@ -2154,6 +2165,7 @@ mod tests {
         }
         silence(&tx, "t004").await.unwrap();
         let before = guard_views(&tx).await;
+        tx.send(Command::Trace(None)).await.unwrap();
 
         fail.store(true, std::sync::atomic::Ordering::SeqCst);
         for _ in 0..5 {
@@ -2181,11 +2193,13 @@ mod tests {
         );
 
         fail.store(false, std::sync::atomic::Ordering::SeqCst);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while fleet(&tx).await.store_error.is_some() {
-            assert!(Instant::now() < deadline, "the store was not tried again");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while fleet(&tx).await.store_error.is_some() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the store was tried again");
         assert!(health.error().is_none());
         for _ in 0..3 {
             tx.send(probe("t001", "z1", false)).await.unwrap();
@@ -2197,5 +2211,31 @@ mod tests {
         assert_eq!(action.target, "t001");
         assert_eq!(fleet(&tx).await.guard.budget_left, 1);
         silence(&tx, "t002").await.unwrap();
+
+        // The live path's replica, recorded from the failure on, replays exactly: the
+        // commits refused, the undo, the retry and the act decided again are a
+        // function of the replica's calls alone, as the simulator makes them.
+        let (reply, rx) = oneshot::channel();
+        tx.send(Command::Trace(Some(reply))).await.unwrap();
+        let trace = rx.await.unwrap().expect("recording");
+        let calls = |name: &str| trace.calls().iter().filter(|c| c.name() == name).count();
+        assert!(
+            calls("committed") >= 3 && calls("restore") >= 1 && calls("retry") >= 1,
+            "the trace holds the failure and the recovery: {:?}",
+            trace.calls().iter().map(|c| c.name()).collect::<Vec<_>>()
+        );
+        let failed = trace.calls().iter().any(|c| {
+            matches!(
+                c,
+                vigil_core::fleet::Call::Committed {
+                    outcome: Commit::Failed(_),
+                    ..
+                }
+            )
+        });
+        assert!(failed, "a failed commit was recorded");
+        trace
+            .replay()
+            .expect("the live path replays through the replica");
     }
 }

@@ -136,7 +136,7 @@ mod tests {
 
     const SKEW: Duration = Duration::from_secs(30);
 
-    /// The library's sender signs (`vigil::heartbeat::sign`, with the time it stamps),
+    /// The library's sender signs (`vigil::heartbeat::sign`, which is this function),
     /// the controller verifies: one protocol. The bytes of a known signature, computed
     /// by both sides before they shared one implementation, are pinned in
     /// `vigil_core::signature`.
@@ -145,7 +145,7 @@ mod tests {
         let key = target_key("s3cret", "w1");
         let body = br#"{"target":"w1","report":{"status":"pass"}}"#;
         let now = signature::timestamp_ms(std::time::SystemTime::now());
-        let sig = vigil::heartbeat::sign(&key, now, body);
+        let sig = vigil_core::signature::sign_heartbeat(&key, now, body);
         assert_eq!(
             verify(
                 Some("s3cret"),
@@ -159,7 +159,7 @@ mod tests {
             Ok(now)
         );
         assert_eq!(
-            vigil::heartbeat::sign(&key, 1_765_000_000_123, body),
+            vigil_core::signature::sign_heartbeat(&key, 1_765_000_000_123, body),
             "sha256=7cf9ae094f34990c9fd40e8ba37eaee3312127e210119c556c0f8c259b50d313",
             "the pinned bytes"
         );

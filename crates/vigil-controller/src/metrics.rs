@@ -376,8 +376,8 @@ impl Metrics {
     /// 0.0.4 text format), with `vigil_build_info` (outside the `vigil_controller`
     /// prefix).
     pub fn encode_for(&self, accept: Option<&str>) -> (&'static str, String) {
-        let build = vigil::metrics::build_info_registry();
-        vigil::metrics::encode_all(&[&self.registry, &build], accept)
+        let build = vigil_daemon::exposition::build_info_registry();
+        vigil_daemon::exposition::encode_all(&[&self.registry, &build], accept)
     }
 }
 

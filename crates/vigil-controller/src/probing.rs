@@ -36,8 +36,9 @@ use crate::store::{MemberRow, ProbeResultRow, ReplicaReport, ReplicaState, Store
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use vigil_core::fleet::{DissentTally, tally_dissent};
 use vigil_core::guard::Observation;
 use vigil_core::shard::{Report, Shard, agree, fresh_for, heard};

@@ -649,21 +649,21 @@ async fn serve(config: LbConfig, tls: tls::Loaded, path: PathBuf, workers: usize
         }
     }
     let serving = format!("serving on {}", listen);
-    vigil::systemd::ready(&serving);
-    let watchdog = tokio::spawn(vigil::systemd::watchdog());
+    vigil_daemon::systemd::ready(&serving);
+    let watchdog = tokio::spawn(vigil_daemon::systemd::watchdog());
     loop {
         tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); break; }
             _ = int.recv() => { tracing::info!("SIGINT: draining"); break; }
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: reloading {}", path.display());
-                vigil::systemd::reloading();
+                vigil_daemon::systemd::reloading();
                 lb.reload(&path);
-                vigil::systemd::ready(&serving);
+                vigil_daemon::systemd::ready(&serving);
             }
         }
     }
-    vigil::systemd::stopping();
+    vigil_daemon::systemd::stopping();
     watchdog.abort();
     shutdown.cancel();
     connections.close();

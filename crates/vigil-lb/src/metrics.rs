@@ -183,7 +183,7 @@ impl Metrics {
     /// Registers every metric under the `vigil_lb` prefix.
     pub fn new() -> Self {
         let mut root = Registry::default();
-        vigil::metrics::register_build_info(&mut root);
+        vigil_daemon::exposition::register_build_info(&mut root);
         let registry = root.sub_registry_with_prefix("vigil_lb");
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register("requests", "Client requests answered", requests.clone());
@@ -316,9 +316,9 @@ impl Metrics {
     }
 
     /// `(content type, body)` for a scrape with this `Accept` header: OpenMetrics or
-    /// the 0.0.4 text format ([`vigil::metrics::encode`]).
+    /// the 0.0.4 text format ([`vigil_daemon::exposition::encode`]).
     pub fn encode_for(&self, accept: Option<&str>) -> (&'static str, String) {
-        vigil::metrics::encode(&self.registry, accept)
+        vigil_daemon::exposition::encode(&self.registry, accept)
     }
 }
 

@@ -72,7 +72,7 @@ pub mod shed;
 pub mod shutdown;
 pub mod snapshot;
 #[cfg(feature = "systemd")]
-pub mod systemd;
+pub use vigil_daemon::systemd;
 mod watchdog;
 pub mod worker;
 
