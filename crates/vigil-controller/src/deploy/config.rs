@@ -33,6 +33,10 @@ pub const DEFAULT_INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
 /// published view (no store access); slower means the controller is in trouble, and
 /// the rollout then holds (fail closed) rather than wait.
 pub const DEFAULT_CONTROLLER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default timeout of one read of a balancer's metrics: 2 s, as a probe's (the admin
+/// listener answers from counters in memory). A balancer that does not answer in time
+/// leaves that round's counts out (they are cumulative: the next read has them).
+pub const DEFAULT_LB_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default drain timeout: 1 minute for a drain or undrain hook (a balancer's admin call,
 /// or a script that waits for connections to finish).
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -58,6 +62,9 @@ pub struct DeployConfig {
     /// The controller whose view of the hosts counts (holds, and optionally the host
     /// list itself). Defaults to none.
     pub controller: DeployControllerConfig,
+    /// The balancers whose request counts judge a wave. Defaults to none (the
+    /// host-reported rule).
+    pub lb: DeployLbConfig,
     /// The hosts (empty when `controller.hosts = "controller"`).
     pub hosts: Vec<HostConfig>,
 }
@@ -72,6 +79,7 @@ impl Default for DeployConfig {
             install: InstallConfig::default(),
             drain: DrainConfig::default(),
             controller: DeployControllerConfig::default(),
+            lb: DeployLbConfig::default(),
             hosts: Vec::new(),
         }
     }
@@ -300,6 +308,38 @@ impl DeployControllerConfig {
     }
 }
 
+/// `[lb]`: the `vigil lb`s in front of the hosts. Each probe round the deployer reads
+/// their admin `/metrics` (`vigil_lb_requests_total` per target and code) and the
+/// verdict weighs each wave by errors per request, new hosts against old
+/// ([`super::balancer`]). Without one, the verdict is the host-reported rule
+/// (`probe.error_rate_check` samples), and `deploy plan` says so.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeployLbConfig {
+    /// Admin listeners (`http://host:port`) of every balancer in front of the hosts;
+    /// their counts are summed. Defaults to none.
+    pub admin: Vec<String>,
+    /// Timeout of one read. Defaults to 2 s.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for DeployLbConfig {
+    fn default() -> Self {
+        DeployLbConfig {
+            admin: Vec::new(),
+            timeout: DEFAULT_LB_TIMEOUT,
+        }
+    }
+}
+
+impl DeployLbConfig {
+    /// Whether a balancer is read.
+    pub fn is_set(&self) -> bool {
+        !self.admin.is_empty()
+    }
+}
+
 /// One host.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -417,6 +457,17 @@ impl DeployConfig {
         }
         if c.timeout.is_zero() {
             return Err(Invalid::new("controller.timeout", "must be longer than 0s"));
+        }
+        for (i, a) in self.lb.admin.iter().enumerate() {
+            if !a.starts_with("http://") || a.len() <= "http://".len() {
+                return Err(Invalid::new(
+                    format!("lb.admin[{i}]"),
+                    format!("must be a balancer's admin http:// URL, got {a:?}"),
+                ));
+            }
+        }
+        if self.lb.timeout.is_zero() {
+            return Err(Invalid::new("lb.timeout", "must be longer than 0s"));
         }
         match c.hosts {
             HostSource::Controller => {
@@ -625,5 +676,18 @@ mod tests {
             bad("[install]\nkind = \"webhook\"\n[[hosts]]\nid = \"a\"\nurl = \"http://x\""),
             "install.webhook.url"
         );
+        assert_eq!(
+            bad(&format!(
+                "{MINIMAL}[lb]\nadmin = [\"http://127.0.0.1:9901\", \"127.0.0.1:9902\"]"
+            )),
+            "lb.admin[1]"
+        );
+        let c = parse(&format!(
+            "{MINIMAL}[lb]\nadmin = [\"http://127.0.0.1:9901\"]"
+        ))
+        .unwrap();
+        c.validate().unwrap();
+        assert!(c.lb.is_set());
+        assert_eq!(c.lb.timeout, DEFAULT_LB_TIMEOUT);
     }
 }

@@ -1,9 +1,11 @@
 //! The driver: runs `vigil_core::rollout::Rollout` against real hosts. It takes the
 //! policy's commands, records each as an intent in the store before running its hook,
 //! feeds back what happened (drained, installed, the hosts' health answers and error
-//! rate samples), and saves the policy's state after every step. It decides nothing
-//! itself: every decision is the policy's, and is logged as it is made.
+//! rate samples, and with `[lb]` the balancers' request counts per host), and saves the
+//! policy's state after every step. It decides nothing itself: every decision is the
+//! policy's, and is logged as it is made.
 
+use super::balancer::{BalancerClient, host_counts};
 use super::config::{DeployConfig, HostConfig};
 use super::controller::{ControllerClient, ControllerTarget};
 use super::hooks::{HookContext, Hooks};
@@ -15,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vigil_core::Time;
-use vigil_core::rollout::{Command, ControllerView, HostSpec, HostStep, Phase, Rollout};
+use vigil_core::rollout::{Command, ControllerView, Evidence, HostSpec, HostStep, Phase, Rollout};
 
 /// How often the state is saved when only samples changed (every step, decision and
 /// phase change is saved at once). Samples lost to a crash are re-collected; saving
@@ -358,7 +360,21 @@ pub struct Driver {
     last_revision: HashMap<String, String>,
     /// The controller whose view counts (holds; unreadable holds the next wave).
     controller: Option<ControllerClient>,
+    /// The balancers whose request counts are the verdict's evidence.
+    balancer: Option<BalancerClient>,
+    /// Hosts no balancer lists, already warned about.
+    unseen: BTreeSet<String>,
     _lock: DriverLock,
+}
+
+/// What the policy's verdict weighs with this config: the balancers' counts when some
+/// are configured, else the hosts' own samples.
+pub fn evidence_of(cfg: &DeployConfig) -> Evidence {
+    if cfg.lb.is_set() {
+        Evidence::BalancerRequests
+    } else {
+        Evidence::HostSamples
+    }
 }
 
 impl Driver {
@@ -407,6 +423,7 @@ impl Driver {
             let clock = Clock::start(Time::from_millis(u64::try_from(l.clock_ms).unwrap_or(0)));
             let mut d = Driver::new(cfg, db, prober, hooks, rollout, l, clock, lock);
             d.controller = resolved.controller;
+            d.judge_by();
             // Decisions made before the restart were logged by the run that made them.
             d.logged = d.rollout.decisions().len();
             return Ok(d);
@@ -471,6 +488,7 @@ impl Driver {
         }
         let mut d = Driver::new(cfg, db, prober, hooks, rollout, &stored, clock, lock);
         d.controller = resolved.controller;
+        d.judge_by();
         d.save(Vec::new(), Vec::new(), Vec::new()).await?;
         Ok(d)
     }
@@ -487,6 +505,8 @@ impl Driver {
         lock: DriverLock,
     ) -> Driver {
         Driver {
+            balancer: BalancerClient::new(&cfg.lb),
+            unseen: BTreeSet::new(),
             cfg,
             db,
             prober,
@@ -502,6 +522,18 @@ impl Driver {
             clock,
             _lock: lock,
         }
+    }
+
+    /// Tells the policy what its verdict weighs (the config may have changed between a
+    /// crash and the resume: the policy says so when it does).
+    fn judge_by(&mut self) {
+        let evidence = evidence_of(&self.cfg);
+        if evidence == Evidence::HostSamples {
+            tracing::info!(
+                "no [lb] admin configured: waves are judged by the hosts' own samples (the host-reported rule)"
+            );
+        }
+        self.rollout.judge_by(self.clock.now(), evidence);
     }
 
     /// The rollout's id.
@@ -560,15 +592,43 @@ impl Driver {
             .filter(|h| self.rollout.host_step(&h.id).is_some())
             .cloned()
             .collect();
-        let (answers, read) = match &self.controller {
-            None => (probe_hosts(&self.cfg, &self.prober, &hosts).await, None),
-            Some(c) => {
-                let (a, r) =
-                    tokio::join!(probe_hosts(&self.cfg, &self.prober, &hosts), c.targets());
-                (a, Some(r))
+        let read_controller = async {
+            match &self.controller {
+                None => None,
+                Some(c) => Some(c.targets().await),
             }
         };
+        let read_balancers = async {
+            match &self.balancer {
+                None => None,
+                Some(b) => Some(b.counts().await),
+            }
+        };
+        let (answers, read, counts) = tokio::join!(
+            probe_hosts(&self.cfg, &self.prober, &hosts),
+            read_controller,
+            read_balancers
+        );
         let now = self.clock.now();
+        match &counts {
+            None => {}
+            Some(Err(why)) => {
+                // Cumulative counts: the next read that works has this round's too.
+                tracing::warn!(error = %why, "cannot read the balancers' request counts: this round's are left to the next read");
+            }
+            Some(Ok(targets)) => {
+                for h in &hosts {
+                    match host_counts(h, targets) {
+                        Some(c) => self.rollout.outcomes(now, &h.id, c),
+                        None => {
+                            if self.unseen.insert(h.id.clone()) {
+                                tracing::warn!(host = %h.id, url = %h.url, "no balancer has counted a request for this host (a target is matched by the host's id, else its URL's host:port): it weighs nothing in the verdict until one does");
+                            }
+                        }
+                    }
+                }
+            }
+        }
         if let Some(read) = &read {
             if let Err(why) = read {
                 tracing::warn!(error = %why, "the controller cannot be read: no new wave until it can (fail closed)");

@@ -14,6 +14,8 @@
 //!   what it commands, then probes every host (the controller's prober, vigil-core's
 //!   one judge) and feeds the policy each host's reported revision (`releaseId`, else
 //!   `version`), health and an error-rate sample.
+//! - [`balancer`]: what clients got from each host, as the `vigil lb`s in front of the
+//!   hosts counted it (`[lb] admin`): the verdict's evidence when configured.
 //! - [`controller`]: the controller's view (`GET /api/targets`): hosts it holds or
 //!   judges unhealthy count as held; unreadable, no new wave starts (fail closed); it
 //!   can list the hosts too.
@@ -35,6 +37,7 @@
 //! The policy's clock is the wall clock (UNIX time), never restarted below the last
 //! saved value: a progress deadline or a bake counts the time the deployer was down.
 
+pub mod balancer;
 pub mod cli;
 pub mod config;
 pub mod controller;
