@@ -28,11 +28,44 @@
 //!    minutes). The pause length goes back to `restart_after` only after the switch has
 //!    stayed closed for `max_pause`: a fault with a 50% duty cycle makes the worker pause
 //!    for longer and longer, never toggle every interval.
-//! 3. **Poison is not sickness.** A message that failed is sent back to the queue stamped
-//!    with the worker's id; once it has failed on `poison_workers` (default 2) different
-//!    workers it is dead-lettered: the message is the problem. Failures concentrated on
-//!    one worker are that worker's problem, which rules 1-2 and the controller handle.
-//!    A message a worker held while paused goes back unstamped: it never ran.
+//! 3. **Poison is not sickness, and a shared outage is not poison.** A message that
+//!    failed is sent back to the queue stamped with the worker's id and with what the
+//!    failure says ([`Evidence`]). It points at the *message* only when the worker was
+//!    otherwise succeeding: fewer than `kill_switch.trip_rate` (10%) of its last
+//!    [`POISON_RECENT_OUTCOMES`] (20) outcomes within `kill_switch.window` failed (a
+//!    worker with no recent outcome counts as succeeding: nothing says otherwise), and
+//!    it is not on probation. Otherwise the failure points at the worker's state or at a
+//!    cause its peers share (a dependency down for every worker), and is stamped as
+//!    such. A message is dead-lettered when `poison_workers` (default 2) different
+//!    workers, this one included, failed it while otherwise succeeding, the first of
+//!    those failures at least `poison_after` (5 s) ago: the message is the problem.
+//!    - A worker failing broadly never dead-letters (dead-lettering is suspended while
+//!      it fails): when every worker loses the same dependency, messages go round, the
+//!      kill switches pause the workers, and nothing healthy is dead-lettered.
+//!    - `poison_after` closes the race at the start of an outage: a worker's first
+//!      failures of an outage still read as evidence against their messages (its
+//!      history is all successes), and on an idle queue a message failed by one worker
+//!      goes straight to a peer that has not failed anything yet. Within 5 s every
+//!      busy worker has failed other messages too (a message takes 100 ms; the
+//!      example's dependency timeout is its work time), so the peer's failure no longer
+//!      counts. The cost: a poison message goes round for 5 s before it is
+//!      dead-lettered. The drivers carry the time of the first such failure in the
+//!      stamp (wall clock, so workers' clocks must agree to well within 5 s).
+//!    - The failure of a message that an otherwise succeeding worker (this one or
+//!      another) already failed is the message's, already counted once: it never
+//!      counts toward whether this worker is otherwise succeeding, and toward the kill
+//!      switch only when this worker is failing broadly anyway. Otherwise a poison
+//!      message going round the workers for 5 s would add a failure to every one of
+//!      them, and a few poison messages would make healthy workers look sick (or trip
+//!      the kill switches of two otherwise idle ones).
+//!    - Failures concentrated on one worker are that worker's problem, which rules 1-2
+//!      and the controller handle. A message a worker held while paused goes back
+//!      unstamped: it never ran.
+//!    - What cannot be told apart: a queue holding only the one message, in an outage
+//!      longer than `poison_after`, looks like poison and is dead-lettered.
+//!
+//!    [`naive_disposition`] is the rule without this judgement (any 2 workers at once:
+//!    vigil's rule before issue 36), for the simulator's naive twin.
 //!
 //! # Example
 //!
@@ -48,7 +81,10 @@
 //! assert!(!gate.may_pull());
 //! assert!(gate.to_string().contains("disk:free"), "{gate}");
 //! // A message it was processing failed meanwhile: back to the queue, not its fault.
-//! assert_eq!(gate.on_failure("w1", &[]), Disposition::Requeue { stamp: false });
+//! assert_eq!(
+//!     gate.on_failure(Time::from_secs(5), "w1", &[], None),
+//!     Disposition::Requeue { stamp: None }
+//! );
 //! ```
 
 use crate::invalid::Invalid;
@@ -74,6 +110,16 @@ pub const DEFAULT_KILL_MAX_PAUSE: Duration = Duration::from_secs(600);
 pub const DEFAULT_KILL_PROBE_MESSAGES: u64 = 10;
 /// Default number of different workers a message must fail on to be poison: 2.
 pub const DEFAULT_POISON_WORKERS: usize = 2;
+/// Outcomes (the latest, within `kill_switch.window`) that say whether a worker was
+/// otherwise succeeding when it failed a message: 20, enough that one unlucky failure
+/// among them (a 1% background error rate) does not excuse a poison message, and few
+/// enough that a worker failing broadly stops witnessing after its first failure or two.
+pub const POISON_RECENT_OUTCOMES: usize = 20;
+/// Default time a message must have been failing on otherwise succeeding workers before
+/// it is poison: 5 s, many times a message's processing time, so that at the start of a
+/// shared outage every busy worker has failed other messages too before a second
+/// worker's failure can count (rule 3).
+pub const DEFAULT_POISON_AFTER: Duration = Duration::from_secs(5);
 
 /// The kill switch's settings. Every field has a default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -122,8 +168,13 @@ pub struct GateConfig {
     pub readiness: ThresholdsConfig,
     /// The kill switch.
     pub kill_switch: KillSwitchConfig,
-    /// Different workers a message must fail on to be dead-lettered. Defaults to 2.
+    /// Different workers a message must fail on, each while otherwise succeeding (rule
+    /// 3), to be dead-lettered. Defaults to 2.
     pub poison_workers: usize,
+    /// How long ago the first of those failures must be before the message is
+    /// dead-lettered (rule 3). Defaults to 5 s.
+    #[serde(with = "humantime_serde")]
+    pub poison_after: Duration,
 }
 
 impl Default for GateConfig {
@@ -135,6 +186,7 @@ impl Default for GateConfig {
             },
             kill_switch: KillSwitchConfig::default(),
             poison_workers: DEFAULT_POISON_WORKERS,
+            poison_after: DEFAULT_POISON_AFTER,
         }
     }
 }
@@ -234,20 +286,76 @@ pub enum GateChange {
     },
 }
 
+/// What one worker's failure of a message says, as the message's stamp records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Evidence {
+    /// The worker was otherwise succeeding: the failure points at the message.
+    Message,
+    /// The worker was failing other messages too (or on probation): the failure points
+    /// at the worker's state or a cause its peers share, and never counts toward poison.
+    Worker,
+}
+
+/// One worker a message failed on, from its stamp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailedOn<'a> {
+    /// The worker's id.
+    pub worker: &'a str,
+    /// What its failure said.
+    pub evidence: Evidence,
+}
+
+impl<'a> FailedOn<'a> {
+    /// A failure that pointed at the message (what a stamp without evidence, written
+    /// before issue 36, meant).
+    pub fn message(worker: &'a str) -> Self {
+        FailedOn {
+            worker,
+            evidence: Evidence::Message,
+        }
+    }
+}
+
 /// Where a failed message goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Disposition {
-    /// Back to the queue for another worker; `stamp`: add this worker to the message's
-    /// list of workers it failed on.
+    /// Back to the queue for another worker; `stamp`: add this worker, with what its
+    /// failure says, to the message's list of workers it failed on (`None`: leave the
+    /// stamp as it is, the message never had a fair run here).
     Requeue {
-        /// Whether to record this worker as one the message failed on.
-        stamp: bool,
+        /// What to record for this worker, if anything.
+        stamp: Option<Evidence>,
     },
-    /// Dead-letter it: it failed on this many different workers.
+    /// Dead-letter it: it failed on this many different workers that were otherwise
+    /// succeeding.
     DeadLetter {
-        /// Different workers it failed on, this one included.
+        /// Different workers whose failure pointed at the message, this one included.
         workers: usize,
     },
+}
+
+/// The poison rule without the gate's judgement: dead-letter once `poison_workers`
+/// different workers (this one included) failed the message, whatever their state.
+/// vigil's rule before issue 36, and what the simulator's naive workers do: when every
+/// worker loses the same dependency, it dead-letters healthy messages.
+pub fn naive_disposition(
+    poison_workers: usize,
+    me: &str,
+    failed_on: &[FailedOn<'_>],
+) -> Disposition {
+    let mut workers: Vec<&str> = failed_on.iter().map(|f| f.worker).collect();
+    workers.push(me);
+    workers.sort_unstable();
+    workers.dedup();
+    if workers.len() >= poison_workers {
+        Disposition::DeadLetter {
+            workers: workers.len(),
+        }
+    } else {
+        Disposition::Requeue {
+            stamp: Some(Evidence::Message),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -264,6 +372,9 @@ pub struct WorkerGate {
     readiness: Thresholds,
     unready_reason: String,
     outcomes: VecDeque<(Time, bool)>,
+    /// The latest outcomes whatever the switch's state (never cleared by a trip): whether
+    /// the worker is otherwise succeeding (rule 3).
+    recent: VecDeque<(Time, bool)>,
     switch: Switch,
     /// The pause the next trip costs.
     next_pause: Duration,
@@ -279,6 +390,7 @@ impl WorkerGate {
             config,
             unready_reason: String::new(),
             outcomes: VecDeque::new(),
+            recent: VecDeque::new(),
             switch: Switch::Closed { since: now },
             next_pause,
         }
@@ -327,9 +439,18 @@ impl WorkerGate {
     /// Returns the change of the gate, if any.
     pub fn record(&mut self, now: Time, ok: bool) -> Option<GateChange> {
         let before = self.may_pull();
+        if self.recent.len() >= POISON_RECENT_OUTCOMES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((now, ok));
+        self.count_for_kill_switch(now, ok);
+        self.change(before)
+    }
+
+    fn count_for_kill_switch(&mut self, now: Time, ok: bool) {
         let k = &self.config.kill_switch;
         match &mut self.switch {
-            Switch::Open { .. } => return None,
+            Switch::Open { .. } => {}
             Switch::Probation { failed, of } => {
                 *of += 1;
                 *failed += u64::from(!ok);
@@ -365,7 +486,6 @@ impl WorkerGate {
                 }
             }
         }
-        self.change(before)
     }
 
     /// Advances time: ends a kill-switch pause that is due. Returns the change, if any.
@@ -383,24 +503,95 @@ impl WorkerGate {
         self.change(before)
     }
 
-    /// Where a message that just failed on worker `me` goes, given the workers it had
-    /// already failed on (from its stamp).
-    pub fn on_failure(&self, me: &str, failed_on: &[&str]) -> Disposition {
+    /// What a failure on this worker at `now` says (rule 3), judged before the failure
+    /// is recorded: whether the worker was otherwise succeeding.
+    pub fn evidence(&self, now: Time) -> Evidence {
+        if matches!(self.switch, Switch::Probation { .. }) {
+            // It has just been failing broadly; its probe messages decide about it, not
+            // about them.
+            return Evidence::Worker;
+        }
+        let window = self.config.kill_switch.window;
+        let recent: Vec<bool> = self
+            .recent
+            .iter()
+            .filter(|&&(t, _)| now.since(t) < window)
+            .map(|&(_, ok)| ok)
+            .collect();
+        let failed = recent.iter().filter(|ok| !**ok).count();
+        if failed == 0 || (failed as f64) < self.config.kill_switch.trip_rate * recent.len() as f64
+        {
+            Evidence::Message
+        } else {
+            Evidence::Worker
+        }
+    }
+
+    /// Where a message that just failed on worker `me` at `now` goes, given the workers
+    /// it had already failed on (from its stamp) and how long ago the first of them that
+    /// pointed at the message failed it (`None`: none did, or the stamp does not say).
+    /// Judges only: [`WorkerGate::message_failed`] judges and counts.
+    pub fn on_failure(
+        &self,
+        now: Time,
+        me: &str,
+        failed_on: &[FailedOn<'_>],
+        witnessed_for: Option<Duration>,
+    ) -> Disposition {
         if !self.may_pull() {
             // The worker is sick: the message never had a fair run here.
-            return Disposition::Requeue { stamp: false };
+            return Disposition::Requeue { stamp: None };
         }
-        let mut workers: Vec<&str> = failed_on.to_vec();
+        if self.evidence(now) == Evidence::Worker {
+            // Dead-lettering is suspended while this worker fails broadly.
+            return Disposition::Requeue {
+                stamp: Some(Evidence::Worker),
+            };
+        }
+        let mut workers: Vec<&str> = failed_on
+            .iter()
+            .filter(|f| f.evidence == Evidence::Message)
+            .map(|f| f.worker)
+            .collect();
         workers.push(me);
         workers.sort_unstable();
         workers.dedup();
-        if workers.len() >= self.config.poison_workers {
+        if workers.len() >= self.config.poison_workers
+            && witnessed_for.is_some_and(|d| d >= self.config.poison_after)
+        {
             Disposition::DeadLetter {
                 workers: workers.len(),
             }
         } else {
-            Disposition::Requeue { stamp: true }
+            Disposition::Requeue {
+                stamp: Some(Evidence::Message),
+            }
         }
+    }
+
+    /// A message this worker processed failed at `now`: where it goes
+    /// ([`WorkerGate::on_failure`], judged before this failure counts), and the change
+    /// of the gate once the failure is counted. A failure of a message that an
+    /// otherwise succeeding worker already failed counts only toward the kill switch,
+    /// and only while this worker is failing broadly (rule 3).
+    pub fn message_failed(
+        &mut self,
+        now: Time,
+        me: &str,
+        failed_on: &[FailedOn<'_>],
+        witnessed_for: Option<Duration>,
+    ) -> (Disposition, Option<GateChange>) {
+        let disposition = self.on_failure(now, me, failed_on, witnessed_for);
+        let witnessed = failed_on.iter().any(|f| f.evidence == Evidence::Message);
+        if !witnessed {
+            return (disposition, self.record(now, false));
+        }
+        if self.evidence(now) == Evidence::Message {
+            return (disposition, None);
+        }
+        let before = self.may_pull();
+        self.count_for_kill_switch(now, false);
+        (disposition, self.change(before))
     }
 
     fn trip(&mut self, now: Time, failed: u64, of: u64) {

@@ -14,10 +14,13 @@
 //! - [`nats`] (feature `nats`, async-nats): fetches JetStream batches only while the gate
 //!   is open; what it holds when the gate closes is NAKed with a delay.
 //!
-//! Both stamp a failed message with the worker's id (header [`FAILED_ON_HEADER`],
-//! comma-separated ids) when they send it back, so that a message that failed on two
-//! different workers is recognised as poison and dead-lettered, while failures that
-//! follow one worker are that worker's problem. The counters a heartbeat reports
+//! Both stamp a failed message with the worker's id and what its failure says (header
+//! [`FAILED_ON_HEADER`], see [`parse_failed_on`]) and with the time of the first failure
+//! that pointed at the message ([`FAILED_SINCE_HEADER`]) when they send it back, so that
+//! a message that failed on two different workers while they were otherwise succeeding
+//! is recognised as poison and dead-lettered (rule 3 of [`vigil_core::gate`]), while
+//! failures that follow one worker are that worker's problem and failures every worker
+//! shares (a dependency down for all) are nobody's message's. The counters a heartbeat reports
 //! (processed, failed, in flight, the age of the oldest message in flight) are in
 //! [`Worker::report`]; the liveness of the process never depends on the broker.
 
@@ -26,11 +29,11 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use vigil_core::Time;
 /// The gate's policy types, re-exported so a worker needs no direct vigil-core dependency.
-pub use vigil_core::gate::{Disposition, GateConfig, KillSwitchConfig};
+pub use vigil_core::gate::{Disposition, Evidence, FailedOn, GateConfig, KillSwitchConfig};
 use vigil_core::gate::{GateChange, WorkerGate};
 
 #[cfg(feature = "nats")]
@@ -38,8 +41,22 @@ pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 
-/// The message header that lists the workers a message failed on (comma-separated ids).
+/// The message header that lists the workers a message failed on: comma-separated ids,
+/// each followed by `;failing` when that worker was failing other messages too (its
+/// failure says nothing about the message). See [`parse_failed_on`].
 pub const FAILED_ON_HEADER: &str = "x-vigil-failed-on";
+
+/// The message header with the time of the first failure that pointed at the message
+/// (a worker otherwise succeeding failed it), in milliseconds since the Unix epoch: the
+/// gate dead-letters only `poison_after` later.
+pub const FAILED_SINCE_HEADER: &str = "x-vigil-failed-since";
+
+/// Most entries a [`FAILED_ON_HEADER`] keeps: more than any worker pool a message goes
+/// round, so a corrupt or hostile header cannot grow without bound.
+pub const MAX_FAILED_ON: usize = 64;
+
+/// The qualifier of an entry whose worker was failing other messages too.
+const FAILING: &str = "failing";
 
 /// How often the gate's timers (the kill switch's pause) are advanced.
 const TICK_EVERY: Duration = Duration::from_secs(1);
@@ -149,25 +166,36 @@ impl Worker {
     }
 
     /// The message failed; `failed_on` lists the workers its stamp says it failed on
-    /// before. Returns where it goes (the adapters carry it out).
-    pub fn failed(&self, ticket: Ticket, failed_on: &[&str]) -> Disposition {
+    /// before (with no time: see [`Worker::failed_stamped`]). Returns where it goes.
+    pub fn failed(&self, ticket: Ticket, failed_on: &[FailedOn<'_>]) -> Disposition {
+        let stamp = Stamp {
+            failed_on: failed_on.to_vec(),
+            since_ms: None,
+        };
+        self.failed_stamped(ticket, &stamp).disposition
+    }
+
+    /// The message failed; `stamp` is what its headers said. Returns where it goes and
+    /// the headers to write when it is sent on (the adapters carry it out).
+    pub fn failed_stamped(&self, ticket: Ticket, stamp: &Stamp<'_>) -> Restamp {
         self.inner.lock_in_flight().remove(&ticket.0);
         self.inner.failed.fetch_add(1, Ordering::Relaxed);
         let now = self.inner.now();
-        let (change, disposition) = {
-            let mut gate = self.inner.lock_gate();
-            // Judged before this failure counts: a worker that turned sick while it held
-            // the message sends it back unstamped.
-            let disposition = gate.on_failure(&self.inner.id, failed_on);
-            (gate.record(now, false), disposition)
-        };
+        let now_ms = unix_ms(SystemTime::now());
+        let witnessed_for = stamp.witnessed_for(now_ms);
+        let (disposition, change) = self.inner.lock_gate().message_failed(
+            now,
+            &self.inner.id,
+            &stamp.failed_on,
+            witnessed_for,
+        );
         self.inner.apply(change);
         match disposition {
             Disposition::DeadLetter { .. } => &self.inner.dead_lettered,
             Disposition::Requeue { .. } => &self.inner.requeued,
         }
         .fetch_add(1, Ordering::Relaxed);
-        disposition
+        stamp.after(&self.inner.id, disposition, now_ms)
     }
 
     /// A message it held was sent back unprocessed (the gate closed before its turn).
@@ -300,33 +328,269 @@ async fn until_pulling<S: std::future::Future<Output = ()>>(
     true
 }
 
-/// Splits a [`FAILED_ON_HEADER`] value into worker ids.
-pub fn parse_failed_on(value: &str) -> Vec<&str> {
-    value
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect()
+/// What a message's headers say about its past failures.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stamp<'a> {
+    /// The workers it failed on ([`FAILED_ON_HEADER`]).
+    pub failed_on: Vec<FailedOn<'a>>,
+    /// When the first failure that pointed at it happened ([`FAILED_SINCE_HEADER`]),
+    /// milliseconds since the Unix epoch.
+    pub since_ms: Option<u64>,
 }
 
-/// The [`FAILED_ON_HEADER`] value after this worker failed the message.
-pub fn stamp_failed_on(previous: &[&str], me: &str) -> String {
-    let mut ids: Vec<&str> = previous.to_vec();
-    if !ids.contains(&me) {
-        ids.push(me);
+/// Where a failed message goes, and its headers when it is sent on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restamp {
+    /// Where it goes.
+    pub disposition: Disposition,
+    /// The new [`FAILED_ON_HEADER`] value (for a requeue with a stamp, and for the dead
+    /// letter: who failed it).
+    pub failed_on: String,
+    /// The new [`FAILED_SINCE_HEADER`] value, if any (absent: write it empty).
+    pub failed_since: Option<String>,
+}
+
+impl<'a> Stamp<'a> {
+    /// Parses the two headers (absent: `None`). Never fails: see [`parse_failed_on`]
+    /// and [`parse_failed_since`].
+    pub fn parse(failed_on: Option<&'a str>, failed_since: Option<&str>) -> Self {
+        Stamp {
+            failed_on: failed_on.map(parse_failed_on).unwrap_or_default(),
+            since_ms: failed_since.and_then(parse_failed_since),
+        }
     }
-    ids.join(",")
+
+    /// How long ago, at `now_ms`, the first failure that pointed at the message was:
+    /// `None` when no entry points at the message, or the time is missing or in the
+    /// future (a clock ahead of ours, or a corrupt value): counted from now.
+    pub fn witnessed_for(&self, now_ms: u64) -> Option<Duration> {
+        if !self
+            .failed_on
+            .iter()
+            .any(|f| f.evidence == Evidence::Message)
+        {
+            return None;
+        }
+        self.since_ms
+            .filter(|&t| t <= now_ms)
+            .map(|t| Duration::from_millis(now_ms - t))
+    }
+
+    /// The headers after worker `me` failed the message at `now_ms` with `disposition`.
+    pub fn after(&self, me: &str, disposition: Disposition, now_ms: u64) -> Restamp {
+        let evidence = match disposition {
+            Disposition::Requeue { stamp: None } => None,
+            Disposition::Requeue { stamp: Some(e) } => Some(e),
+            Disposition::DeadLetter { .. } => Some(Evidence::Message),
+        };
+        let mut failed_on = self.failed_on.clone();
+        if let Some(evidence) = evidence {
+            match failed_on.iter_mut().find(|f| f.worker == me) {
+                // The strongest evidence a worker gave stays.
+                Some(f) if evidence == Evidence::Message => f.evidence = evidence,
+                Some(_) => {}
+                None => {
+                    if failed_on.len() >= MAX_FAILED_ON {
+                        failed_on.remove(0);
+                    }
+                    failed_on.push(FailedOn {
+                        worker: me,
+                        evidence,
+                    });
+                }
+            }
+        }
+        let since = match self.witnessed_for(now_ms) {
+            Some(ago) => Some(now_ms - ago.as_millis() as u64),
+            None if failed_on.iter().any(|f| f.evidence == Evidence::Message) => Some(now_ms),
+            None => None,
+        };
+        Restamp {
+            disposition,
+            failed_on: format_failed_on(&failed_on),
+            failed_since: since.map(|t| t.to_string()),
+        }
+    }
+}
+
+/// Parses a [`FAILED_ON_HEADER`] value: comma-separated entries, each a worker id
+/// (its failure pointed at the message; what every entry meant before the qualifier
+/// existed) or `id;failing` (its worker was failing other messages too). Never fails:
+/// blanks around entries are ignored, empty entries and empty ids are skipped, an entry
+/// with any other qualifier counts as `failing` (it never counts toward poison: a
+/// header this version cannot read must not dead-letter a message), a second entry for
+/// an id keeps the stronger evidence, and at most [`MAX_FAILED_ON`] entries are read.
+pub fn parse_failed_on(value: &str) -> Vec<FailedOn<'_>> {
+    let mut out: Vec<FailedOn<'_>> = Vec::new();
+    for entry in value.split(',') {
+        let entry = entry.trim();
+        let (worker, evidence) = match entry.split_once(';') {
+            None => (entry, Evidence::Message),
+            Some((id, _qualifier)) => (id.trim(), Evidence::Worker),
+        };
+        if worker.is_empty() {
+            continue;
+        }
+        if let Some(f) = out.iter_mut().find(|f| f.worker == worker) {
+            if evidence == Evidence::Message {
+                f.evidence = evidence;
+            }
+        } else if out.len() < MAX_FAILED_ON {
+            out.push(FailedOn { worker, evidence });
+        }
+    }
+    out
+}
+
+/// Parses a [`FAILED_SINCE_HEADER`] value (milliseconds since the Unix epoch); anything
+/// else is `None`: the time is then counted from now, so a corrupt value can delay a
+/// poison message's dead-lettering by `poison_after`, never hasten it.
+pub fn parse_failed_since(value: &str) -> Option<u64> {
+    value.trim().parse().ok()
+}
+
+/// Formats entries as a [`FAILED_ON_HEADER`] value.
+pub fn format_failed_on(entries: &[FailedOn<'_>]) -> String {
+    let mut out = String::new();
+    for (i, f) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(f.worker);
+        if f.evidence == Evidence::Worker {
+            out.push(';');
+            out.push_str(FAILING);
+        }
+    }
+    out
+}
+
+/// Milliseconds since the Unix epoch (0 for a clock before it).
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn m(worker: &str) -> FailedOn<'_> {
+        FailedOn::message(worker)
+    }
+
+    fn w(worker: &str) -> FailedOn<'_> {
+        FailedOn {
+            worker,
+            evidence: Evidence::Worker,
+        }
+    }
 
     #[test]
-    fn stamps_accumulate_distinct_ids() {
-        assert_eq!(parse_failed_on(" a, b,,"), vec!["a", "b"]);
-        assert_eq!(stamp_failed_on(&["a"], "b"), "a,b");
-        assert_eq!(stamp_failed_on(&["a", "b"], "a"), "a,b");
-        assert_eq!(stamp_failed_on(&[], "a"), "a");
+    fn stamps_accumulate_distinct_ids_with_their_evidence() {
+        assert_eq!(parse_failed_on(" a, b,,"), vec![m("a"), m("b")]);
+        assert_eq!(parse_failed_on("a;failing,b"), vec![w("a"), m("b")]);
+        assert_eq!(
+            parse_failed_on("a;failing,a"),
+            vec![m("a")],
+            "the stronger evidence of an id stays"
+        );
+        assert_eq!(
+            parse_failed_on("a;what,;failing, ; ,b ; failing"),
+            vec![w("a"), w("b")],
+            "an unknown qualifier never counts toward poison; empty ids are skipped"
+        );
+        assert_eq!(format_failed_on(&[m("a"), w("b")]), "a,b;failing");
+        let stamp = Stamp::parse(Some("a"), None);
+        let r = stamp.after(
+            "b",
+            Disposition::Requeue {
+                stamp: Some(Evidence::Worker),
+            },
+            1_000,
+        );
+        assert_eq!(r.failed_on, "a,b;failing");
+        assert_eq!(
+            r.failed_since.as_deref(),
+            Some("1000"),
+            "an old stamp without a time is counted from now"
+        );
+        let r = Stamp::parse(Some("a;failing"), None).after(
+            "a",
+            Disposition::Requeue {
+                stamp: Some(Evidence::Message),
+            },
+            2_000,
+        );
+        assert_eq!(
+            r.failed_on, "a",
+            "a worker's stronger evidence replaces its weaker"
+        );
+        assert_eq!(r.failed_since.as_deref(), Some("2000"));
+        let r = Stamp::parse(None, None).after("a", Disposition::Requeue { stamp: None }, 5);
+        assert_eq!((r.failed_on.as_str(), r.failed_since), ("", None));
+    }
+
+    #[test]
+    fn the_first_witnessed_failure_time_is_kept_and_a_bad_one_counts_from_now() {
+        let s = Stamp::parse(Some("a"), Some("1000"));
+        assert_eq!(s.witnessed_for(6_000), Some(Duration::from_secs(5)));
+        let r = s.after("b", Disposition::DeadLetter { workers: 2 }, 6_000);
+        assert_eq!(
+            (r.failed_on.as_str(), r.failed_since.as_deref()),
+            ("a,b", Some("1000"))
+        );
+        for bad in ["", "soon", "-5", "1e3", "99999999999999999999"] {
+            assert_eq!(
+                Stamp::parse(Some("a"), Some(bad)).witnessed_for(6_000),
+                None,
+                "{bad:?}"
+            );
+        }
+        let future = Stamp::parse(Some("a"), Some("9000"));
+        assert_eq!(
+            future.witnessed_for(6_000),
+            None,
+            "a time ahead of ours: from now"
+        );
+        let r = future.after(
+            "b",
+            Disposition::Requeue {
+                stamp: Some(Evidence::Message),
+            },
+            6_000,
+        );
+        assert_eq!(r.failed_since.as_deref(), Some("6000"), "rewritten to now");
+        assert_eq!(
+            Stamp::parse(Some("a;failing"), Some("1000")).witnessed_for(6_000),
+            None,
+            "a time with no failure pointing at the message means nothing"
+        );
+    }
+
+    proptest! {
+        /// Any header, however corrupt: parsing never panics, keeps at most
+        /// MAX_FAILED_ON distinct non-empty ids, and what it writes back parses to the
+        /// same entries (nothing read is lost on the way round).
+        #[test]
+        fn any_header_parses_and_round_trips(value in ".{0,300}", since in ".{0,30}", me in "[a-z0-9-]{1,8}") {
+            let stamp = Stamp::parse(Some(&value), Some(&since));
+            prop_assert!(stamp.failed_on.len() <= MAX_FAILED_ON);
+            let mut ids: Vec<&str> = stamp.failed_on.iter().map(|f| f.worker).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            prop_assert_eq!(ids.len(), stamp.failed_on.len());
+            prop_assert!(ids.iter().all(|id| !id.is_empty()));
+            let r = stamp.after(&me, Disposition::Requeue { stamp: Some(Evidence::Worker) }, 10_000);
+            let again = parse_failed_on(&r.failed_on);
+            prop_assert!(again.iter().any(|f| f.worker == me.as_str()));
+            for f in &stamp.failed_on {
+                if !f.worker.contains(',') && !f.worker.contains(';') && again.len() < MAX_FAILED_ON {
+                    prop_assert!(again.iter().any(|g| g.worker == f.worker), "{} lost", f.worker);
+                }
+            }
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! kill switch trips on a black hole and backs off, poison is told from sickness.
 
 use super::*;
+use std::collections::VecDeque;
 
 fn secs(s: u64) -> Time {
     Time::from_secs(s)
@@ -189,25 +190,267 @@ fn the_pause_length_resets_after_a_calm_period() {
 #[test]
 fn a_message_failing_on_two_workers_is_poison_and_one_sick_worker_is_not() {
     let g = WorkerGate::new(GateConfig::default(), Time::ZERO);
+    let now = secs(1);
     assert_eq!(
-        g.on_failure("w1", &[]),
-        Disposition::Requeue { stamp: true }
+        g.on_failure(now, "w1", &[], None),
+        Disposition::Requeue {
+            stamp: Some(Evidence::Message)
+        }
     );
     assert_eq!(
-        g.on_failure("w1", &["w1"]),
-        Disposition::Requeue { stamp: true },
+        g.on_failure(now, "w1", &[FailedOn::message("w1")], None),
+        Disposition::Requeue {
+            stamp: Some(Evidence::Message)
+        },
         "the same worker again says nothing about the message"
     );
     assert_eq!(
-        g.on_failure("w2", &["w1"]),
+        g.on_failure(
+            now,
+            "w2",
+            &[FailedOn::message("w1")],
+            Some(Duration::from_secs(1))
+        ),
+        Disposition::Requeue {
+            stamp: Some(Evidence::Message)
+        },
+        "two workers at once may be the start of a shared outage"
+    );
+    assert_eq!(
+        g.on_failure(now, "w2", &[FailedOn::message("w1")], None),
+        Disposition::Requeue {
+            stamp: Some(Evidence::Message)
+        },
+        "a stamp that does not say when is counted from now"
+    );
+    assert_eq!(
+        g.on_failure(
+            now,
+            "w2",
+            &[FailedOn::message("w1")],
+            Some(Duration::from_secs(5))
+        ),
         Disposition::DeadLetter { workers: 2 }
     );
     let mut sick = WorkerGate::new(GateConfig::default(), Time::ZERO);
     sick.observe_readiness(secs(1), Err("disk:free".into()));
     assert_eq!(
-        sick.on_failure("w2", &["w1"]),
-        Disposition::Requeue { stamp: false },
+        sick.on_failure(
+            now,
+            "w2",
+            &[FailedOn::message("w1")],
+            Some(Duration::from_secs(9))
+        ),
+        Disposition::Requeue { stamp: None },
         "a sick worker's failure is not the message's"
+    );
+}
+
+#[test]
+fn a_failure_on_a_worker_failing_broadly_never_counts_toward_poison() {
+    let mut g = WorkerGate::new(GateConfig::default(), Time::ZERO);
+    for i in 1..=30 {
+        g.record(ms(100 * i), true);
+    }
+    assert_eq!(g.evidence(ms(3_050)), Evidence::Message);
+    // One failure among its last 20 outcomes: still otherwise succeeding.
+    g.record(ms(3_100), false);
+    assert_eq!(g.evidence(ms(3_150)), Evidence::Message);
+    // Two (10%, the trip rate): failing broadly, its failure says nothing about its message.
+    g.record(ms(3_200), false);
+    assert_eq!(g.evidence(ms(3_250)), Evidence::Worker);
+    let long_ago = Some(Duration::from_secs(60));
+    assert_eq!(
+        g.on_failure(ms(3_250), "w2", &[FailedOn::message("w1")], long_ago),
+        Disposition::Requeue {
+            stamp: Some(Evidence::Worker)
+        },
+        "dead-lettering is suspended while the worker fails"
+    );
+    // 18 successes later the two failures are still among its last 20.
+    for i in 1..=18 {
+        g.record(ms(3_200 + 10 * i), true);
+    }
+    assert_eq!(g.evidence(ms(3_400)), Evidence::Worker);
+    g.record(ms(3_400), true);
+    assert_eq!(
+        g.evidence(ms(3_450)),
+        Evidence::Message,
+        "the first aged out"
+    );
+    // A stamp whose failures all pointed at their workers is no evidence either.
+    let h = WorkerGate::new(GateConfig::default(), Time::ZERO);
+    let excused = [FailedOn {
+        worker: "w1",
+        evidence: Evidence::Worker,
+    }];
+    assert_eq!(
+        h.on_failure(secs(1), "w2", &excused, long_ago),
+        Disposition::Requeue {
+            stamp: Some(Evidence::Message)
+        }
+    );
+    // Old outcomes age out with the kill switch's window: an idle worker counts.
+    assert_eq!(
+        g.evidence(ms(3_450) + Duration::from_secs(60)),
+        Evidence::Message
+    );
+}
+
+#[test]
+fn a_worker_on_probation_is_no_witness() {
+    let mut g = WorkerGate::new(GateConfig::default(), Time::ZERO);
+    for i in 1..=100 {
+        g.record(ms(100 * i), false);
+    }
+    assert_eq!(
+        g.tick(secs(70)),
+        Some(GateChange::Resumed { probation: true })
+    );
+    // Its recent outcomes aged out during the pause, but probation is still no evidence.
+    assert_eq!(g.evidence(secs(71)), Evidence::Worker);
+}
+
+/// A message in the little fleet of [`run_fleet`].
+#[derive(Clone, Debug)]
+struct Msg {
+    poison: bool,
+    stamp: Vec<(String, Evidence)>,
+    /// When the first failure that pointed at it happened.
+    since: Option<Time>,
+}
+
+/// What [`run_fleet`] counted.
+#[derive(Debug, Default)]
+struct FleetRun {
+    poison_produced: u64,
+    processed: u64,
+    dead_healthy: u64,
+    dead_poison: u64,
+    left: usize,
+}
+
+/// A fleet of `n` workers sharing one queue for `for_secs`: 20 fresh messages a second
+/// (every 50th one poison when `poison`), the workers finishing one message every
+/// 25 ms in turn when they may pull, failing every message while `dependency_down` says so at
+/// that time and every poison message always. `naive`: the rule before issue 36.
+fn run_fleet(
+    n: usize,
+    for_secs: u64,
+    poison: bool,
+    dependency_down: impl Fn(Time) -> bool,
+    naive: bool,
+) -> FleetRun {
+    let mut gates: Vec<WorkerGate> = (0..n)
+        .map(|_| WorkerGate::new(GateConfig::default(), Time::ZERO))
+        .collect();
+    let ids: Vec<String> = (0..n).map(|i| format!("w{i}")).collect();
+    let mut queue: VecDeque<Msg> = VecDeque::new();
+    let mut run = FleetRun::default();
+    let mut produced = 0u64;
+    for step in 1..=for_secs * 40 {
+        let now = ms(25 * step);
+        if step.is_multiple_of(2) {
+            produced += 1;
+            run.poison_produced += u64::from(poison && produced.is_multiple_of(50));
+            queue.push_back(Msg {
+                poison: poison && produced.is_multiple_of(50),
+                stamp: Vec::new(),
+                since: None,
+            });
+        }
+        // One worker finishes a message every 25 ms, in turn (staggered, as real
+        // workers are): each of 4 every 100 ms.
+        for g in &mut gates {
+            g.tick(now);
+        }
+        let w = (step as usize) % n;
+        let g = &mut gates[w];
+        if !g.may_pull() {
+            continue;
+        }
+        let Some(m) = queue.pop_front() else { continue };
+        let ok = !m.poison && !dependency_down(now);
+        if ok {
+            run.processed += 1;
+            g.record(now, true);
+            continue;
+        }
+        let failed_on: Vec<FailedOn<'_>> = m
+            .stamp
+            .iter()
+            .map(|(id, e)| FailedOn {
+                worker: id,
+                evidence: *e,
+            })
+            .collect();
+        let d = if naive {
+            g.record(now, false);
+            naive_disposition(2, &ids[w], &failed_on)
+        } else {
+            g.message_failed(now, &ids[w], &failed_on, m.since.map(|t| now.since(t)))
+                .0
+        };
+        match d {
+            Disposition::DeadLetter { .. } if m.poison => run.dead_poison += 1,
+            Disposition::DeadLetter { .. } => run.dead_healthy += 1,
+            Disposition::Requeue { stamp } => {
+                let mut m = m;
+                if stamp == Some(Evidence::Message) && m.since.is_none() {
+                    m.since = Some(now);
+                }
+                if let Some(e) = stamp {
+                    match m.stamp.iter_mut().find(|(id, _)| *id == ids[w]) {
+                        Some(entry) if e == Evidence::Message => entry.1 = e,
+                        Some(_) => {}
+                        None => m.stamp.push((ids[w].clone(), e)),
+                    }
+                }
+                queue.push_back(m);
+            }
+        }
+    }
+    run.left = queue.len();
+    run
+}
+
+#[test]
+fn a_shared_outage_dead_letters_nothing_and_the_old_rule_did() {
+    // Every worker loses the dependency from 60 s to 110 s (the issue's 50 s blip).
+    let down = |t: Time| (secs(60)..secs(110)).contains(&t);
+    let vigil = run_fleet(4, 600, false, down, false);
+    assert_eq!(
+        vigil.dead_healthy, 0,
+        "a shared outage must not dead-letter healthy messages: {vigil:?}"
+    );
+    assert!(vigil.processed > 11_000, "the fleet works again: {vigil:?}");
+    let naive = run_fleet(4, 600, false, down, true);
+    assert!(
+        naive.dead_healthy >= 10,
+        "the rule before issue 36 dead-letters healthy messages in a shared outage: {naive:?}"
+    );
+}
+
+#[test]
+fn a_poison_message_on_healthy_workers_is_still_dead_lettered() {
+    let vigil = run_fleet(4, 300, true, |_| false, false);
+    // One in 50 of 6,000 messages is poison: 120, all dead-lettered but the few of the
+    // last seconds, still going round their 5 s.
+    assert_eq!(vigil.poison_produced, 120);
+    assert!(
+        vigil.dead_poison >= 116,
+        "poison among healthy workers must be dead-lettered: {vigil:?}"
+    );
+    assert_eq!(vigil.dead_healthy, 0, "{vigil:?}");
+    assert!(vigil.left < 10, "nothing piles up: {vigil:?}");
+    // And during a shared outage, poison is kept until the workers succeed again, then
+    // dead-lettered; nothing healthy is.
+    let down = |t: Time| (secs(30)..secs(60)).contains(&t);
+    let mixed = run_fleet(4, 600, true, down, false);
+    assert_eq!(mixed.dead_healthy, 0, "{mixed:?}");
+    assert!(
+        mixed.dead_poison + 4 >= mixed.poison_produced,
+        "poison from the outage is dead-lettered after it: {mixed:?}"
     );
 }
 

@@ -7,15 +7,16 @@
 //! they never ran. A message whose handler fails goes where the gate says:
 //!
 //! - back to the stream stamped with this worker's id: republished to its subject with
-//!   the [`FAILED_ON_HEADER`] extended (waiting for the stream's acknowledgement), then
+//!   the [`FAILED_ON_HEADER`] extended and [`FAILED_SINCE_HEADER`] set (waiting for the stream's acknowledgement), then
 //!   the original acknowledged, so a crash in between duplicates rather than loses it
 //!   (JetStream cannot change a message's headers on NAK);
 //! - NAKed with a delay, unstamped, when the worker turned sick;
-//! - dead-lettered when it failed on `poison_workers` different workers: published to
+//! - dead-lettered when it failed on `poison_workers` different workers, each while
+//!   otherwise succeeding, for `poison_after` (rule 3 of [`vigil_core::gate`]): published to
 //!   [`NatsConfig::dead_letter_subject`] and then acknowledged, or, without one,
 //!   terminated (`AckKind::Term`, which JetStream reports as an advisory).
 
-use super::{FAILED_ON_HEADER, Worker, parse_failed_on, stamp_failed_on};
+use super::{FAILED_ON_HEADER, FAILED_SINCE_HEADER, Stamp, Worker};
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer};
 use futures::StreamExt;
@@ -128,18 +129,24 @@ where
                     worker.succeeded(ticket);
                 }
                 Err(why) => {
-                    let stamp = message
-                        .headers
-                        .as_ref()
-                        .and_then(|h| h.get(FAILED_ON_HEADER))
-                        .map(|v| v.as_str().to_string())
-                        .unwrap_or_default();
-                    let previous = parse_failed_on(&stamp);
-                    let disposition = worker.failed(ticket, &previous);
+                    let header = |name: &str| {
+                        message
+                            .headers
+                            .as_ref()
+                            .and_then(|h| h.get(name))
+                            .map(|v| v.as_str().to_string())
+                    };
+                    let (failed_on, failed_since) =
+                        (header(FAILED_ON_HEADER), header(FAILED_SINCE_HEADER));
+                    let stamp = Stamp::parse(failed_on.as_deref(), failed_since.as_deref());
+                    let restamp = worker.failed_stamped(ticket, &stamp);
+                    let disposition = restamp.disposition.clone();
                     tracing::debug!(worker = worker.id(), error = %why, ?disposition, "message failed");
                     let copy_to = match &disposition {
-                        Disposition::Requeue { stamp: false } => None,
-                        Disposition::Requeue { stamp: true } => Some(message.subject.to_string()),
+                        Disposition::Requeue { stamp: None } => None,
+                        Disposition::Requeue { stamp: Some(_) } => {
+                            Some(message.subject.to_string())
+                        }
                         Disposition::DeadLetter { workers } => {
                             tracing::warn!(worker = worker.id(), workers, error = %why, "poison message dead-lettered");
                             config.dead_letter_subject.clone()
@@ -149,9 +156,11 @@ where
                         (Some(subject), _) => {
                             let mut headers =
                                 message.headers.clone().unwrap_or_else(HeaderMap::new);
+                            headers.insert(FAILED_ON_HEADER, restamp.failed_on.as_str());
+                            // Empty when no failure pointed at the message.
                             headers.insert(
-                                FAILED_ON_HEADER,
-                                stamp_failed_on(&previous, worker.id()).as_str(),
+                                FAILED_SINCE_HEADER,
+                                restamp.failed_since.as_deref().unwrap_or(""),
                             );
                             js.publish_with_headers(subject, headers, message.payload.clone())
                                 .await

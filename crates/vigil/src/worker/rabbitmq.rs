@@ -6,15 +6,17 @@
 //! fails goes where the gate says:
 //!
 //! - back to the queue stamped with this worker's id: republished to the queue with the
-//!   [`FAILED_ON_HEADER`] extended, then the original acknowledged, in that order and with
+//!   [`FAILED_ON_HEADER`] extended (and [`FAILED_SINCE_HEADER`] set, see
+//!   [`Stamp`](super::Stamp)), then the original acknowledged, in that order and with
 //!   publisher confirms, so a crash in between duplicates the message rather than losing
 //!   it (AMQP cannot change a message's headers on `nack`);
 //! - back to the queue unstamped (`nack` with requeue) when the worker turned sick;
-//! - dead-lettered when it failed on `poison_workers` different workers: published to
+//! - dead-lettered when it failed on `poison_workers` different workers, each while
+//!   otherwise succeeding, for `poison_after` (rule 3 of [`vigil_core::gate`]): published to
 //!   [`RabbitConfig::dead_letter_queue`] (confirmed, then acknowledged) or, without one,
 //!   rejected without requeue so that the queue's own dead-letter exchange takes it.
 
-use super::{FAILED_ON_HEADER, Worker, parse_failed_on, stamp_failed_on};
+use super::{FAILED_ON_HEADER, FAILED_SINCE_HEADER, Restamp, Stamp, Worker};
 use futures::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
@@ -199,23 +201,25 @@ where
             worker.succeeded(ticket);
         }
         Err(why) => {
-            let stamp = failed_on(&d);
-            let previous = parse_failed_on(&stamp);
-            let disposition = worker.failed(ticket, &previous);
-            tracing::debug!(worker = worker.id(), error = %why, ?disposition, "message failed");
-            match disposition {
-                Disposition::Requeue { stamp: false } => {
+            let (failed_on, failed_since) = (
+                header(&d, FAILED_ON_HEADER),
+                header(&d, FAILED_SINCE_HEADER),
+            );
+            let stamp = Stamp::parse(failed_on.as_deref(), failed_since.as_deref());
+            let restamp = worker.failed_stamped(ticket, &stamp);
+            tracing::debug!(worker = worker.id(), error = %why, disposition = ?restamp.disposition, "message failed");
+            match restamp.disposition {
+                Disposition::Requeue { stamp: None } => {
                     d.acker.nack(requeue(true)).await.map_err(err)?;
                 }
-                Disposition::Requeue { stamp: true } => {
-                    let stamped = stamp_failed_on(&previous, worker.id());
+                Disposition::Requeue { stamp: Some(_) } => {
                     publish(
                         channel,
                         config,
                         &config.queue,
                         &data,
                         &d.properties,
-                        &stamped,
+                        &restamp,
                     )
                     .await?;
                     d.acker.ack(BasicAckOptions::default()).await.map_err(err)?;
@@ -224,8 +228,7 @@ where
                     tracing::warn!(worker = worker.id(), workers, error = %why, "poison message dead-lettered");
                     match &config.dead_letter_queue {
                         Some(dlq) => {
-                            let stamped = stamp_failed_on(&previous, worker.id());
-                            publish(channel, config, dlq, &data, &d.properties, &stamped).await?;
+                            publish(channel, config, dlq, &data, &d.properties, &restamp).await?;
                             d.acker.ack(BasicAckOptions::default()).await.map_err(err)?;
                         }
                         None => {
@@ -246,29 +249,29 @@ fn requeue(requeue: bool) -> BasicNackOptions {
     }
 }
 
-/// The delivery's [`FAILED_ON_HEADER`], or empty.
-fn failed_on(d: &Delivery) -> String {
+/// The delivery's header `name` as text, if it is a string (any other type: absent).
+fn header(d: &Delivery, name: &str) -> Option<String> {
     let value = d
         .properties
         .headers()
         .as_ref()
-        .and_then(|h| h.inner().get(&ShortString::from(FAILED_ON_HEADER)).cloned());
+        .and_then(|h| h.inner().get(&ShortString::from(name)).cloned());
     match value {
-        Some(AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
-        Some(AMQPValue::ShortString(s)) => s.as_str().to_string(),
-        _ => String::new(),
+        Some(AMQPValue::LongString(s)) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        Some(AMQPValue::ShortString(s)) => Some(s.as_str().to_string()),
+        _ => None,
     }
 }
 
-/// Publishes a copy of a message to `queue` (default exchange) with the stamp, and waits
-/// for the broker's confirm.
+/// Publishes a copy of a message to `queue` (default exchange) with the new stamp, and
+/// waits for the broker's confirm.
 async fn publish(
     channel: &Channel,
     config: &RabbitConfig,
     queue: &str,
     data: &[u8],
     properties: &BasicProperties,
-    stamp: &str,
+    stamp: &Restamp,
 ) -> Result<(), RabbitError> {
     let err = |source| RabbitError::Broker {
         queue: config.queue.clone(),
@@ -277,7 +280,14 @@ async fn publish(
     let mut headers = properties.headers().clone().unwrap_or_default();
     headers.insert(
         FAILED_ON_HEADER.into(),
-        AMQPValue::LongString(LongString::from(stamp.to_string())),
+        AMQPValue::LongString(LongString::from(stamp.failed_on.clone())),
+    );
+    // Empty when no failure pointed at the message (an inherited value is overwritten).
+    headers.insert(
+        FAILED_SINCE_HEADER.into(),
+        AMQPValue::LongString(LongString::from(
+            stamp.failed_since.clone().unwrap_or_default(),
+        )),
     );
     let confirm = channel
         .basic_publish(
