@@ -290,6 +290,13 @@ async fn exec(cfg: &ExecConfig, action: &ActionRecord) -> (ActionState, String) 
         ("VIGIL_TARGET_GROUP", field("group")),
         ("VIGIL_ACTION_ID", action.id.to_string()),
         ("VIGIL_IDEMPOTENCY_KEY", action.idempotency_key.clone()),
+        // The lease epoch the action was decided under: a receiver that remembers the
+        // highest it saw can refuse a deposed leader's late action. Empty without a
+        // lease (SQLite, one controller).
+        (
+            "VIGIL_EPOCH",
+            action.epoch.map(|e| e.to_string()).unwrap_or_default(),
+        ),
         ("VIGIL_REASON", field("summary")),
         ("VIGIL_EVENT", ev.to_string()),
     ];
@@ -352,6 +359,40 @@ pub async fn run_command(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_exec_actuator_passes_the_epoch_the_action_was_decided_under() {
+        let cfg = ExecConfig {
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                "echo \"epoch=[$VIGIL_EPOCH]\"".into(),
+            ],
+            timeout: Duration::from_secs(10),
+        };
+        let mut action = ActionRecord {
+            id: 1,
+            decision_id: 1,
+            target: "web-1".into(),
+            idempotency_key: "vigil-1-1".into(),
+            state: ActionState::Intended,
+            attempts: 0,
+            created_ms: 0,
+            finished_ms: None,
+            result: None,
+            event: serde_json::json!({"kind": "replace"}),
+            epoch: Some(7),
+        };
+        let (state, said) = exec(&cfg, &action).await;
+        assert_eq!(state, ActionState::Done, "{said}");
+        assert!(
+            said.contains("epoch=[7]"),
+            "VIGIL_EPOCH carries the epoch: {said}"
+        );
+        action.epoch = None;
+        let (_, said) = exec(&cfg, &action).await;
+        assert!(said.contains("epoch=[]"), "empty without a lease: {said}");
+    }
 
     #[test]
     fn signature_is_rfc4231_hmac_sha256() {

@@ -351,6 +351,10 @@ pub struct ActionRecord {
     pub result: Option<String>,
     /// The event (JSON) the actuator sends.
     pub event: serde_json::Value,
+    /// The leader lease's epoch it was decided under (PostgreSQL; None without a lease):
+    /// the exec actuator passes it as `VIGIL_EPOCH`, a fencing token for the receiver.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
 }
 
 /// A target's state change as recorded.
@@ -821,6 +825,7 @@ fn action_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ActionRecord> {
         finished_ms: r.get(7)?,
         result: r.get(8)?,
         event: serde_json::from_str(&event).unwrap_or(serde_json::Value::Null),
+        epoch: None,
     })
 }
 
@@ -949,6 +954,7 @@ impl Store for SqliteStore {
                         finished_ms: None,
                         result: None,
                         event,
+                        epoch: None,
                     });
                 }
             }

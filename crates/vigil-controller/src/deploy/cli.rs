@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use vigil_core::Time;
-use vigil_core::rollout::{Command, HostStep, Phase, Rollout, RolloutConfig};
+use vigil_core::rollout::{Command, Evidence, HostStep, Phase, Rollout, RolloutConfig};
 
 /// Exit code: a runtime failure.
 pub const EXIT_FAILURE: u8 = 1;
@@ -341,17 +341,26 @@ async fn plan(cfg: Arc<DeployConfig>, revision: &str) -> ExitCode {
             println!("host {h}: held by the controller (out of service, not touched)");
         }
     }
-    match dry_run(&cfg.rollout, hosts, revision, bad, view) {
+    let evidence = driver::evidence_of(cfg);
+    match evidence {
+        Evidence::BalancerRequests => println!(
+            "verdicts: by the request counts of the balancer(s) at {} (errors per request, new hosts against old)",
+            cfg.lb.admin.join(", ")
+        ),
+        Evidence::HostSamples => println!(
+            "note: no [lb] admin configured: verdicts fall back to the host-reported rule (each host's own error-rate samples, {} per side), which sparse traffic can pass; name the balancers' admin listeners in [lb] admin to judge by what clients got",
+            cfg.rollout.min_samples
+        ),
+    }
+    match dry_run(&cfg.rollout, hosts, revision, bad, view, evidence) {
         Ok(decisions) => {
-            println!("plan for {revision} (assuming every host reports back passing):");
+            println!(
+                "plan for {revision} (assuming every host reports back passing and every wave passes its verdict):"
+            );
             for d in decisions {
                 println!("  {d}");
             }
-            println!(
-                "each wave then bakes {} and needs {} samples per side for its verdict; nothing was changed",
-                humantime::format_duration(cfg.rollout.bake),
-                cfg.rollout.min_samples
-            );
+            println!("nothing was changed");
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -362,29 +371,36 @@ async fn plan(cfg: Arc<DeployConfig>, revision: &str) -> ExitCode {
 }
 
 /// The policy's decisions for a rollout in which every drain and install works and
-/// every host reports back passing at once, and every wave passes its verdict (no bake,
-/// no samples needed): the waves it would make, and why.
+/// every host reports back passing at once, and every wave passes its verdict once its
+/// bake (as configured) is over: the waves it would make, and why. The policy is the
+/// one `run` drives, with the config `run` uses and the evidence it would weigh; only
+/// the verdict is assumed ([`Rollout::assume_pass`], which says by what rule `run`
+/// judges it).
 pub fn dry_run(
     config: &RolloutConfig,
     hosts: Vec<vigil_core::rollout::HostSpec>,
     revision: &str,
     bad: std::collections::BTreeSet<String>,
     view: vigil_core::rollout::ControllerView,
+    evidence: Evidence,
 ) -> Result<Vec<String>, vigil_core::rollout::StartError> {
-    let cfg = RolloutConfig {
-        bake: Duration::ZERO,
-        min_samples: 0,
-        ..config.clone()
-    };
-    let mut r = Rollout::start_seeing(cfg, hosts, revision, Time::ZERO, bad, view)?;
+    let mut r = Rollout::start_seeing(config.clone(), hosts, revision, Time::ZERO, bad, view)?;
+    r.judge_by(Time::ZERO, evidence);
     let mut now = Time::ZERO;
     for _ in 0..PLAN_STEPS {
         if r.is_finished() {
             break;
         }
         now = now + Duration::from_secs(1);
+        // The bake passes in one step; the verdict is assumed.
+        if let Phase::Baking { since, .. } = r.phase() {
+            now = now.max(*since + config.bake);
+        }
+        r.assume_pass(now);
         let commands = r.poll(now);
-        if commands.is_empty() && matches!(r.phase(), Phase::Held { .. }) {
+        if commands.is_empty()
+            && matches!(r.phase(), Phase::Held { reason, .. } if !reason.starts_with("inconclusive"))
+        {
             break;
         }
         for c in commands {
@@ -400,7 +416,9 @@ pub fn dry_run(
     }
     Ok(r.decisions()
         .iter()
-        .filter(|d| !d.what.contains("reported back: revision"))
+        .filter(|d| {
+            !d.what.contains("reported back: revision") && !d.what.starts_with("verdicts weigh")
+        })
         .map(|d| d.what.clone())
         .collect())
 }
@@ -667,7 +685,15 @@ mod tests {
             min_healthy: Floor::Percent(60),
             ..RolloutConfig::default()
         };
-        let plan = dry_run(&cfg, hosts, "v2", Default::default(), read_nothing()).unwrap();
+        let plan = dry_run(
+            &cfg,
+            hosts,
+            "v2",
+            Default::default(),
+            read_nothing(),
+            Evidence::BalancerRequests,
+        )
+        .unwrap();
         let waves: Vec<&String> = plan
             .iter()
             .filter(|d| d.starts_with("wave ") && d.contains(" of v2: "))
@@ -686,7 +712,59 @@ mod tests {
     fn a_plan_of_a_bad_revision_is_refused() {
         let hosts = vec![HostSpec::new("a1", "a", "v1")];
         let bad = ["v2".to_string()].into_iter().collect();
-        let e = dry_run(&RolloutConfig::default(), hosts, "v2", bad, read_nothing()).unwrap_err();
+        let e = dry_run(
+            &RolloutConfig::default(),
+            hosts,
+            "v2",
+            bad,
+            read_nothing(),
+            Evidence::HostSamples,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("marked bad"), "{e}");
+    }
+
+    #[test]
+    fn a_plan_bakes_as_run_does_and_names_the_last_waves_baseline() {
+        let hosts: Vec<HostSpec> = (0..4)
+            .map(|i| HostSpec::new(format!("h{i}"), "a", "v1"))
+            .collect();
+        let plan = dry_run(
+            &RolloutConfig::default(),
+            hosts.clone(),
+            "v2",
+            Default::default(),
+            read_nothing(),
+            Evidence::BalancerRequests,
+        )
+        .unwrap();
+        let text = plan.join("\n");
+        assert!(!text.contains("baking for 0s"), "{text}");
+        assert_eq!(text.matches("baking for 5m").count(), 4, "{text}");
+        assert!(
+            !text.contains("no old-revision host left to compare with"),
+            "{text}"
+        );
+        assert!(
+            plan.iter().any(|d| d.starts_with("wave 4 baked 5m")
+                && d.contains("old hosts' counts of the last wave judged")),
+            "the last wave says what it is compared with: {text}"
+        );
+        assert!(plan.last().unwrap().starts_with("completed"), "{text}");
+        // Without a balancer, the host-reported rule is named.
+        let plan = dry_run(
+            &RolloutConfig::default(),
+            hosts,
+            "v2",
+            Default::default(),
+            read_nothing(),
+            Evidence::HostSamples,
+        )
+        .unwrap();
+        assert!(
+            plan.iter().any(|d| d.contains("the hosts' own samples")),
+            "{plan:#?}"
+        );
+        assert!(plan.last().unwrap().starts_with("completed"), "{plan:#?}");
     }
 }

@@ -633,6 +633,7 @@ fn action_from_row(r: &postgres::Row) -> ActionRecord {
         finished_ms: r.get(7),
         result: r.get(8),
         event: serde_json::from_str(&event).unwrap_or(serde_json::Value::Null),
+        epoch: r.get(10),
     }
 }
 
@@ -679,7 +680,7 @@ impl Store for PostgresStore {
         let pending = tx
             .query(
                 &format!(
-                    "SELECT {ACTION_COLUMNS} FROM actions WHERE state = 'intended' ORDER BY id"
+                    "SELECT {ACTION_COLUMNS}, epoch FROM actions WHERE state = 'intended' ORDER BY id"
                 ),
                 &[],
             )
@@ -809,6 +810,7 @@ impl Store for PostgresStore {
                         finished_ms: None,
                         result: None,
                         event,
+                        epoch,
                     });
                 }
             }
@@ -943,7 +945,7 @@ impl Store for PostgresStore {
         let limit = limit as i64;
         let rows = self.once("reading actions", |c| {
             c.query(
-                &format!("SELECT {ACTION_COLUMNS} FROM actions ORDER BY id DESC LIMIT $1"),
+                &format!("SELECT {ACTION_COLUMNS}, epoch FROM actions ORDER BY id DESC LIMIT $1"),
                 &[&limit],
             )
         })?;

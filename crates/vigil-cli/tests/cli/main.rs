@@ -176,3 +176,17 @@ fn the_example_worker_names_the_broker_it_cannot_reach() {
         text(&o)
     );
 }
+
+mod lb_support;
+
+// The other files of this binary (one binary per component: a 2-core machine
+// links a handful of test binaries, not one per file).
+mod check;
+mod config_reference;
+mod example_grpc;
+mod fuzz_replay;
+mod logs;
+mod metrics_promtool;
+mod sim;
+mod systemd;
+mod overload_service;

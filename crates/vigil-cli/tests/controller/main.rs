@@ -693,3 +693,19 @@ async fn plain_web_servers_are_judged_by_their_status_and_a_wrong_path_is_logged
         "{logs}\n{g}"
     );
 }
+
+mod aws_support;
+
+mod lb_support;
+
+// The other files of this binary (one binary per component: a 2-core machine
+// links a handful of test binaries, not one per file).
+mod actuators;
+mod aws;
+mod chaos;
+mod crash;
+mod dashboard;
+mod discovery;
+mod replicas;
+mod store;
+mod trust;

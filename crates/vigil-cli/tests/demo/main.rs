@@ -493,3 +493,7 @@ async fn heavy_demo_piped_into_tee_stops_on_ctrl_c_without_panic_or_leftovers() 
         );
     }
 }
+
+// The other files of this binary (one binary per component: a 2-core machine
+// links a handful of test binaries, not one per file).
+mod replicas;

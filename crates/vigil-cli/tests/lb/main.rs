@@ -1655,3 +1655,10 @@ async fn fail_open_counts_every_target_and_a_404_on_the_default_path_says_why() 
         "{reason}"
     );
 }
+
+// The other files of this binary (one binary per component: a 2-core machine
+// links a handful of test binaries, not one per file).
+mod edge;
+mod front;
+mod overload;
+mod proto;
