@@ -25,7 +25,7 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-# The AWS Auto Scaling tests (crates/vigil-cli/tests/controller_aws.rs) run against moto
+# The AWS Auto Scaling tests (crates/vigil-cli/tests/controller/aws.rs) run against moto
 # in server mode, a local AWS API (PyPI). Debian's own Python refuses pip installs
 # outside a venv (PEP 668) unless told otherwise.
 if ! command -v moto_server >/dev/null 2>&1 && ! python3 -c 'import moto.server' >/dev/null 2>&1; then
@@ -60,7 +60,7 @@ for port in 5672 4222; do
   answers $port || echo "WARNING: nothing answers on 127.0.0.1:$port: the queue-worker tests (RabbitMQ 5672, NATS 4222) will fail"
 done
 
-# The HTTP/2 edge tests of vigil lb (crates/vigil-cli/tests/lb_edge.rs) drive the python
+# The HTTP/2 edge tests of vigil lb (crates/vigil-cli/tests/lb/edge.rs) drive the python
 # h2 library (with hpack and hyperframe) for half header blocks and idle connections.
 if ! python3 -c 'import h2, hpack, hyperframe' >/dev/null 2>&1; then
   echo "installing h2 (pip)"

@@ -8,7 +8,7 @@ The harness of bench/lb/smuggling.py (each proxy with its default configuration 
 the listen address and one recording backend; a fresh connection per input), with
 these inputs instead of its own. The rows of docs/lb.md's smuggling table for
 userinfo, malformed Host values, a 2^64 - 1 chunk size and HTTP/1.2 were made from
-this output; vigil's side is tested in crates/vigil-cli/tests/lb_edge.rs.
+this output; vigil's side is tested in crates/vigil-cli/tests/lb/edge.rs.
 """
 import os
 import sys

@@ -10,7 +10,7 @@ the bytes it receives and answers every request head with a small 200. Printed p
 input and proxy: the status lines the client got, and what the backend saw (its
 request lines, and the framing, Host and underscore fields it got). The docs/lb.md
 table "Request framing and smuggling" was made from this output; each of its rows also
-has a test against vigil (crates/vigil-cli/tests/lb_front.rs, crates/vigil-core/src/http1.rs).
+has a test against vigil (crates/vigil-cli/tests/lb/front.rs, crates/vigil-core/src/http1.rs).
 
 Not a benchmark: nothing is timed except the bounded waits.
 """

@@ -1,6 +1,6 @@
 // The body of fuzz/fuzz_targets/vigil_options.rs (its doc says what it checks), kept apart
 // so that the same code replays the saved reproducers and seeds as a plain test on
-// stable Rust (crates/vigil-cli/tests/fuzz_replay.rs) and runs under libFuzzer.
+// stable Rust (crates/vigil-cli/tests/cli/fuzz_replay.rs) and runs under libFuzzer.
 use vigil::{CheckOptions, HealthConfig};
 
 /// The target's body: never panics on any input, and checks the invariants its fuzz

@@ -45,7 +45,7 @@ pub const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(30);
 pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(5);
 
 /// Options of one registered check. `Serialize` lets docs/config.md be checked against
-/// the defaults (crates/vigil-cli/tests/config_reference.rs).
+/// the defaults (crates/vigil-cli/tests/cli/config_reference.rs).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CheckOptions {

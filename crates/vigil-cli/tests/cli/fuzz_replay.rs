@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 macro_rules! targets {
     ($($name:ident),* $(,)?) => {
         $(mod $name {
-            include!(concat!("../../../fuzz/checks/", stringify!($name), ".rs"));
+            include!(concat!("../../../../fuzz/checks/", stringify!($name), ".rs"));
         })*
 
         /// Every target, by name, with its check.

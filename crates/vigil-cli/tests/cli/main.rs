@@ -177,6 +177,7 @@ fn the_example_worker_names_the_broker_it_cannot_reach() {
     );
 }
 
+#[path = "../lb_support/mod.rs"]
 mod lb_support;
 
 // The other files of this binary (one binary per component: a 2-core machine
@@ -187,6 +188,6 @@ mod example_grpc;
 mod fuzz_replay;
 mod logs;
 mod metrics_promtool;
+mod overload_service;
 mod sim;
 mod systemd;
-mod overload_service;

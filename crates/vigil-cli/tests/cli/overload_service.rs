@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-mod lb_support;
+use crate::lb_support;
 use lb_support::LbProcess;
 
 const PG: &str = "postgres://postgres@127.0.0.1:5432/test";

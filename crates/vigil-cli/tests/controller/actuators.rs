@@ -1,7 +1,7 @@
 //! `vigil controller` actuators as real processes: a webhook receiver that checks the
 //! HMAC signature and the idempotency key, an exec command that sees the target.
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use serde_json::Value;

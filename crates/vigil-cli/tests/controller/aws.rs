@@ -4,8 +4,8 @@
 //! crash in the middle of a call. moto must be installed
 //! (scripts/install-test-deps.sh).
 
-mod aws_support;
-mod controller_support;
+use crate::aws_support;
+use crate::controller_support;
 
 use aws_support::*;
 use controller_support::*;

@@ -27,7 +27,7 @@
 //! (and its veths) is deleted on exit, on a panic too (a Drop guard). Without root or
 //! `ip`, the cut is skipped with a message and the other faults still run.
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use serde_json::Value;

@@ -3,7 +3,7 @@
 //! being recorded (a re-run after a crash is counted in `attempts` and carries the same
 //! idempotency key).
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use std::collections::BTreeMap;

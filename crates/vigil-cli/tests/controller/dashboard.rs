@@ -13,8 +13,8 @@
 //! With queue workers heartbeating, the page lists them in their own section, the black
 //! hole first with its failure rate beside its group's.
 
-mod controller_support;
-mod lb_support;
+use crate::controller_support;
+use crate::lb_support;
 
 use base64::Engine as _;
 use controller_support::*;

@@ -1,7 +1,7 @@
 //! `vigil controller` with a discovery file that is broken, missing or changing while
 //! the controller starts: the real binary, real files, real SQLite.
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use serde_json::{Value, json};

@@ -1,6 +1,7 @@
 //! `vigil controller` as a real process: real HTTP targets (vigil-testkit backends on
 //! loopback), real SQLite, signals. Every wait polls with a generous deadline.
 
+#[path = "../controller_support/mod.rs"]
 mod controller_support;
 
 use controller_support::*;
@@ -694,8 +695,10 @@ async fn plain_web_servers_are_judged_by_their_status_and_a_wrong_path_is_logged
     );
 }
 
+#[path = "../aws_support/mod.rs"]
 mod aws_support;
 
+#[path = "../lb_support/mod.rs"]
 mod lb_support;
 
 // The other files of this binary (one binary per component: a 2-core machine

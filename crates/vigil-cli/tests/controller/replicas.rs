@@ -6,7 +6,7 @@
 //! machine, CI's included: an unreachable server fails these tests, it does not skip
 //! them), a schema of each test's own, dropped after.
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use serde_json::Value;

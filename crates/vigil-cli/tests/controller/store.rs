@@ -11,7 +11,7 @@
 //! would only imitate. Files that cannot be written at start are made with
 //! `chattr +i` (which stops root too) and a read-only remount.
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use serde_json::json;

@@ -2,7 +2,7 @@
 //! heartbeats, hostile API clients, hostile target ids. Real HTTP on loopback, real
 //! SQLite, the real binary.
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use serde_json::{Value, json};

@@ -8,6 +8,7 @@
 //! flap penalty). Stopping the demo leaves no process or port, also when its output goes
 //! through a pipe that Ctrl-C closes first (`vigil demo | tee log`).
 
+#[path = "../demo_support/mod.rs"]
 mod demo_support;
 
 use demo_support::{Demo, Narration, children_of, get_json, said, spawn_demo};

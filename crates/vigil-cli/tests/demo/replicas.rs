@@ -4,7 +4,7 @@
 //! leader acts on it, once. Stopping the demo drops the schemas it created and leaves
 //! none of its processes behind.
 
-mod demo_support;
+use crate::demo_support;
 
 use demo_support::{children_of, get_json, said, spawn_demo, wait_until};
 use std::io::Write;

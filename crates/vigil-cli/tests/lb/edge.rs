@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-mod lb_support;
+use crate::lb_support;
 use lb_support::{LbProcess as Lb, serve_each, take_exact, take_head};
 
 /// Longest wait for any answer.

@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 /// Longest wait for any answer.
 const WAIT: Duration = Duration::from_secs(5);
 
-mod lb_support;
+use crate::lb_support;
 use lb_support::{LbProcess as Lb, fill, serve_each, take_exact, take_head};
 
 fn lossy(b: &[u8]) -> String {

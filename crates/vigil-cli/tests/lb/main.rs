@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vigil_core::Status;
 use vigil_testkit::{Backend, Mode};
 
+#[path = "../lb_support/mod.rs"]
 mod lb_support;
 use lb_support::{LbProcess, serve_each, take_exact, take_head};
 
@@ -1516,7 +1517,7 @@ async fn request_bodies_small_and_streamed_reach_the_target_intact() {
 /// The `vigil lb` TOML block of the README's "The load balancer" section, for these
 /// targets, without its listen addresses (the harness sets them).
 fn readme_quick_start(targets: &[SocketAddr]) -> String {
-    let readme = include_str!("../../../README.md");
+    let readme = include_str!("../../../../README.md");
     let section = readme
         .split("### The load balancer")
         .nth(1)

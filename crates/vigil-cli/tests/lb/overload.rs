@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use vigil_testkit::{Backend, Mode};
 
-mod lb_support;
+use crate::lb_support;
 use lb_support::{LbProcess, serve_each, take_head};
 
 /// The tables of a pool `api` whose targets are in service at once and never leave

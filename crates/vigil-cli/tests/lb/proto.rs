@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio_tungstenite::tungstenite::Message;
 
-mod lb_support;
+use crate::lb_support;
 use lb_support::{LbProcess, serve_each, take_head};
 
 /// A WebSocket echo server (tokio-tungstenite's server side): every message comes back.

@@ -5,7 +5,7 @@
 //!
 //! `VIGIL_TEST_BIN` runs them on another build (to show they fail on an older one).
 
-mod demo_support;
+use crate::demo_support;
 
 use demo_support::{Demo, children_of, said, spawn_demo};
 use std::io::Write;

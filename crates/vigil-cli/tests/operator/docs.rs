@@ -4,7 +4,7 @@
 //! same block without its `[probe] path = "/"` fails them all, which is why the page
 //! says the path is needed.
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use std::io::{BufRead, BufReader, Write};

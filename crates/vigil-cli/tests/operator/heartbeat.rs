@@ -3,7 +3,7 @@
 //! `grace = "0s"` a target that never sent a heartbeat used to be acted on 0.6 s after
 //! start although its TTL was an hour.
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use std::time::{Duration, Instant};
