@@ -119,6 +119,11 @@ pub const METRICS: &[(&str, &str)] = &[
         "worker_pauses",
         "times a worker gate stopped its worker pulling",
     ),
+    ("dead_letters", "messages dead-lettered (poison or not)"),
+    (
+        "healthy_dead_letters",
+        "healthy (not poison) messages dead-lettered",
+    ),
     ("deploy_waves", "rollout waves that went out"),
     ("rollbacks", "rollouts that failed and rolled back"),
     ("client_retries", "retries the clients sent"),
@@ -172,6 +177,10 @@ pub const WITHIN: &[(&str, &str)] = &[
         "recover_within",
         "after the last fault ends, the client success rate is back to 99% for good within this",
     ),
+    (
+        "workers_resume_within",
+        "after the last fault ends, every worker that is up pulls again within this",
+    ),
 ];
 
 impl Expectation {
@@ -189,6 +198,7 @@ impl Expectation {
                 let got = match *key {
                     "fail_open_within" => s.first_fail_open_after_fault,
                     "recover_within" => s.recovered_after,
+                    "workers_resume_within" => s.workers_resumed_after,
                     _ => {
                         if s.undetected > 0 {
                             None

@@ -407,6 +407,13 @@ pub struct QueueConfig {
     /// Time for a sick worker to fail one message. Defaults to 2ms.
     #[serde(with = "humantime_serde")]
     pub fail_time: Duration,
+    /// The dependency (a `[[dependencies]]` name) every message calls: a message fails,
+    /// after its `process_time`, with the error rate the worker sees (a `dependency`
+    /// fault, `conn_broken`). Defaults to none.
+    pub dependency: Option<String>,
+    /// Fraction of produced messages that are poison (0 to 1): they fail on every
+    /// worker, after their `process_time`. Defaults to 0.
+    pub poison: f64,
     /// Whether each worker runs vigil's worker gate (`vigil_core::gate::WorkerGate`):
     /// it checks its own host (disk, fds) before pulling, and its kill switch pauses a
     /// worker that fails too many messages. Defaults to `on`.
@@ -423,6 +430,8 @@ impl Default for QueueConfig {
             threads: DEFAULT_QUEUE_THREADS,
             process_time: DEFAULT_PROCESS_TIME,
             fail_time: DEFAULT_FAIL_TIME,
+            dependency: None,
+            poison: 0.0,
             gate: Switch::On,
             worker: GateConfig::default(),
         }
@@ -1063,6 +1072,20 @@ impl ScenarioConfig {
             nonzero(q.fail_time, &["queue", "fail_time"])?;
             if q.rate < 0.0 {
                 return Err((vec![key("queue"), key("rate")], "must be 0 or more".into()));
+            }
+            if !(0.0..=1.0).contains(&q.poison) {
+                return Err((
+                    vec![key("queue"), key("poison")],
+                    "must be between 0 and 1".into(),
+                ));
+            }
+            if let Some(name) = &q.dependency
+                && !self.dependencies.iter().any(|d| &d.name == name)
+            {
+                return Err((
+                    vec![key("queue"), key("dependency")],
+                    format!("no dependency named {name:?} in [[dependencies]]"),
+                ));
             }
             q.worker
                 .validate()

@@ -103,6 +103,15 @@ pub struct Summary {
     pub max_queue_backlog: u64,
     /// Times a worker gate stopped its worker pulling (readiness or kill switch).
     pub worker_pauses: u32,
+    /// Messages dead-lettered (poison or not).
+    pub dead_letters: u64,
+    /// Healthy (not poison) messages dead-lettered.
+    pub healthy_dead_letters: u64,
+    /// From the end of the last fault with a duration to the first tick every worker
+    /// that is up pulls again.
+    pub workers_resumed_after: Option<Duration>,
+    /// Whether a fault of the scenario ends (has a duration).
+    pub fault_ends: bool,
     /// Rollout waves that went out.
     pub deploy_waves: u32,
     /// Rollouts halted and rolled back.
@@ -119,6 +128,7 @@ impl Summary {
             servers: cfg.fleet.servers,
             duration: cfg.duration,
             has_queue: cfg.queue.is_some(),
+            fault_ends: cfg.faults.iter().any(|f| f.duration.is_some()),
             has_retries: cfg.clients.retry != crate::scenario::ClientRetry::None
                 || cfg.lb.retries.max_retries > 0,
             ..Summary::default()
@@ -161,6 +171,8 @@ impl Summary {
             }
             "max_queue_backlog" => self.max_queue_backlog as f64,
             "worker_pauses" => f64::from(self.worker_pauses),
+            "dead_letters" => self.dead_letters as f64,
+            "healthy_dead_letters" => self.healthy_dead_letters as f64,
             "deploy_waves" => f64::from(self.deploy_waves),
             "rollbacks" => f64::from(self.rollbacks),
             "client_retries" => self.client_retries as f64,
@@ -328,6 +340,21 @@ impl Summary {
             ));
             rows.push(("max queue backlog", group(self.max_queue_backlog)));
             rows.push(("worker pauses", self.worker_pauses.to_string()));
+            rows.push((
+                "dead letters (healthy messages)",
+                format!(
+                    "{} ({})",
+                    group(self.dead_letters),
+                    group(self.healthy_dead_letters)
+                ),
+            ));
+            if self.fault_ends {
+                rows.push((
+                    "all workers pulling after last fault",
+                    self.workers_resumed_after
+                        .map_or_else(|| "never".into(), format_duration),
+                ));
+            }
         }
         if self.deploy_waves > 0 || self.rollbacks > 0 {
             rows.push((

@@ -254,7 +254,7 @@ pub struct Sim<'a> {
     dep_check_names: Vec<String>,
     deployments: Vec<Deployment>,
     // queue
-    queue_backlog: u64,
+    queue: queue::QueueState,
     /// Per server: its worker gate (the library's `WorkerGate`), when the queue's gate is
     /// on; rebuilt when the server is replaced.
     gates: Vec<WorkerGate>,
@@ -482,7 +482,7 @@ impl<'a> Sim<'a> {
             zone_names,
             dep_check_names,
             deployments: Vec::new(),
-            queue_backlog: 0,
+            queue: queue::QueueState::default(),
             gates: match &cfg.queue {
                 Some(q) if q.gate == Switch::On => (0..n)
                     .map(|_| WorkerGate::new(q.worker.clone(), Self::pt(Time::ZERO)))

@@ -172,6 +172,63 @@ fn the_kill_switch_alone_pauses_a_black_hole_for_longer_and_longer() {
     assert_eq!(o.summary.controller_actions, 0);
 }
 
+/// A queue whose messages call `db`, with `poison` of them poison, and `faults`.
+fn queue_with_dependency(poison: f64, faults: &str) -> Scenario {
+    sim_for(&format!(
+        "duration = \"10m\"\n[fleet]\nservers = 6\n[clients]\nrate = 0.0\n\
+         [[dependencies]]\nname = \"db\"\n\
+         [queue]\nrate = 30.0\ndependency = \"db\"\npoison = {poison}\n{faults}"
+    ))
+}
+
+#[test]
+fn a_shared_outage_dead_letters_nothing_where_the_old_rule_dead_letters_healthy_messages() {
+    let s = queue_with_dependency(
+        0.0,
+        "[[faults]]\nat = \"2m\"\nkind = \"dependency\"\ndependency = \"db\"\n\
+         error_rate = 1.0\nduration = \"30s\"\n",
+    );
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
+    let naive = run(&s.config.naive(), 1, Policies::Naive, &mut |_| {});
+    assert_eq!(o.summary.dead_letters, 0, "{:?}", o.log);
+    assert!(
+        o.summary.worker_pauses >= 1,
+        "the kill switches pause the fleet"
+    );
+    assert!(
+        o.summary.workers_resumed_after.is_some(),
+        "the fleet pulls again after the outage"
+    );
+    assert!(
+        naive.summary.healthy_dead_letters >= 50,
+        "the old rule dead-letters healthy messages in a shared outage: {}",
+        naive.summary.healthy_dead_letters
+    );
+    // The same outage on one worker's connection only: its failures are its own, and
+    // again nothing is dead-lettered.
+    let s = queue_with_dependency(
+        0.0,
+        "[[faults]]\nat = \"2m\"\nkind = \"conn_broken\"\ndependency = \"db\"\n\
+         target = \"server:2\"\nduration = \"30s\"\n",
+    );
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
+    assert_eq!(o.summary.dead_letters, 0, "{:?}", o.log);
+}
+
+#[test]
+fn poison_on_healthy_workers_is_still_dead_lettered_and_nothing_else() {
+    let s = queue_with_dependency(0.005, "");
+    let o = run(&s.config, 1, Policies::Vigil, &mut |_| {});
+    // 30 messages/s for 10 minutes, 1 in 200 poison: about 90.
+    assert!(
+        (70..=110).contains(&o.summary.dead_letters),
+        "poison is dead-lettered: {}",
+        o.summary.dead_letters
+    );
+    assert_eq!(o.summary.healthy_dead_letters, 0);
+    assert_eq!(o.summary.worker_pauses, 0, "poison pauses nobody");
+}
+
 #[test]
 fn workers_failing_alike_are_not_outliers_and_nobody_is_replaced() {
     // Every worker fails 30% of its messages: a shared cause (a bad dependency), not
