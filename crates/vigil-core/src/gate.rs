@@ -66,6 +66,18 @@
 //!
 //!    [`naive_disposition`] is the rule without this judgement (any 2 workers at once:
 //!    vigil's rule before issue 36), for the simulator's naive twin.
+//! 4. **A shared blip ends the pause when it is over.** A kill-switch pause is *shared*
+//!    when the worker's dependency checks (its `/health` checks beyond readiness: the
+//!    database, a downstream service, what every peer shares) fail when it trips or
+//!    while it is paused: the cause is one its cohort shares, not this worker. Such a
+//!    pause ends as soon as those checks pass again `readiness.healthy_threshold` times
+//!    in a row (default 2): the worker pulls on probation at once, with its peers, where
+//!    otherwise a 50 s blip would stop it for its whole pause (60 s, or longer after
+//!    doubling). Probation still judges: a worker still failing trips again (the pause
+//!    doubling as in rule 2). A pause whose dependency checks never failed waits its
+//!    time out: the gate cannot tell that a cause it does not see is gone. The
+//!    controller's view of the cohort ("4 of 4 fail together") does not reach the
+//!    workers; their own dependency checks are what they know of the shared cause.
 //!
 //! # Example
 //!
@@ -360,9 +372,20 @@ pub fn naive_disposition(
 
 #[derive(Clone, Debug, PartialEq)]
 enum Switch {
-    Closed { since: Time },
-    Open { until: Time, failed: u64, of: u64 },
-    Probation { failed: u64, of: u64 },
+    Closed {
+        since: Time,
+    },
+    Open {
+        until: Time,
+        failed: u64,
+        of: u64,
+        /// The worker's dependency checks failed when it tripped or since (rule 4).
+        shared: bool,
+    },
+    Probation {
+        failed: u64,
+        of: u64,
+    },
 }
 
 /// The worker gate: see the [module docs](self).
@@ -378,6 +401,10 @@ pub struct WorkerGate {
     switch: Switch,
     /// The pause the next trip costs.
     next_pause: Duration,
+    /// Whether the worker's dependency checks fail now (rule 4), and the passes in a
+    /// row since they last failed.
+    deps_failing: bool,
+    deps_passes: u32,
 }
 
 impl WorkerGate {
@@ -393,6 +420,8 @@ impl WorkerGate {
             recent: VecDeque::new(),
             switch: Switch::Closed { since: now },
             next_pause,
+            deps_failing: false,
+            deps_passes: 0,
         }
     }
 
@@ -415,7 +444,9 @@ impl WorkerGate {
             });
         }
         match self.switch {
-            Switch::Open { until, failed, of } => Some(Pause::KillSwitch { failed, of, until }),
+            Switch::Open {
+                until, failed, of, ..
+            } => Some(Pause::KillSwitch { failed, of, until }),
             _ => None,
         }
     }
@@ -433,6 +464,44 @@ impl WorkerGate {
         }
         self.readiness.observe(now, result.is_ok());
         self.change(before)
+    }
+
+    /// Feeds one result of the worker's dependency checks (its `/health` checks beyond
+    /// readiness; `Err` with what failed): what it knows of a cause its peers share.
+    /// Ends a shared kill-switch pause once they pass again (rule 4). Returns the change
+    /// of the gate, if any.
+    pub fn observe_dependencies(
+        &mut self,
+        _now: Time,
+        result: Result<(), String>,
+    ) -> Option<GateChange> {
+        let before = self.may_pull();
+        match result {
+            Err(_) => {
+                self.deps_failing = true;
+                self.deps_passes = 0;
+                if let Switch::Open { shared, .. } = &mut self.switch {
+                    *shared = true;
+                }
+            }
+            Ok(()) if self.deps_failing => {
+                self.deps_passes += 1;
+                if self.deps_passes >= self.config.readiness.healthy_threshold {
+                    self.deps_failing = false;
+                }
+            }
+            Ok(()) => {}
+        }
+        if matches!(self.switch, Switch::Open { shared: true, .. }) && !self.deps_failing {
+            self.switch = Switch::Probation { failed: 0, of: 0 };
+        }
+        self.change(before)
+    }
+
+    /// Whether the kill switch's pause is shared (rule 4): the worker's dependency checks
+    /// failed when it tripped or since.
+    pub fn pause_is_shared(&self) -> bool {
+        matches!(self.switch, Switch::Open { shared: true, .. })
     }
 
     /// Records the outcome of one message this worker processed while its gate was open.
@@ -601,6 +670,7 @@ impl WorkerGate {
             until: now + pause,
             failed,
             of,
+            shared: self.deps_failing,
         };
         self.outcomes.clear();
     }

@@ -264,28 +264,64 @@ async fn drive(inner: Weak<Inner>, mut snapshots: watch::Receiver<Arc<crate::sna
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut health_alive = true;
     loop {
-        let readiness = tokio::select! {
+        let observed = tokio::select! {
             changed = snapshots.changed(), if health_alive => match changed {
-                Ok(()) => Some(verdict(&snapshots.borrow_and_update())),
+                Ok(()) => {
+                    let snapshot = snapshots.borrow_and_update();
+                    Some((verdict(&snapshot), dependency_verdict(&snapshot)))
+                }
                 Err(_) => {
                     // The health registry is gone: nothing vouches for the host any more.
                     health_alive = false;
-                    Some(Err("health checks stopped".to_string()))
+                    Some((Err("health checks stopped".to_string()), None))
                 }
             },
             _ = tick.tick() => None,
         };
         let Some(inner) = inner.upgrade() else { return };
         let now = inner.now();
-        let change = {
+        let changes = {
             let mut gate = inner.lock_gate();
-            match readiness {
-                Some(r) => gate.observe_readiness(now, r).or_else(|| gate.tick(now)),
-                None => gate.tick(now),
+            match observed {
+                Some((ready, deps)) => {
+                    let a = gate.observe_readiness(now, ready);
+                    // The dependency checks end a shared kill-switch pause (rule 4).
+                    let b = deps.and_then(|d| gate.observe_dependencies(now, d));
+                    let c = gate.tick(now);
+                    [a, b, c]
+                }
+                None => [gate.tick(now), None, None],
             }
         };
-        inner.apply(change);
+        for change in changes {
+            inner.apply(change);
+        }
     }
+}
+
+/// The verdict of a snapshot's dependency checks (its `/health` checks beyond
+/// readiness): `Err` naming what fails, `None` when it has none.
+fn dependency_verdict(snapshot: &crate::snapshot::Snapshot) -> Option<Result<(), String>> {
+    let ready = &snapshot.ready_now().checks;
+    let full = snapshot.full_now();
+    let deps: Vec<(&String, &Vec<vigil_core::CheckResult>)> = full
+        .checks
+        .iter()
+        .filter(|(name, _)| !ready.contains_key(*name))
+        .collect();
+    if deps.is_empty() {
+        return None;
+    }
+    let failing: Vec<&str> = deps
+        .iter()
+        .filter(|(_, results)| results.iter().any(|r| r.status == vigil_core::Status::Fail))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    Some(if failing.is_empty() {
+        Ok(())
+    } else {
+        Err(failing.join(", "))
+    })
 }
 
 /// The readiness verdict of a snapshot: `Err` naming what fails.

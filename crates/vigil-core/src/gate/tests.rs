@@ -328,6 +328,8 @@ struct FleetRun {
     dead_healthy: u64,
     dead_poison: u64,
     left: usize,
+    /// When every gate pulled again after the dependency came back (first 100 ms step).
+    all_pulling_at: Option<Time>,
 }
 
 /// A fleet of `n` workers sharing one queue for `for_secs`: 20 fresh messages a second
@@ -340,6 +342,19 @@ fn run_fleet(
     poison: bool,
     dependency_down: impl Fn(Time) -> bool,
     naive: bool,
+) -> FleetRun {
+    run_fleet_checked(n, for_secs, poison, dependency_down, naive, false)
+}
+
+/// [`run_fleet`], the workers also checking the dependency once a second when
+/// `dependency_checks` (rule 4).
+fn run_fleet_checked(
+    n: usize,
+    for_secs: u64,
+    poison: bool,
+    dependency_down: impl Fn(Time) -> bool,
+    naive: bool,
+    dependency_checks: bool,
 ) -> FleetRun {
     let mut gates: Vec<WorkerGate> = (0..n)
         .map(|_| WorkerGate::new(GateConfig::default(), Time::ZERO))
@@ -363,6 +378,25 @@ fn run_fleet(
         // workers are): each of 4 every 100 ms.
         for g in &mut gates {
             g.tick(now);
+            if dependency_checks && step.is_multiple_of(40) {
+                let r = if dependency_down(now) {
+                    Err("db:connect refused".to_string())
+                } else {
+                    Ok(())
+                };
+                g.observe_dependencies(now, r);
+            }
+        }
+        if run.all_pulling_at.is_none()
+            && now > ms(25)
+            && dependency_down(now - Duration::from_millis(25))
+            && !dependency_down(now)
+        {
+            // The dependency just came back: from now on, watch for the fleet.
+            run.all_pulling_at = Some(Time::ZERO);
+        }
+        if run.all_pulling_at == Some(Time::ZERO) && gates.iter().all(|g| g.may_pull()) {
+            run.all_pulling_at = Some(now);
         }
         let w = (step as usize) % n;
         let g = &mut gates[w];
@@ -488,4 +522,97 @@ fn a_readiness_table_setting_one_threshold_keeps_the_gates_default_for_the_other
     assert_eq!(c, GateConfig::default());
     let e = toml::from_str::<GateConfig>("[readiness]\nhealthy = 4\n").unwrap_err();
     assert!(e.to_string().contains("healthy"), "{e}");
+}
+
+// === rule 4: a shared blip ends the pause when it is over ===
+
+/// A gate whose kill switch tripped at 10 s (100 failures in 10 s).
+fn tripped() -> WorkerGate {
+    let mut g = WorkerGate::new(GateConfig::default(), Time::ZERO);
+    for i in 1..=100 {
+        g.record(ms(100 * i), false);
+    }
+    assert!(!g.may_pull());
+    g
+}
+
+#[test]
+fn a_pause_whose_dependency_checks_failed_ends_when_they_pass_again() {
+    let mut g = tripped();
+    assert!(!g.pause_is_shared(), "nothing said the cause is shared yet");
+    assert_eq!(g.observe_dependencies(secs(12), Err("db".into())), None);
+    assert!(g.pause_is_shared());
+    assert_eq!(
+        g.observe_dependencies(secs(20), Ok(())),
+        None,
+        "one pass is not enough"
+    );
+    assert_eq!(
+        g.observe_dependencies(secs(21), Ok(())),
+        Some(GateChange::Resumed { probation: true }),
+        "the shared cause is gone: probation at once, not at 70 s"
+    );
+    // Probation still judges: failing again pauses it for twice as long.
+    let mut change = None;
+    for i in 1..=10 {
+        change = g.record(secs(21) + Duration::from_millis(100 * i), false);
+    }
+    let Some(GateChange::Paused(Pause::KillSwitch { until, .. })) = change else {
+        panic!("{change:?}");
+    };
+    assert_eq!(until, secs(22) + Duration::from_secs(120));
+}
+
+#[test]
+fn a_trip_while_the_dependency_checks_fail_is_shared_from_the_start() {
+    let mut g = WorkerGate::new(GateConfig::default(), Time::ZERO);
+    g.observe_dependencies(secs(1), Err("db".into()));
+    for i in 1..=100 {
+        g.record(secs(1) + Duration::from_millis(100 * i), false);
+    }
+    assert!(g.pause_is_shared());
+    g.observe_dependencies(secs(12), Ok(()));
+    assert_eq!(
+        g.observe_dependencies(secs(13), Ok(())),
+        Some(GateChange::Resumed { probation: true })
+    );
+}
+
+#[test]
+fn a_pause_whose_dependency_checks_never_failed_waits_its_time() {
+    let mut g = tripped();
+    for t in 11..70 {
+        assert_eq!(g.observe_dependencies(secs(t), Ok(())), None, "at {t} s");
+        assert_eq!(g.tick(secs(t)), None, "at {t} s");
+    }
+    assert!(!g.pause_is_shared());
+    assert_eq!(
+        g.tick(secs(70)),
+        Some(GateChange::Resumed { probation: true })
+    );
+    // Dependency checks that fail and pass while the gate pulls change nothing.
+    let mut h = WorkerGate::new(GateConfig::default(), Time::ZERO);
+    assert_eq!(h.observe_dependencies(secs(1), Err("db".into())), None);
+    assert_eq!(h.observe_dependencies(secs(2), Ok(())), None);
+    assert!(h.may_pull());
+}
+
+#[test]
+fn after_a_shared_blip_the_fleet_pulls_again_together_within_seconds() {
+    // The 50 s blip; the kill switches trip within seconds of its start.
+    let down = |t: Time| (secs(60)..secs(110)).contains(&t);
+    let checked = run_fleet_checked(4, 300, false, down, false, true);
+    let back = checked.all_pulling_at.expect("the fleet pulls again");
+    assert!(
+        back.since(secs(110)) <= Duration::from_secs(3),
+        "two passing checks a second apart: every worker pulls within 3 s, at {back}"
+    );
+    assert_eq!(checked.dead_healthy, 0, "{checked:?}");
+    // Without dependency checks, the pause (60 s from the trip) runs out first.
+    let blind = run_fleet(4, 300, false, down, false);
+    let blind_back = blind.all_pulling_at.expect("the fleet pulls again");
+    assert!(
+        blind_back.since(secs(110)) >= Duration::from_secs(8),
+        "the whole pause: {blind_back}"
+    );
 }

@@ -2,7 +2,7 @@
 //! message goes (back to the queue, stamped, or dead-lettered: the gate's poison rule),
 //! and what a worker reports.
 
-use super::Sim;
+use super::{CHECK_DEP0, Sim};
 use crate::scenario::ScenarioConfig;
 use std::collections::VecDeque;
 use vigil_core::anomaly::Counts;
@@ -271,9 +271,9 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Worker `i`'s gate at `now`: feeds it the host's readiness (the library feeds it
-    /// every snapshot of the local checks; here, once per tick) and its timers, and says
-    /// whether it may pull.
+    /// Worker `i`'s gate at `now`: feeds it the host's readiness and its dependency
+    /// checks (the library feeds it every snapshot of the checks; here, once per tick)
+    /// and its timers, and says whether it may pull.
     pub(super) fn gate_lets_pull(&mut self, i: usize, now: Time) -> bool {
         let (failing, status) = self.checks(i, now, false);
         let readiness = if status == Status::Fail {
@@ -281,12 +281,23 @@ impl<'a> Sim<'a> {
         } else {
             Ok(())
         };
+        // Its dependency checks (the `/health` checks beyond readiness): what ends a
+        // shared kill-switch pause (rule 4 of `vigil_core::gate`).
+        let deps = (!self.deps.is_empty()).then(|| {
+            let (failing, _) = self.checks(i, now, true);
+            let deps = failing & !((1u32 << CHECK_DEP0) - 1);
+            if deps == 0 {
+                Ok(())
+            } else {
+                Err(self.check_names(deps).join(", "))
+            }
+        });
         let pnow = Self::pt(now);
         let g = &mut self.gates[i];
-        if let Some(change) = g
-            .observe_readiness(pnow, readiness)
-            .or_else(|| g.tick(pnow))
-        {
+        let a = g.observe_readiness(pnow, readiness);
+        let b = deps.and_then(|d| g.observe_dependencies(pnow, d));
+        let c = g.tick(pnow);
+        for change in [a, b, c].into_iter().flatten() {
             self.gate_changed(i, change);
         }
         self.gates[i].may_pull()
