@@ -23,6 +23,13 @@
 //! - with a real `vigil controller`: a host it holds counts against the floor and is
 //!   not touched, the hosts can be its targets, and a controller that cannot be read
 //!   holds the rollout (fail closed) until it answers.
+//! - issue 37, judged by what the clients see: six services behind a real `vigil lb`
+//!   with its defaults (slow start included), ~165 requests/s of GET and POST through
+//!   it, the rollout's defaults but the bake, `[lb] admin` read for the verdict: a
+//!   revision answering 500 to 5% of its POSTs while its health passes is halted in
+//!   wave 1 with a 15 s and a 40 s bake (its host drained before its reinstall), and
+//!   the good revision completes, every wave passing by the balancer's counts, with no
+//!   client error.
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -72,6 +79,8 @@ fn free_port() -> u16 {
 struct Host {
     id: String,
     port: u16,
+    /// The application listener's port, when a balancer routes to it (else any port).
+    app: Option<u16>,
     revision: String,
     child: Option<Child>,
 }
@@ -88,9 +97,11 @@ struct Fleet {
     lb_admin: Arc<OnceLock<u16>>,
 }
 
-/// Starts a host's service on `revision`; a revision named `bad*` fails its health
-/// (its disk check's floor is 100% free), as a broken build would.
-fn start_service(dir: &Path, id: &str, port: u16, revision: &str) -> Child {
+/// Starts a host's service on `revision` (its application listener on `app`, else any
+/// port); a revision named `bad*` fails its health (its disk check's floor is 100%
+/// free), as a broken build would. (A revision named `leaky*` answers 500 to 5% of its
+/// POSTs while its health passes: [`leak_posts`], once it listens.)
+fn start_service(dir: &Path, id: &str, app: Option<u16>, port: u16, revision: &str) -> Child {
     let data = dir.join(format!("data-{id}"));
     std::fs::create_dir_all(&data).unwrap();
     let fail_below = if revision.starts_with("bad") {
@@ -104,7 +115,8 @@ fn start_service(dir: &Path, id: &str, port: u16, revision: &str) -> Child {
         .open(dir.join(format!("service-{id}.log")))
         .unwrap();
     Command::new(vigil_bin())
-        .args(["example-service", "--listen", "127.0.0.1:0"])
+        .args(["example-service", "--listen"])
+        .arg(format!("127.0.0.1:{}", app.unwrap_or(0)))
         .arg("--health-listen")
         .arg(format!("127.0.0.1:{port}"))
         .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
@@ -196,15 +208,41 @@ impl Fleet {
                 } else {
                     format!("h{i}")
                 };
-                let child = start_service(dir, &id, port, revision);
+                let child = start_service(dir, &id, None, port, revision);
                 Host {
                     id,
                     port,
+                    app: None,
                     revision: revision.to_string(),
                     child: Some(child),
                 }
             })
             .collect();
+        Self::supervise(dir, hosts, revision)
+    }
+
+    /// `n` hosts behind a balancer, each named by its application listener's
+    /// `host:port` (the balancer's target) and probed on its health listener.
+    fn start_behind_lb(dir: &Path, revision: &str, n: usize) -> Fleet {
+        let hosts = (0..n)
+            .map(|_| {
+                let (app, port) = (free_port(), free_port());
+                let id = format!("127.0.0.1:{app}");
+                let child = start_service(dir, &id, Some(app), port, revision);
+                Host {
+                    id,
+                    port,
+                    app: Some(app),
+                    revision: revision.to_string(),
+                    child: Some(child),
+                }
+            })
+            .collect();
+        Self::supervise(dir, hosts, revision)
+    }
+
+    /// Starts the supervisor of `hosts` and waits until they all serve `revision`.
+    fn supervise(dir: &Path, hosts: Vec<Host>, revision: &str) -> Fleet {
         let hosts = Arc::new(Mutex::new(hosts));
         let violations = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -240,7 +278,10 @@ impl Fleet {
                             let _ = c.kill();
                             let _ = c.wait();
                         }
-                        h.child = Some(start_service(&dir, &h.id, h.port, &want));
+                        h.child = Some(start_service(&dir, &h.id, h.app, h.port, &want));
+                        if let (Some(app), true) = (h.app, want.starts_with("leaky")) {
+                            leak_posts(app);
+                        }
                         h.revision = want;
                     }
                     std::thread::sleep(Duration::from_millis(30));
@@ -431,6 +472,19 @@ impl Drop for Fleet {
                 let _ = c.wait();
             }
         }
+    }
+}
+
+/// Turns on the example service's POST fault (5% of `POST /orders` answer 500) on the
+/// application port `app`, waiting up to 10 s for it to listen.
+fn leak_posts(app: u16) {
+    let started = Instant::now();
+    while http_get::call(app, "POST", "/fault/post-errors?percent=5", None, "") != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the service on {app} never took the POST fault"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -1396,4 +1450,391 @@ fn an_unreadable_controller_holds_the_rollout_until_it_answers() {
     );
     fleet.wait_serving("v2");
     assert_floor_kept(&fleet);
+}
+
+// === issue 37: judged by what the clients see ===
+
+/// Client requests per second through the balancer in the issue 37 tests, half `GET /`,
+/// half `POST /orders` (the tester's ~165/s over 6 hosts).
+const LOAD_RATE: f64 = 165.0;
+/// Client connections the load is spread over (kept alive, as browsers and SDKs do).
+const LOAD_CONNECTIONS: usize = 4;
+/// The load stops by itself after this, whatever the test does.
+const LOAD_LIMIT: Duration = Duration::from_secs(420);
+
+/// What the clients got, counted by the load generator.
+#[derive(Default)]
+struct ClientTally {
+    /// (status, when) of every answer; 0: the connection failed.
+    answers: Vec<(u16, Instant)>,
+}
+
+/// A bounded load of GETs and POSTs through the balancer's port on keep-alive
+/// connections, paced to [`LOAD_RATE`]; stops when told or after [`LOAD_LIMIT`].
+struct Load {
+    stop: Arc<AtomicBool>,
+    tally: Arc<Mutex<ClientTally>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(port: u16) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tally = Arc::new(Mutex::new(ClientTally::default()));
+        let every = Duration::from_secs_f64(LOAD_CONNECTIONS as f64 / LOAD_RATE);
+        let threads = (0..LOAD_CONNECTIONS)
+            .map(|i| {
+                let (stop, tally) = (stop.clone(), tally.clone());
+                std::thread::spawn(move || {
+                    let started = Instant::now();
+                    let mut next = started + every.mul_f64(i as f64 / LOAD_CONNECTIONS as f64);
+                    let mut conn: Option<std::net::TcpStream> = None;
+                    let mut n = i;
+                    while !stop.load(Ordering::Relaxed) && started.elapsed() < LOAD_LIMIT {
+                        let now = Instant::now();
+                        if now < next {
+                            std::thread::sleep(next - now);
+                        }
+                        next += every;
+                        n += 1;
+                        let req: &[u8] = if n % 2 == 0 {
+                            b"GET / HTTP/1.1\r\nHost: web\r\n\r\n"
+                        } else {
+                            b"POST /orders HTTP/1.1\r\nHost: web\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+                        };
+                        let status = keep_alive_call(&mut conn, port, req);
+                        tally.lock().unwrap().answers.push((status, Instant::now()));
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            tally,
+            threads,
+        }
+    }
+
+    /// (answers, 5xx answers, failed connections) between `from` and `to`.
+    fn count(&self, from: Instant, to: Instant) -> (usize, usize, usize) {
+        let t = self.tally.lock().unwrap();
+        let within = t.answers.iter().filter(|(_, at)| *at >= from && *at <= to);
+        let (mut n, mut errors, mut failed) = (0, 0, 0);
+        for (status, _) in within {
+            n += 1;
+            match status {
+                0 => failed += 1,
+                500..=599 => errors += 1,
+                _ => {}
+            }
+        }
+        (n, errors, failed)
+    }
+
+    fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One request on a kept-alive connection (made again when it broke): the answer's
+/// status, 0 when there was none. Reads the head and a `Content-Length` body.
+fn keep_alive_call(conn: &mut Option<std::net::TcpStream>, port: u16, req: &[u8]) -> u16 {
+    use std::io::{BufRead, BufReader, Read, Write};
+    for _ in 0..2 {
+        if conn.is_none() {
+            let Ok(c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                return 0;
+            };
+            let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
+            let _ = c.set_nodelay(true);
+            *conn = Some(c);
+        }
+        let c = conn.as_mut().unwrap();
+        if c.write_all(req).is_err() {
+            *conn = None;
+            continue;
+        }
+        let mut r = BufReader::new(c.try_clone().unwrap());
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            // Closed before an answer (an idle connection the server dropped): again.
+            *conn = None;
+            continue;
+        }
+        let status: u16 = line
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let (mut length, mut close) = (0usize, false);
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h).unwrap_or(0) == 0 {
+                close = true;
+                break;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let lower = h.to_ascii_lowercase();
+            if let Some(v) = lower.strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+            if lower.starts_with("connection:") && lower.contains("close") {
+                close = true;
+            }
+        }
+        let mut body = vec![0; length];
+        if r.read_exact(&mut body).is_err() || !r.buffer().is_empty() || close {
+            *conn = None;
+        }
+        return status;
+    }
+    0
+}
+
+/// Six example services behind a real `vigil lb` (its defaults: slow start, active
+/// checks on `/readyz`, outlier detection) with [`Load`] through it, and a deploy.toml
+/// with the rollout's defaults but `bake`, reading the balancer's counts (`[lb]`) and
+/// draining through its admin API.
+struct LbRollout {
+    fleet: Fleet,
+    lb: lb_support::LbProcess,
+    load: Option<Load>,
+    config: PathBuf,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl LbRollout {
+    fn start(dir: &Path, bake: &str) -> LbRollout {
+        let fleet = Fleet::start_behind_lb(dir, "v1", 6);
+        let ids: Vec<String> = fleet
+            .hosts
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|h| h.id.clone())
+            .collect();
+        let targets: Vec<String> = ids
+            .iter()
+            .map(|id| format!("{{ addr = \"{id}\" }}"))
+            .collect();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let lb = rt.block_on(lb_support::LbProcess::start(&format!(
+            "[pools.web]\ntargets = [{}]\n",
+            targets.join(", ")
+        )));
+        let admin = lb.admin;
+        // Every target in service before the load and the rollout start.
+        let started = Instant::now();
+        loop {
+            let body = http_get::get(admin, "/admin/targets")
+                .map(|(_, b)| b)
+                .unwrap_or_default();
+            let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            let healthy = v["pools"]["web"]["targets"].as_array().map_or(0, |ts| {
+                ts.iter().filter(|t| t["state"] == "healthy").count()
+            });
+            if healthy == ids.len() {
+                break;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "the balancer never had every host in service: {body}\n{}",
+                lb.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        fleet.lb_admin.set(admin).unwrap();
+        let d = fleet.dir.display().to_string();
+        let mut text = format!(
+            r#"name = "web"
+store = "data/vigil.db"
+[rollout]
+bake = "{bake}"
+[lb]
+admin = ["http://127.0.0.1:{admin}"]
+[install.exec]
+command = ["sh", "{d}/install.sh"]
+timeout = "20s"
+[drain]
+kind = "http"
+url = "http://127.0.0.1:{admin}/admin/targets/{{host}}/drain?wait=10s"
+"#
+        );
+        for h in fleet.hosts.lock().unwrap().iter() {
+            text.push_str(&format!(
+                "[[hosts]]\nid = \"{}\"\nurl = \"http://127.0.0.1:{}\"\nzone = \"a\"\n",
+                h.id, h.port
+            ));
+        }
+        let config = dir.join("deploy.toml");
+        std::fs::write(&config, text).unwrap();
+        let load = Load::start(lb.port);
+        LbRollout {
+            fleet,
+            lb,
+            load: Some(load),
+            config,
+            _rt: rt,
+        }
+    }
+
+    /// Runs `vigil deploy run --revision` to its end (bounded by `limit`): the exit code.
+    fn run(&self, revision: &str, limit: Duration) -> i32 {
+        let mut d = deploy(
+            &self.fleet.dir,
+            &self.config,
+            &["run", "--revision", revision],
+        );
+        let started = Instant::now();
+        loop {
+            if let Some(s) = d.child.try_wait().unwrap() {
+                return s.code().unwrap_or(-1);
+            }
+            assert!(
+                started.elapsed() < limit,
+                "vigil deploy did not finish within {limit:?}\n{}\n--- lb log (end)\n{}",
+                self.fleet.diagnostics(),
+                self.lb
+                    .log()
+                    .lines()
+                    .rev()
+                    .take(40)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn explain(&self) -> Vec<String> {
+        let (code, out, err) = deploy_output(&self.config, &["explain"]);
+        assert_eq!(code, 0, "explain: {err}");
+        out.lines().map(str::to_string).collect()
+    }
+}
+
+impl Drop for LbRollout {
+    fn drop(&mut self) {
+        if let Some(l) = self.load.take() {
+            l.stop();
+        }
+    }
+}
+
+/// Issue 37: a revision whose health passes but which answers 500 to 5% of POSTs (half
+/// the traffic) is halted in wave 1, judged by the balancer's counts, and rolled back.
+fn leaky_revision_is_halted_in_wave_one(bake: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let r = LbRollout::start(dir.path(), bake);
+    let started = Instant::now();
+    let code = r.run("leaky", Duration::from_secs(300));
+    let ended = Instant::now();
+    let load = r.load.as_ref().unwrap();
+    let (answers, errors, failed) = load.count(started, ended);
+    let explain = r.explain();
+    let text = explain.join("\n");
+    eprintln!(
+        "bake {bake}: exit {code} after {:.1}s; clients got {answers} answers during the rollout, {errors} 5xx, {failed} failed connections",
+        (ended - started).as_secs_f64()
+    );
+    for l in explain
+        .iter()
+        .filter(|l| l.contains("fails") || l.contains("wave "))
+    {
+        eprintln!("  {l}");
+    }
+    assert_eq!(code, 2, "rolled back\n{text}\n{}", r.fleet.diagnostics());
+    assert!(text.contains("wave 1 of leaky"), "{text}");
+    assert!(
+        !text.contains("wave 2 of leaky"),
+        "halted in wave 1: {text}"
+    );
+    let failed_at = explain
+        .iter()
+        .find(|l| l.contains("wave 1 fails"))
+        .unwrap_or_else(|| panic!("wave 1 fails by its clients' errors: {text}"));
+    assert!(
+        failed_at.contains("by the balancer's counts"),
+        "{failed_at}"
+    );
+    let installs = r.fleet.installs();
+    let leaky: Vec<&(String, String)> = installs.keys().filter(|(_, rev)| rev == "leaky").collect();
+    assert_eq!(leaky.len(), 1, "one host got the revision: {installs:?}");
+    r.fleet.wait_serving("v1");
+    assert!(
+        errors < 40,
+        "the clients' 500s stop with wave 1 (the host-reported rule let 88 through): {errors}"
+    );
+    assert_eq!(failed, 0, "no client connection failed");
+    assert!(
+        r.fleet.violations().is_empty(),
+        "{:?}",
+        r.fleet.violations()
+    );
+}
+
+#[test]
+fn a_revision_failing_five_percent_of_posts_is_halted_in_wave_one_with_a_15s_bake() {
+    leaky_revision_is_halted_in_wave_one("15s");
+}
+
+#[test]
+fn a_revision_failing_five_percent_of_posts_is_halted_in_wave_one_with_a_40s_bake() {
+    leaky_revision_is_halted_in_wave_one("40s");
+}
+
+/// Issue 37: the good revision, under the same load and the same rule, completes: every
+/// wave passes by the balancer's counts and no client gets an error.
+#[test]
+fn a_good_revision_behind_vigil_lb_completes_judged_by_its_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = LbRollout::start(dir.path(), "15s");
+    let started = Instant::now();
+    let code = r.run("v2", Duration::from_secs(400));
+    let ended = Instant::now();
+    let (answers, errors, failed) = r.load.as_ref().unwrap().count(started, ended);
+    let explain = r.explain();
+    let text = explain.join("\n");
+    eprintln!(
+        "good revision: exit {code} after {:.1}s; clients got {answers} answers, {errors} 5xx, {failed} failed connections",
+        (ended - started).as_secs_f64()
+    );
+    for l in explain
+        .iter()
+        .filter(|l| l.contains("passes") || l.contains("held"))
+    {
+        eprintln!("  {l}");
+    }
+    assert_eq!(code, 0, "completed\n{text}\n{}", r.fleet.diagnostics());
+    r.fleet.wait_serving("v2");
+    let passes = explain
+        .iter()
+        .filter(|l| l.contains(" passes: ") && l.contains("by the balancer's counts"))
+        .count();
+    assert_eq!(
+        passes, 6,
+        "every wave passes by its clients' answers: {text}"
+    );
+    assert_eq!((errors, failed), (0, 0), "no client error: {text}");
+    assert!(answers > 1000, "the load ran: {answers}");
+    assert!(
+        r.fleet.violations().is_empty(),
+        "{:?}",
+        r.fleet.violations()
+    );
 }

@@ -61,7 +61,8 @@
 //! 4. **Rollback is latched.** A failed wave marks the revision *bad*: it is never
 //!    deployed again until a human [`clears`](Rollout::clear_bad) it, and a new rollout of it
 //!    is refused. The rollback reinstalls the previous revision on every host that got the
-//!    bad one, through the same waves and the same floor; nothing redeploys by itself
+//!    bad one (a host back in service, one that reported back and was undrained, is
+//!    drained again first), through the same waves and the same floor; nothing redeploys by itself
 //!    afterwards, so deploy <-> rollback cycles (keel #1485) cannot happen. A rollback
 //!    that itself fails stops and raises an alert: a human decides.
 //! 5. **Everything explained.** Every decision is appended to [`Rollout::decisions`] with
@@ -822,7 +823,10 @@ impl Rollout {
             && let HostStep::Draining { since } = h.step
         {
             h.step = HostStep::Installing { since };
-            let key = format!("{}:{host}:{revision}", self.id);
+            let key = match self.phase {
+                Phase::RollingBack { .. } => format!("{}:{host}:rollback:{revision}", self.id),
+                _ => format!("{}:{host}:{revision}", self.id),
+            };
             self.outbox.push(Command::Install {
                 host: host.to_string(),
                 revision,
@@ -1583,11 +1587,21 @@ impl Rollout {
         for id in touched {
             let previous = self.previous[&id].clone();
             let key = format!("{}:{id}:rollback:{previous}", self.id);
-            if let Some(h) = self.hosts.get_mut(&id) {
-                h.step = HostStep::AwaitingReport { since: now };
+            let Some(h) = self.hosts.get_mut(&id) else {
+                continue;
+            };
+            if matches!(h.step, HostStep::Done { .. }) {
+                // Reported back and undrained: it serves clients (a wave failing in its
+                // bake, or one that passed before). Drained first, so the reinstall
+                // cuts no request; its install follows the drain (`drained`).
+                h.step = HostStep::Draining { since: now };
+                self.outbox.push(Command::Drain { host: id.clone() });
+                continue;
             }
-            // Rollback goes straight to install: the host is out of service already (it
-            // failed, or is draining); the floor was reserved for it by its wave.
+            // Still in the wave's hands (draining, installing, awaiting its report):
+            // out of service already, straight to the install. The floor was reserved
+            // for it by its wave.
+            h.step = HostStep::AwaitingReport { since: now };
             self.outbox.push(Command::Install {
                 host: id.clone(),
                 revision: previous,

@@ -28,7 +28,7 @@ use serde::Deserialize;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use vigil::checks::{Amount, DiskSpace, FileDescriptors, InFlight, Memory, Saturation};
@@ -150,6 +150,10 @@ struct AppState {
     disk_fault: Arc<AtomicBool>,
     flap: Mutex<Option<tokio::task::AbortHandle>>,
     workers: usize,
+    /// The POST fault: this many POSTs in 10,000 answer 500 (`/fault/post-errors`).
+    post_errors: AtomicU32,
+    /// POSTs answered so far (the fault picks every n-th, evenly: reproducible).
+    posts: AtomicU64,
 }
 
 // === checks ===
@@ -401,6 +405,8 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
         disk_fault,
         flap: Mutex::new(None),
         workers: config.workers,
+        post_errors: AtomicU32::new(0),
+        posts: AtomicU64::new(0),
     });
     // The library's metrics (checks, lifecycle, admission or shedding, the reads' guard,
     // build), served at /metrics in the format the scraper asks for.
@@ -416,6 +422,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
     let app = Router::new()
         .route("/", get(index))
         .route("/items/{id}", get(item))
+        .route("/orders", post(order))
         .route("/work", get(work))
         .route("/naive/livez", get(naive_livez))
         .route("/fault", get(faults))
@@ -425,6 +432,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
         .route("/fault/flap", post(fault_flap))
         .route("/fault/freeze", post(fault_freeze))
         .route("/fault/cache/clear", post(fault_cache_clear))
+        .route("/fault/post-errors", post(fault_post_errors))
         .route("/fault/reset", post(fault_reset))
         .with_state(state)
         .layer(axum::middleware::from_fn(
@@ -520,6 +528,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<Running> {
 async fn index() -> &'static str {
     "vigil example service\n\
      GET  /items/{id}            a read (database within its budget, else cache)\n\
+     POST /orders                a write that stores nothing (201)\n\
      GET  /metrics               Prometheus metrics of the health machinery\n\
      GET  /work?ms=N             N ms of CPU on the application runtime\n\
      GET  /naive/livez           a liveness endpoint on the application runtime (for comparison)\n\
@@ -531,6 +540,7 @@ async fn index() -> &'static str {
      POST /fault/flap?on=true&period_ms=N  the database goes up and down\n\
      POST /fault/freeze?ms=N     every application worker blocks for N ms\n\
      POST /fault/cache/clear     empty the read cache\n\
+     POST /fault/post-errors?percent=P  P% of POST /orders answer 500 (health still passes)\n\
      POST /fault/reset           clear every fault\n"
 }
 
@@ -635,6 +645,7 @@ async fn faults(State(st): State<Arc<AppState>>) -> Response {
         "cached_items": st.cache.len(),
         "database_up": st.db_up.load(Ordering::SeqCst),
         "read_breaker": st.guard.state().name(),
+        "post_errors_percent": f64::from(st.post_errors.load(Ordering::SeqCst)) / 100.0,
         "store": st.store.kind(),
     }))
     .into_response()
@@ -714,6 +725,46 @@ async fn fault_freeze(State(st): State<Arc<AppState>>, Query(q): Query<Ms>) -> R
         .into_response()
 }
 
+/// A write: answers 201 and stores nothing, or 500 under the POST fault, on an even
+/// share of POSTs (the n-th POST fails when `n * rate` crosses a whole number), while
+/// every health check still passes: the bad revision only its clients can see.
+async fn order(State(st): State<Arc<AppState>>) -> Response {
+    let n = st.posts.fetch_add(1, Ordering::Relaxed);
+    let per_10k = u64::from(st.post_errors.load(Ordering::Relaxed));
+    if (n + 1) * per_10k / 10_000 > n * per_10k / 10_000 {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "order failed (fault injected: /fault/post-errors)\n",
+        )
+            .into_response();
+    }
+    (
+        StatusCode::CREATED,
+        axum::Json(serde_json::json!({ "order": n })),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct Percent {
+    percent: Option<f64>,
+}
+
+async fn fault_post_errors(State(st): State<Arc<AppState>>, Query(q): Query<Percent>) -> Response {
+    let percent = q.percent.unwrap_or(5.0);
+    if !(0.0..=100.0).contains(&percent) {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("percent={percent}: must be in 0..100\n"),
+        )
+            .into_response();
+    }
+    st.post_errors
+        .store((percent * 100.0).round() as u32, Ordering::SeqCst);
+    tracing::warn!(percent, "fault: POST errors");
+    format!("{percent}% of POSTs answer 500\n").into_response()
+}
+
 async fn fault_cache_clear(State(st): State<Arc<AppState>>) -> String {
     let n = st.cache.len();
     st.cache.clear();
@@ -724,6 +775,7 @@ async fn fault_cache_clear(State(st): State<Arc<AppState>>) -> String {
 async fn fault_reset(State(st): State<Arc<AppState>>) -> String {
     stop_flap(&st);
     st.disk_fault.store(false, Ordering::SeqCst);
+    st.post_errors.store(0, Ordering::SeqCst);
     st.store.set_down(false).await;
     st.store.set_brownout(Duration::ZERO);
     tracing::warn!("faults reset");

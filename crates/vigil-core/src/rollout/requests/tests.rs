@@ -307,3 +307,57 @@ fn too_little_traffic_is_inconclusive_and_says_how_many_requests_it_needs() {
         "{o:#?}"
     );
 }
+
+#[test]
+fn a_wave_failing_in_its_bake_drains_its_hosts_before_reinstalling_them() {
+    let hosts: Vec<HostSpec> = (0..6)
+        .map(|i| HostSpec::new(format!("h{i}"), "a", "v1"))
+        .collect();
+    let mut r = Rollout::start(RolloutConfig::default(), hosts, "v2", Time::ZERO).unwrap();
+    r.judge_by(Time::ZERO, Evidence::BalancerRequests);
+    let t = Time::from_secs;
+    let mut commands = r.poll(t(1));
+    assert_eq!(commands, vec![Command::Drain { host: "h0".into() }]);
+    r.drained(t(1), "h0");
+    r.installed(t(1), "h0", Ok(()));
+    r.report(t(2), "h0", "v2", true);
+    commands = r.poll(t(2));
+    assert!(
+        commands.contains(&Command::Undrain { host: "h0".into() }),
+        "{commands:?}"
+    );
+    for (s, served, errors) in [(3, 0, 0), (5, 60, 6)] {
+        r.outcomes(t(s), "h0", RequestCounts::new(served, errors));
+        for h in 1..6 {
+            r.outcomes(t(s), &format!("h{h}"), RequestCounts::new(served * 5, 0));
+        }
+    }
+    commands = r.poll(t(5));
+    assert!(
+        matches!(r.phase(), Phase::RollingBack { .. }),
+        "{:?}",
+        r.phase()
+    );
+    assert_eq!(
+        commands,
+        vec![Command::Drain { host: "h0".into() }],
+        "h0 serves clients: drained before its reinstall"
+    );
+    r.drained(t(6), "h0");
+    let commands = r.poll(t(6));
+    assert!(
+        matches!(&commands[..], [Command::Install { host, revision, key }] if host == "h0" && revision == "v1" && key.contains(":rollback:")),
+        "{commands:?}"
+    );
+    r.installed(t(7), "h0", Ok(()));
+    r.report(t(8), "h0", "v1", true);
+    assert!(
+        r.poll(t(8))
+            .contains(&Command::Undrain { host: "h0".into() })
+    );
+    assert!(
+        matches!(r.phase(), Phase::RolledBack { .. }),
+        "{:?}",
+        r.phase()
+    );
+}
