@@ -4,7 +4,9 @@
 //! heartbeats (`--controller`, `--heartbeat-key`) to a real `vigil controller`. One
 //! switched to a black hole over its HTTP fault switch is found by comparing it with its
 //! peers and acted on once (the log actuator); when all four lose their shared dependency
-//! nobody is acted on.
+//! nobody is acted on, no healthy message is dead-lettered and the fleet pulls again
+//! within seconds of the dependency's return, while a poison message is still
+//! dead-lettered (issue 36).
 
 mod controller_support;
 
@@ -20,6 +22,8 @@ use vigil_example::worker::DEFAULT_AMQP;
 const WORKERS: usize = 4;
 /// 10 messages a second per worker, as the benchmark runs them.
 const RATE: f64 = 40.0;
+/// How long the shared dependency is down (issue 36's done-when).
+const OUTAGE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Heartbeat targets w0..w3 in group `q`; a 10 s anomaly window so the test judges in
 /// seconds (a black hole fails its 100 messages in a few seconds before its own kill
@@ -173,7 +177,9 @@ impl Setup {
     }
 
     async fn finish(mut self) {
-        self.producer.take().unwrap().stop().await.unwrap();
+        if let Some(p) = self.producer.take() {
+            p.stop().await.unwrap();
+        }
         self.workers.clear();
         let _ = broker().await.delete(&self.queue).await;
         assert!(self.c.sigterm().success());
@@ -242,10 +248,98 @@ async fn when_every_example_worker_loses_its_dependency_nobody_is_acted_on() {
         s.c.actions().await.is_empty(),
         "a shared failure replaces no one"
     );
-    let t = s.c.targets().await;
+    for w in &s.workers {
+        let r = reqwest::get(format!("http://{}/health", w.addr))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            503,
+            "each worker's own check sees the dependency down"
+        );
+        assert!(r.text().await.unwrap().contains("db:connect"));
+    }
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_dependency_outage_dead_letters_nothing_and_poison_still_is() {
+    let s = setup("shared-outage").await;
+    let outage = tokio::time::Instant::now();
+    for w in &s.workers {
+        w.fault("/fault/dependency?on=true").await;
+    }
+    s.wait_reports("every worker's kill switch paused it", |r| {
+        r.iter().all(|r| {
+            r["pulling"] == false && r["state"].as_str().unwrap_or("").contains("kill switch")
+        })
+    })
+    .await;
+    let during = s.reports().await;
     assert!(
-        t.iter().all(|t| t["state"] == "healthy"),
-        "the workers' own health passes: {t:#?}"
+        during.iter().all(|r| r["failed"].as_u64().unwrap() > 0),
+        "every worker failed messages of the outage: {during:#?}"
     );
+    // The issue's 30 s outage, under the steady producer (the workers stay paused).
+    tokio::time::sleep_until(outage + OUTAGE).await;
+    // The dependency comes back: each worker's own check passes again and ends its
+    // shared pause (rule 4), long before its 60 s run out.
+    let back = std::time::Instant::now();
+    for w in &s.workers {
+        w.fault("/fault/dependency?on=false").await;
+    }
+    s.wait_reports("every worker pulls again", |r| {
+        r.iter().all(|r| r["pulling"] == true)
+    })
+    .await;
+    let resumed = back.elapsed();
+    assert!(
+        resumed < std::time::Duration::from_secs(30),
+        "the fleet pulls again with its dependency, not after its 60 s pauses: {resumed:?}"
+    );
+    // A poison message among the healthy ones is still dead-lettered.
+    let broker = broker().await;
+    broker
+        .publish(
+            &s.queue,
+            String::from_utf8(vigil_example::worker::POISON.to_vec()).unwrap(),
+        )
+        .await
+        .unwrap();
+    let dead =
+        s.c.wait_for("the poison message is dead-lettered", || async {
+            let (_, dead) = broker.depths(&s.queue).await.unwrap();
+            (dead > 0).then_some(dead)
+        })
+        .await;
+    assert_eq!(dead, 1, "only the poison message is dead-lettered");
+    let mut s = s;
+    let published = s.producer.take().unwrap().stop().await.unwrap();
+    // Every message of the producer processed once; the poison message alone is dead.
+    let r = s
+        .wait_reports("every published message processed", |r| {
+            let processed: u64 = r.iter().map(|r| r["processed"].as_u64().unwrap()).sum();
+            processed >= published
+        })
+        .await;
+    let processed: u64 = r.iter().map(|r| r["processed"].as_u64().unwrap()).sum();
+    let dead_lettered: u64 = r.iter().map(|r| r["dead_lettered"].as_u64().unwrap()).sum();
+    assert_eq!(
+        processed, published,
+        "each message processed exactly once: {r:#?}"
+    );
+    assert_eq!(dead_lettered, 1, "{r:#?}");
+    let (queued, dead) = broker.depths(&s.queue).await.unwrap();
+    assert_eq!(
+        (queued, dead),
+        (0, 1),
+        "the broker holds only the dead letter"
+    );
+    assert!(s.c.actions().await.is_empty(), "nobody was acted on");
+    eprintln!(
+        "shared outage of {OUTAGE:?}: {published} published, {processed} processed, {dead} dead \
+         (the poison), fleet pulling {resumed:?} after the dependency came back"
+    );
+    drop(broker);
     s.finish().await;
 }

@@ -12,9 +12,14 @@
 //! - `POST /fault/black-hole?on=true`: every message fails after `fail_time` (2 ms) while
 //!   every check passes (a bad config, a poisoned local cache): the kill switch pauses it,
 //!   and a controller comparing it with its peers finds it;
-//! - `POST /fault/dependency?on=true`: every message fails after `work_time` (the
-//!   dependency every worker shares is down): a shared cause, nobody is an outlier;
+//! - `POST /fault/dependency?on=true`: every message fails after `work_time` and the
+//!   dependency check `db:connect` fails (the dependency every worker shares is down): a
+//!   shared cause, nobody is an outlier, nothing is dead-lettered, and a kill-switch
+//!   pause ends once the check passes again (rules 3-4 of `vigil_core::gate`);
 //! - `POST /fault/reset`: all off.
+//!
+//! A message whose body is `poison` fails on every worker (a payload nobody can parse):
+//! the gate dead-letters it after 2 otherwise succeeding workers failed it.
 //!
 //! `GET /worker` answers the worker's report (gate state, counters), and `/livez`,
 //! `/readyz`, `/health` are the library's. With `--naive` the worker has no gate: no
@@ -118,12 +123,34 @@ impl Args {
     }
 }
 
+/// The body of a message no worker can handle (tests of the poison rule).
+pub const POISON: &[u8] = b"poison";
+
 /// The switches of the injected faults.
 #[derive(Default)]
 struct Faults {
     disk: Arc<AtomicBool>,
     black_hole: AtomicBool,
-    dependency: AtomicBool,
+    dependency: Arc<AtomicBool>,
+}
+
+/// The shared dependency's check: fails while the dependency fault is on (what a real
+/// worker's background check of its database would say).
+struct DependencyCheck {
+    down: Arc<AtomicBool>,
+}
+
+impl vigil::Check for DependencyCheck {
+    async fn check(&self) -> vigil::CheckResult {
+        if self.down.load(Ordering::SeqCst) {
+            vigil::CheckResult::fail("connection refused (fault injected)")
+        } else {
+            vigil::CheckResult::new(vigil::Status::Pass)
+        }
+    }
+    fn component_type(&self) -> &str {
+        "datastore"
+    }
 }
 
 /// A started worker.
@@ -183,7 +210,14 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
                 every.clone(),
             )
             .local("fd:open", FileDescriptors::new(), every.clone())
-            .local("memory:working-set", Memory::new(), every)
+            .local("memory:working-set", Memory::new(), every.clone())
+            .dependency(
+                "db:connect",
+                DependencyCheck {
+                    down: faults.dependency.clone(),
+                },
+                every,
+            )
             .start()
     };
     let gate = if args.naive {
@@ -227,9 +261,9 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
         let (work, fail) = (args.work_time, args.fail_time);
         let (queue, prefetch) = (args.queue.clone(), args.prefetch);
         tokio::spawn(async move {
-            let handler = move |_body: bytes::Bytes| {
+            let handler = move |body: bytes::Bytes| {
                 let faults = faults.clone();
-                async move { handle(&faults, work, fail).await }
+                async move { handle(&faults, &body, work, fail).await }
             };
             let mut stopped = stopped;
             let shutdown = async move {
@@ -298,7 +332,16 @@ pub async fn start(args: Args) -> anyhow::Result<Running> {
 }
 
 /// One message: the work, or the injected fault's failure.
-async fn handle(faults: &Faults, work: Duration, fail: Duration) -> Result<(), String> {
+async fn handle(
+    faults: &Faults,
+    body: &[u8],
+    work: Duration,
+    fail: Duration,
+) -> Result<(), String> {
+    if body == POISON {
+        tokio::time::sleep(fail).await;
+        return Err("cannot parse the message (poison)".into());
+    }
     if faults.black_hole.load(Ordering::SeqCst) {
         tokio::time::sleep(fail).await;
         return Err("black hole: this worker fails every message (fault injected)".into());
@@ -351,7 +394,7 @@ async fn fault_dependency(State(s): State<AppState>, Query(q): Query<Switch>) ->
 }
 
 async fn fault_reset(State(s): State<AppState>) -> String {
-    for f in [&*s.faults.disk, &s.faults.black_hole, &s.faults.dependency] {
+    for f in [&*s.faults.disk, &s.faults.black_hole, &*s.faults.dependency] {
         f.store(false, Ordering::SeqCst);
     }
     switched("all faults", false)
