@@ -219,20 +219,108 @@ pub fn invalid_all(
 }
 
 /// Checks that `addr` (the value of key `key`) can be listened on now, by binding it
-/// and letting it go at once. Port 0 always can. The error names the address: a port
-/// taken by another process (or by the very daemon being checked, when it runs) means
-/// the daemon could not start on this file.
-pub fn try_bind(key: &str, addr: std::net::SocketAddr) -> Result<(), Invalid> {
+/// and letting it go at once. Port 0 always can. The error names the address and, where
+/// this process can see it (Linux, `/proc`), the process holding it.
+///
+/// A port held by the running `vigil <daemon>` itself (the same command name and
+/// subcommand: `check-config` before a reload, while the daemon runs) is not an error:
+/// a reload keeps its listeners. Only a restart would need the port, and then the
+/// daemon has let it go.
+pub fn try_bind(key: &str, addr: std::net::SocketAddr, daemon: &str) -> Result<(), Invalid> {
     match std::net::TcpListener::bind(addr) {
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(Invalid::new(
-            key,
-            format!(
-                "{addr} is already in use by another process (or by this daemon, running): the daemon could not listen there"
-            ),
-        )),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => match holder(addr) {
+            Some(h) if h.is_this(daemon) => Ok(()),
+            Some(h) => Err(Invalid::new(
+                key,
+                format!(
+                    "{addr} is already in use by {} (pid {}): the daemon could not listen there",
+                    h.name, h.pid
+                ),
+            )),
+            None => Err(Invalid::new(
+                key,
+                format!(
+                    "{addr} is already in use by another process: the daemon could not listen there"
+                ),
+            )),
+        },
         Err(e) => Err(Invalid::new(key, format!("cannot listen on {addr}: {e}"))),
     }
+}
+
+/// The process listening on an address, as `/proc` shows it.
+#[derive(Debug)]
+struct Holder {
+    pid: i32,
+    /// Its command name (`comm`).
+    name: String,
+    /// Its arguments (a vigil daemon's include its subcommand: `lb`, `controller`).
+    args: Vec<String>,
+}
+
+impl Holder {
+    /// Whether it is `vigil <daemon>`, this very command's daemon running.
+    fn is_this(&self, daemon: &str) -> bool {
+        my_name().is_some_and(|name| name == self.name) && self.args.iter().any(|a| a == daemon)
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn my_name() -> Option<String> {
+    procfs::process::Process::myself()
+        .and_then(|p| p.stat())
+        .ok()
+        .map(|s| s.comm)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn my_name() -> Option<String> {
+    None
+}
+
+/// Who listens on `addr` now (its port, on its address or on every address), if this
+/// process may read the holder's file descriptors.
+#[cfg(target_os = "linux")]
+fn holder(addr: std::net::SocketAddr) -> Option<Holder> {
+    use procfs::net::TcpState;
+    use procfs::process::FDTarget;
+    let same = |a: std::net::SocketAddr| {
+        a.port() == addr.port()
+            && (a.ip().is_unspecified() || addr.ip().is_unspecified() || a.ip() == addr.ip())
+    };
+    let inodes: Vec<u64> = procfs::net::tcp()
+        .unwrap_or_default()
+        .into_iter()
+        .chain(procfs::net::tcp6().unwrap_or_default())
+        .filter(|e| e.state == TcpState::Listen && same(e.local_address))
+        .map(|e| e.inode)
+        .collect();
+    if inodes.is_empty() {
+        return None;
+    }
+    for p in procfs::process::all_processes().ok()?.flatten() {
+        let Ok(fds) = p.fd() else { continue };
+        let holds = fds
+            .flatten()
+            .any(|fd| matches!(fd.target, FDTarget::Socket(i) if inodes.contains(&i)));
+        if holds {
+            return Some(Holder {
+                pid: p.pid,
+                name: p.stat().map(|s| s.comm).unwrap_or_else(|_| "?".into()),
+                args: p
+                    .cmdline()
+                    .map(|c| c.into_iter().skip(1).collect())
+                    .unwrap_or_default(),
+            });
+        }
+    }
+    None
+}
+
+#[cfg(not(target_os = "linux"))]
+fn holder(_addr: std::net::SocketAddr) -> Option<Holder> {
+    None
 }
 
 /// 1-based line and column of a byte offset.
@@ -530,16 +618,25 @@ mod tests {
     fn a_listen_address_in_use_is_refused_naming_key_and_address() {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = taken.local_addr().unwrap();
-        let e = try_bind("listen", addr).unwrap_err();
+        let e = try_bind("listen", addr, "lb").unwrap_err();
         assert_eq!(e.key, "listen");
         assert!(
             e.message.contains(&addr.to_string()) && e.message.contains("already in use"),
             "{}",
             e.message
         );
+        #[cfg(target_os = "linux")]
+        assert!(
+            e.message.contains(&format!("(pid {})", std::process::id())),
+            "the holder, this test, is named: {}",
+            e.message
+        );
         drop(taken);
-        assert_eq!(try_bind("listen", addr), Ok(()), "a free port passes");
-        assert_eq!(try_bind("listen", "127.0.0.1:0".parse().unwrap()), Ok(()));
+        assert_eq!(try_bind("listen", addr, "lb"), Ok(()), "a free port passes");
+        assert_eq!(
+            try_bind("listen", "127.0.0.1:0".parse().unwrap(), "lb"),
+            Ok(())
+        );
     }
 
     #[test]

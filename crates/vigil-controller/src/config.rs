@@ -703,7 +703,9 @@ pub fn load(path: &Path) -> Result<ControllerConfig, ConfigError> {
 /// [`load`], and `listen` must be free now (`check-config`, like `nginx -t`: a daemon
 /// started on this file must be able to listen).
 pub fn check(path: &Path) -> Result<ControllerConfig, ConfigError> {
-    load_with(path, |c| vigil_config::try_bind("listen", c.listen).err())
+    load_with(path, |c| {
+        vigil_config::try_bind("listen", c.listen, "controller").err()
+    })
 }
 
 fn load_with(

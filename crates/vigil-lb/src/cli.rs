@@ -45,7 +45,7 @@ enum Command {
 /// Runs `vigil lb`.
 pub fn run(args: Args) -> ExitCode {
     match args.command {
-        Some(Command::CheckConfig) => match config::load(&args.config)
+        Some(Command::CheckConfig) => match config::check(&args.config)
             .map_err(|e| e.to_string())
             .and_then(|c| {
                 crate::tls::install_crypto_provider();

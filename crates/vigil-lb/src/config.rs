@@ -1252,6 +1252,28 @@ pub fn load(path: &Path) -> Result<LbConfig, ConfigError> {
     parse(path, &vigil_config::read(path)?)
 }
 
+/// [`load`], and every listener (`listen`, `admin_listen`, each TLS listener's) must
+/// be free now: `check-config`, like `nginx -t`, says whether a balancer started on
+/// this file could listen. Every taken address is named, not only the first.
+pub fn check(path: &Path) -> Result<LbConfig, ConfigError> {
+    let text = vigil_config::read(path)?;
+    let config = parse(path, &text)?;
+    let mut listeners = vec![
+        ("listen".to_string(), config.listen),
+        ("admin_listen".to_string(), config.admin_listen),
+    ];
+    for (name, l) in &config.tls_listeners {
+        if let Some(addr) = l.listen {
+            listeners.push((format!("tls_listeners.{name}.listen"), addr));
+        }
+    }
+    let taken = listeners
+        .iter()
+        .filter_map(|(key, addr)| vigil_config::try_bind(key, *addr, "lb").err());
+    vigil_config::invalid_all(path, &text, taken)?;
+    Ok(config)
+}
+
 /// Parses and validates configuration text (`path` is used in errors only).
 pub fn parse(path: &Path, text: &str) -> Result<LbConfig, ConfigError> {
     let config: LbConfig = vigil_config::from_str(path, text)?;
