@@ -42,5 +42,5 @@ pub mod metrics;
 pub mod prober;
 pub mod probing;
 pub mod scheduler;
-pub mod store;
+pub use vigil_store as store;
 pub mod view;

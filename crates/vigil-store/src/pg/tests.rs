@@ -1,6 +1,6 @@
 use super::*;
-use crate::store::tests::{PgSchema, pg_base_url};
-use crate::store::{Fence, NewDecision};
+use crate::tests::{PgSchema, pg_base_url};
+use crate::{Fence, NewDecision};
 
 /// A TTL short enough for a test to wait out.
 const TTL: Duration = Duration::from_millis(300);
@@ -273,7 +273,7 @@ fn a_replica_whose_lease_was_taken_over_cannot_commit() {
 
 #[test]
 fn replicas_report_results_on_change_and_a_silent_replica_drops_out() {
-    use crate::store::{ProbeResultRow, ReplicaReport};
+    use crate::{ProbeResultRow, ReplicaReport};
     let schema = PgSchema::new();
     let mut a = PostgresStore::open(&schema.url).unwrap();
     let mut b = PostgresStore::open(&schema.url).unwrap();
@@ -352,7 +352,7 @@ fn replicas_report_results_on_change_and_a_silent_replica_drops_out() {
 
 #[test]
 fn a_report_that_waited_stamps_its_results_as_of_when_it_was_composed() {
-    use crate::store::{ProbeResultRow, ReplicaReport};
+    use crate::{ProbeResultRow, ReplicaReport};
     let schema = PgSchema::new();
     let mut a = PostgresStore::open(&schema.url).unwrap();
     let mut b = PostgresStore::open(&schema.url).unwrap();

@@ -1,4 +1,7 @@
-//! The controller's store: what must survive a crash, behind a [`Store`] trait.
+//! The controller's store: what must survive a crash, behind a [`Store`] trait, on
+//! SQLite ([`SqliteStore`], embedded) or PostgreSQL ([`PostgresStore`], several
+//! replicas). Its own crate (vigil-controller re-exports it as `store`): it depends on
+//! vigil-core and the two databases' clients, nothing of the controller's.
 //!
 //! ## What is stored
 //!
