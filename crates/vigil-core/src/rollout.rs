@@ -1027,12 +1027,22 @@ impl Rollout {
                     .hosts
                     .values()
                     .any(|h| h.revision != self.revision && h.step == HostStep::Pending);
-                let against = if old_left {
-                    "the old-revision hosts' counts of the same window".to_string()
-                } else {
-                    match self.baseline {
-                        Some((w, c)) => format!("the old hosts' counts of wave {} ({c}), as no old-revision host is left", w + 1),
-                        None => "the old hosts' counts of the last wave judged (no old-revision host left)".to_string(),
+                let against = match (old_left, self.baseline) {
+                    (true, _) => "the old-revision hosts' counts of the same window".to_string(),
+                    (false, Some((w, c))) => format!(
+                        "the old hosts' counts of wave {} ({c}), as no old-revision host is left",
+                        w + 1
+                    ),
+                    (false, None) if self.waves > 1 => {
+                        "the old hosts' counts of the wave before, as no old-revision host is left"
+                            .to_string()
+                    }
+                    (false, None) => {
+                        return format!(
+                            "the balancer's request counts, with no old-revision host to compare with: the new hosts' error rate held to max_error_rate {} (Wilson bound at {})",
+                            cfg.max_error_rate,
+                            1.0 - cfg.alpha
+                        );
                     }
                 };
                 format!(

@@ -747,7 +747,7 @@ mod tests {
         );
         assert!(
             plan.iter().any(|d| d.starts_with("wave 4 baked 5m")
-                && d.contains("old hosts' counts of the last wave judged")),
+                && d.contains("old hosts' counts of the wave before")),
             "the last wave says what it is compared with: {text}"
         );
         assert!(plan.last().unwrap().starts_with("completed"), "{text}");
