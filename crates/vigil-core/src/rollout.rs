@@ -1099,6 +1099,12 @@ impl Rollout {
 
     /// Starts the next wave of hosts still to deploy (or completes).
     fn start_wave(&mut self, now: Time) {
+        // The balancer's counts so far are all before the next bake: no verdict reads
+        // them again (the last wave's baseline is kept apart), so the saved state does
+        // not grow with the rollout.
+        for h in self.hosts.values_mut() {
+            h.outcomes.clear();
+        }
         let pending: Vec<String> = self
             .hosts
             .iter()

@@ -123,6 +123,8 @@ struct Outcome {
     new_served: u64,
     new_errors: u64,
     decisions: Vec<String>,
+    /// Intervals of the balancer's counts the state holds at the end.
+    kept_outcomes: usize,
 }
 
 /// Drives a rollout of 6 hosts (one zone) with the defaults but `bake`, a second at a
@@ -219,6 +221,7 @@ fn simulate(bake: Duration, traffic: &Traffic, seed: u64, limit: u64) -> Outcome
         new_served,
         new_errors,
         decisions: r.decisions().iter().map(|d| d.what.clone()).collect(),
+        kept_outcomes: r.hosts.values().map(|h| h.outcomes.len()).sum(),
     }
 }
 
@@ -264,6 +267,11 @@ fn a_good_revision_completes_with_15s_bakes() {
         );
         assert_eq!(o.waves, 6);
         assert!(o.new_served > 0);
+        assert!(
+            o.kept_outcomes <= 6 * 20,
+            "the counts of past waves are not kept: {}",
+            o.kept_outcomes
+        );
         let last = o
             .decisions
             .iter()
