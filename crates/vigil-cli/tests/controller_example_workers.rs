@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use vigil_example::broker::Broker;
 use vigil_example::producer::Producer;
-use vigil_example::worker::DEFAULT_AMQP;
+use vigil_example::worker::{DEFAULT_AMQP, DEFAULT_NATS};
 
 const WORKERS: usize = 4;
 /// 10 messages a second per worker, as the benchmark runs them.
@@ -46,9 +46,17 @@ struct ExampleWorker {
 }
 
 impl ExampleWorker {
-    fn start(queue: &str, id: &str, controller: &Controller) -> ExampleWorker {
+    fn start(queue: &str, id: &str, controller: &Controller, url: &str) -> ExampleWorker {
         let mut child = Command::new(vigil_bin())
-            .args(["example-worker", "--queue", queue, "--id", id])
+            .args([
+                "example-worker",
+                "--queue",
+                queue,
+                "--id",
+                id,
+                "--broker",
+                url,
+            ])
             .args(["--listen", "127.0.0.1:0", "--work-time", "20ms"])
             .args(["--check-interval", "200ms", "--heartbeat-every", "200ms"])
             .args(["--controller", &format!("http://{}", controller.addr)])
@@ -67,7 +75,7 @@ impl ExampleWorker {
             .strip_prefix("LISTENING worker=http://")
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| {
-                panic!("worker {id} must print its address first (is RabbitMQ reachable at {DEFAULT_AMQP}?): {line:?}")
+                panic!("worker {id} must print its address first (is the broker reachable at {url}?): {line:?}")
             });
         ExampleWorker { child, addr }
     }
@@ -105,29 +113,37 @@ struct Setup {
     workers: Vec<ExampleWorker>,
     producer: Option<Producer>,
     queue: String,
+    /// The broker's URL.
+    url: String,
     _dir: tempfile::TempDir,
 }
 
 async fn setup(test: &str) -> Setup {
+    setup_on(test, DEFAULT_AMQP).await
+}
+
+/// [`setup`] on the broker at `url` (RabbitMQ or NATS JetStream).
+async fn setup_on(test: &str, url: &str) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let c = Controller::start(dir.path(), &config());
     let queue = format!("vigil-cli-{test}-{}", std::process::id());
-    let broker = broker().await;
+    let broker = broker_at(url).await;
     broker.declare(&queue).await.unwrap();
     broker.purge(&queue).await.unwrap();
     drop(broker);
     let workers: Vec<_> = (0..WORKERS)
-        .map(|i| ExampleWorker::start(&queue, &format!("w{i}"), &c))
+        .map(|i| ExampleWorker::start(&queue, &format!("w{i}"), &c, url))
         .collect();
     c.wait_all(WORKERS, "healthy").await;
-    let producer = Producer::start(DEFAULT_AMQP, &queue, RATE)
+    let producer = Producer::start(url, &queue, RATE)
         .await
-        .expect("RabbitMQ must be reachable");
+        .expect("the broker must be reachable");
     let s = Setup {
         c,
         workers,
         producer: Some(producer),
         queue,
+        url: url.to_string(),
         _dir: dir,
     };
     s.wait_reports("every worker processed 20 messages", |r| {
@@ -137,10 +153,10 @@ async fn setup(test: &str) -> Setup {
     s
 }
 
-async fn broker() -> Broker {
-    Broker::connect(DEFAULT_AMQP)
+async fn broker_at(url: &str) -> Broker {
+    Broker::connect(url)
         .await
-        .unwrap_or_else(|e| panic!("RabbitMQ must be reachable at {DEFAULT_AMQP}: {e}"))
+        .unwrap_or_else(|e| panic!("the broker must be reachable at {url}: {e}"))
 }
 
 impl Setup {
@@ -181,7 +197,7 @@ impl Setup {
             p.stop().await.unwrap();
         }
         self.workers.clear();
-        let _ = broker().await.delete(&self.queue).await;
+        let _ = broker_at(&self.url).await.delete(&self.queue).await;
         assert!(self.c.sigterm().success());
     }
 }
@@ -263,8 +279,21 @@ async fn when_every_example_worker_loses_its_dependency_nobody_is_acted_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shared_dependency_outage_dead_letters_nothing_and_poison_still_is() {
-    let s = setup("shared-outage").await;
+async fn rabbitmq_a_shared_dependency_outage_dead_letters_nothing_and_poison_still_is() {
+    shared_outage(DEFAULT_AMQP, "shared-outage").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_a_shared_dependency_outage_dead_letters_nothing_and_poison_still_is() {
+    shared_outage(DEFAULT_NATS, "shared-outage-nats").await;
+}
+
+/// Issue 36's done-when on the broker at `url`: every worker loses its dependency for
+/// [`OUTAGE`] under a steady producer; nothing is dead-lettered, every message is
+/// processed once, the fleet pulls again within seconds, and a poison message is
+/// still dead-lettered.
+async fn shared_outage(url: &str, test: &str) {
+    let s = setup_on(test, url).await;
     let outage = tokio::time::Instant::now();
     for w in &s.workers {
         w.fault("/fault/dependency?on=true").await;
@@ -298,7 +327,7 @@ async fn a_shared_dependency_outage_dead_letters_nothing_and_poison_still_is() {
         "the fleet pulls again with its dependency, not after its 60 s pauses: {resumed:?}"
     );
     // A poison message among the healthy ones is still dead-lettered.
-    let broker = broker().await;
+    let broker = broker_at(url).await;
     broker
         .publish(
             &s.queue,
@@ -337,7 +366,7 @@ async fn a_shared_dependency_outage_dead_letters_nothing_and_poison_still_is() {
     );
     assert!(s.c.actions().await.is_empty(), "nobody was acted on");
     eprintln!(
-        "shared outage of {OUTAGE:?}: {published} published, {processed} processed, {dead} dead \
+        "{url}: shared outage of {OUTAGE:?}: {published} published, {processed} processed, {dead} dead \
          (the poison), fleet pulling {resumed:?} after the dependency came back"
     );
     drop(broker);
