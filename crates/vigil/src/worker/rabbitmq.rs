@@ -7,7 +7,7 @@
 //!
 //! - back to the queue stamped with this worker's id: republished to the queue with the
 //!   [`FAILED_ON_HEADER`] extended (and [`FAILED_SINCE_HEADER`] set, see
-//!   [`Stamp`](super::Stamp)), then the original acknowledged, in that order and with
+//!   [`Stamp`]), then the original acknowledged, in that order and with
 //!   publisher confirms, so a crash in between duplicates the message rather than losing
 //!   it (AMQP cannot change a message's headers on `nack`);
 //! - back to the queue unstamped (`nack` with requeue) when the worker turned sick;
