@@ -122,6 +122,7 @@
 
 mod retry_budget;
 mod selection;
+mod success_rate;
 
 use crate::invalid::Invalid;
 use crate::outlier::{Ejection, OutlierConfig, OutlierDetector, OutlierEvent, RequestOutcome};
@@ -137,6 +138,7 @@ pub use selection::{
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
+pub use success_rate::{Due, Judgement, SuccessRateRule, too_few_peers};
 
 /// Default panic threshold: fail open below 50% healthy, Envoy's default. Below half,
 /// the survivors would carry more than twice their share; a check taking out half a

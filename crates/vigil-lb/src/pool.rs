@@ -27,11 +27,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 use vigil_core::Time;
-use vigil_core::anomaly::{AnomalyDetector, Counts, Finding, MemberVerdict};
-use vigil_core::outlier::{EjectReason, OutlierEvent, RequestOutcome};
+use vigil_core::anomaly::{Counts, MemberVerdict};
+use vigil_core::outlier::{OutlierEvent, RequestOutcome};
 use vigil_core::pool::{
-    DEFAULT_SHED_PENALTY_HALF_LIFE, Pool, PoolEvent, RetryBudget, RoutingSet, ShedPenalty,
-    TargetSpec,
+    DEFAULT_SHED_PENALTY_HALF_LIFE, Due, Pool, PoolEvent, RetryBudget, RoutingSet, ShedPenalty,
+    SuccessRateRule, TargetSpec, too_few_peers,
 };
 use vigil_core::thresholds::HealthState;
 use vigil_core::throttle::{
@@ -555,16 +555,6 @@ impl SheddingRt {
     }
 }
 
-/// The success-rate rule's state in a pool.
-struct SuccessRateRt {
-    /// The fleet-relative policy over the targets in service.
-    detector: AnomalyDetector,
-    /// The targets it was last given counts of.
-    members: Vec<String>,
-    /// When it next judges (`None`: at the next tick, or the rule is off).
-    next: Option<Time>,
-}
-
 /// One pool at run time.
 pub struct PoolRt {
     /// The pool's name.
@@ -586,7 +576,7 @@ pub struct PoolRt {
     /// Recent latency, for hedging.
     pub latency: LatencyTracker,
     /// The success-rate rule's state (taken only by the tick loop).
-    success_rate: Mutex<SuccessRateRt>,
+    success_rate: Mutex<SuccessRateRule<String>>,
     /// What its clients got.
     pub clients: ClientStats,
     /// Round-robin counter.
@@ -622,7 +612,7 @@ impl PoolRt {
                 pool: name.to_string(),
             })
             .clone();
-        let success_rate = AnomalyDetector::new(section.outlier.success_rate.anomaly());
+        let success_rate = SuccessRateRule::new(section.outlier.success_rate.anomaly());
         let rt = PoolRt {
             name: name.to_string(),
             budget: Mutex::new(RetryBudget::new(section.retries.budget)),
@@ -640,11 +630,7 @@ impl PoolRt {
                 targets: Vec::new(),
             }),
             latency: LatencyTracker::default(),
-            success_rate: Mutex::new(SuccessRateRt {
-                detector: success_rate,
-                members: Vec::new(),
-                next: None,
-            }),
+            success_rate: Mutex::new(success_rate),
             clients: ClientStats::default(),
             rr: AtomicU64::new(0),
             duration,
@@ -756,84 +742,44 @@ impl PoolRt {
     fn judge_success_rates(&self) {
         let config = self.section.load().outlier.success_rate;
         let now = self.clock.now();
-        let mut sr = self.success_rate.lock().expect("success rate lock");
-        if !config.enabled {
-            if sr.next.take().is_some() {
-                sr.detector = AnomalyDetector::new(config.anomaly());
-                sr.members.clear();
+        let mut rule = self.success_rate.lock().expect("success rate lock");
+        match rule.due(now, config.enabled, config.interval, config.anomaly()) {
+            Due::NotYet | Due::Off { cleared: false } => return,
+            Due::Off { cleared: true } => {
                 for t in self.targets.lock().expect("targets lock").values() {
                     *t.success_rate.lock().expect("verdict lock") = None;
                 }
+                return;
             }
-            return;
+            Due::Now => {}
         }
-        if sr.next.is_some_and(|next| now < next) {
-            return;
-        }
-        sr.next = Some(now + config.interval);
-        if *sr.detector.config() != config.anomaly() {
-            sr.detector = AnomalyDetector::restore(config.anomaly(), sr.detector.state().clone());
-        }
-        let targets: Vec<Arc<TargetRt>> = self
-            .targets
-            .lock()
-            .expect("targets lock")
-            .values()
-            .cloned()
-            .collect();
-        let mut state = self.state.lock().expect("pool lock");
-        let SuccessRateRt {
-            detector, members, ..
-        } = &mut *sr;
-        for gone in members
-            .iter()
-            .filter(|m| !targets.iter().any(|t| &t.addr == *m))
-        {
-            detector.remove(gone);
-        }
-        members.clear();
-        for t in &targets {
-            let counts = Counts::new(
+        let targets: BTreeMap<String, Arc<TargetRt>> =
+            self.targets.lock().expect("targets lock").clone();
+        let counts = targets.iter().map(|(addr, t)| {
+            let c = Counts::new(
                 t.succeeded.swap(0, Ordering::Relaxed),
                 t.failed.swap(0, Ordering::Relaxed),
             );
-            if state.is_in_service(&t.addr) {
-                detector.record(now, &t.addr, "", counts);
-                members.push(t.addr.clone());
-            } else {
-                detector.remove(&t.addr);
+            (addr.clone(), c)
+        });
+        let mut state = self.state.lock().expect("pool lock");
+        let judged = rule.judge(now, &mut state, counts, rand::random::<f64>);
+        for addr in &judged.forgotten {
+            if let Some(t) = targets.get(addr) {
                 *t.success_rate.lock().expect("verdict lock") = None;
             }
         }
-        let mut events = Vec::new();
-        for v in detector.evaluate(now) {
-            tracing::debug!(pool = %self.name, target_id = %v.member, "success rate: {v}");
-            if v.is_outlier() {
-                let jitter: f64 = rand::random();
-                let evs = state.eject(&v.member, now, EjectReason::success_rate(&v), jitter);
-                let ejected = evs.iter().any(|e| {
-                    matches!(
-                        e,
-                        PoolEvent::Outlier {
-                            event: OutlierEvent::Ejected { .. },
-                            ..
-                        }
-                    )
-                });
-                if ejected {
-                    // Judged afresh when it is back.
-                    detector.remove(&v.member);
-                }
-                events.extend(evs);
-            } else if matches!(v.finding, Finding::TooFewPeers { .. }) {
-                tracing::info!(pool = %self.name, target_id = %v.member, "success rate, report only: {v}");
+        for (addr, v) in judged.verdicts {
+            tracing::debug!(pool = %self.name, target_id = %addr, "success rate: {v}");
+            if too_few_peers(&v) {
+                tracing::info!(pool = %self.name, target_id = %addr, "success rate, report only: {v}");
             }
-            if let Some(t) = targets.iter().find(|t| t.addr == v.member) {
+            if let Some(t) = targets.get(&addr) {
                 *t.success_rate.lock().expect("verdict lock") = Some(v);
             }
         }
-        if !events.is_empty() {
-            self.handle(&mut state, events);
+        if !judged.events.is_empty() {
+            self.handle(&mut state, judged.events);
         }
     }
 
