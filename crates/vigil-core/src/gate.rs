@@ -693,6 +693,10 @@ impl fmt::Display for WorkerGate {
                 write!(f, "pulling, on probation after the kill switch tripped")
             }
             None => write!(f, "pulling"),
+            Some(p) if self.pause_is_shared() => write!(
+                f,
+                "paused: {p}; a shared cause (its dependency checks fail): pulling again once they pass"
+            ),
             Some(p) => write!(f, "paused: {p}"),
         }
     }

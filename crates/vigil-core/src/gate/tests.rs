@@ -542,6 +542,7 @@ fn a_pause_whose_dependency_checks_failed_ends_when_they_pass_again() {
     assert!(!g.pause_is_shared(), "nothing said the cause is shared yet");
     assert_eq!(g.observe_dependencies(secs(12), Err("db".into())), None);
     assert!(g.pause_is_shared());
+    assert!(g.to_string().contains("a shared cause"), "{g}");
     assert_eq!(
         g.observe_dependencies(secs(20), Ok(())),
         None,
