@@ -617,3 +617,20 @@ fn after_a_shared_blip_the_fleet_pulls_again_together_within_seconds() {
         "the whole pause: {blind_back}"
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// Whatever the fleet's size and the outage's start and length: a dependency every
+    /// worker loses dead-letters no healthy message.
+    #[test]
+    fn no_shared_outage_dead_letters_a_healthy_message(
+        n in 2usize..8,
+        start_ms in 20_000u64..80_000,
+        len_ms in 1_000u64..200_000,
+        checks in proptest::bool::ANY,
+    ) {
+        let down = |t: Time| (ms(start_ms)..ms(start_ms + len_ms)).contains(&t);
+        let run = run_fleet_checked(n, 300, false, down, false, checks);
+        proptest::prop_assert_eq!(run.dead_healthy, 0, "{:?}", run);
+    }
+}
