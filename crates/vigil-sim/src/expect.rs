@@ -6,8 +6,8 @@
 //! `[expect.naive]` holds the same for the naive run, which is how a scenario proves
 //! that the comparison shows what it should.
 
-use crate::scenario::PathSeg;
-use crate::summary::Summary;
+use crate::path::PathSeg;
+use crate::summary::{ExpectationVerdict, Summary, format_duration};
 use std::fmt;
 use std::time::Duration;
 
@@ -241,19 +241,6 @@ pub fn format_number(v: f64) -> String {
     }
 }
 
-/// A duration for people: milliseconds under 10 s, tenths under a minute, whole
-/// seconds above.
-pub fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis() as u64;
-    if ms < 10_000 {
-        humantime::format_duration(Duration::from_millis(ms)).to_string()
-    } else if ms < 60_000 && !ms.is_multiple_of(1000) {
-        format!("{:.1}s", ms as f64 / 1000.0)
-    } else {
-        humantime::format_duration(Duration::from_secs(ms / 1000)).to_string()
-    }
-}
-
 type Invalid = (Vec<PathSeg>, String);
 
 /// Parses `[expect]` and `[expect.naive]`.
@@ -333,9 +320,36 @@ fn parse_one(key: &str, value: &toml::Value) -> Result<Expectation, String> {
     Ok(Expectation::Compare { metric, op, value })
 }
 
+/// Checks expectations against a summary.
+pub fn verdicts(expect: &[Expectation], s: &Summary) -> Vec<ExpectationVerdict> {
+    expect
+        .iter()
+        .map(|e| {
+            let (ok, measured) = e.check(s);
+            ExpectationVerdict {
+                policies: s.policies,
+                expectation: e.to_string(),
+                ok,
+                measured,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_metric_is_reachable() {
+        let s = Summary {
+            detect_max: Some(Duration::from_secs(3)),
+            ..Summary::default()
+        };
+        for (name, _) in METRICS {
+            assert!(s.metric(name).is_some(), "metric {name} has no value");
+        }
+    }
 
     fn table(src: &str) -> toml::Table {
         toml::from_str(src).unwrap()

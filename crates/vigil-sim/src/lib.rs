@@ -25,6 +25,7 @@ pub mod cli;
 pub mod clients;
 pub mod expect;
 pub mod latency;
+pub mod path;
 pub mod report;
 pub mod rng;
 pub mod scenario;
@@ -33,26 +34,7 @@ pub mod summary;
 
 pub use scenario::{Scenario, ScenarioError};
 pub use sim::RunOutcome;
-pub use summary::{ExpectationVerdict, Summary};
-
-/// Which policies a run uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policies {
-    /// The scenario's (vigil's) policies.
-    Vigil,
-    /// The naive ones ([`scenario::ScenarioConfig::naive`]).
-    Naive,
-}
-
-impl Policies {
-    /// `vigil` or `naive`, as the summary and the report label a run.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Policies::Vigil => "vigil",
-            Policies::Naive => "naive",
-        }
-    }
-}
+pub use summary::{ExpectationVerdict, Policies, Summary};
 
 /// Runs a scenario with the given policies and seed.
 pub fn run(
@@ -97,14 +79,14 @@ pub fn check(
     let vigil = run(scenario, Policies::Vigil, seed, &mut |f| {
         progress(if both { f / 2.0 } else { f })
     });
-    let mut verdicts = summary::verdicts(&scenario.expect, &vigil.summary);
+    let mut verdicts = expect::verdicts(&scenario.expect, &vigil.summary);
     let naive = both.then(|| {
         run(scenario, Policies::Naive, seed, &mut |f| {
             progress(0.5 + f / 2.0)
         })
     });
     if let Some(n) = &naive {
-        verdicts.extend(summary::verdicts(&scenario.expect_naive, &n.summary));
+        verdicts.extend(expect::verdicts(&scenario.expect_naive, &n.summary));
     }
     Checked {
         vigil,

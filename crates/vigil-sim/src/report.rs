@@ -330,7 +330,7 @@ svg .title{{font-size:13px;font-weight:600;fill:#1f2328}} svg .axis{{font-size:1
         esc(&cfg.name),
         cfg.fleet.servers,
         cfg.fleet.zones,
-        esc(&crate::expect::format_duration(cfg.duration)),
+        esc(&crate::summary::format_duration(cfg.duration)),
         checked.vigil.summary.seed,
         esc(&cfg.description)
     );

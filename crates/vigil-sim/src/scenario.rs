@@ -10,6 +10,8 @@
 //! load balancer's configuration.
 
 use crate::expect::{Expectation, parse_expectations};
+pub use crate::path::PathSeg;
+use crate::summary::{Policies, Summary};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -849,15 +851,6 @@ impl TargetSet {
 
 // === errors ===
 
-/// One step of a key path: a table key or an array index.
-#[derive(Clone, Debug, PartialEq)]
-pub enum PathSeg {
-    /// A table key.
-    Key(String),
-    /// An array index.
-    Index(usize),
-}
-
 fn path_string(path: &[PathSeg]) -> String {
     let mut s = String::new();
     for seg in path {
@@ -954,6 +947,22 @@ fn core_error(prefix: &[&str], e: vigil_core::Invalid) -> Invalid {
 }
 
 impl ScenarioConfig {
+    /// An empty summary for a run of this scenario.
+    pub fn summary(&self, seed: u64, policies: Policies) -> Summary {
+        let cfg = self;
+        Summary {
+            scenario: cfg.name.clone(),
+            policies: policies.as_str(),
+            seed,
+            servers: cfg.fleet.servers,
+            duration: cfg.duration,
+            has_queue: cfg.queue.is_some(),
+            fault_ends: cfg.faults.iter().any(|f| f.duration.is_some()),
+            has_retries: cfg.clients.retry != ClientRetry::None || cfg.lb.retries.max_retries > 0,
+            ..Summary::default()
+        }
+    }
+
     /// Checks values the types cannot; the error carries the key path.
     pub fn validate(&self) -> Result<(), Invalid> {
         nonzero(self.duration, &["duration"])?;

@@ -1,8 +1,5 @@
 //! A run's numbers, and how they are shown in a terminal (one column per run).
 
-use crate::Policies;
-use crate::expect::{Expectation, format_duration};
-use crate::scenario::ScenarioConfig;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -119,22 +116,6 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// An empty summary for a run of `cfg`.
-    pub fn new(cfg: &ScenarioConfig, seed: u64, policies: Policies) -> Self {
-        Summary {
-            scenario: cfg.name.clone(),
-            policies: policies.as_str(),
-            seed,
-            servers: cfg.fleet.servers,
-            duration: cfg.duration,
-            has_queue: cfg.queue.is_some(),
-            fault_ends: cfg.faults.iter().any(|f| f.duration.is_some()),
-            has_retries: cfg.clients.retry != crate::scenario::ClientRetry::None
-                || cfg.lb.retries.max_retries > 0,
-            ..Summary::default()
-        }
-    }
-
     /// Computes the derived figures once the run is over.
     pub fn finish(&mut self) {
         self.availability = if self.requests == 0 {
@@ -393,22 +374,6 @@ pub struct ExpectationVerdict {
     pub measured: String,
 }
 
-/// Checks expectations against a summary.
-pub fn verdicts(expect: &[Expectation], s: &Summary) -> Vec<ExpectationVerdict> {
-    expect
-        .iter()
-        .map(|e| {
-            let (ok, measured) = e.check(s);
-            ExpectationVerdict {
-                policies: s.policies,
-                expectation: e.to_string(),
-                ok,
-                measured,
-            }
-        })
-        .collect()
-}
-
 /// The terminal summary: one column per run, then the expectations.
 pub fn render_text(runs: &[&Summary], verdicts: &[ExpectationVerdict]) -> String {
     let mut out = String::new();
@@ -460,6 +425,38 @@ pub fn render_text(runs: &[&Summary], verdicts: &[ExpectationVerdict]) -> String
     out
 }
 
+/// Which policies a run uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policies {
+    /// The scenario's (vigil's) policies.
+    Vigil,
+    /// The naive ones ([`crate::scenario::ScenarioConfig::naive`]).
+    Naive,
+}
+
+impl Policies {
+    /// `vigil` or `naive`, as the summary and the report label a run.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policies::Vigil => "vigil",
+            Policies::Naive => "naive",
+        }
+    }
+}
+
+/// A duration for people: milliseconds under 10 s, tenths under a minute, whole
+/// seconds above.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis() as u64;
+    if ms < 10_000 {
+        humantime::format_duration(Duration::from_millis(ms)).to_string()
+    } else if ms < 60_000 && !ms.is_multiple_of(1000) {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else {
+        humantime::format_duration(Duration::from_secs(ms / 1000)).to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,16 +466,5 @@ mod tests {
         assert_eq!(group(0), "0");
         assert_eq!(group(999), "999");
         assert_eq!(group(1234567), "1,234,567");
-    }
-
-    #[test]
-    fn every_metric_is_reachable() {
-        let s = Summary {
-            detect_max: Some(Duration::from_secs(3)),
-            ..Summary::default()
-        };
-        for (name, _) in crate::expect::METRICS {
-            assert!(s.metric(name).is_some(), "metric {name} has no value");
-        }
     }
 }

@@ -45,7 +45,7 @@ fn broken(s: &Scenario, policies: Policies) -> Vec<String> {
         Policies::Vigil => &s.expect,
         Policies::Naive => &s.expect_naive,
     };
-    vigil_sim::summary::verdicts(expect, &o.summary)
+    vigil_sim::expect::verdicts(expect, &o.summary)
         .into_iter()
         .filter(|v| !v.ok)
         .map(|v| format!("{} (measured {})", v.expectation, v.measured))

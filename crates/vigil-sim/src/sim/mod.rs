@@ -496,7 +496,7 @@ impl<'a> Sim<'a> {
             first_fault_at: None,
             fail_open_since: None,
             leaving_fail_open: false,
-            s: Summary::new(cfg, seed, policies),
+            s: cfg.summary(seed, policies),
             last_bad_tick_end: None,
             in_service_sum: 0.0,
             ticks: 0,
