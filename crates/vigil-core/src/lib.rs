@@ -61,6 +61,7 @@ pub mod retry;
 pub mod rollout;
 pub mod shard;
 pub mod signature;
+pub mod stats;
 pub mod status;
 pub mod thresholds;
 pub mod throttle;
