@@ -12,6 +12,16 @@
 //! with a note); anything else (a page that is not a health answer, a 404 without a
 //! report, a redirect, not HTTP, a body over 64 KiB, no answer within `--timeout`) is
 //! invalid or unreachable, exit 3.
+//!
+//! With `--fleet URL --target ID` (an exec `livenessProbe` for Kubernetes), a failing
+//! local verdict is put to the controller before it is reported: the controller answers
+//! `restart` only when its guard would act on the target (failing on its own, within
+//! the fleet's budget and cap), and the check then exits failing as before; otherwise
+//! it answers `alive` with the guard's reason (a shared cause, a freeze, a spent
+//! budget), and the check exits 0, saying why on stderr. A controller that does not
+//! answer within `--fleet-timeout` (or answers nonsense) leaves the local verdict
+//! standing: a dead controller never keeps a hung instance alive. A passing check never
+//! asks. docs/controller.md, "Liveness restarts under the fleet's budget".
 
 use clap::Args;
 use serde_json::json;
@@ -24,11 +34,40 @@ use vigil_core::{HealthReport, Status};
 /// allows, and far above a healthy endpoint's answer time (it reads a snapshot).
 pub const DEFAULT_CHECK_TIMEOUT: &str = "2s";
 
+/// Default bound on asking the controller (`--fleet-timeout`): 2 s, so that local check
+/// and question together fit the 5 s `timeoutSeconds` the help's livenessProbe example
+/// gives the probe; a controller that cannot answer a map lookup in 2 s is as good as
+/// down, and the local verdict then stands.
+pub const DEFAULT_FLEET_TIMEOUT: &str = "2s";
+
 /// Exit code for an unreachable endpoint or an invalid answer.
 const EXIT_INVALID: u8 = 3;
 
+/// What `vigil check --help` adds after the options: the liveness probe.
+const LIVENESS_HELP: &str = "\
+Liveness under a fleet budget (--fleet):
+  A failing local check asks the controller whether this instance may be restarted
+  now. It says \"restart\" only when the instance fails on its own and the fleet's
+  restart budget and cap allow it (controller: [actuator] kind = \"liveness\"); then
+  the check exits failing. When the cause is shared, the fleet frozen or the budget
+  spent it says \"alive\": the check exits 0 and says why on stderr. No answer within
+  --fleet-timeout (2s): the local verdict stands, said on stderr. A pass never asks.
+
+  Kubernetes (the controller probes the pod too; the target id is the pod's name,
+  which is the pod's hostname; a shell reads it, since the kubelet expands only
+  static env values in an exec probe's command):
+    livenessProbe:
+      exec:
+        command: [\"sh\", \"-c\", \"exec vigil check http://127.0.0.1:8081/health
+                  --fleet http://vigil-controller:9400 --target \\\"$HOSTNAME\\\"\"]
+      periodSeconds: 10
+      timeoutSeconds: 5
+      failureThreshold: 3
+  Several --fleet URLs (replicas) are asked in order until one that leads answers.";
+
 /// Arguments of `vigil check`.
 #[derive(Args, Debug)]
+#[command(after_long_help = LIVENESS_HELP)]
 pub struct CheckArgs {
     /// The health endpoint, e.g. http://127.0.0.1:8081/health (http:// is assumed when
     /// no scheme is given; vigil is built without TLS).
@@ -45,6 +84,30 @@ pub struct CheckArgs {
     /// Exit 1 on warn (degraded) instead of 0.
     #[arg(long)]
     pub strict: bool,
+
+    /// The controller to ask before reporting a failure (a liveness probe under the
+    /// fleet's restart budget), e.g. http://vigil-controller:9400; repeat for replicas.
+    #[arg(long, value_name = "URL", requires = "target")]
+    pub fleet: Vec<String>,
+
+    /// This instance's target id at the controller (with --fleet).
+    #[arg(long, value_name = "ID", requires = "fleet")]
+    pub target: Option<String>,
+
+    /// Give up asking the controller after this long; the local verdict then stands.
+    #[arg(long, default_value = DEFAULT_FLEET_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub fleet_timeout: Duration,
+}
+
+/// What the controller said about a failing instance.
+#[derive(Debug, PartialEq)]
+enum FleetAnswer {
+    /// Restart it: the guard allows it.
+    Restart(String),
+    /// Keep it: the guard's reason.
+    Alive(String),
+    /// No usable answer (why): the local verdict stands.
+    NoAnswer(String),
 }
 
 /// What a probe found.
@@ -81,9 +144,19 @@ pub fn run(args: CheckArgs) -> ExitCode {
         }
     };
     let result = rt.block_on(probe(&url, args.timeout));
-    let code = match &result {
+    let local = match &result {
         Ok(o) => exit_code(o.status, args.strict),
         Err(_) => EXIT_INVALID,
+    };
+    let fleet = match (&args.target, local) {
+        (Some(target), 1..) if !args.fleet.is_empty() => {
+            Some(rt.block_on(ask_fleet(&args.fleet, target, args.fleet_timeout)))
+        }
+        _ => None,
+    };
+    let code = match &fleet {
+        Some(FleetAnswer::Alive(_)) => 0,
+        _ => local,
     };
     match &result {
         Ok(o) => {
@@ -91,7 +164,11 @@ pub fn run(args: CheckArgs) -> ExitCode {
                 eprintln!("vigil check: {url}: {note}");
             }
             if args.json {
-                println!("{}", outcome_json(&url, o, code));
+                let mut j = outcome_json(&url, o, code);
+                if let Some(f) = &fleet {
+                    j["fleet"] = fleet_json(f);
+                }
+                println!("{j}");
             } else {
                 print!("{}", summary(&url, o));
             }
@@ -99,21 +176,122 @@ pub fn run(args: CheckArgs) -> ExitCode {
         Err(e) => {
             eprintln!("vigil check: {url}: {}", e.reason);
             if args.json {
-                println!(
-                    "{}",
-                    json!({
-                        "url": url,
-                        "status": "invalid",
-                        "httpStatus": e.http_status,
-                        "latencyMs": ms(e.latency),
-                        "error": e.reason,
-                        "exitCode": code,
-                    })
-                );
+                let mut j = json!({
+                    "url": url,
+                    "status": "invalid",
+                    "httpStatus": e.http_status,
+                    "latencyMs": ms(e.latency),
+                    "error": e.reason,
+                    "exitCode": code,
+                });
+                if let Some(f) = &fleet {
+                    j["fleet"] = fleet_json(f);
+                }
+                println!("{j}");
             }
         }
     }
+    match &fleet {
+        Some(FleetAnswer::Restart(why)) => {
+            eprintln!("vigil check: the controller says restart (exit {local}): {why}");
+        }
+        Some(FleetAnswer::Alive(why)) => {
+            eprintln!(
+                "vigil check: failing locally (exit {local}), but the controller says alive (exit 0): {why}"
+            );
+        }
+        Some(FleetAnswer::NoAnswer(why)) => {
+            eprintln!(
+                "vigil check: no answer from the controller ({why}): the local verdict stands (exit {local})"
+            );
+        }
+        None => {}
+    }
     ExitCode::from(code)
+}
+
+fn fleet_json(f: &FleetAnswer) -> serde_json::Value {
+    match f {
+        FleetAnswer::Restart(r) => json!({"verdict": "restart", "reason": r}),
+        FleetAnswer::Alive(r) => json!({"verdict": "alive", "reason": r}),
+        FleetAnswer::NoAnswer(r) => json!({"verdict": null, "error": r}),
+    }
+}
+
+/// Asks the controllers at `fleet`, in order, whether `target` may be restarted now,
+/// all within `timeout`: the first that leads answers (a replica that does not lead
+/// answers 503 and the next is asked).
+async fn ask_fleet(fleet: &[String], target: &str, timeout: Duration) -> FleetAnswer {
+    let client = match reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .no_proxy()
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => return FleetAnswer::NoAnswer(format!("cannot build an HTTP client: {e}")),
+    };
+    let ask = async {
+        let mut why = Vec::new();
+        for base in fleet {
+            match ask_one(&client, base, target, timeout).await {
+                FleetAnswer::NoAnswer(w) => why.push(format!("{base}: {w}")),
+                answer => return answer,
+            }
+        }
+        FleetAnswer::NoAnswer(why.join("; "))
+    };
+    match tokio::time::timeout(timeout, ask).await {
+        Ok(a) => a,
+        Err(_) => FleetAnswer::NoAnswer(format!(
+            "timed out after {}",
+            humantime::format_duration(timeout)
+        )),
+    }
+}
+
+/// Asks one controller: `GET {base}/api/targets/{target}/liveness`.
+async fn ask_one(
+    client: &reqwest::Client,
+    base: &str,
+    target: &str,
+    timeout: Duration,
+) -> FleetAnswer {
+    let mut url = match reqwest::Url::parse(&normalise(base)) {
+        Ok(u) if u.scheme() == "http" => u,
+        Ok(_) => return FleetAnswer::NoAnswer("only http:// URLs are supported".into()),
+        Err(e) => return FleetAnswer::NoAnswer(format!("bad URL: {e}")),
+    };
+    match url.path_segments_mut() {
+        Ok(mut p) => {
+            p.pop_if_empty()
+                .extend(["api", "targets", target, "liveness"]);
+        }
+        Err(()) => return FleetAnswer::NoAnswer("bad URL: cannot be a base".into()),
+    }
+    let resp = match client.get(url).send().await {
+        Ok(r) => r,
+        Err(e) => return FleetAnswer::NoAnswer(describe(&e, timeout)),
+    };
+    let code = resp.status().as_u16();
+    let body: serde_json::Value = match resp.json().await {
+        Ok(b) => b,
+        Err(e) => return FleetAnswer::NoAnswer(format!("HTTP {code}, not JSON: {e}")),
+    };
+    fleet_answer(code, &body)
+}
+
+/// Reads the controller's answer: only a 200 saying `restart` or `alive` counts.
+fn fleet_answer(code: u16, body: &serde_json::Value) -> FleetAnswer {
+    let reason = body["reason"].as_str().unwrap_or("").to_string();
+    match (code, body["verdict"].as_str()) {
+        (200, Some("restart")) => FleetAnswer::Restart(reason),
+        (200, Some("alive")) => FleetAnswer::Alive(reason),
+        _ => FleetAnswer::NoAnswer(format!(
+            "HTTP {code}: {}",
+            body["error"].as_str().unwrap_or("no verdict")
+        )),
+    }
 }
 
 fn exit_code(status: Status, strict: bool) -> u8 {
@@ -357,6 +535,30 @@ mod tests {
         let err = judge(200, "text/html", b"<html>").unwrap_err();
         assert!(err.contains("not health+json"), "{err}");
         assert!(judge(404, "text/plain", b"not found").is_err());
+    }
+
+    #[test]
+    fn only_a_200_verdict_of_the_controller_counts() {
+        let said = |code, body: serde_json::Value| fleet_answer(code, &body);
+        assert_eq!(
+            said(200, json!({"verdict": "restart", "reason": "r"})),
+            FleetAnswer::Restart("r".into())
+        );
+        assert_eq!(
+            said(200, json!({"verdict": "alive", "reason": "frozen"})),
+            FleetAnswer::Alive("frozen".into())
+        );
+        for (code, body) in [
+            (200, json!({"verdict": "maybe"})),
+            (200, json!({})),
+            (404, json!({"error": "unknown target \"x\""})),
+            (503, json!({"verdict": "alive", "error": "busy"})),
+        ] {
+            assert!(
+                matches!(said(code, body.clone()), FleetAnswer::NoAnswer(_)),
+                "{code} {body}"
+            );
+        }
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Actuators: what happens when the guard acts. `log` (a dry run, the default),
 //! `webhook` (a signed JSON POST, retried with backoff, with an idempotency key),
-//! `exec` (a command with the target in its environment, under a timeout) and
+//! `exec` (a command with the target in its environment, under a timeout),
 //! `aws-autoscaling` (the instance's Auto Scaling group replaces it:
-//! [`crate::aws::actuator`]).
+//! [`crate::aws::actuator`]) and `liveness` (a restart permit that the instance's own
+//! liveness probe collects: [`Permits`]).
 //!
 //! Besides replacements (event kind `replace`), the guard raises freeze alerts (kind
 //! `alert`, see [`crate::engine::ALERT`]): the webhook delivers them, `log` logs them,
-//! `exec` and `aws-autoscaling` never run for one.
+//! `exec`, `aws-autoscaling` and `liveness` never run for one.
 //!
 //! Every action reaching here was committed to the store as `intended` first; the
 //! runner counts the attempt in the store before running and marks the outcome after.
@@ -14,13 +15,16 @@
 use crate::aws::client::Client as AwsClient;
 use crate::clock::wall_ms;
 use crate::config::{
-    ActuatorConfig, ActuatorKind, AwsConfig, ControllerConfig, ExecConfig, WebhookConfig,
+    ActuatorConfig, ActuatorKind, AwsConfig, ControllerConfig, ExecConfig, LivenessConfig,
+    WebhookConfig,
 };
 use crate::metrics::{ActionKind, Metrics};
 use crate::store::{ActionRecord, ActionState, StoreHandle};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 use vigil_core::backoff::Backoff;
 
 /// Header carrying the body's HMAC-SHA256, as `sha256=<hex>`.
@@ -52,16 +56,20 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
 struct Tools {
     http: reqwest::Client,
     aws: Option<Result<AwsClient, String>>,
+    permits: Permits,
 }
 
 /// Runs actions as they come, each on its own task (they are rare: the budget says so).
-/// `config`: the controller's config in force (its `[actuator]` and `[aws]`).
+/// `config`: the controller's config in force (its `[actuator]` and `[aws]`);
+/// `permits`: where the `liveness` actuator leaves its restart permits (the API hands
+/// them out).
 pub async fn run(
     mut rx: mpsc::UnboundedReceiver<ActionRecord>,
     config: watch::Receiver<Arc<ControllerConfig>>,
     store: StoreHandle,
     metrics: Arc<Metrics>,
     tasks: tokio_util::task::TaskTracker,
+    permits: Permits,
 ) {
     let http = reqwest::Client::builder()
         .build()
@@ -79,6 +87,7 @@ pub async fn run(
         let tools = Tools {
             http: http.clone(),
             aws: aws.as_ref().map(|(_, c)| c.clone()),
+            permits: permits.clone(),
         };
         let (store, metrics) = (store.clone(), metrics.clone());
         tasks.spawn(async move {
@@ -163,12 +172,13 @@ async fn execute(
                 "no AWS client: the actuator changed while the action was queued".into(),
             ),
         },
+        ActuatorKind::Liveness => liveness(&cfg.liveness, &tools.permits, action).await,
     }
 }
 
 /// A freeze alert (event kind `alert`): a human should decide. The webhook delivers it
 /// like a replacement (signed, retried, same idempotency rule: receivers tell the two
-/// apart by `kind`); `log` logs it; `exec` and `aws-autoscaling` do not run for it,
+/// apart by `kind`); `log` logs it; `exec`, `aws-autoscaling` and `liveness` do not run for it,
 /// because they replace the target they are given and an alert has none.
 async fn alert(
     cfg: &ActuatorConfig,
@@ -182,11 +192,11 @@ async fn alert(
             tracing::error!(action = action.id, key = %action.idempotency_key, summary = %summary, "ALERT: a human should decide (the log actuator only logs)");
             (ActionState::Done, "alert logged".into())
         }
-        ActuatorKind::Exec | ActuatorKind::AwsAutoscaling => {
-            let name = if cfg.kind == ActuatorKind::Exec {
-                "exec"
-            } else {
-                "aws-autoscaling"
+        ActuatorKind::Exec | ActuatorKind::AwsAutoscaling | ActuatorKind::Liveness => {
+            let name = match cfg.kind {
+                ActuatorKind::Exec => "exec",
+                ActuatorKind::Liveness => "liveness",
+                _ => "aws-autoscaling",
             };
             tracing::error!(action = action.id, summary = %summary, "ALERT: a human should decide (not sent: the {name} actuator runs only for replacements)");
             (
@@ -356,6 +366,135 @@ pub async fn run_command(
     }
 }
 
+// === impl Permits ===
+
+/// The `liveness` actuator's restart permits, by target id, shared by the actuator
+/// (which grants them) and the API (whose `GET /api/targets/{id}/liveness` hands them
+/// to the instance's liveness probe, `vigil check --fleet`).
+///
+/// The guard decided the action as for any actuator (own failure, budget, cap, no
+/// shared cause), so a permit is the guard's decision, not a second budget: the
+/// controller cannot restart a container, only the kubelet can, and it does so when the
+/// container's liveness probe fails. A permit is valid for `ttl` from its grant; every
+/// ask within it answers "restart" (the kubelet needs `failureThreshold` failed probes
+/// in a row), and the first ask finishes its action as done. A permit nobody asked for
+/// within `ttl` fails its action (the instance is not probing through `--fleet`, or
+/// cannot reach the controller and restarts on its local verdict anyway): the guard's
+/// ordinary rules apply, the token is spent and the target is not acted on again until
+/// it has recovered.
+///
+/// Kept in memory only: a restart while a permit waits leaves its action started in
+/// the store, and the next start runs it again, granting a fresh permit. With several
+/// replicas only the leader runs actions, so only the leader holds permits.
+#[derive(Clone, Default)]
+pub struct Permits(Arc<Mutex<HashMap<String, Permit>>>);
+
+/// One restart permit.
+struct Permit {
+    action: i64,
+    granted: Instant,
+    expires: Instant,
+    /// Told at the first collection (then taken): the action finishes done.
+    waiting: Option<oneshot::Sender<Instant>>,
+}
+
+/// A permit as its collector sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Collected {
+    /// The action it belongs to.
+    pub action: i64,
+    /// How long ago it was granted.
+    pub age: Duration,
+    /// How long it still answers "restart".
+    pub left: Duration,
+}
+
+impl Permits {
+    /// Grants `target` a permit for `action`, valid until `now + ttl` (replacing an
+    /// older one, whose action then fails); the receiver is told when it is first
+    /// collected.
+    pub fn grant(
+        &self,
+        target: &str,
+        action: i64,
+        ttl: Duration,
+        now: Instant,
+    ) -> oneshot::Receiver<Instant> {
+        let (tx, rx) = oneshot::channel();
+        self.0.lock().expect("permits lock").insert(
+            target.to_string(),
+            Permit {
+                action,
+                granted: now,
+                expires: now + ttl,
+                waiting: Some(tx),
+            },
+        );
+        rx
+    }
+
+    /// The permit `target` holds at `now`, if any, marking it collected. An expired
+    /// permit is dropped, and answers nothing.
+    pub fn collect(&self, target: &str, now: Instant) -> Option<Collected> {
+        let mut all = self.0.lock().expect("permits lock");
+        let p = all.get_mut(target)?;
+        if now >= p.expires {
+            all.remove(target);
+            return None;
+        }
+        if let Some(tx) = p.waiting.take() {
+            // The action may have given up at this very instant (its timeout and this
+            // ask raced): then it fails, and this answer still says restart, which
+            // the guard already allowed.
+            let _ = tx.send(now);
+        }
+        Some(Collected {
+            action: p.action,
+            age: now - p.granted,
+            left: p.expires - now,
+        })
+    }
+
+    /// Withdraws `action`'s permit for `target` (not a newer one's).
+    fn withdraw(&self, target: &str, action: i64) {
+        let mut all = self.0.lock().expect("permits lock");
+        if all.get(target).is_some_and(|p| p.action == action) {
+            all.remove(target);
+        }
+    }
+}
+
+/// The `liveness` actuator: grants the target a restart permit and waits for its
+/// liveness probe to collect it (done) or for `ttl` to pass (failed).
+async fn liveness(
+    cfg: &LivenessConfig,
+    permits: &Permits,
+    action: &ActionRecord,
+) -> (ActionState, String) {
+    let granted = Instant::now();
+    let collected = permits.grant(&action.target, action.id, cfg.ttl, granted);
+    let ttl = humantime::format_duration(cfg.ttl);
+    tracing::warn!(action = action.id, target_id = %action.target, ttl = %ttl, summary = %action.event["summary"].as_str().unwrap_or(""), "RESTART permit granted: the instance's liveness probe (vigil check --fleet) collects it");
+    match tokio::time::timeout(cfg.ttl, collected).await {
+        Ok(Ok(at)) => (
+            ActionState::Done,
+            format!(
+                "restart permit collected by the instance's liveness probe {} ms after its grant",
+                (at - granted).as_millis()
+            ),
+        ),
+        _ => {
+            permits.withdraw(&action.target, action.id);
+            (
+                ActionState::Failed,
+                format!(
+                    "restart permit not collected within {ttl}: the instance did not ask (is its liveness probe `vigil check --fleet`?)"
+                ),
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,6 +531,71 @@ mod tests {
         action.epoch = None;
         let (_, said) = exec(&cfg, &action).await;
         assert!(said.contains("epoch=[]"), "empty without a lease: {said}");
+    }
+
+    #[tokio::test]
+    async fn a_permit_is_collected_until_it_expires_and_an_uncollected_one_fails() {
+        let permits = Permits::default();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let mut told = permits.grant("web-1", 1, ttl, t0);
+        assert_eq!(
+            permits.collect("web-2", t0),
+            None,
+            "another target holds none"
+        );
+        let c = permits
+            .collect("web-1", t0 + Duration::from_secs(3))
+            .unwrap();
+        assert_eq!(c.action, 1);
+        assert_eq!(c.left, Duration::from_secs(7));
+        assert!(told.try_recv().is_ok(), "the first ask finishes the action");
+        assert!(
+            permits
+                .collect("web-1", t0 + Duration::from_secs(9))
+                .is_some(),
+            "asked again within its ttl (the kubelet's failureThreshold): still restart"
+        );
+        assert_eq!(permits.collect("web-1", t0 + ttl), None, "expired");
+
+        // Nobody asks: the action fails once its ttl has passed, and the permit is gone.
+        let cfg = LivenessConfig {
+            ttl: Duration::from_millis(50),
+        };
+        let mut action = ActionRecord {
+            id: 2,
+            decision_id: 2,
+            target: "web-3".into(),
+            idempotency_key: "vigil-2-2".into(),
+            state: ActionState::Intended,
+            attempts: 0,
+            created_ms: 0,
+            finished_ms: None,
+            result: None,
+            event: serde_json::json!({"kind": "replace"}),
+            epoch: None,
+        };
+        let (state, said) = liveness(&cfg, &permits, &action).await;
+        assert_eq!(state, ActionState::Failed, "{said}");
+        assert_eq!(permits.collect("web-3", Instant::now()), None);
+
+        // Collected while it waits: done.
+        action.id = 3;
+        let cfg = LivenessConfig {
+            ttl: Duration::from_secs(30),
+        };
+        let asker = permits.clone();
+        let ask = tokio::spawn(async move {
+            loop {
+                if let Some(c) = asker.collect("web-3", Instant::now()) {
+                    return c.action;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let (state, said) = liveness(&cfg, &permits, &action).await;
+        assert_eq!(state, ActionState::Done, "{said}");
+        assert_eq!(ask.await.unwrap(), 3);
     }
 
     #[test]
@@ -586,6 +790,7 @@ mod tests {
             store.clone(),
             Arc::new(Metrics::new()),
             tasks.clone(),
+            Permits::default(),
         ));
         tx.send(created[0].clone()).unwrap();
         let state = |store: StoreHandle| async move {

@@ -97,6 +97,8 @@ pub struct AppState {
     pub probing: watch::Receiver<Arc<crate::probing::Probing>>,
     /// How each discovery source fared, for `GET /api/discovery`.
     pub discovery: Arc<crate::discovery::DiscoveryStatus>,
+    /// The `liveness` actuator's restart permits, for `GET /api/targets/{id}/liveness`.
+    pub permits: crate::actuator::Permits,
 }
 
 /// How heartbeats are verified: the secret their keys derive from, the replay window.
@@ -157,6 +159,11 @@ pub fn router(state: AppState) -> Router {
         .route("/api/leader", get(leader))
         .route("/api/probing", get(probing))
         .route("/api/discovery", get(discovery))
+        // Not a heavy read: one lookup in the published view (and, rarely, the target's
+        // last decision). An instance's liveness probe must not be refused with 503
+        // because dashboards are busy: `vigil check --fleet` would take that for a dead
+        // controller and restart on its local verdict.
+        .route("/api/targets/{id}/liveness", get(liveness))
         .route("/api/heartbeat", post(heartbeat))
         .merge(heavy)
         .merge(scrapes)
@@ -537,6 +544,131 @@ async fn guard(State(st): State<AppState>) -> Response {
         counts: &f.counts,
         store_error: f.store_error.as_deref(),
     })
+}
+
+// === liveness ===
+
+/// `GET /api/targets/{id}/liveness`: may this instance be restarted now? What `vigil
+/// check --fleet` asks when its local check fails. `{"verdict": "restart"}` while the
+/// target holds a restart permit of the `liveness` actuator (the guard decided to act
+/// on it: failing on its own, within budget and cap); otherwise `{"verdict": "alive"}`
+/// with the guard's reason (a freeze, a spent budget, a shared cause, an operator hold,
+/// or not failing as the controller sees it). 404 for an unknown target; 503 (with the
+/// leader) on a replica that does not lead, which holds no permits.
+async fn liveness(State(st): State<AppState>, Path(id): Path<String>) -> Response {
+    let l = st.leadership.borrow().clone();
+    if l.store != "sqlite" && l.epoch.is_none() {
+        let leader = l.leader.as_ref().map(|r| r.holder.clone());
+        return no_store(
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({
+                    "error": format!("replica {} does not lead: restart permits are held by the leader", l.replica),
+                    "leader": leader,
+                })),
+            )
+                .into_response(),
+        );
+    }
+    let view = st.views.load();
+    let Ok(i) = view.targets.binary_search_by(|t| t.id().cmp(id.as_str())) else {
+        return ApiError(StatusCode::NOT_FOUND, format!("unknown target {id:?}")).into_response();
+    };
+    let t = &view.targets[i];
+    let kind = st.config.borrow().actuator.kind;
+    if let Some(p) = st.permits.collect(&id, tokio::time::Instant::now()) {
+        return no_store(
+            Json(json!({
+                "target": id,
+                "verdict": "restart",
+                "reason": format!(
+                    "restart permit of action {} (granted {} ago, valid {} more): failing on its own, within the fleet's budget and cap",
+                    p.action,
+                    humantime::format_duration(Duration::from_secs(p.age.as_secs())),
+                    humantime::format_duration(Duration::from_secs(p.left.as_secs())),
+                ),
+                "action": p.action,
+                "state": t.state,
+            }))
+            .into_response(),
+        );
+    }
+    let mut reason = alive_reason(t, &view);
+    if t.state == Standing::Unhealthy && !frozen(t, &view) && view.guard.budget_left > 0 {
+        // Held back for a reason of its own (a shared dependency, peers failing, a
+        // freeze's aftermath): its last decision says which. Rare, so the store is asked.
+        let id2 = id.clone();
+        if let Ok(Ok(mut d)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            st.store.call(move |s| s.decisions(Some(&id2), 1)),
+        )
+        .await
+            && let Some(d) = d.pop()
+        {
+            reason = format!("held back by the guard: {}", d.summary);
+        }
+    }
+    if kind != crate::config::ActuatorKind::Liveness {
+        reason.push_str(
+            " (actuator.kind is not \"liveness\": this controller grants no restart permits)",
+        );
+    }
+    no_store(
+        Json(json!({ "target": id, "verdict": "alive", "reason": reason, "state": t.state }))
+            .into_response(),
+    )
+}
+
+/// Whether `t`'s fleet or zone is frozen in `view`.
+fn frozen(t: &TargetInfo, view: &FleetView) -> bool {
+    view.guard.frozen || view.guard.frozen_zones.iter().any(|z| *z == t.spec.zone)
+}
+
+/// Why a target without a permit may not be restarted, from the published view.
+fn alive_reason(t: &TargetInfo, view: &FleetView) -> String {
+    let g = &view.guard;
+    match t.state {
+        Standing::Healthy => "not failing from the controller's view: it passes its probes".into(),
+        Standing::Failing => format!(
+            "not failing long enough from the controller's view ({} failed probe(s) so far)",
+            t.consecutive_failures
+        ),
+        Standing::Grace => "in its grace period: not judged yet".into(),
+        Standing::Unknown => "no probe of the controller has answered yet".into(),
+        Standing::Silenced | Standing::Maintenance => {
+            let why = t.hold.as_ref().map_or("", |h| h.reason.as_str());
+            format!("operator hold ({}): {why}", t.state.name())
+        }
+        Standing::Flapping => "flapping: damped, not restarted".into(),
+        Standing::Reported => "already acted on; its restart permit expired (it is acted on again once it has recovered)".into(),
+        Standing::Unhealthy if frozen(t, view) => {
+            let mut why = if g.frozen {
+                "frozen: the fleet".to_string()
+            } else {
+                format!("frozen: zone {}", t.spec.zone)
+            };
+            if let Some(m) = &g.manual_freeze {
+                why.push_str(&format!(" (operator: {m})"));
+            }
+            if !g.reasons.is_empty() {
+                why.push_str(": ");
+                why.push_str(&g.reasons.join("; "));
+            }
+            why
+        }
+        Standing::Unhealthy if g.budget_left == 0 => {
+            let next = g
+                .next_token_at_ms
+                .map(|ms| format!("; the next token returns in {}", humantime::format_duration(Duration::from_secs(((ms - view.now_ms).max(0) / 1000) as u64))))
+                .unwrap_or_default();
+            format!(
+                "restart budget spent: {} per {} used{next}",
+                g.budget_actions,
+                humantime::format_duration(g.budget_per)
+            )
+        }
+        Standing::Unhealthy => "held back by the guard".into(),
+    }
 }
 
 async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {

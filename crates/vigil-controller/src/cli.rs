@@ -398,12 +398,14 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         let _ = actions_tx.send(a);
     }
     let heartbeats = Arc::new(Heartbeats::default());
+    let permits = crate::actuator::Permits::default();
     tasks.spawn(crate::actuator::run(
         actions_rx,
         config_rx.clone(),
         store.clone(),
         metrics.clone(),
         tasks.clone(),
+        permits.clone(),
     ));
     tasks.spawn(scheduler::run(
         plan_rx.clone(),
@@ -459,6 +461,7 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         leadership: lead_rx,
         probing: probing_rx,
         discovery: discovery_status,
+        permits,
     });
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(async move {

@@ -54,6 +54,13 @@ pub const DEFAULT_WEBHOOK_RETRIES: u32 = 5;
 pub const DEFAULT_WEBHOOK_BACKOFF: Duration = Duration::from_millis(500);
 /// Default actuator timeout (webhook request, exec command): 10 s.
 pub const DEFAULT_ACTUATOR_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default life of a liveness restart permit (`actuator.liveness.ttl`): 60 s. The
+/// instance collects it on its next liveness probe, and the kubelet restarts only after
+/// `failureThreshold` failed probes in a row (default 3 every `periodSeconds`, default
+/// 10 s: 30 s), each of which the permit must answer "restart"; 60 s covers that twice.
+/// It is not tied to the controller's probe interval: the kubelet's period is what
+/// the permit waits for.
+pub const DEFAULT_LIVENESS_TTL: Duration = Duration::from_secs(60);
 /// Default snapshot interval of the guard state: 30 s (the op log in between is
 /// replayed on restart, so this only bounds the replay).
 pub const DEFAULT_SNAPSHOT_EVERY: Duration = Duration::from_secs(30);
@@ -249,13 +256,16 @@ pub enum ActuatorKind {
     /// Ask the instance's AWS Auto Scaling group to replace it (`[actuator.aws]`).
     #[serde(rename = "aws-autoscaling")]
     AwsAutoscaling,
+    /// Grant the instance a restart permit, which its liveness probe (`vigil check
+    /// --fleet`) collects from `GET /api/targets/{id}/liveness` (`[actuator.liveness]`).
+    Liveness,
 }
 
 /// The actuator.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ActuatorConfig {
-    /// `log` (default), `webhook`, `exec` or `aws-autoscaling`.
+    /// `log` (default), `webhook`, `exec`, `aws-autoscaling` or `liveness`.
     pub kind: ActuatorKind,
     /// Settings of the webhook actuator.
     pub webhook: WebhookConfig,
@@ -263,6 +273,27 @@ pub struct ActuatorConfig {
     pub exec: ExecConfig,
     /// Settings of the aws-autoscaling actuator.
     pub aws: AwsActuatorConfig,
+    /// Settings of the liveness actuator.
+    pub liveness: LivenessConfig,
+}
+
+/// Liveness actuator: an action is a restart permit for the target, collected by its
+/// liveness probe (`vigil check --fleet`); see `crate::actuator::Permits`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LivenessConfig {
+    /// How long a permit waits to be collected, and answers "restart" once collected.
+    /// An uncollected permit then fails its action. Defaults to 60 s.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+}
+
+impl Default for LivenessConfig {
+    fn default() -> Self {
+        LivenessConfig {
+            ttl: DEFAULT_LIVENESS_TTL,
+        }
+    }
 }
 
 /// Webhook actuator.
@@ -625,6 +656,14 @@ impl ControllerConfig {
                 }
             }
             ActuatorKind::AwsAutoscaling => {}
+            ActuatorKind::Liveness => {
+                if self.actuator.liveness.ttl.is_zero() {
+                    bad.push(Invalid::new(
+                        "actuator.liveness.ttl",
+                        "must be longer than 0s (the instance collects its permit within it)",
+                    ));
+                }
+            }
         }
         let aws_discovery = self.discovery.as_ref().and_then(|d| d.aws.as_ref());
         if let Some(a) = aws_discovery {

@@ -709,6 +709,7 @@ mod chaos;
 mod crash;
 mod dashboard;
 mod discovery;
+mod liveness;
 mod replicas;
 mod store;
 mod trust;

@@ -70,6 +70,15 @@ async fn serve_with(
     view: FleetView,
     metrics: Arc<Metrics>,
 ) -> (String, mpsc::Receiver<Command>, tempfile::TempDir) {
+    serve_permits(view, metrics, crate::actuator::Permits::default()).await
+}
+
+/// [`serve_with`] handing out these restart permits.
+async fn serve_permits(
+    view: FleetView,
+    metrics: Arc<Metrics>,
+    permits: crate::actuator::Permits,
+) -> (String, mpsc::Receiver<Command>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let (store, _thread) = StoreHandle::spawn(Box::new(
         SqliteStore::open(&dir.path().join("v.db")).unwrap(),
@@ -98,6 +107,7 @@ async fn serve_with(
         balancers: Arc::default(),
         leadership: watch::channel(crate::leader::Leadership::alone("test".into())).1,
         probing: watch::channel(Arc::new(crate::probing::Probing::alone("test".into()))).1,
+        permits,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -147,6 +157,7 @@ async fn metrics_count_finished_actions_by_kind_and_result() {
         store.clone(),
         metrics.clone(),
         tasks.clone(),
+        crate::actuator::Permits::default(),
     ));
     for a in actions {
         tx.send(a).unwrap();
@@ -347,4 +358,62 @@ async fn heavy_reads_beyond_the_cap_are_refused_at_once_with_retry_after() {
         200,
         "a permit comes back when its read is done"
     );
+}
+
+/// The liveness endpoint: a permit answers restart (every ask while it lives), a held
+/// back target alive with the guard's reason, an unknown one 404; answered while the
+/// engine is busy (it reads the published view).
+#[tokio::test]
+async fn liveness_answers_restart_with_a_permit_and_alive_with_the_guard_reason() {
+    let mut view = fleet();
+    view.targets[6].state = Standing::Unhealthy;
+    view.guard.frozen = true;
+    view.guard.reasons = vec!["fleet-wide failure: 2 fail sqlite:query (dependency)".into()];
+    let permits = crate::actuator::Permits::default();
+    let (base, _engine, _dir) =
+        serve_permits(view, Arc::new(Metrics::new()), permits.clone()).await;
+    let ask = |id: &str| {
+        let url = format!("{base}/api/targets/{id}/liveness");
+        async move {
+            let r = reqwest::get(url).await.unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<serde_json::Value>().await.unwrap(),
+            )
+        }
+    };
+    let (code, body) = ask("t03").await;
+    assert_eq!((code, &body["verdict"]), (200, &json!("alive")), "{body}");
+    assert!(
+        body["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not failing long enough"),
+        "{body}"
+    );
+    let (_, body) = ask("t06").await;
+    assert_eq!(body["verdict"], "alive", "{body}");
+    let reason = body["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("frozen") && reason.contains("sqlite:query"),
+        "the guard's reason: {reason}"
+    );
+    assert!(
+        reason.contains("not \"liveness\""),
+        "the log actuator grants nothing: {reason}"
+    );
+    let mut collected = permits.grant(
+        "t03",
+        7,
+        Duration::from_secs(60),
+        tokio::time::Instant::now(),
+    );
+    for _ in 0..2 {
+        let (code, body) = ask("t03").await;
+        assert_eq!((code, &body["verdict"]), (200, &json!("restart")), "{body}");
+        assert_eq!(body["action"], 7);
+    }
+    assert!(collected.try_recv().is_ok(), "the first ask collects it");
+    let (code, _) = ask("nope").await;
+    assert_eq!(code, 404);
 }
