@@ -191,6 +191,22 @@ fn lb_drained(admin: u16, target: &str) -> bool {
 }
 
 impl Fleet {
+    /// The hosts' ids (`host:port`), and each as a `vigil lb` target (`{ addr = "..." }`).
+    fn lb_targets(&self) -> (Vec<String>, Vec<String>) {
+        let ids: Vec<String> = self
+            .hosts
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|h| h.id.clone())
+            .collect();
+        let targets = ids
+            .iter()
+            .map(|id| format!("{{ addr = \"{id}\" }}"))
+            .collect();
+        (ids, targets)
+    }
+
     fn start(dir: &Path, revision: &str) -> Fleet {
         Self::start_ids(dir, revision, false)
     }
@@ -1028,17 +1044,7 @@ fn abort_stops_a_running_rollout_between_waves() {
 fn a_rollout_drains_its_hosts_through_vigil_lb() {
     let dir = tempfile::tempdir().unwrap();
     let fleet = Fleet::start_ids(dir.path(), "v1", true);
-    let ids: Vec<String> = fleet
-        .hosts
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|h| h.id.clone())
-        .collect();
-    let targets: Vec<String> = ids
-        .iter()
-        .map(|id| format!("{{ addr = \"{id}\" }}"))
-        .collect();
+    let (ids, targets) = fleet.lb_targets();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -1623,17 +1629,7 @@ impl LbRollout {
     /// With `by_lb` false, no `[lb]`: the verdict is the host-reported rule.
     fn start_judging(dir: &Path, bake: &str, by_lb: bool) -> LbRollout {
         let fleet = Fleet::start_behind_lb(dir, "v1", 6);
-        let ids: Vec<String> = fleet
-            .hosts
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|h| h.id.clone())
-            .collect();
-        let targets: Vec<String> = ids
-            .iter()
-            .map(|id| format!("{{ addr = \"{id}\" }}"))
-            .collect();
+        let (ids, targets) = fleet.lb_targets();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
