@@ -150,17 +150,15 @@ async fn kubelet(
     all
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn liveness_restarts_stay_within_the_budget_under_a_shared_fault_and_a_hung_pod_restarts() {
-    let soak = Duration::from_secs(
-        std::env::var("VIGIL_LIVENESS_SOAK_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(20),
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let services: Vec<Service> = (0..SERVICES)
-        .map(|i| Service::start(dir.path(), &format!("svc{i}")))
+/// `n` example services in `dir` probed by a controller with the liveness actuator
+/// (budget `budget` per 10 min), all healthy; the pods as (target id, health URL).
+async fn fleet(
+    dir: &std::path::Path,
+    n: usize,
+    budget: usize,
+) -> (Vec<Service>, Controller, String, Vec<(String, String)>) {
+    let services: Vec<Service> = (0..n)
+        .map(|i| Service::start(dir, &format!("svc{i}")))
         .collect();
     let targets: String = services
         .iter()
@@ -176,16 +174,29 @@ async fn liveness_restarts_stay_within_the_budget_under_a_shared_fault_and_a_hun
     let config =
         base_config("[actuator]\nkind = \"liveness\"\n[actuator.liveness]\nttl = \"10s\"\n")
             .replace("timeout = \"1s\"", "timeout = \"2s\"")
+            .replace("actions = 2", &format!("actions = {budget}"))
             + &targets;
-    let c = Controller::start(dir.path(), &config);
-    c.wait_all(SERVICES, "healthy").await;
-    let controller = c.url("");
-    let controller = controller.trim_end_matches('/').to_string();
-    let pods: Vec<(String, String)> = services
+    let c = Controller::start(dir, &config);
+    c.wait_all(n, "healthy").await;
+    let controller = c.url("").trim_end_matches('/').to_string();
+    let pods = services
         .iter()
         .enumerate()
         .map(|(i, s)| (format!("t{i}"), s.health.clone()))
         .collect();
+    (services, c, controller, pods)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_restarts_stay_within_the_budget_under_a_shared_fault_and_a_hung_pod_restarts() {
+    let soak = Duration::from_secs(
+        std::env::var("VIGIL_LIVENESS_SOAK_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (services, c, controller, pods) = fleet(dir.path(), SERVICES, BUDGET).await;
 
     // A healthy pod never asks: its check passes on its own.
     let calm = probe_all(&controller, &pods).await;
@@ -321,4 +332,61 @@ async fn liveness_restarts_stay_within_the_budget_under_a_shared_fault_and_a_hun
         );
     }
     drop(black_hole);
+}
+
+/// Two pods failing on their own at once (2 of 8: under the cap), a budget of 1: the
+/// first to be judged is restarted, the other is kept alive because the budget is
+/// spent, and says so, until its token returns (10 min: after this test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_restarts_beyond_the_budget_are_refused_with_the_budget_as_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (services, c, controller, pods) = fleet(dir.path(), SERVICES, 1).await;
+    let failing = [2, 5];
+    for i in failing {
+        services[i].fault("disk?on=true").await;
+    }
+    let ids: Vec<String> = failing.iter().map(|i| format!("t{i}")).collect();
+    let is_failing = |p: &Probe| ids.contains(&p.id);
+    // Until one of them was restarted and the other refused for the budget, then three
+    // more periods: no second restart comes.
+    let mut settled_at: Option<usize> = None;
+    let probes = kubelet(&controller, &pods, 3 * DEADLINE, |all| {
+        let restarted = all.iter().filter(|p| is_failing(p) && p.restart).count();
+        let refused = all
+            .iter()
+            .any(|p| is_failing(p) && p.verdict == "alive" && p.stderr.contains("budget spent"));
+        if restarted >= 1 && refused && settled_at.is_none() {
+            settled_at = Some(all.len());
+        }
+        settled_at.is_some_and(|n| all.len() >= n + 3 * pods.len())
+    })
+    .await;
+    let restarted: std::collections::BTreeSet<&str> = probes
+        .iter()
+        .filter(|p| p.restart)
+        .map(|p| p.id.as_str())
+        .collect();
+    eprintln!(
+        "two pods failing alone, budget 1: restarted {restarted:?}; {} failing probes kept alive",
+        probes
+            .iter()
+            .filter(|p| p.local_failed && p.verdict == "alive")
+            .count()
+    );
+    assert_eq!(restarted.len(), 1, "one restart, the budget's: {probes:#?}");
+    assert!(
+        ids.iter().any(|id| restarted.contains(id.as_str())),
+        "the restarted pod is one of the failing ones: {restarted:?}"
+    );
+    let kept = ids
+        .iter()
+        .find(|id| !restarted.contains(id.as_str()))
+        .unwrap();
+    let answer = c.get(&format!("/api/targets/{kept}/liveness")).await;
+    assert_eq!(answer["verdict"], "alive", "{answer}");
+    assert!(
+        answer["reason"].as_str().unwrap().contains("budget spent"),
+        "{answer}"
+    );
+    assert!(c.sigterm().success());
 }
