@@ -1,5 +1,5 @@
 //! End-to-end: `vigil demo` starts a fleet, a balancer and a controller (`--no-queue`:
-//! the queue's keys are tests/demo_queue.rs'). The tour: every service key of the
+//! the queue's keys are tests/demo/queue.rs'). The tour: every service key of the
 //! README's table, in order, with a reset between, does what the table says
 //! (a killed server is taken out and acted on, a local failure too, a dependency failure
 //! on one server too, a brownout is a warn nobody acts on, a flapping server is damped,
@@ -176,7 +176,7 @@ fn start_demo(base: u16, dir: &std::path::Path) -> (Demo, std::process::ChildStd
         dir.display().to_string(),
         "--db".into(),
         "postgres://nobody@127.0.0.1:1/none".into(),
-        // The services' keys (the queue's: tests/demo_queue.rs).
+        // The services' keys (the queue's: tests/demo/queue.rs).
         "--no-queue".into(),
     ];
     spawn_demo(&args)
@@ -423,7 +423,7 @@ async fn heavy_demo_piped_into_tee_stops_on_ctrl_c_without_panic_or_leftovers() 
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .args(["--db", "postgres://nobody@127.0.0.1:1/none"])
-        // The services' keys (the queue's: tests/demo_queue.rs).
+        // The services' keys (the queue's: tests/demo/queue.rs).
         .arg("--no-queue")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -497,4 +497,6 @@ async fn heavy_demo_piped_into_tee_stops_on_ctrl_c_without_panic_or_leftovers() 
 
 // The other files of this binary (one binary per component: a 2-core machine
 // links a handful of test binaries, not one per file).
+mod deploy;
+mod queue;
 mod replicas;

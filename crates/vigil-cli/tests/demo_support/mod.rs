@@ -1,4 +1,4 @@
-//! Shared harness for the `vigil demo` process tests (tests/demo.rs, tests/demo_queue.rs):
+//! Shared harness for the `vigil demo` process tests (tests/demo.rs, tests/demo/queue.rs):
 //! start the real binary with its narration echoed and kept, read its endpoints, find
 //! what it left behind.
 #![allow(dead_code)]

@@ -8,7 +8,7 @@
 //! within seconds of the dependency's return, while a poison message is still
 //! dead-lettered (issue 36).
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use serde_json::Value;

@@ -3,7 +3,7 @@
 //! which compares each worker with the others of its group (`vigil_core::anomaly`) and
 //! acts on a black hole through the safety guard, and on nobody when they all fail.
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use serde_json::Value;

@@ -4,7 +4,7 @@
 //! comparing it with its three peers and acts on it once, on it alone. Stopping the
 //! demo leaves none of its processes (the workers included) behind.
 
-mod demo_support;
+use crate::demo_support;
 
 use demo_support::{Demo, Narration, children_of, get_json, said, spawn_demo};
 use serde_json::Value;

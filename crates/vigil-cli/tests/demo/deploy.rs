@@ -5,7 +5,7 @@
 //! bad, no second wave ever starts, every service is back on v2. The demo's traffic
 //! through the balancer loses no request in either.
 
-mod demo_support;
+use crate::demo_support;
 
 use demo_support::{Narration, get_json, said, spawn_demo, wait_until};
 use std::io::Write;
