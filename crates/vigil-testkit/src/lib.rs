@@ -444,6 +444,35 @@ pub fn read_request(reader: &mut impl std::io::BufRead) -> std::io::Result<Optio
     }))
 }
 
+/// The first line a child prints when it serves (`vigil example-service`'s
+/// `LISTENING app=127.0.0.1:40001 health=... store=...`), read from its stdout: each
+/// `key=value` word by its key.
+#[derive(Clone, Debug)]
+pub struct Listening(pub String);
+
+impl Listening {
+    /// Reads the first line of `child`'s stdout (taken from it; piped).
+    pub fn read(child: &mut std::process::Child) -> Listening {
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().expect("stdout piped")),
+            &mut line,
+        )
+        .expect("read the LISTENING line");
+        Listening(line)
+    }
+
+    /// The value of `key` (`"app"` for `app=...`); panics naming the line without it.
+    pub fn get(&self, key: &str) -> String {
+        let prefix = format!("{key}=");
+        self.0
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no {key}= in the LISTENING line {:?}", self.0))
+            .to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,6 @@
 //! SERVING for the whole server once it is ready, NOT_FOUND for a service it does not
 //! know, and NOT_SERVING as soon as SIGTERM starts the drain.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
@@ -51,15 +50,9 @@ async fn example_service_answers_grpc_health_checks_and_drains_on_sigterm() {
         .stderr(Stdio::null())
         .spawn()
         .expect("start vigil example-service");
-    let stdout = child.stdout.take().unwrap();
+    let line = vigil_testkit::Listening::read(&mut child);
     let service = Service(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let addr = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("grpc="))
-        .unwrap_or_else(|| panic!("the LISTENING line names the gRPC address: {line:?}"))
-        .to_string();
+    let addr = line.get("grpc");
     let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()

@@ -5,7 +5,6 @@
 //! `vigil_build_info{version,commit} 1`. Skipped, saying so, without promtool (Debian
 //! package `prometheus`, installed by scripts/install-test-deps.sh).
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -104,16 +103,8 @@ async fn every_metrics_endpoint_passes_promtool_and_honours_accept() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(svc.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let app = vigil_testkit::Listening::read(&mut svc).get("app");
     daemons.push(Daemon(svc));
-    let app = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("app="))
-        .unwrap_or_else(|| panic!("LISTENING line: {line:?}"))
-        .to_string();
 
     // The balancer's admin port.
     let (listen, admin) = (free_port(), free_port());

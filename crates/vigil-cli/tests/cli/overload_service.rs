@@ -5,7 +5,6 @@
 //! refuses work whose deadline has passed before its handler runs. Every wait polls a
 //! condition, bounded.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -53,20 +52,11 @@ impl Service {
             .stderr(Stdio::null())
             .spawn()
             .expect("start vigil example-service");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let word = |key: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(key))
-                .unwrap_or_else(|| panic!("no {key} in the LISTENING line {line:?}"))
-                .to_string()
-        };
+        let line = vigil_testkit::Listening::read(&mut child);
         Service {
-            app: word("app="),
-            health: word("health="),
-            store: word("store="),
+            app: line.get("app"),
+            health: line.get("health"),
+            store: line.get("store"),
             child,
             _dir: dir,
         }

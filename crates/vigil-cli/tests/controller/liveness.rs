@@ -13,7 +13,6 @@
 
 use crate::controller_support::*;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -49,19 +48,10 @@ impl Service {
             .stderr(Stdio::null())
             .spawn()
             .expect("start vigil example-service");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let field = |k: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(k))
-                .unwrap_or_else(|| panic!("LISTENING line: {line:?}"))
-                .to_string()
-        };
+        let line = vigil_testkit::Listening::read(&mut child);
         Service {
-            app: field("app="),
-            health: field("health="),
+            app: line.get("app"),
+            health: line.get("health"),
             child,
         }
     }
