@@ -107,17 +107,16 @@ impl<K: Clone + Ord + Display> SuccessRateRule<K> {
             verdicts: Vec::new(),
             forgotten: Vec::new(),
         };
-        let counts: Vec<(K, Counts)> = counts.into_iter().collect();
-        for gone in self
-            .members
-            .keys()
-            .filter(|m| !counts.iter().any(|(k, _)| k.to_string() == **m))
-        {
+        // Each target's name once (the detector knows members by name).
+        let counts: BTreeMap<String, (K, Counts)> = counts
+            .into_iter()
+            .map(|(k, c)| (k.to_string(), (k, c)))
+            .collect();
+        for gone in self.members.keys().filter(|m| !counts.contains_key(*m)) {
             self.detector.remove(gone);
         }
         self.members.clear();
-        for (key, c) in counts {
-            let name = key.to_string();
+        for (name, (key, c)) in counts {
             if pool.is_in_service(&key) {
                 self.detector.record(now, &name, "", c);
                 self.members.insert(name, key);
