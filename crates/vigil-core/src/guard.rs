@@ -29,26 +29,7 @@
 //!    replace a host. "Unhealthy" means unhealthy *by the thresholds* (N consecutive
 //!    failed probes, until `healthy_threshold` pass): a single failed probe is noise (a
 //!    dependency failing 2% of checks would otherwise freeze a zone of six every time
-//!    two blips coincide) and never counts towards a freeze. Targets that fail together
-//!    reach N one probe at a time, so the first of them could be confirmed before its
-//!    peers count: an action therefore also needs the *eager* fraction (targets whose
-//!    last probe failed, or unhealthy, or *in doubt*) under the cap, else it waits
-//!    ([`Reason::PeersFailing`], no freeze announced); the next probes tell a shared
-//!    failure (the freeze follows) from coinciding blips (the action goes ahead). A
-//!    target is in doubt when its driver cannot tell that it passes: its probers
-//!    disagree ([`Observation::disputed`]) or have no fresh result
-//!    ([`SafetyGuard::doubt`]), as when a prober stops or is cut off just as a
-//!    shared failure starts. A guard that cannot see part of the fleet does not take
-//!    it for healthy (while one of several probers sees every target failing, the
-//!    guard holds, as a single controller cut off from the fleet would).
-//!
-//!    When a freeze lifts, a target that failed under it is not acted on at once: its
-//!    peers' recovery lifted the freeze, and it may simply be the last of them to be
-//!    seen recovering (probes and their reports arrive one at a time). It is acted on
-//!    only once it has failed again on its own, `unhealthy_threshold` probes over
-//!    `min_failing` since it last failed under the freeze ([`Reason::FreezeAftermath`]).
-//!    The replicas' fault loop (`controller_chaos`) found the gap: the last two targets
-//!    of a lifted freeze were acted on 156 ms after the shared failure healed.
+//!    two blips coincide) and never counts towards a freeze.
 //!
 //!    The freeze's reason says what the evidence shows ([`FreezeEvidence`]): how many of
 //!    the unhealthy targets fail which check, local or dependency, or fail as a whole
@@ -66,25 +47,42 @@
 //!    never in a scope where every target is unhealthy. Either way, a freeze lasting
 //!    `frozen.alert_after` (default 15 min) raises [`GuardEvent::FreezeAlert`] once, so
 //!    a human decides.
-//! 2. **Budget.** A token is left in the action budget ([`budget`]): `budget.actions`
+//! 2. **Peers not failing.** The *eager* fraction (targets whose last probe failed, or
+//!    unhealthy, or *in doubt*) is under the cap too, else the action waits
+//!    ([`Reason::PeersFailing`], no freeze announced). Targets that fail together reach N
+//!    one probe at a time, so the first of them could be confirmed before its peers
+//!    count; the next probes tell a shared failure (the freeze follows) from coinciding
+//!    blips (the action goes ahead). A target is in doubt when its driver cannot tell
+//!    that it passes: its probers disagree ([`Observation::disputed`]) or have no fresh
+//!    result ([`SafetyGuard::doubt`]), as when a prober stops or is cut off just as a
+//!    shared failure starts. A guard that cannot see part of the fleet does not take it
+//!    for healthy (while one of several probers sees every target failing, the guard
+//!    holds, as a single controller cut off from the fleet would).
+//! 3. **Not a freeze's aftermath.** When a freeze lifts, a target that failed under it is
+//!    not acted on at once: its peers' recovery lifted the freeze, and it may simply be
+//!    the last of them to be seen recovering (probes and their reports arrive one at a
+//!    time). It is acted on only once it has failed again on its own,
+//!    `unhealthy_threshold` probes over `min_failing` since it last failed under the
+//!    freeze ([`Reason::FreezeAftermath`]).
+//! 4. **Budget.** A token is left in the action budget ([`budget`]): `budget.actions`
 //!    per `budget.per` (default 2 per 10 minutes). Each token comes back `per` after it
 //!    was spent, so **no window of length `per` holds more than `actions` actions**.
-//! 3. **Local cause.** At least one of the target's failures is its own ([`cause`]): the
+//! 5. **Local cause.** At least one of the target's failures is its own ([`cause`]): the
 //!    endpoint failed, a local check failed (disk, fd, memory, ...), or a dependency check
 //!    failed that fewer than `cause.shared_min_targets` targets fail. A dependency check
 //!    failing on many targets is attributed to that shared dependency
 //!    ([`Reason::SharedDependency`]) and nobody is replaced for it.
-//! 4. **Not flapping.** Flap damping after BGP route-flap dampening, RFC 2439
+//! 6. **Not flapping.** Flap damping after BGP route-flap dampening, RFC 2439
 //!    ([`damping`]): each pass-to-fail change adds a penalty that decays with a
 //!    half-life; at the suppress threshold the target is flapping ([`Reason::Flapping`])
 //!    until the penalty decays below the reuse threshold.
-//! 5. **No operator hold.** The target is not silenced nor in maintenance ([`Hold`]),
+//! 7. **No operator hold.** The target is not silenced nor in maintenance ([`Hold`]),
 //!    and the operator has not frozen the guard ([`SafetyGuard::freeze`]).
-//! 6. **Not already reported.** A target acted on is reported once; it becomes eligible
+//! 8. **Not already reported.** A target acted on is reported once; it becomes eligible
 //!    again only after it has recovered (its verdict is healthy again, on a pass that
 //!    no prober disputes).
 //!
-//! Only when 1 and 3-6 hold is a budget token spent, so a held-back decision never
+//! Only when 1-3 and 5-8 hold is a budget token spent, so a held-back decision never
 //! costs budget.
 //!
 //! # Targets
@@ -357,7 +355,7 @@ pub struct Observation {
     /// A pass that another of the target's probers disputes: its own fresh result
     /// fails (several probers, verdict by agreement: a pass from any one of them is the
     /// target's pass). The target passes, but stays *in doubt*: it counts as failing in
-    /// the eager fraction that holds actions (rule 1) until an undisputed observation.
+    /// the eager fraction that holds actions (rule 2) until an undisputed observation.
     #[serde(default, skip_serializing_if = "state::is_false")]
     pub disputed: bool,
 }
@@ -636,7 +634,7 @@ impl SafetyGuard {
     /// without a pass, or their results are stale or missing (a prober stopped, cut
     /// off, or just assigned). Nothing about the target itself changes (its streak,
     /// verdict and reasons stay); it is *in doubt* until its next observation, and
-    /// counts as failing in the eager fraction that holds actions (rule 1): a guard
+    /// counts as failing in the eager fraction that holds actions (rule 2): a guard
     /// that cannot see part of the fleet does not take it for healthy. Returns whether
     /// anything changed (false when it was in doubt already).
     pub fn doubt(&mut self, now: Time, id: &str) -> Result<bool, UnknownTarget> {
@@ -1136,7 +1134,7 @@ impl SafetyGuard {
             && partly_healthy;
         let frozen_reasons = freezes.len();
         hold.extend(freezes);
-        // Rule 1's aftermath: failing under a freeze that has just lifted.
+        // Rule 3, the aftermath: failing under a freeze that has just lifted.
         if frozen_reasons == 0
             && let Some((at, then)) = t.frozen_with
         {
@@ -1180,7 +1178,7 @@ impl SafetyGuard {
         }];
         // Targets failing together reach the thresholds one probe at a time: before any
         // of them is acted on, the eager count (last probe failed, or in doubt) must be
-        // under the cap too, so a freeze that is starting is never raced (rule 1).
+        // under the cap too, so a freeze that is starting is never raced (rule 2).
         if hold.is_empty() && confirmed {
             let (zt, _, zf) = self.index.zones.get(&*t.zone).copied().unwrap_or_default();
             // How many of them are in doubt: counted only when an action waits.

@@ -277,7 +277,9 @@ fn fleet_above_cap_freezes_with_a_loud_reason_and_unfreezes_when_it_drops() {
     );
     // t0 and t1 failed with the frozen fleet: the freeze lifting does not make their
     // failure their own (they may be the last of the shared failure to recover). They
-    // must fail again on their own: N = 3 probes over T = 20 s since 105.
+    // must fail again on their own: N = 3 probes over T = 20 s since 105 (rule 3). The
+    // replicas' fault loop (`controller_chaos`) found the gap this pins: the last two
+    // targets of a lifted freeze were acted on 156 ms after the shared failure healed.
     let fails = |i: usize| (i < 2).then(|| Observation::endpoint_failure(id(i), "a"));
     let mut held = Vec::new();
     for s in (110..125).step_by(5) {
