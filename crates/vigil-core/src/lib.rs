@@ -60,6 +60,7 @@ pub mod report;
 pub mod retry;
 pub mod rollout;
 pub mod shard;
+pub mod share;
 pub mod signature;
 pub mod stats;
 pub mod status;
