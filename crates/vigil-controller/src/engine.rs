@@ -510,7 +510,15 @@ impl Engine {
             runtime.get(id).map(|rt| rt.spec.heartbeat)
         });
         let sent = report.clone();
-        match self.store.call(move |s| s.report(&sent)).await {
+        match self
+            .store
+            .call(move |s| {
+                s.replicas()
+                    .ok_or_else(StoreError::no_replicas)?
+                    .report(&sent)
+            })
+            .await
+        {
             Ok(state) => {
                 let sh = self.sharding.as_mut().expect("checked above");
                 if sh.answered(state, leading) {

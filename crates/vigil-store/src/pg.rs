@@ -61,8 +61,8 @@
 
 use super::{
     ACTION_COLUMNS, ActionRecord, ActionState, Batch, DecisionRecord, KEEP_DECISIONS,
-    KEEP_TRANSITIONS, MemberRow, Recovered, ReplicaReport, ReplicaState, SNAPSHOT_PART, Store,
-    StoreError, StoredResult, TransitionRecord, parts,
+    KEEP_TRANSITIONS, MemberRow, Recovered, ReplicaReport, ReplicaState, ReplicaStore,
+    SNAPSHOT_PART, Store, StoreError, StoredResult, TransitionRecord, parts,
 };
 use postgres::{Client, NoTls};
 use std::time::Duration;
@@ -978,6 +978,12 @@ impl Store for PostgresStore {
             .collect())
     }
 
+    fn replicas(&mut self) -> Option<&mut dyn ReplicaStore> {
+        Some(self)
+    }
+}
+
+impl ReplicaStore for PostgresStore {
     fn lease(&mut self, name: &str) -> Result<Option<LeaseRow>, StoreError> {
         PostgresStore::lease(self, name)
     }

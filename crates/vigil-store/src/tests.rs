@@ -1,4 +1,6 @@
 use super::*;
+use rusqlite::Connection;
+use std::path::Path;
 
 /// Where a test's store lives: a temporary SQLite file, or a PostgreSQL schema of
 /// its own (created for the test, dropped after it).
