@@ -24,6 +24,7 @@ use vigil_core::thresholds::{
 };
 use vigil_core::throttle::{AdaptiveThrottleConfig, RetryThrottleConfig};
 
+
 /// Exit code of a configuration that does not load (sysexits' EX_CONFIG): `vigil lb`,
 /// `vigil lb check-config`, and the daemon at start.
 pub const EXIT_BAD_CONFIG: u8 = 78;
@@ -158,6 +159,8 @@ pub struct LbConfig {
     pub tls_listeners: BTreeMap<String, TlsListenerConfig>,
     /// Pools of targets, by name.
     pub pools: BTreeMap<String, PoolSection>,
+    /// One JSON line per request (off by default).
+    pub access_log: AccessLogConfig,
 }
 
 impl Default for LbConfig {
@@ -174,6 +177,45 @@ impl Default for LbConfig {
             routes: Vec::new(),
             tls_listeners: BTreeMap::new(),
             pools: BTreeMap::new(),
+            access_log: AccessLogConfig::default(),
+        }
+    }
+}
+
+/// Default access log destination: `-`, standard output (a container's log collector
+/// reads it; vigil's own logs go to standard error).
+pub const DEFAULT_ACCESS_LOG_PATH: &str = "-";
+/// Default lines the access log's channel holds: 16,384, about a second of a busy
+/// worker's requests (bench/lb: tens of thousands per second) while the disk stalls;
+/// past it, lines are dropped and counted rather than slowing a request.
+pub const DEFAULT_ACCESS_LOG_BUFFER: usize = 16 * 1024;
+
+/// Access logs (`[access_log]`): one JSON line per client request, written by a thread
+/// of its own (docs/lb.md, "Access logs").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AccessLogConfig {
+    /// Write a line per request. Defaults to false.
+    pub enabled: bool,
+    /// Where: `-` for standard output, or a file (appended to; relative to the
+    /// configuration file's directory; opened anew on SIGHUP, for logrotate). Defaults
+    /// to `-`.
+    pub path: PathBuf,
+    /// Log the query string too. A query may hold secrets (tokens, e-mail addresses),
+    /// so only the path is logged unless this is true. Defaults to false.
+    pub query: bool,
+    /// Lines waiting for the writer at most; more are dropped and counted
+    /// (`vigil_lb_access_log_dropped_total`). At least 1. Defaults to 16384.
+    pub buffer: usize,
+}
+
+impl Default for AccessLogConfig {
+    fn default() -> Self {
+        AccessLogConfig {
+            enabled: false,
+            path: PathBuf::from(DEFAULT_ACCESS_LOG_PATH),
+            query: false,
+            buffer: DEFAULT_ACCESS_LOG_BUFFER,
         }
     }
 }
@@ -962,11 +1004,22 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> Invalid {
 }
 
 impl LbConfig {
-    /// Checks everything serde cannot; the error names the key.
+    /// Checks everything serde cannot; the error names the key (the first of
+    /// [`Self::problems`]).
     pub fn validate(&self) -> Result<(), Invalid> {
+        self.problems().into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Every value serde cannot check that is wrong, in the order of the file's
+    /// sections, each naming its key and the value: `check-config` lists them all, as
+    /// rustc does. A check that depends on another value is skipped while that value is
+    /// itself wrong (`timeouts.per_try` against a zero `timeouts.response_header`), so
+    /// one mistake is reported once.
+    pub fn problems(&self) -> Vec<Invalid> {
+        let mut bad = Vec::new();
         let (min, max) = WORKER_SLICE_RANGE;
         if !self.worker_slice.is_zero() && !(min..=max).contains(&self.worker_slice) {
-            return Err(invalid(
+            bad.push(invalid(
                 "worker_slice",
                 format!(
                     "must be 0s (the kernel's default) or from {} to {}, got {}",
@@ -976,43 +1029,41 @@ impl LbConfig {
                 ),
             ));
         }
-        if self.timeouts.connect.is_zero() {
-            return Err(invalid("timeouts.connect", "must be more than 0s"));
+        let t = &self.timeouts;
+        for (key, value) in [
+            ("timeouts.connect", t.connect),
+            ("timeouts.response_header", t.response_header),
+        ] {
+            if value.is_zero() {
+                bad.push(invalid(key, "must be more than 0s, got 0s"));
+            }
         }
-        if self.timeouts.response_header.is_zero() {
-            return Err(invalid("timeouts.response_header", "must be more than 0s"));
-        }
-        if let Some(t) = self.timeouts.per_try
-            && (t.is_zero() || t > self.timeouts.response_header)
+        if let Some(p) = t.per_try
+            && (p.is_zero() || (!t.response_header.is_zero() && p > t.response_header))
         {
-            return Err(invalid(
+            bad.push(invalid(
                 "timeouts.per_try",
                 format!(
-                    "must be more than 0s and at most timeouts.response_header ({})",
-                    humantime::format_duration(self.timeouts.response_header)
+                    "must be more than 0s and at most timeouts.response_header ({}), got {}",
+                    humantime::format_duration(t.response_header),
+                    humantime::format_duration(p)
                 ),
             ));
         }
-        if self.timeouts.send.is_zero() {
-            return Err(invalid("timeouts.send", "must be more than 0s"));
-        }
-        if self.timeouts.response_body.is_zero() {
-            return Err(invalid("timeouts.response_body", "must be more than 0s"));
-        }
-        if self.timeouts.client_header.is_zero() {
-            return Err(invalid("timeouts.client_header", "must be more than 0s"));
-        }
-        if self.timeouts.client_write.is_zero() {
-            return Err(invalid("timeouts.client_write", "must be more than 0s"));
-        }
-        if self.timeouts.client_h2_idle.is_zero() {
-            return Err(invalid("timeouts.client_h2_idle", "must be more than 0s"));
-        }
-        if self.timeouts.tunnel_idle.is_zero() {
-            return Err(invalid("timeouts.tunnel_idle", "must be more than 0s"));
+        for (key, value) in [
+            ("timeouts.send", t.send),
+            ("timeouts.response_body", t.response_body),
+            ("timeouts.client_header", t.client_header),
+            ("timeouts.client_write", t.client_write),
+            ("timeouts.client_h2_idle", t.client_h2_idle),
+            ("timeouts.tunnel_idle", t.tunnel_idle),
+        ] {
+            if value.is_zero() {
+                bad.push(invalid(key, "must be more than 0s, got 0s"));
+            }
         }
         if self.limits.max_header_bytes < 8192 {
-            return Err(invalid(
+            bad.push(invalid(
                 "limits.max_header_bytes",
                 format!(
                     "must be at least 8192, got {}",
@@ -1021,33 +1072,32 @@ impl LbConfig {
             ));
         }
         if self.limits.max_client_connections == 0 {
-            return Err(invalid(
+            bad.push(invalid(
                 "limits.max_client_connections",
-                "must be at least 1",
+                "must be at least 1, got 0",
             ));
         }
         if self.listen == self.admin_listen {
-            return Err(invalid(
+            bad.push(invalid(
                 "admin_listen",
                 format!("must differ from listen ({})", self.listen),
             ));
         }
         if self.routes.is_empty() && self.pools.len() > 1 {
-            return Err(invalid(
+            bad.push(invalid(
                 "routes",
                 "required when there are several pools (with one pool, everything goes to it)",
             ));
         }
         for (i, r) in self.routes.iter().enumerate() {
             if r.pool.is_empty() {
-                return Err(invalid(
+                bad.push(invalid(
                     format!("routes[{i}]"),
                     "missing key `pool`: the pool this route sends to",
                 ));
-            }
-            if !self.pools.contains_key(&r.pool) {
+            } else if !self.pools.contains_key(&r.pool) {
                 let known: Vec<&str> = self.pools.keys().map(String::as_str).collect();
-                return Err(invalid(
+                bad.push(invalid(
                     format!("routes[{i}].pool"),
                     format!("no pool named {:?} (pools: {})", r.pool, known.join(", ")),
                 ));
@@ -1055,144 +1105,171 @@ impl LbConfig {
             if let Some(p) = &r.path_prefix
                 && !p.starts_with('/')
             {
-                return Err(invalid(
+                bad.push(invalid(
                     format!("routes[{i}].path_prefix"),
                     format!("must start with '/', got {p:?}"),
                 ));
             }
         }
-        self.validate_tls()?;
-        for (name, pool) in &self.pools {
-            let key = |k: &str| format!("pools.{name}.{k}");
-            if pool.targets.is_empty() {
-                return Err(invalid(key("targets"), "a pool needs at least one target"));
-            }
-            let mut seen = std::collections::BTreeSet::new();
-            for (i, t) in pool.targets.iter().enumerate() {
-                let tk = key(&format!("targets[{i}].addr"));
-                validate_addr(&t.addr).map_err(|m| invalid(&tk, m))?;
-                if !seen.insert(&t.addr) {
-                    return Err(invalid(tk, format!("{} is listed twice", t.addr)));
-                }
-            }
-            pool.core().validate().map_err(|e| {
-                // The pool's thresholds are lb.toml's health_check thresholds.
-                e.renamed("thresholds", "health_check")
-                    .within(&format!("pools.{name}"))
-            })?;
-            let hc = &pool.health_check;
-            if hc.enabled {
-                if !hc.path.starts_with('/') {
-                    return Err(invalid(
-                        key("health_check.path"),
-                        format!("must start with '/', got {:?}", hc.path),
-                    ));
-                }
-                if hc.interval < Duration::from_millis(10) {
-                    return Err(invalid(
-                        key("health_check.interval"),
-                        "must be at least 10ms",
-                    ));
-                }
-                if hc.timeout.is_zero() {
-                    return Err(invalid(key("health_check.timeout"), "must be more than 0s"));
-                }
-                if !(0.0..=0.5).contains(&hc.jitter) {
-                    return Err(invalid(
-                        key("health_check.jitter"),
-                        format!("must be between 0 and 0.5, got {}", hc.jitter),
-                    ));
-                }
-                StatusSet::parse(&hc.expected_statuses)
-                    .map_err(|m| invalid(key("health_check.expected_statuses"), m))?;
-            }
-            pool.outlier
-                .success_rate
-                .validate()
-                .map_err(|e| e.within(&format!("pools.{name}.outlier.success_rate")))?;
-            pool.retries
-                .budget
-                .validate()
-                .map_err(|e| e.within(&format!("pools.{name}.retries.budget")))?;
-            if let Some(t) = pool.retries.throttle.tokens() {
-                t.validate()
-                    .map_err(|e| e.within(&format!("pools.{name}.retries.throttle")))?;
-            }
-            if let Some(t) = &pool.throttle {
-                t.validate()
-                    .map_err(|e| e.within(&format!("pools.{name}.throttle")))?;
-            }
-            if let Some(tls) = &pool.tls {
-                if tls.cert.is_some() != tls.key.is_some() {
-                    return Err(invalid(
-                        key(if tls.cert.is_some() {
-                            "tls.key"
-                        } else {
-                            "tls.cert"
-                        }),
-                        "missing: a client certificate needs both `cert` and `key`",
-                    ));
-                }
-                if let Some(n) = &tls.server_name
-                    && rustls::pki_types::ServerName::try_from(n.as_str()).is_err()
-                {
-                    return Err(invalid(
-                        key("tls.server_name"),
-                        format!("{n:?} is not a DNS name or an IP address"),
-                    ));
-                }
-            }
-            let h = &pool.hedge;
-            if !(0.0..1.0).contains(&h.quantile) || h.quantile < 0.5 {
-                return Err(invalid(
-                    key("hedge.quantile"),
-                    format!("must be between 0.5 and 1 (exclusive), got {}", h.quantile),
-                ));
-            }
-            if h.max_delay < h.min_delay {
-                return Err(invalid(
-                    key("hedge.max_delay"),
-                    "must be at least hedge.min_delay",
-                ));
-            }
+        if self.access_log.buffer == 0 {
+            bad.push(invalid("access_log.buffer", "must be at least 1, got 0"));
         }
-        Ok(())
+        if self.access_log.path.as_os_str().is_empty() {
+            bad.push(invalid(
+                "access_log.path",
+                "must be \"-\" (standard output) or a file, got \"\"",
+            ));
+        }
+        self.tls_problems(&mut bad);
+        for (name, pool) in &self.pools {
+            pool_problems(name, pool, &mut bad);
+        }
+        bad
+    }
+}
+
+/// The `[pools.<name>]` part of [`LbConfig::problems`].
+fn pool_problems(name: &str, pool: &PoolSection, bad: &mut Vec<Invalid>) {
+    let key = |k: &str| format!("pools.{name}.{k}");
+    let within = |e: Invalid, section: &str| e.within(&format!("pools.{name}.{section}"));
+    if pool.targets.is_empty() {
+        bad.push(invalid(key("targets"), "a pool needs at least one target"));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, t) in pool.targets.iter().enumerate() {
+        let tk = key(&format!("targets[{i}].addr"));
+        if let Err(m) = validate_addr(&t.addr) {
+            bad.push(invalid(tk, m));
+        } else if !seen.insert(&t.addr) {
+            bad.push(invalid(tk, format!("{} is listed twice", t.addr)));
+        }
+    }
+    if let Err(e) = pool.core().validate() {
+        // The pool's thresholds are lb.toml's health_check thresholds.
+        bad.push(
+            e.renamed("thresholds", "health_check")
+                .within(&format!("pools.{name}")),
+        );
+    }
+    let hc = &pool.health_check;
+    if hc.enabled {
+        if !hc.path.starts_with('/') {
+            bad.push(invalid(
+                key("health_check.path"),
+                format!("must start with '/', got {:?}", hc.path),
+            ));
+        }
+        if hc.interval < Duration::from_millis(10) {
+            bad.push(invalid(
+                key("health_check.interval"),
+                format!(
+                    "must be at least 10ms, got {}",
+                    humantime::format_duration(hc.interval)
+                ),
+            ));
+        }
+        if hc.timeout.is_zero() {
+            bad.push(invalid(
+                key("health_check.timeout"),
+                "must be more than 0s, got 0s",
+            ));
+        }
+        if !(0.0..=0.5).contains(&hc.jitter) {
+            bad.push(invalid(
+                key("health_check.jitter"),
+                format!("must be between 0 and 0.5, got {}", hc.jitter),
+            ));
+        }
+        if let Err(m) = StatusSet::parse(&hc.expected_statuses) {
+            bad.push(invalid(key("health_check.expected_statuses"), m));
+        }
+    }
+    if let Err(e) = pool.outlier.success_rate.validate() {
+        bad.push(within(e, "outlier.success_rate"));
+    }
+    if let Err(e) = pool.retries.budget.validate() {
+        bad.push(within(e, "retries.budget"));
+    }
+    if let Some(t) = pool.retries.throttle.tokens()
+        && let Err(e) = t.validate()
+    {
+        bad.push(within(e, "retries.throttle"));
+    }
+    if let Some(t) = &pool.throttle
+        && let Err(e) = t.validate()
+    {
+        bad.push(within(e, "throttle"));
+    }
+    if let Some(tls) = &pool.tls {
+        if tls.cert.is_some() != tls.key.is_some() {
+            bad.push(invalid(
+                key(if tls.cert.is_some() {
+                    "tls.key"
+                } else {
+                    "tls.cert"
+                }),
+                "missing: a client certificate needs both `cert` and `key`",
+            ));
+        }
+        if let Some(n) = &tls.server_name
+            && rustls::pki_types::ServerName::try_from(n.as_str()).is_err()
+        {
+            bad.push(invalid(
+                key("tls.server_name"),
+                format!("{n:?} is not a DNS name or an IP address"),
+            ));
+        }
+    }
+    let h = &pool.hedge;
+    if !(0.0..1.0).contains(&h.quantile) || h.quantile < 0.5 {
+        bad.push(invalid(
+            key("hedge.quantile"),
+            format!("must be between 0.5 and 1 (exclusive), got {}", h.quantile),
+        ));
+    }
+    if h.max_delay < h.min_delay {
+        bad.push(invalid(
+            key("hedge.max_delay"),
+            format!(
+                "must be at least hedge.min_delay ({}), got {}",
+                humantime::format_duration(h.min_delay),
+                humantime::format_duration(h.max_delay)
+            ),
+        ));
     }
 }
 
 impl LbConfig {
-    /// The `[tls_listeners.<name>]` part of [`LbConfig::validate`] (files are read later,
-    /// by `crate::tls::load`).
-    fn validate_tls(&self) -> Result<(), Invalid> {
+    /// The `[tls_listeners.<name>]` part of [`LbConfig::problems`] (files are read
+    /// later, by `crate::tls::load`).
+    fn tls_problems(&self, bad: &mut Vec<Invalid>) {
         let mut addrs = vec![self.listen, self.admin_listen];
         for (i, l) in &self.tls_listeners {
             let key = |k: &str| format!("tls_listeners.{i}.{k}");
-            let Some(addr) = l.listen else {
-                return Err(invalid(
+            match l.listen {
+                None => bad.push(invalid(
                     format!("tls_listeners.{i}"),
                     "missing key `listen`: the address of this TLS listener",
-                ));
-            };
-            if addrs.contains(&addr) {
-                return Err(invalid(
+                )),
+                Some(addr) if addrs.contains(&addr) => bad.push(invalid(
                     key("listen"),
                     format!("{addr} is already listen, admin_listen or another TLS listener"),
-                ));
+                )),
+                Some(addr) => addrs.push(addr),
             }
-            addrs.push(addr);
             if l.alpn.is_empty() {
-                return Err(invalid(key("alpn"), "must offer at least one protocol"));
+                bad.push(invalid(key("alpn"), "must offer at least one protocol"));
             }
             for (j, p) in l.alpn.iter().enumerate() {
                 if !SUPPORTED_ALPN.contains(&p.as_str()) {
-                    return Err(invalid(
+                    bad.push(invalid(
                         format!("tls_listeners.{i}.alpn[{j}]"),
                         format!("{p:?} is not one of {}", SUPPORTED_ALPN.join(", ")),
                     ));
                 }
             }
             if l.certificates.is_empty() {
-                return Err(invalid(
+                bad.push(invalid(
                     key("certificates"),
                     "a TLS listener needs at least one certificate",
                 ));
@@ -1200,10 +1277,10 @@ impl LbConfig {
             for (j, c) in l.certificates.iter().enumerate() {
                 let ck = |k: &str| format!("tls_listeners.{i}.certificates[{j}].{k}");
                 if c.cert.as_os_str().is_empty() {
-                    return Err(invalid(ck("cert"), "missing: the PEM file of the chain"));
+                    bad.push(invalid(ck("cert"), "missing: the PEM file of the chain"));
                 }
                 if c.key.as_os_str().is_empty() {
-                    return Err(invalid(ck("key"), "missing: the PEM file of the key"));
+                    bad.push(invalid(ck("key"), "missing: the PEM file of the key"));
                 }
                 for (k, n) in c.server_names.iter().enumerate() {
                     let bare = n.strip_prefix("*.").unwrap_or(n);
@@ -1215,7 +1292,7 @@ impl LbConfig {
                                     .all(|b| b.is_ascii_alphanumeric() || b == b'-')
                         });
                     if !ok {
-                        return Err(invalid(
+                        bad.push(invalid(
                             format!("tls_listeners.{i}.certificates[{j}].server_names[{k}]"),
                             format!("{n:?} is not a DNS name or *.name"),
                         ));
@@ -1223,7 +1300,6 @@ impl LbConfig {
                 }
             }
         }
-        Ok(())
     }
 }
 
@@ -1248,8 +1324,14 @@ fn validate_addr(addr: &str) -> Result<(), String> {
 pub use vigil_config::{ConfigError, ErrorKind};
 
 /// Reads, parses and validates a configuration file.
+/// A relative `access_log.path` is made relative to the file's directory here.
 pub fn load(path: &Path) -> Result<LbConfig, ConfigError> {
-    parse(path, &vigil_config::read(path)?)
+    let mut config = parse(path, &vigil_config::read(path)?)?;
+    let log = &mut config.access_log.path;
+    if log.as_os_str() != DEFAULT_ACCESS_LOG_PATH && log.is_relative() {
+        *log = path.parent().unwrap_or(Path::new(".")).join(&*log);
+    }
+    Ok(config)
 }
 
 /// [`load`], and every listener (`listen`, `admin_listen`, each TLS listener's) must
@@ -1277,9 +1359,7 @@ pub fn check(path: &Path) -> Result<LbConfig, ConfigError> {
 /// Parses and validates configuration text (`path` is used in errors only).
 pub fn parse(path: &Path, text: &str) -> Result<LbConfig, ConfigError> {
     let config: LbConfig = vigil_config::from_str(path, text)?;
-    config
-        .validate()
-        .map_err(|e| vigil_config::invalid(path, text, e))?;
+    vigil_config::invalid_all(path, text, config.problems())?;
     Ok(config)
 }
 

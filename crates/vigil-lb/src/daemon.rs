@@ -11,6 +11,7 @@
 //! resets target health; new pools and targets start per `new_targets`. Listener
 //! addresses and the worker count need a restart (logged when they change).
 
+use crate::access_log::AccessLog;
 use crate::admin;
 use crate::checker;
 use crate::config::{self, LbConfig};
@@ -45,8 +46,12 @@ const CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// Latency quantiles (hedge delays) are recomputed every this many ticks (1 s).
 const LATENCY_REFRESH_TICKS: u32 = 10;
 
-/// What the data path needs from `config`, with these routes.
-fn proxy_table(config: &LbConfig, routes: Vec<RouteRule>) -> ProxyTable {
+/// What the data path needs from `config`, with these routes and this access log.
+fn proxy_table(
+    config: &LbConfig,
+    routes: Vec<RouteRule>,
+    access_log: Option<AccessLog>,
+) -> ProxyTable {
     let t = &config.timeouts;
     ProxyTable {
         routes,
@@ -62,6 +67,29 @@ fn proxy_table(config: &LbConfig, routes: Vec<RouteRule>) -> ProxyTable {
         idle_timeout: t.idle,
         underscores: config.headers.underscores,
         tunnel_idle_timeout: t.tunnel_idle,
+        access_log,
+    }
+}
+
+/// A writer for `config`'s `[access_log]`, when enabled: a new one for every
+/// configuration, so a reload (SIGHUP) opens the file anew (logrotate).
+fn start_access_log(config: &LbConfig, metrics: &Metrics) -> Option<AccessLog> {
+    let c = &config.access_log;
+    if !c.enabled {
+        return None;
+    }
+    match AccessLog::start(
+        &c.path,
+        c.query,
+        c.buffer,
+        metrics.access_log_dropped.clone(),
+        metrics.access_log_write_errors.clone(),
+    ) {
+        Ok(log) => Some(log),
+        Err(e) => {
+            tracing::error!(path = %c.path.display(), "access log off: cannot start its writer thread: {e}");
+            None
+        }
     }
 }
 
@@ -83,7 +111,7 @@ impl Lb {
     pub fn start(config: LbConfig, tls: tls::Loaded) -> Arc<Lb> {
         let metrics = Arc::new(Metrics::new());
         let proxy = Arc::new(Proxy {
-            table: ArcSwap::from_pointee(proxy_table(&config, Vec::new())),
+            table: ArcSwap::from_pointee(proxy_table(&config, Vec::new(), None)),
             metrics: metrics.clone(),
         });
         let lb = Arc::new(Lb {
@@ -151,9 +179,11 @@ impl Lb {
                 })
                 .collect()
         };
-        self.proxy
-            .table
-            .store(Arc::new(proxy_table(&config, routes)));
+        self.proxy.table.store(Arc::new(proxy_table(
+            &config,
+            routes,
+            start_access_log(&config, &self.metrics),
+        )));
         // Restart the checkers on the new settings: their state lives in the pools.
         let (tx, rx) = watch::channel(());
         for pool in pools.values() {

@@ -36,6 +36,7 @@ pub mod admit;
 /// HTTP/2 from clients (TLS ALPN `h2`, cleartext prior knowledge).
 pub mod http2;
 
+use crate::access_log::Pending;
 use crate::body::{BodyReader, CONTINUE, ClientStream, Growth, poll_read_more};
 use crate::config::{ClientDeadline, Underscores};
 use crate::http_util::{UPGRADE, VIA, connection_options, hop_by_hop, is_idempotent};
@@ -365,7 +366,7 @@ async fn serve(
         c.rbuf.advance(req.head_len);
         // Boxed: a request being forwarded is the largest state by far, and an idle
         // connection's task should not be the size of it.
-        match Box::pin(c.exchange(req, &proxy, &stop)).await {
+        match Box::pin(c.exchange(req, &proxy, &stop, peer)).await {
             Ok(true) => crate::worker::share_cpu(),
             // A tunnel closed both ways already: nothing to linger for.
             Ok(false) if c.tunneled => return,
@@ -573,9 +574,29 @@ impl ClientConn {
 
     /// Reads or streams the body, forwards, and writes the answer. `Ok(true)`: the
     /// connection can take another request.
-    async fn exchange(&mut self, req: Prepared, proxy: &Proxy, stop: &Stop) -> io::Result<bool> {
+    async fn exchange(
+        &mut self,
+        req: Prepared,
+        proxy: &Proxy,
+        stop: &Stop,
+        peer: SocketAddr,
+    ) -> io::Result<bool> {
         let shutdown = &stop.drain;
         let table = req.table;
+        // The access log's line, written when this ends however it ends (boxed: the
+        // exchange's state stays small when access logs are off).
+        let mut log = table.access_log.as_ref().map(|l| {
+            let (method, path) = l.request_line(&req.out_head);
+            let proto = if req.http10 { "HTTP/1.0" } else { "HTTP/1.1" };
+            Box::new(Pending::begin(l, peer, proto, method, path))
+        });
+        if let Some(l) = log.as_mut() {
+            l.entry.bytes_in = match req.body {
+                RequestBody::None => Some(0),
+                RequestBody::Length(n) => Some(n),
+                _ => None,
+            };
+        }
         // The whole exchange's deadline (`timeouts.request`), from the head's arrival.
         let deadline = table.request_timeout.map(|t| Instant::now() + t);
         let has_body = req.body != RequestBody::None;
@@ -583,13 +604,9 @@ impl ClientConn {
             proxy.count_local("none", 404);
             // An unread body would be taken for the next request: close instead.
             let keep = req.keep_alive && !has_body && !shutdown.is_cancelled();
-            self.write_local(
-                404,
-                "no route for this host and path",
-                keep,
-                req.head_request,
-            )
-            .await?;
+            let msg = "no route for this host and path";
+            local_entry(&mut log, 404, msg, req.head_request);
+            self.write_local(404, msg, keep, req.head_request).await?;
             return Ok(keep);
         };
         let whole = match req.body {
@@ -608,6 +625,10 @@ impl ClientConn {
                     Err((code, msg)) => {
                         proxy.count_local(&pool.name, code);
                         pool.clients.record(code, true);
+                        if let Some(l) = log.as_mut() {
+                            l.entry.pool = Some(pool.name.clone());
+                        }
+                        local_entry(&mut log, code, msg, req.head_request);
                         self.write_local(code, msg, false, req.head_request).await?;
                         return Ok(false);
                     }
@@ -634,7 +655,7 @@ impl ClientConn {
             out.set_upgrade();
         }
         out.set_deadline(req.grpc, req.client_deadline);
-        let (answer, body_done) = if out.is_streamed() {
+        let ((answer, served), body_done) = if out.is_streamed() {
             let mut reader = BodyReader::h1(
                 &mut self.tcp,
                 &mut self.rbuf,
@@ -651,6 +672,17 @@ impl ClientConn {
             (answer, true)
         };
         let keep = req.keep_alive && body_done && !shutdown.is_cancelled();
+        if let Some(l) = log.as_mut() {
+            let e = &mut l.entry;
+            e.pool = Some(pool.name.clone());
+            e.attempts = served.attempts;
+            e.upstream = served.upstream;
+            e.target = served.target.as_ref().map(|t| t.addr.clone());
+            if let Reply::Target(resp) = &answer {
+                e.status = resp.head.status;
+            }
+        }
+        drop(served);
         let answer = match answer {
             Reply::Target(mut resp) if resp.upgraded.is_some() => {
                 let up = resp.upgraded.take().expect("checked just before");
@@ -662,6 +694,7 @@ impl ClientConn {
         };
         match answer {
             Reply::Local(code, msg) => {
+                local_entry(&mut log, code, &msg, req.head_request);
                 self.write_local(code, &msg, keep, req.head_request).await?;
                 Ok(keep)
             }
@@ -672,7 +705,10 @@ impl ClientConn {
                 };
                 self.write_response(resp, keep, req.http10, limits)
                     .await
-                    .map(|(keep, cut)| {
+                    .map(|(keep, cut, sent)| {
+                        if let Some(l) = log.as_mut() {
+                            l.entry.bytes_out = sent;
+                        }
                         if let Some(kind) = cut {
                             tracing::debug!(pool = %pool.name, "response body cut: timeouts.{kind}");
                             proxy.count_timeout(&pool.name, kind);
@@ -782,15 +818,16 @@ impl ClientConn {
         self.send_wbuf().await
     }
 
-    /// Writes a target's answer; `Ok((true, _))` when the connection can go on, and the
-    /// timeout (`response_body` or `request`) that cut the body, if one did.
+    /// Writes a target's answer; `Ok((true, _, _))` when the connection can go on, the
+    /// timeout (`response_body` or `request`) that cut the body, if one did, and the
+    /// body bytes written.
     async fn write_response(
         &mut self,
         resp: UpstreamResponse,
         mut keep: bool,
         http10: bool,
         limits: BodyLimits,
-    ) -> io::Result<(bool, Option<&'static str>)> {
+    ) -> io::Result<(bool, Option<&'static str>, u64)> {
         let UpstreamResponse { head, mut body, .. } = resp;
         // A body without a length: chunked to an HTTP/1.1 client, until close to 1.0.
         let rechunk = matches!(head.framing, Framing::Chunked | Framing::UntilClose);
@@ -806,8 +843,9 @@ impl ClientConn {
                 self.wbuf.extend_from_slice(b"0\r\n\r\n");
             }
             self.send_wbuf().await?;
-            return Ok((keep, None));
+            return Ok((keep, None, whole.len() as u64));
         }
+        let mut sent = 0u64;
         drop(head);
         self.send_wbuf().await?;
         loop {
@@ -819,7 +857,7 @@ impl ClientConn {
                 _ => (stall_at, "response_body"),
             };
             let Ok(next) = tokio::time::timeout_at(until, body.frame()).await else {
-                return Ok((false, Some(kind)));
+                return Ok((false, Some(kind), sent));
             };
             match next {
                 None => break,
@@ -833,24 +871,25 @@ impl ClientConn {
                     self.wbuf.clear();
                     put_data(&mut self.wbuf, &data, rechunk);
                     self.send_wbuf().await?;
+                    sent += data.len() as u64;
                     // A client taking each piece just within `client_write` is bounded
                     // by the deadline too.
                     if limits.deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Ok((false, Some("request")));
+                        return Ok((false, Some("request"), sent));
                     }
                 }
                 Some(Err(e)) => {
                     // Cut short: the client must see a truncated answer, not a whole one
                     // (no last chunk, and the connection closes).
                     tracing::debug!("target response body broke: {e}");
-                    return Ok((false, None));
+                    return Ok((false, None, sent));
                 }
             }
         }
         if rechunk {
             self.send(b"0\r\n\r\n").await?;
         }
-        Ok((keep, None))
+        Ok((keep, None, sent))
     }
 
     /// Writes `buf` to the client: at once when its socket takes it (the usual case, no
@@ -908,6 +947,26 @@ fn may_end_head(buf: &[u8], seen: usize) -> bool {
     buf[from..].iter().enumerate().any(|(i, &b)| {
         b == b'\n' && matches!(&buf[from + i + 1..], [b'\n', ..] | [b'\r', b'\n', ..])
     })
+}
+
+/// Notes in the access log's line (when there is one) that vigil answered `code` with
+/// `msg` itself.
+pub(crate) fn local_entry(
+    log: &mut Option<Box<Pending>>,
+    code: u16,
+    msg: &str,
+    head_request: bool,
+) {
+    if let Some(l) = log.as_mut() {
+        l.entry.status = code;
+        l.entry.error = Some(msg.to_string());
+        // write_local's body: the message and a line feed.
+        l.entry.bytes_out = if head_request {
+            0
+        } else {
+            msg.len() as u64 + 1
+        };
+    }
 }
 
 /// Appends body bytes, as a chunk when `chunked`.

@@ -19,8 +19,9 @@
 //! | 4 proxy | [`proxy`], [`tunnel`], [`checker`] | the data path (pick, forward, retry, hedge, answer); upgrades joined byte for byte after a `101`; active health checks |
 //! | 5 pool | [`pool`] | a pool at run time: policy state, lock-free routing snapshots, events logged with their cause |
 //! | 6 upstream | [`upstream`] (with [`upstream::http2`], [`upstream::tls`]) | pooled connections to targets, HTTP/1.1 and HTTP/2, in cleartext or TLS; the one dial every connection to a target is made with |
-//! | 7 shared | [`http_util`], [`body`], [`worker`], [`spare`], [`park`], [`config`], [`metrics`] | hop-by-hop fields, [`http_util::AttemptFailure`], [`http_util::ErrorChain`]; the client stream and request body; a worker's CPU sharing; idle connections' buffers and their park; `lb.toml`; Prometheus metrics |
+//! | 7 shared | [`http_util`], [`body`], [`worker`], [`spare`], [`park`], [`config`], [`metrics`], [`access_log`] | hop-by-hop fields, [`http_util::AttemptFailure`], [`http_util::ErrorChain`]; the client stream and request body; a worker's CPU sharing; idle connections' buffers and their park; `lb.toml`; Prometheus metrics; access logs written off the data path |
 
+pub mod access_log;
 pub mod admin;
 pub mod body;
 pub mod checker;
@@ -63,6 +64,7 @@ mod tests {
         ("park", 7),
         ("config", 7),
         ("metrics", 7),
+        ("access_log", 7),
     ];
 
     /// The modules of this crate that `code` names with a `crate::` path (`crate::a::b`,

@@ -23,6 +23,8 @@
 //! | `vigil_lb_tls_handshakes_total` | result | TLS handshakes on the TLS listeners: `ok`, `error` (no common protocol, a bad client hello, a reset), `timeout` (`timeouts.client_header`) |
 //! | `vigil_lb_client_connections` | listener | client connections open now, by listener (`listen`, `tls_listeners.<name>`), idle and parked ones included |
 //! | `vigil_lb_client_connections_refused_total` | listener | client connections refused at once because `limits.max_client_connections` were open on that listener |
+//! | `vigil_lb_access_log_dropped_total` | | access log lines dropped because the writer fell behind (`[access_log]`; a request never waits for its line) |
+//! | `vigil_lb_access_log_write_errors_total` | | access log lines that could not be written (the file cannot be opened, a full or read-only disk) |
 //! | `vigil_lb_request_fields_dropped_total` | reason | client request header fields not forwarded (`underscore`: a name with `_`, dropped or refused per `headers.underscores`) |
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -171,6 +173,10 @@ pub struct Metrics {
     pub client_connections: Family<ListenerLabels, Gauge>,
     /// Client connections refused over the limit, by listener.
     pub client_connections_refused: Family<ListenerLabels, Counter>,
+    /// Access log lines dropped because the writer's channel was full.
+    pub access_log_dropped: Counter,
+    /// Access log lines that could not be written (the file cannot be opened or written).
+    pub access_log_write_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -282,7 +288,21 @@ impl Metrics {
             "Client connections refused because limits.max_client_connections were open",
             client_connections_refused.clone(),
         );
+        let access_log_dropped = Counter::default();
+        registry.register(
+            "access_log_dropped",
+            "Access log lines dropped because the writer fell behind (its channel was full)",
+            access_log_dropped.clone(),
+        );
+        let access_log_write_errors = Counter::default();
+        registry.register(
+            "access_log_write_errors",
+            "Access log lines that could not be written (file not writable, disk full)",
+            access_log_write_errors.clone(),
+        );
         Metrics {
+            access_log_dropped,
+            access_log_write_errors,
             registry: root,
             client_connections,
             client_connections_refused,

@@ -69,6 +69,8 @@ pub struct ProxyTable {
     pub underscores: crate::config::Underscores,
     /// Longest quiet time of a tunnel (after a `101`).
     pub tunnel_idle_timeout: Duration,
+    /// This configuration's access log, when `[access_log]` is enabled.
+    pub access_log: Option<crate::access_log::AccessLog>,
 }
 
 /// A compiled routing rule.
@@ -124,6 +126,18 @@ pub enum Reply {
     Target(UpstreamResponse),
     /// One of vigil's own: a status code and a one-line message.
     Local(u16, String),
+}
+
+/// Who answered a forwarded request, for the access log: known here at no cost, and
+/// dropped unread when access logs are off.
+#[derive(Default)]
+pub struct Served {
+    /// The target whose response is forwarded; `None` when vigil answers itself.
+    pub target: Option<Arc<TargetRt>>,
+    /// Targets tried, retries and hedges included.
+    pub attempts: u32,
+    /// From the winning attempt's start to its response head.
+    pub upstream: Option<Duration>,
 }
 
 /// Everything a request needs, shared.
@@ -184,7 +198,8 @@ enum Event {
 impl Proxy {
     /// Sends one client request to `pool` (`out`: the request serialised once;
     /// `streamed`: its body when too large to buffer, read from the client as it is
-    /// sent) and returns what the client gets, by `deadline` (the request's, if any).
+    /// sent) and returns what the client gets, by `deadline` (the request's, if any),
+    /// and who answered.
     pub async fn forward<'a, 'b>(
         &self,
         table: &ProxyTable,
@@ -192,7 +207,7 @@ impl Proxy {
         out: Outgoing,
         mut streamed: Option<&'a mut BodyReader<'b>>,
         deadline: Option<tokio::time::Instant>,
-    ) -> Reply {
+    ) -> (Reply, Served) {
         let start = Instant::now();
         pool.budget.lock().expect("budget lock").deposit(pool.now());
         let section = pool.section.load_full();
@@ -313,18 +328,17 @@ impl Proxy {
                 .inc();
             self.count_local(&pool.name, 503);
             pool.clients.record(503, true);
-            return Reply::Local(
-                503,
-                format!(
-                    "pool {}: shed locally, its targets refuse most requests (throttle)",
-                    pool.name
-                ),
+            let msg = format!(
+                "pool {}: shed locally, its targets refuse most requests (throttle)",
+                pool.name
             );
+            return (Reply::Local(503, msg), Served::default());
         }
         if !start_attempt(&mut tried, &mut attempts) {
             self.count_local(&pool.name, 503);
             pool.clients.record(503, true);
-            return Reply::Local(503, format!("pool {}: no target available", pool.name));
+            let msg = format!("pool {}: no target available", pool.name);
+            return (Reply::Local(503, msg), Served::default());
         }
 
         loop {
@@ -389,7 +403,12 @@ impl Proxy {
                     for loser in attempts.drain(..) {
                         finish_alone(pool, loser);
                     }
-                    return Reply::Target(resp);
+                    let served = Served {
+                        target: Some(a.target),
+                        attempts: tried.len() as u32,
+                        upstream: Some(elapsed),
+                    };
+                    return (Reply::Target(resp), served);
                 }
                 Event::Done(i, Err(f)) => {
                     let a = attempts.swap_remove(i);
@@ -491,10 +510,13 @@ impl Proxy {
         self.count_local(&pool.name, code);
         pool.clients.record(code, true);
         pool.duration.observe(start.elapsed().as_secs_f64());
-        Reply::Local(
-            code,
-            format!("pool {}: target {addr}: {}", pool.name, describe(f)),
-        )
+        let served = Served {
+            target: None,
+            attempts: tried.len() as u32,
+            upstream: None,
+        };
+        let msg = format!("pool {}: target {addr}: {}", pool.name, describe(f));
+        (Reply::Local(code, msg), served)
     }
 
     /// Whether a retry or hedge (for `reason`) may go: the retry throttle must allow it

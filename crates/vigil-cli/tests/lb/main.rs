@@ -1388,6 +1388,54 @@ fn check_config_accepts_the_example_and_rejects_with_file_line_key() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("lb.toml"));
 }
 
+#[test]
+fn check_config_lists_every_invalid_value_not_only_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    // Three wrong values in three sections, and a fourth check (per_try against
+    // response_header) that depends on one of them and must not add a second error.
+    std::fs::write(
+        &bad,
+        "[timeouts]\nresponse_header = \"0s\"\nper_try = \"1s\"\n\n\
+         [limits]\nmax_header_bytes = 100\n\n\
+         [pools.api]\ntargets = [{ addr = \"127.0.0.1:1\" }]\n\
+         [pools.api.health_check]\njitter = 0.9\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["lb", "check-config", "-c"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(78),
+        "exit code of a bad config: {err}"
+    );
+    for (line, key, value) in [
+        (2, "timeouts.response_header", "got 0s"),
+        (6, "limits.max_header_bytes", "got 100"),
+        (11, "pools.api.health_check.jitter", "got 0.9"),
+    ] {
+        let want = format!("bad.toml:{line}:1: key `{key}`: ");
+        let found = err.lines().any(|l| l.contains(&want) && l.contains(value));
+        assert!(found, "check-config must list {want}... {value}:\n{err}");
+    }
+    assert!(
+        !err.contains("timeouts.per_try"),
+        "a check whose input is itself invalid is skipped:\n{err}"
+    );
+    // The daemon refuses the same file with the same list.
+    let out = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["lb", "-c"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("limits.max_header_bytes"));
+}
+
 /// A backend that answers 200 to everything (health checks included), records every
 /// request head it receives, and sends hop-by-hop headers of its own.
 async fn capturing_backend() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
@@ -1659,6 +1707,7 @@ async fn fail_open_counts_every_target_and_a_404_on_the_default_path_says_why() 
 
 // The other files of this binary (one binary per component: a 2-core machine
 // links a handful of test binaries, not one per file).
+mod access_log;
 mod edge;
 mod front;
 mod overload;

@@ -31,8 +31,9 @@
 //! elsewhere) and the connection is closed. HAProxy closes both; nginx the idle ones
 //! (`keepalive_timeout`).
 
+use crate::access_log::Pending;
 use crate::body::BodyReader;
-use crate::downstream::{FrontSettings, Stop, prepare};
+use crate::downstream::{FrontSettings, Stop, local_entry, prepare};
 use crate::http_util::VIA;
 use crate::proxy::{Proxy, Reply};
 use crate::upstream::http2::send_all;
@@ -121,7 +122,7 @@ pub async fn serve_h2<S>(
                     let guard = StreamGuard::new(watch.clone());
                     let (proxy, client_ip) = (proxy.clone(), client_ip.clone());
                     tokio::spawn(async move {
-                        serve_stream(req, respond, proxy, client_ip, https, settings).await;
+                        serve_stream(req, respond, proxy, client_ip, peer, https, settings).await;
                         drop(guard);
                     });
                 }
@@ -440,6 +441,7 @@ async fn serve_stream(
     mut respond: h2::server::SendResponse<Bytes>,
     proxy: Arc<Proxy>,
     client_ip: Arc<str>,
+    peer: SocketAddr,
     https: bool,
     settings: FrontSettings,
 ) {
@@ -465,14 +467,24 @@ async fn serve_stream(
         }
     };
     let head_request = req.head_request;
+    // The access log's line, written when this ends however it ends.
+    let mut log = req.table.access_log.as_ref().map(|l| {
+        let path = l.path_of(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
+        let method = parts.method.as_str().to_string();
+        let mut p = Box::new(Pending::begin(l, peer, "HTTP/2", method, path));
+        p.entry.bytes_in = match req.body {
+            RequestBody::None => Some(0),
+            RequestBody::Length(n) => Some(n),
+            _ => None,
+        };
+        p.entry.pool = req.pool.as_ref().map(|p| p.name.clone());
+        p
+    });
     let Some(pool) = req.pool.clone() else {
         proxy.count_local("none", 404);
-        local(
-            &mut respond,
-            404,
-            "no route for this host and path",
-            head_request,
-        );
+        let msg = "no route for this host and path";
+        local_entry(&mut log, 404, msg, head_request);
+        local(&mut respond, 404, msg, head_request);
         return;
     };
     let table = req.table.clone();
@@ -485,6 +497,7 @@ async fn serve_stream(
                 Err((code, msg)) => {
                     proxy.count_local(&pool.name, code);
                     pool.clients.record(code, true);
+                    local_entry(&mut log, code, msg, head_request);
                     local(&mut respond, code, msg, head_request);
                     return;
                 }
@@ -508,7 +521,7 @@ async fn serve_stream(
         req.idempotent,
     );
     out.set_deadline(req.grpc, req.client_deadline);
-    let answer = if out.is_streamed() {
+    let (answer, served) = if out.is_streamed() {
         let mut reader = BodyReader::h2(recv, table.client_body_timeout);
         proxy
             .forward(&table, &pool, out, Some(&mut reader), deadline)
@@ -516,11 +529,23 @@ async fn serve_stream(
     } else {
         proxy.forward(&table, &pool, out, None, deadline).await
     };
+    if let Some(l) = log.as_mut() {
+        l.entry.attempts = served.attempts;
+        l.entry.upstream = served.upstream;
+        l.entry.target = served.target.as_ref().map(|t| t.addr.clone());
+        if let Reply::Target(resp) = &answer {
+            l.entry.status = resp.head.status;
+        }
+    }
+    drop(served);
     match answer {
-        Reply::Local(code, msg) => local(&mut respond, code, &msg, head_request),
+        Reply::Local(code, msg) => {
+            local_entry(&mut log, code, &msg, head_request);
+            local(&mut respond, code, &msg, head_request)
+        }
         Reply::Target(resp) => {
             let stall = table.response_body_timeout;
-            if let Some(kind) = relay(
+            let (cut, sent) = relay(
                 respond,
                 resp,
                 head_request,
@@ -528,8 +553,11 @@ async fn serve_stream(
                 deadline,
                 settings.write_timeout,
             )
-            .await
-            {
+            .await;
+            if let Some(l) = log.as_mut() {
+                l.entry.bytes_out = sent;
+            }
+            if let Some(kind) = cut {
                 tracing::debug!(pool = %pool.name, "response body cut: timeouts.{kind}");
                 proxy.count_timeout(&pool.name, kind);
             }
@@ -608,7 +636,7 @@ fn response_head(head: &ResponseHead) -> Option<http::Response<()>> {
 
 /// Sends the target's answer on the stream: head, data as the client's flow control
 /// allows (each wait within `write_timeout`), trailers. Returns the timeout kind that
-/// cut the body, if one did.
+/// cut the body, if one did, and the body bytes sent.
 async fn relay(
     mut respond: h2::server::SendResponse<Bytes>,
     resp: UpstreamResponse,
@@ -616,29 +644,31 @@ async fn relay(
     stall: Duration,
     deadline: Option<Instant>,
     write_timeout: Duration,
-) -> Option<&'static str> {
+) -> (Option<&'static str>, u64) {
     let UpstreamResponse { head, mut body, .. } = resp;
     let Some(r) = response_head(&head) else {
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
-        return None;
+        return (None, 0);
     };
     if head_request {
         let _ = respond.send_response(r, true);
-        return None;
+        return (None, 0);
     }
     if let Some(whole) = body.ready_now() {
-        let end = whole.is_empty();
+        let (end, len) = (whole.is_empty(), whole.len() as u64);
         if let Ok(mut stream) = respond.send_response(r, end)
             && !end
             && let Err(e) = send_all(&mut stream, whole, true, write_timeout).await
         {
             tracing::debug!("HTTP/2 response body not sent: {e}");
+            return (None, 0);
         }
-        return None;
+        return (None, len);
     }
     let Ok(mut stream) = respond.send_response(r, false) else {
-        return None;
+        return (None, 0);
     };
+    let mut sent = 0u64;
     loop {
         let stall_at = Instant::now() + stall;
         let (until, kind) = match deadline {
@@ -647,25 +677,27 @@ async fn relay(
         };
         let Ok(next) = tokio::time::timeout_at(until, body.frame()).await else {
             stream.send_reset(h2::Reason::CANCEL);
-            return Some(kind);
+            return (Some(kind), sent);
         };
         match next {
             None => {
                 let _ = stream.send_data(Bytes::new(), true);
-                return None;
+                return (None, sent);
             }
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
+                    let len = data.len() as u64;
                     if let Err(e) = send_all(&mut stream, data, false, write_timeout).await {
                         tracing::debug!("HTTP/2 response body not sent: {e}");
                         stream.send_reset(h2::Reason::CANCEL);
-                        return None;
+                        return (None, sent);
                     }
+                    sent += len;
                 }
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
                         let _ = stream.send_trailers(trailers);
-                        return None;
+                        return (None, sent);
                     }
                 }
             },
@@ -673,7 +705,7 @@ async fn relay(
                 // Cut short: the client must see a broken stream, not a whole answer.
                 tracing::debug!("target response body broke: {e}");
                 stream.send_reset(h2::Reason::INTERNAL_ERROR);
-                return None;
+                return (None, sent);
             }
         }
     }
