@@ -541,18 +541,37 @@ impl StoreHealth {
 
 // === impl StoreHandle ===
 
-type Job = Box<dyn FnOnce(&mut dyn Store) + Send>;
+type Job<S> = Box<dyn FnOnce(&mut S) + Send>;
 
-/// The store on its own thread: async callers send it closures.
-#[derive(Clone)]
-pub struct StoreHandle {
-    tx: std::sync::mpsc::Sender<Job>,
+/// The store on its own thread: async callers send it closures. The one way a blocking
+/// store runs off the async threads: the controller's engine holds a `dyn Store`, `vigil
+/// deploy` a [`SqliteStore`] (for its rollout tables). The thread ends when every
+/// handle is dropped.
+pub struct StoreHandle<S: ?Sized + Send + 'static = dyn Store> {
+    tx: std::sync::mpsc::Sender<Job<S>>,
+}
+
+impl<S: ?Sized + Send + 'static> Clone for StoreHandle<S> {
+    fn clone(&self) -> Self {
+        StoreHandle {
+            tx: self.tx.clone(),
+        }
+    }
 }
 
 impl StoreHandle {
-    /// Moves `store` onto a new thread. The thread ends when every handle is dropped.
-    pub fn spawn(mut store: Box<dyn Store>) -> (StoreHandle, std::thread::JoinHandle<()>) {
-        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    /// Moves the controller's `store` onto a new thread. The thread ends when every
+    /// handle is dropped.
+    pub fn spawn(store: Box<dyn Store>) -> (StoreHandle, std::thread::JoinHandle<()>) {
+        StoreHandle::on_thread(store)
+    }
+}
+
+impl<S: ?Sized + Send + 'static> StoreHandle<S> {
+    /// Moves `store` (of any type: `vigil deploy` keeps a [`SqliteStore`]) onto a new
+    /// thread. The thread ends when every handle is dropped.
+    pub fn on_thread(mut store: Box<S>) -> (StoreHandle<S>, std::thread::JoinHandle<()>) {
+        let (tx, rx) = std::sync::mpsc::channel::<Job<S>>();
         let thread = std::thread::Builder::new()
             .name("vigil-store".into())
             .spawn(move || {
@@ -569,11 +588,11 @@ impl StoreHandle {
     pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut dyn Store) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&mut S) -> Result<R, StoreError> + Send + 'static,
     {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.tx
-            .send(Box::new(move |s: &mut dyn Store| {
+            .send(Box::new(move |s: &mut S| {
                 // The caller may have given up (shutdown); the result is then moot.
                 let _ = tx.send(f(s));
             }))

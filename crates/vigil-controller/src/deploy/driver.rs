@@ -11,10 +11,12 @@ use super::controller::{ControllerClient, ControllerTarget};
 use super::hooks::{HookContext, Hooks};
 use crate::clock::{Clock, unix_ms, wall_ms};
 use crate::prober::Prober;
-use crate::store::{ActionState, RolloutSave, RolloutStep, SqliteStore, StoreError, StoredRollout};
+use crate::store::{
+    ActionState, RolloutSave, RolloutStep, SqliteStore, StoreError, StoreHandle, StoredRollout,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vigil_core::Time;
 use vigil_core::rollout::{Command, ControllerView, Evidence, HostSpec, HostStep, Phase, Rollout};
@@ -129,15 +131,16 @@ pub async fn resolve(cfg: Arc<DeployConfig>) -> Result<Resolved, DriveError> {
     })
 }
 
-/// The store, on the blocking pool (rusqlite blocks).
+/// The store, on its own thread (rusqlite blocks): [`StoreHandle`], as the controller's.
 #[derive(Clone)]
-pub struct Db(Arc<Mutex<SqliteStore>>);
+pub struct Db(StoreHandle<SqliteStore>);
 
 impl Db {
     /// Opens (or creates) the store file.
     pub fn open(path: &Path) -> Result<Db, StoreError> {
         ensure_dir(path)?;
-        Ok(Db(Arc::new(Mutex::new(SqliteStore::open(path)?))))
+        let (handle, _thread) = StoreHandle::on_thread(Box::new(SqliteStore::open(path)?));
+        Ok(Db(handle))
     }
 
     /// Runs `f` on the store, off the async threads.
@@ -146,10 +149,7 @@ impl Db {
         R: Send + 'static,
         F: FnOnce(&mut SqliteStore) -> Result<R, StoreError> + Send + 'static,
     {
-        let s = self.0.clone();
-        tokio::task::spawn_blocking(move || f(&mut s.lock().expect("store lock")))
-            .await
-            .map_err(|_| StoreError::Gone)?
+        self.0.call(f).await
     }
 }
 
