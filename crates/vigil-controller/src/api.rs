@@ -745,13 +745,28 @@ async fn probing(State(st): State<AppState>) -> Response {
 async fn discovery(State(st): State<AppState>) -> Response {
     let sources = st.discovery.snapshot();
     let failing: Vec<&str> = sources.iter().filter(|s| !s.ok).map(|s| s.source).collect();
-    let summary = if sources.is_empty() {
+    let mut summary = if sources.is_empty() {
         "no discovery source configured".to_string()
     } else if failing.is_empty() {
         "every discovery source works".to_string()
     } else {
         format!("failing: {}; their last lists are kept", failing.join(", "))
     };
+    let skipped: Vec<String> = sources
+        .iter()
+        .flat_map(|s| s.skipped.iter().map(ToString::to_string))
+        .collect();
+    match skipped.len() {
+        0 => {}
+        1 => summary.push_str(&format!(
+            "; 1 instance in service is not a target: {}",
+            skipped[0]
+        )),
+        n => summary.push_str(&format!(
+            "; {n} instances in service are not targets: {}",
+            skipped.join("; ")
+        )),
+    }
     no_store(
         axum::Json(serde_json::json!({"sources": sources, "summary": summary})).into_response(),
     )

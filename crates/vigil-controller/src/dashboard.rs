@@ -293,6 +293,14 @@ fn guard(fleet: &FleetView) -> Markup {
                 strong { "Guard armed: acting allowed within budget." }
             }
             @for r in &g.reasons { div .reason { (r) } }
+            @for o in &g.shared_outages {
+                div .shared-outage data-cohort=(o.cohort) data-paused=(o.paused) data-of=(o.of) {
+                    strong { (o.summary) } "; since " (rfc3339_ms(o.since_ms)) "."
+                    ul .paused-workers {
+                        @for m in &o.members { li { strong { (m.id) } ": " (m.state) } }
+                    }
+                }
+            }
             div {
                 "Unhealthy " (g.unhealthy) "/" (g.total)
                 " · budget " span #budget-left { (g.budget_left) } " of " (g.budget_actions)

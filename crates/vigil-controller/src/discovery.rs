@@ -13,6 +13,12 @@
 //! targets kept) and the metrics `vigil_controller_discovery_up{source}`,
 //! `vigil_controller_discovery_failures_total{source}` and
 //! `vigil_controller_discovery_targets{source}`.
+//!
+//! A source that works may still leave out what it found: an Auto Scaling instance in
+//! service whose health-URL tag is missing or bad is no target (it cannot be probed),
+//! and a WARN line alone is easy to miss. Each such instance is listed with why under
+//! the source's `skipped` in `GET /api/discovery` (whose summary counts them) and
+//! counted by `vigil_controller_discovery_skipped{source}`.
 
 use crate::clock::{rfc3339_ms, wall_ms};
 use crate::config::{TargetConfig, validate_targets};
@@ -93,6 +99,25 @@ pub struct SourceStatus {
     pub last_error_at: Option<String>,
     /// When it last gave a list (RFC 3339 UTC).
     pub last_success_at: Option<String>,
+    /// What its last good listing found but left out as targets, and why.
+    pub skipped: Vec<Skipped>,
+}
+
+/// An instance a source found in service but did not make a target.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Skipped {
+    /// Its id (`i-0abc...`).
+    pub instance: String,
+    /// Its group.
+    pub group: String,
+    /// Why it is no target.
+    pub why: String,
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (group {}): {}", self.instance, self.group, self.why)
+    }
 }
 
 /// A source's name in the API and the metrics.
@@ -125,17 +150,26 @@ impl DiscoveryStatus {
             last_error: None,
             last_error_at: None,
             last_success_at: None,
+            skipped: Vec::new(),
         });
         f(s);
-        self.metrics.discovery(name, s.ok, s.targets);
+        self.metrics
+            .discovery(name, s.ok, s.targets, s.skipped.len());
         s.clone()
     }
 
     /// The source gave a list of `targets`.
     pub fn succeeded(&self, source: Source, targets: usize) {
+        self.succeeded_skipping(source, targets, Vec::new());
+    }
+
+    /// The source gave a list of `targets`, leaving out `skipped` (kept until its next
+    /// good listing: a failed try says nothing new about them).
+    pub fn succeeded_skipping(&self, source: Source, targets: usize, skipped: Vec<Skipped>) {
         self.update(source, |s| {
             s.ok = true;
             s.targets = targets;
+            s.skipped = skipped;
             s.consecutive_failures = 0;
             s.last_success_at = Some(rfc3339_ms(wall_ms()));
         });

@@ -48,11 +48,12 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use vigil_core::Time;
-use vigil_core::anomaly::{AnomalyDetector, Counts, MemberVerdict};
+use vigil_core::anomaly::{AnomalyDetector, MemberVerdict};
 use vigil_core::fleet::{
     AfterCommit, Commit, DecisionKind, Dissent, DissentConfig, Effect, Input, Mode, Rebuilt,
     Refusal, Replica, Standing, Stored, Turn, Uncommitted, judge_peers, peer_check,
 };
+use vigil_core::fleet::{GateReport, SharedPause, shared_pauses};
 use vigil_core::guard::{
     Decision, FreezeScope, GuardEvent, Hold, HoldKind, Observation, Op, Reason, WhenFrozen,
 };
@@ -130,8 +131,9 @@ pub enum Command {
         obs: Observation,
         /// What the API shows.
         record: ProbeRecord,
-        /// A queue worker's counters (totals since it started), from a fresh heartbeat.
-        worker: Option<Counts>,
+        /// A queue worker's counters (totals since it started) and its gate, from a
+        /// fresh heartbeat.
+        worker: Option<crate::heartbeat::WorkerSeen>,
     },
     /// A new target list from one source.
     Targets {
@@ -273,6 +275,17 @@ struct TargetRuntime {
     history: History,
     /// Its last probe failed (the next failure is not logged again).
     last_failed: bool,
+    /// A queue worker's gate, from its last fresh heartbeat (boxed: most targets
+    /// have none).
+    gate: Option<Box<GateSeen>>,
+}
+
+/// A queue worker's gate as its heartbeats showed it.
+struct GateSeen {
+    /// Paused since (the engine's time of the first heartbeat saying so).
+    paused_since: Option<Time>,
+    /// Its state in words while paused.
+    state: String,
 }
 
 type Reply = (
@@ -326,6 +339,9 @@ pub struct Engine {
     anomaly_changed: bool,
     /// The last verdict of each worker, by target id (refreshed every tick).
     verdicts: BTreeMap<String, MemberVerdict>,
+    /// Cohorts most of whose workers paused themselves together (refreshed every
+    /// tick, `vigil_core::fleet::cohort`).
+    shared_pauses: Vec<SharedPause>,
     /// Several replicas: who leads (None: this process alone, always leads, unfenced).
     /// While this replica leads, every batch carries its term (the mode's epoch), and
     /// the store refuses it once another replica took over.
@@ -416,6 +432,7 @@ impl Engine {
             anomaly: AnomalyDetector::restore(config.anomaly.clone(), anomaly),
             anomaly_changed: false,
             verdicts: BTreeMap::new(),
+            shared_pauses: Vec::new(),
             lead: None,
             follow_reload_at: Instant::now(),
             sharding: None,
@@ -453,6 +470,7 @@ impl Engine {
                     }),
                     history: History::default(),
                     last_failed: false,
+                    gate: None,
                 },
             );
         }
@@ -728,6 +746,7 @@ impl Engine {
                         // A tick with no hold due and nobody flapping changes nothing:
                         // it is not logged, and no target's state needs a refresh.
                         self.judge_workers();
+                        self.judge_pauses();
                         let turn = self.replica.step(self.clock.now(), Input::Tick);
                         if self.effects(turn) {
                             self.view_dirty = true;
@@ -785,7 +804,16 @@ impl Engine {
                 let Some(rt) = self.runtime.get_mut(id.as_str()) else {
                     return; // Removed while the probe was in flight.
                 };
-                if let Some(totals) = worker {
+                rt.gate = seen_gate(self.clock.now(), rt.gate.take(), worker.as_ref());
+                if let Some(g) = rt.gate.as_ref().filter(|g| g.paused_since.is_some()) {
+                    // Its own words for its pause, in its record: no check fails, yet it
+                    // does not pull.
+                    if !record.detail.is_empty() {
+                        record.detail.push_str("; ");
+                    }
+                    record.detail.push_str(&g.state);
+                }
+                if let Some(totals) = worker.map(|w| w.totals) {
                     self.anomaly
                         .record_totals(self.clock.now(), &id, &rt.spec.group, totals);
                     self.anomaly_changed = true;
@@ -1019,12 +1047,77 @@ impl Engine {
         self.verdicts = verdicts;
     }
 
+    /// Finds the cohorts most of whose workers paused themselves together
+    /// (`vigil_core::fleet::cohort`), and logs (and lists among the guard's events) a
+    /// shared pause that begins or ends.
+    fn judge_pauses(&mut self) {
+        let reports = self.runtime.values().filter_map(|rt| {
+            rt.gate.as_ref().map(|g| GateReport {
+                member: &rt.spec.id,
+                cohort: &rt.spec.group,
+                paused: g.paused_since.map(|t| (t, g.state.as_str())),
+            })
+        });
+        let shared = shared_pauses(reports, self.config.anomaly.shared_fraction);
+        if shared == self.shared_pauses {
+            return;
+        }
+        let mut said = Vec::new();
+        for s in &shared {
+            if !self.shared_pauses.iter().any(|o| o.cohort == s.cohort) {
+                tracing::warn!(cohort = %s.cohort, paused = s.paused, of = s.of, outage = %s, "workers paused together");
+                said.push(s.to_string());
+            }
+        }
+        for o in &self.shared_pauses {
+            if !shared.iter().any(|s| s.cohort == o.cohort) {
+                tracing::info!(cohort = %o.cohort, "workers no longer paused together");
+                said.push(format!(
+                    "shared outage in cohort {} over: its workers pull again",
+                    o.cohort
+                ));
+            }
+        }
+        for message in said {
+            if self.events.len() >= RECENT_EVENTS {
+                self.events.pop_front();
+            }
+            self.events.push_back(EventInfo {
+                at_ms: unix_ms(self.clock.now()),
+                message,
+            });
+        }
+        self.shared_pauses = shared;
+        self.view_dirty = true;
+    }
+
     fn snapshot(&mut self) {
         let anomaly = (!self.anomaly.is_empty()).then(|| self.anomaly.state());
         self.replica.snapshot(self.clock.now(), anomaly);
         self.last_snapshot = Instant::now();
         self.anomaly_changed = false;
     }
+}
+
+/// A worker's gate after a probe of it: as its fresh heartbeat says (`worker`), paused
+/// since the first heartbeat that said so; unknown when no fresh heartbeat says.
+fn seen_gate(
+    now: Time,
+    was: Option<Box<GateSeen>>,
+    worker: Option<&crate::heartbeat::WorkerSeen>,
+) -> Option<Box<GateSeen>> {
+    let gate = worker?.gate.as_ref()?;
+    let since = was.and_then(|g| g.paused_since);
+    Some(Box::new(match gate {
+        None => GateSeen {
+            paused_since: None,
+            state: String::new(),
+        },
+        Some(state) => GateSeen {
+            paused_since: Some(since.unwrap_or(now)),
+            state: state.clone(),
+        },
+    }))
 }
 
 /// The one shared copy of `name` in `set` (added if new).

@@ -54,6 +54,27 @@ impl WorkerCounters {
     pub fn totals(&self) -> vigil_core::anomaly::Counts {
         vigil_core::anomaly::Counts::new(self.processed, self.failed)
     }
+
+    /// What the engine keeps of a fresh heartbeat's counters: the totals, and the
+    /// gate's state when it says the worker does not pull.
+    pub fn seen(&self) -> WorkerSeen {
+        WorkerSeen {
+            totals: self.totals(),
+            gate: self.pulling.map(|pulling| {
+                (!pulling).then(|| self.state.clone().unwrap_or_else(|| "paused".into()))
+            }),
+        }
+    }
+}
+
+/// A queue worker as a fresh heartbeat shows it to the engine.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkerSeen {
+    /// Its totals since it started.
+    pub totals: vigil_core::anomaly::Counts,
+    /// Its gate, when it reports one (`pulling`): `Some(None)` pulling, `Some(Some(state))`
+    /// paused, with its state in words.
+    pub gate: Option<Option<String>>,
 }
 
 pub use vigil_core::signature::{SIGNATURE_HEADER, TIMESTAMP_HEADER};

@@ -117,6 +117,7 @@ pub struct Metrics {
     discovery_up: Family<Labels, Gauge>,
     discovery_failures: Family<Labels, Counter>,
     discovery_targets: Family<Labels, Gauge>,
+    discovery_skipped: Family<Labels, Gauge>,
     prober_dissent: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// The per-result series, looked up once: a probe then costs no label hashing
     /// beyond its own `target_up` series.
@@ -229,6 +230,12 @@ impl Metrics {
             "Targets in force from a discovery source (its last list, kept through failures)",
             discovery_targets.clone(),
         );
+        let discovery_skipped = Family::<Labels, Gauge>::default();
+        registry.register(
+            "discovery_skipped",
+            "Instances a discovery source found in service but left out as targets at its last good listing (a missing or bad health-URL tag, an instance EC2 does not list yet): GET /api/discovery names them and why",
+            discovery_skipped.clone(),
+        );
         let prober_dissent = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         registry.register(
             "prober_dissent_ratio",
@@ -254,6 +261,7 @@ impl Metrics {
             discovery_up,
             discovery_failures,
             discovery_targets,
+            discovery_skipped,
             prober_dissent,
             probes_ok,
             probes_fail,
@@ -344,13 +352,17 @@ impl Metrics {
         self.frozen_seconds.set(seconds);
     }
 
-    /// Sets a discovery source's gauges: whether its last try worked, targets in force.
-    pub fn discovery(&self, source: &str, ok: bool, targets: usize) {
+    /// Sets a discovery source's gauges: whether its last try worked, targets in force,
+    /// instances in service it left out.
+    pub fn discovery(&self, source: &str, ok: bool, targets: usize, skipped: usize) {
         let labels = vec![("source", source.to_string())];
         self.discovery_up.get_or_create(&labels).set(i64::from(ok));
         self.discovery_targets
             .get_or_create(&labels)
             .set(i64::try_from(targets).unwrap_or(i64::MAX));
+        self.discovery_skipped
+            .get_or_create(&labels)
+            .set(i64::try_from(skipped).unwrap_or(i64::MAX));
     }
 
     /// Counts a failed try of a discovery source.

@@ -255,7 +255,7 @@ pub async fn run(
                     // A worker's counters count only while its heartbeat is fresh.
                     let worker = beat
                         .filter(|_| !obs.endpoint_failed)
-                        .and_then(|b| b.worker.map(|w| w.totals()));
+                        .and_then(|b| b.worker.map(|w| w.seen()));
                     if engine.send(Command::Probe { id: spec.id.clone(), obs, record, worker }).await.is_err() {
                         break;
                     }

@@ -201,6 +201,63 @@ pub struct GuardView {
     pub unhealthy: u32,
     /// Targets counted.
     pub total: u32,
+    /// Cohorts of queue workers most of which paused themselves together (their kill
+    /// switch, their readiness), as their heartbeats report: one shared cause, said
+    /// once, even when no check of the controller fails (`vigil_core::fleet::cohort`).
+    pub shared_outages: Vec<SharedOutage>,
+}
+
+/// A cohort of queue workers paused together (`vigil_core::fleet::SharedPause`).
+#[derive(Clone, Debug, Serialize)]
+pub struct SharedOutage {
+    /// The cohort (the workers' group).
+    pub cohort: String,
+    /// Workers paused.
+    pub paused: usize,
+    /// Workers reporting their gate.
+    pub of: usize,
+    /// What paused them, by kind, most common first (`kill switch: 4`).
+    pub reason: String,
+    /// When the pause became shared (UNIX ms).
+    pub since_ms: i64,
+    /// In a sentence.
+    pub summary: String,
+    /// The paused workers, by id.
+    pub members: Vec<PausedWorker>,
+}
+
+/// A paused worker of a [`SharedOutage`].
+#[derive(Clone, Debug, Serialize)]
+pub struct PausedWorker {
+    /// Its target id.
+    pub id: String,
+    /// Paused since (UNIX ms).
+    pub since_ms: i64,
+    /// Its gate's state, as its heartbeat says.
+    pub state: String,
+}
+
+impl SharedOutage {
+    /// The view of `s`, times as UNIX ms by `ms`.
+    pub fn of(s: &vigil_core::fleet::SharedPause, ms: impl Fn(vigil_core::Time) -> i64) -> Self {
+        SharedOutage {
+            cohort: s.cohort.clone(),
+            paused: s.paused,
+            of: s.of,
+            reason: s.reason.clone(),
+            since_ms: ms(s.since),
+            summary: s.to_string(),
+            members: s
+                .members
+                .iter()
+                .map(|m| PausedWorker {
+                    id: m.member.clone(),
+                    since_ms: ms(m.since),
+                    state: m.state.clone(),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// One target, for display: compact, its strings shared with the engine's record (a

@@ -66,6 +66,7 @@
 //! recovering (a retry is in the batch). Only [`Mode::judges`] lets a probe reach the
 //! guard; the others say why not in [`Mode::halted`].
 
+pub mod cohort;
 mod compose;
 mod mode;
 mod replica;
@@ -73,6 +74,7 @@ mod standing;
 mod step;
 mod trace;
 
+pub use cohort::{GateReport, PausedMember, SharedPause, shared_pauses};
 pub use compose::{
     DEFAULT_DISSENT_MIN, DEFAULT_DISSENT_SHARE, DecisionKind, Dissent, DissentChange,
     DissentConfig, DissentRound, DissentTally, Judged, judge_peers, peer_check, tally_dissent,

@@ -654,3 +654,102 @@ async fn discovery_follows_the_group_as_it_grows_and_shrinks_and_keeps_its_list_
     );
     assert!(c.sigterm().success());
 }
+
+/// The `aws` source of `GET /api/discovery`, and the summary.
+async fn aws_discovery(c: &Controller) -> (Value, String) {
+    let d: Value = c.get("/api/discovery").await;
+    let aws = d["sources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["source"] == "aws")
+        .cloned()
+        .unwrap_or(Value::Null);
+    (aws, d["summary"].as_str().unwrap_or_default().to_string())
+}
+
+/// `vigil_controller_discovery_skipped{source="aws"}` from `/metrics`.
+async fn skipped_metric(c: &Controller) -> Option<f64> {
+    let text = reqwest::get(c.url("/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    sample(&text, "vigil_controller_discovery_skipped{source=\"aws\"}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_in_service_without_a_good_health_url_tag_are_named_and_counted() {
+    let aws = Aws::start().await;
+    let instances = aws.create_group("web", 'a', 4).await;
+    let _bs = tagged_backends(&aws, &instances[..2]).await;
+    // instances[2] has no tag; instances[3] one that is no URL.
+    aws.tag(&instances[3].id, "vigil:health-url", "not a url")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = aws_config(
+        &aws.url(),
+        &format!("region = \"{REGION}\""),
+        "[discovery.aws]\ngroups = [\"web\"]\npoll = \"200ms\"\n",
+    );
+    let c = Controller::start_env(dir.path(), &cfg, &env_credentials());
+    c.wait_all(2, "healthy").await;
+    let (aws_source, summary) = c
+        .wait_for("two instances listed as skipped", || async {
+            let (s, summary) = aws_discovery(&c).await;
+            (s["skipped"].as_array().map(Vec::len) == Some(2)).then_some((s, summary))
+        })
+        .await;
+    let skipped = aws_source["skipped"].as_array().unwrap();
+    let of = |id: &str| {
+        skipped
+            .iter()
+            .find(|s| s["instance"] == id)
+            .unwrap_or_else(|| panic!("{id} listed as skipped: {aws_source}"))
+    };
+    let missing = of(&instances[2].id);
+    assert_eq!(missing["group"], "web", "{missing}");
+    assert!(
+        missing["why"]
+            .as_str()
+            .unwrap()
+            .contains("it has no tag \"vigil:health-url\""),
+        "{missing}"
+    );
+    let bad = of(&instances[3].id);
+    assert!(
+        bad["why"].as_str().unwrap().contains("not a url"),
+        "the bad value named: {bad}"
+    );
+    assert_eq!(aws_source["targets"], 2, "{aws_source}");
+    assert!(
+        summary.contains("2 instances in service are not targets: ")
+            && summary.contains(instances[2].id.as_str())
+            && summary.contains(instances[3].id.as_str()),
+        "{summary}"
+    );
+    assert_eq!(skipped_metric(&c).await, Some(2.0));
+    // The missing tag is added: a target now, one instance left out.
+    let b = Backend::start(&instances[2].id);
+    aws.tag(
+        &instances[2].id,
+        "vigil:health-url",
+        &format!("http://{}", b.addr()),
+    )
+    .await;
+    c.wait_all(3, "healthy").await;
+    let summary = c
+        .wait_for("one instance left out", || async {
+            let (s, summary) = aws_discovery(&c).await;
+            (s["skipped"].as_array().map(Vec::len) == Some(1)).then_some(summary)
+        })
+        .await;
+    assert!(
+        summary.contains("1 instance in service is not a target: ")
+            && summary.contains(instances[3].id.as_str()),
+        "{summary}"
+    );
+    assert_eq!(skipped_metric(&c).await, Some(1.0));
+    assert!(c.sigterm().success());
+}

@@ -47,12 +47,17 @@ struct Fleet {
 }
 
 async fn fleet(c: &Controller) -> Fleet {
+    fleet_gated(c, gate()).await
+}
+
+/// [`fleet`] with the workers' gates set by `gate`.
+async fn fleet_gated(c: &Controller, gate: GateConfig) -> Fleet {
     let health = vigil::Health::builder().start();
     let mut workers = Vec::new();
     let mut beats = Vec::new();
     for i in 0..WORKERS {
         let id = format!("w{i}");
-        let w = Worker::start(id.clone(), &health, gate());
+        let w = Worker::start(id.clone(), &health, gate.clone());
         let mut hb = HeartbeatConfig::new(
             format!("http://{}", c.addr),
             id.clone(),
@@ -258,4 +263,140 @@ async fn a_restarted_controller_keeps_the_workers_comparison() {
         "its peers are no outliers after the restart either"
     );
     assert!(c.sigterm().success());
+}
+
+/// The shared outages `/api/guard` shows.
+async fn shared_outages(c: &Controller) -> Vec<Value> {
+    c.guard().await["shared_outages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Worker gates whose kill switch trips after 20 messages and pauses for 10 s: long
+/// enough to outlast the checks below, short enough to see the fleet pull again.
+fn tripping_gate() -> GateConfig {
+    let mut g = GateConfig::default();
+    g.kill_switch.min_messages = 20;
+    g.kill_switch.restart_after = Duration::from_secs(10);
+    g
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_most_workers_pause_themselves_the_guard_shows_one_shared_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Controller::start(dir.path(), &config());
+    let f = fleet_gated(&c, tripping_gate()).await;
+    c.wait_all(WORKERS, "healthy").await;
+    // Two of five fail everything: their kill switches pause them, each its own
+    // problem as far as anyone can tell (2 of 5 is not most of the cohort).
+    let two = |i: usize, _: u64| i == 3 || i == 4;
+    let seen_at = feed_until(&c, &f, "w3 and w4 seen paused", two, async || {
+        let t3 = last_record(&c, "w3").await;
+        let t4 = last_record(&c, "w4").await;
+        (t3["detail"].as_str()?.contains("paused: kill switch")
+            && t4["detail"].as_str()?.contains("paused: kill switch"))
+        .then(|| t3["at_ms"].as_i64().max(t4["at_ms"].as_i64()))
+        .flatten()
+    })
+    .await;
+    // A view published well after the engine saw both pauses (ticks are 1 s apart).
+    feed_until(&c, &f, "a view 2 s after both pauses", two, async || {
+        let g: Value = c.get("/api/guard").await;
+        (g["now_ms"].as_i64()? > seen_at + 2000).then_some(())
+    })
+    .await;
+    assert_eq!(
+        shared_outages(&c).await,
+        Vec::<Value>::new(),
+        "2 of 5 paused is not shared"
+    );
+    // A third pauses: most of the cohort, one shared outage, although no check of
+    // the controller fails (every worker's health passes).
+    let three = |i: usize, _: u64| i == 0 || i == 3 || i == 4;
+    let outage = feed_until(&c, &f, "a shared outage in /api/guard", three, async || {
+        shared_outages(&c).await.into_iter().next()
+    })
+    .await;
+    assert_eq!(outage["cohort"], "workers", "{outage}");
+    assert_eq!(
+        (outage["paused"].as_u64(), outage["of"].as_u64()),
+        (Some(3), Some(5)),
+        "{outage}"
+    );
+    assert_eq!(outage["reason"], "kill switch: 3", "{outage}");
+    let ids: Vec<&str> = outage["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["w0", "w3", "w4"], "{outage}");
+    assert!(
+        outage["since_ms"].as_i64() >= Some(seen_at),
+        "shared since the third paused: {outage}"
+    );
+    let summary = outage["summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("shared outage in cohort workers: 3 of 5 workers paused together"),
+        "{summary}"
+    );
+    // (w3 and w4, two black holes among five, may be acted on as outliers: that is
+    // the peer comparison's business.) w0 paused itself and no check of it fails.
+    let t0: Value = c.get("/api/targets/w0").await;
+    assert_eq!(t0["target"]["state"], "healthy", "{t0}");
+    // The dashboard's guard card says it once, with each worker's own words.
+    let page = reqwest::get(c.url("/"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let card = page
+        .find("id=\"guard\"")
+        .map(|i| &page[i..page[i..].find("</section>").map_or(page.len(), |e| i + e)])
+        .unwrap_or_else(|| panic!("the guard card: {page}"));
+    assert!(
+        card.contains("data-cohort=\"workers\"") && card.contains(summary),
+        "{card}"
+    );
+    assert!(
+        card.contains("w0</strong>: paused: kill switch"),
+        "each paused worker with its gate's state: {card}"
+    );
+    // Every worker succeeds again: the pauses end (10 s, then probation) and so does
+    // the shared outage, said among the guard's events.
+    feed_until(
+        &c,
+        &f,
+        "the shared outage over",
+        |_, _| false,
+        async || shared_outages(&c).await.is_empty().then_some(()),
+    )
+    .await;
+    let g: Value = c.get("/api/guard").await;
+    let events: Vec<&str> = g["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["message"].as_str())
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("shared outage in cohort workers: 3 of 5"))
+            && events.iter().any(|e| e.contains("cohort workers over")),
+        "{events:?}"
+    );
+    assert!(c.sigterm().success());
+}
+
+/// A target's latest record.
+async fn last_record(c: &Controller, id: &str) -> Value {
+    let t: Value = c.get(&format!("/api/targets/{id}")).await;
+    t["target"]["history"]
+        .as_array()
+        .and_then(|h| h.last())
+        .cloned()
+        .unwrap_or(Value::Null)
 }

@@ -20,6 +20,7 @@
 use crate::aws::client::{AwsFailure, Client, Retry, Service, child, child_text, list};
 use crate::aws::config::{AwsDiscoveryConfig, Piece, parse_template};
 use crate::config::{ControllerConfig, TargetConfig};
+use crate::discovery::Skipped;
 use crate::engine::{Command, Source};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -113,7 +114,7 @@ pub struct Listing {
     /// Targets, sorted by id.
     pub targets: Vec<TargetConfig>,
     /// `InService` instances that are not targets, and why.
-    pub skipped: Vec<String>,
+    pub skipped: Vec<Skipped>,
 }
 
 /// Lists the groups' `InService` instances as targets. An error leaves nothing
@@ -137,9 +138,11 @@ pub async fn list_targets(client: &Client, cfg: &AwsDiscoveryConfig) -> Result<L
     for (id, group, _) in in_service {
         let Some(found) = details.get(id) else {
             // Listed by the group but not (yet) by EC2: its read lags; next poll.
-            listing
-                .skipped
-                .push(format!("{id} (group {group}): not in EC2's answer yet"));
+            listing.skipped.push(Skipped {
+                instance: id.clone(),
+                group: group.clone(),
+                why: "not in EC2's answer yet".into(),
+            });
             continue;
         };
         let zone = found.zone.clone();
@@ -150,10 +153,11 @@ pub async fn list_targets(client: &Client, cfg: &AwsDiscoveryConfig) -> Result<L
         let url = match instance.render(&template) {
             Ok(u) => u,
             Err(why) => {
-                listing.skipped.push(format!(
-                    "{id} (group {group}): url {:?} cannot be built: {why}",
-                    cfg.url
-                ));
+                listing.skipped.push(Skipped {
+                    instance: id.clone(),
+                    group: group.clone(),
+                    why: format!("url {:?} cannot be built: {why}", cfg.url),
+                });
                 continue;
             }
         };
@@ -166,9 +170,11 @@ pub async fn list_targets(client: &Client, cfg: &AwsDiscoveryConfig) -> Result<L
             interval: None,
         };
         if let Err(e) = target.validate("target") {
-            listing
-                .skipped
-                .push(format!("{id} (group {group}): {}", e.message));
+            listing.skipped.push(Skipped {
+                instance: id.clone(),
+                group: group.clone(),
+                why: e.message,
+            });
             continue;
         }
         listing.targets.push(target);
@@ -306,7 +312,7 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut last: Option<Vec<TargetConfig>> = None;
-    let mut last_skipped: Vec<String> = Vec::new();
+    let mut last_skipped: Vec<Skipped> = Vec::new();
     let mut failures: u32 = 0;
     let mut client: Option<(crate::aws::config::AwsConfig, Client)> = None;
     loop {
@@ -339,10 +345,14 @@ pub async fn run(
                             tracing::info!(failures, "Auto Scaling discovery works again");
                         }
                         failures = 0;
-                        status.succeeded(Source::Aws, listing.targets.len());
+                        status.succeeded_skipping(
+                            Source::Aws,
+                            listing.targets.len(),
+                            listing.skipped.clone(),
+                        );
                         if listing.skipped != last_skipped {
                             for s in &listing.skipped {
-                                tracing::warn!(instance = %s, "instance in service but not a target");
+                                tracing::warn!(instance = %s.instance, group = %s.group, why = %s.why, "instance in service but not a target");
                             }
                             last_skipped = listing.skipped;
                         }

@@ -175,6 +175,7 @@ impl Engine {
                         spec: spec.clone(),
                         history: History::default(),
                         last_failed: false,
+                        gate: None,
                     },
                 );
             }

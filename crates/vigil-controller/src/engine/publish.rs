@@ -2,6 +2,7 @@
 //! while something changes, and one target's detail.
 
 use super::*;
+use crate::view::SharedOutage;
 
 impl Engine {
     /// Publishes a new view when the last one is [`PUBLISH_EVERY`] old and something
@@ -53,6 +54,11 @@ impl Engine {
             next_token_at_ms: st.next_token_at.map(unix_ms),
             unhealthy: st.unhealthy,
             total: st.total,
+            shared_outages: self
+                .shared_pauses
+                .iter()
+                .map(|s| SharedOutage::of(s, unix_ms))
+                .collect(),
         };
         // Exactly sized: a view lives on while readers hold it.
         let mut targets = Vec::with_capacity(self.runtime.len());
