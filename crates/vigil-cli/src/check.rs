@@ -13,6 +13,11 @@
 //! report, a redirect, not HTTP, a body over 64 KiB, no answer within `--timeout`) is
 //! invalid or unreachable, exit 3.
 //!
+//! The probe is vigil-probe's client, the controller's (one GET, no redirects, no
+//! proxy). `https://` URLs are verified against the system's roots and `--ca-file`;
+//! a certificate that is not trusted is unreachable, exit 3, with the reason
+//! (`certificate not trusted: UnknownIssuer`).
+//!
 //! With `--fleet URL --target ID` (an exec `livenessProbe` for Kubernetes), a failing
 //! local verdict is put to the controller before it is reported: the controller answers
 //! `restart` only when its guard would act on the target (failing on its own, within
@@ -25,10 +30,12 @@
 
 use clap::Args;
 use serde_json::json;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use vigil_core::report::MAX_REPORT_BYTES;
-use vigil_core::{HealthReport, Status};
+use vigil_core::{HealthReport, Judgement, Status};
+use vigil_probe::{CaFile, ErrorKind, ProbeError};
 
 /// Default probe timeout: 2 s is the budget a Kubernetes exec probe or a script usually
 /// allows, and far above a healthy endpoint's answer time (it reads a snapshot).
@@ -69,9 +76,14 @@ Liveness under a fleet budget (--fleet):
 #[derive(Args, Debug)]
 #[command(after_long_help = LIVENESS_HELP)]
 pub struct CheckArgs {
-    /// The health endpoint, e.g. http://127.0.0.1:8081/health (http:// is assumed when
-    /// no scheme is given; vigil is built without TLS).
+    /// The health endpoint, e.g. http://127.0.0.1:8081/health or
+    /// https://10.0.0.5:8443/health (http:// is assumed when no scheme is given).
     pub url: String,
+
+    /// Trust the CA certificates of this PEM file for https:// (a private CA), besides
+    /// the system's roots.
+    #[arg(long, value_name = "PEM")]
+    pub ca_file: Option<PathBuf>,
 
     /// Give up after this long (connect, request and body), e.g. 500ms, 2s.
     #[arg(long, default_value = DEFAULT_CHECK_TIMEOUT, value_parser = humantime::parse_duration)]
@@ -143,7 +155,14 @@ pub fn run(args: CheckArgs) -> ExitCode {
             return ExitCode::from(EXIT_INVALID);
         }
     };
-    let result = rt.block_on(probe(&url, args.timeout));
+    let ca = match args.ca_file.as_deref().map(CaFile::read).transpose() {
+        Ok(ca) => ca,
+        Err(e) => {
+            eprintln!("vigil check: --ca-file {e}");
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    let result = rt.block_on(probe(&url, args.timeout, ca));
     let local = match &result {
         Ok(o) => exit_code(o.status, args.strict),
         Err(_) => EXIT_INVALID,
@@ -271,7 +290,7 @@ async fn ask_one(
     }
     let resp = match client.get(url).send().await {
         Ok(r) => r,
-        Err(e) => return FleetAnswer::NoAnswer(describe(&e, timeout)),
+        Err(e) => return FleetAnswer::NoAnswer(describe_asking(&e, timeout)),
     };
     let code = resp.status().as_u16();
     let body: serde_json::Value = match resp.json().await {
@@ -311,68 +330,43 @@ fn normalise(url: &str) -> String {
     }
 }
 
-async fn probe(url: &str, timeout: Duration) -> Result<Outcome, Invalid> {
+async fn probe(url: &str, timeout: Duration, ca: Option<CaFile>) -> Result<Outcome, Invalid> {
     let start = Instant::now();
     let invalid = |reason: String, http_status: Option<u16>| Invalid {
         reason,
         http_status,
         latency: start.elapsed(),
     };
-    if !url.starts_with("http://") {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
         return Err(invalid(
-            "only http:// URLs are supported (vigil is built without TLS)".into(),
+            "only http:// and https:// URLs are supported".into(),
             None,
         ));
     }
-    let client = reqwest::Client::builder()
-        .timeout(timeout)
-        .connect_timeout(timeout)
-        // A health probe goes straight to the instance, never through an HTTP_PROXY.
-        .no_proxy()
-        .build()
-        .map_err(|e| invalid(format!("cannot build an HTTP client: {e}"), None))?;
-    let fetch = async {
-        let mut resp = client
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| invalid(describe(&e, timeout), None))?;
-        let code = resp.status().as_u16();
-        let content_type = resp
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_ascii_lowercase();
-        let mut body = Vec::new();
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|e| invalid(describe(&e, timeout), Some(code)))?
-        {
-            body.extend_from_slice(&chunk);
-            if body.len() > MAX_REPORT_BYTES {
-                return Err(invalid(
-                    format!("body larger than {} KiB", MAX_REPORT_BYTES / 1024),
-                    Some(code),
-                ));
-            }
-        }
-        Ok((code, content_type, body))
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| invalid(format!("bad URL: {e}"), None))?;
+    // One probe: no connection to keep. No proxy either: a health probe goes straight
+    // to the instance, never through an HTTP_PROXY.
+    let client = vigil_probe::Client::new(vigil_probe::Options {
+        reuse_connection: false,
+        ca,
+        ..vigil_probe::Options::default()
+    });
+    let limits = vigil_probe::Limits {
+        timeout,
+        max_body: MAX_REPORT_BYTES,
+        // A health endpoint is what `vigil check` checks: anything else is invalid
+        // (exit 3), whatever a controller configured for plain status would say.
+        answers: vigil_core::Answers::HealthJson,
     };
-    // reqwest's timeout covers the body too; this outer bound is belt and braces.
-    let (code, content_type, body) =
-        match tokio::time::timeout(timeout + Duration::from_millis(100), fetch).await {
-            Ok(r) => r?,
-            Err(_) => {
-                return Err(invalid(
-                    format!("timed out after {}", humantime::format_duration(timeout)),
-                    None,
-                ));
-            }
-        };
+    let seen = client
+        .get(&uri, limits)
+        .await
+        .map_err(|e| invalid(describe(&e), None))?;
     let latency = start.elapsed();
-    judge(code, &content_type, &body).map_or_else(
+    let code = seen.status;
+    verdict(seen.judgement).map_or_else(
         |reason| {
             Err(Invalid {
                 reason,
@@ -396,15 +390,18 @@ type Verdict = (Status, Option<HealthReport>, Option<String>);
 
 /// Judges an answer with vigil-core's one judge ([`vigil_core::judge`](mod@vigil_core::judge), whose doc holds
 /// the rule table); an *invalid* answer is an error (exit 3).
+#[cfg(test)]
 fn judge(code: u16, content_type: &str, body: &[u8]) -> Result<Verdict, String> {
-    let j = vigil_core::judge(
-        // A health endpoint is what `vigil check` checks: anything else is invalid
-        // (exit 3), whatever a controller configured for plain status would say.
+    verdict(vigil_core::judge(
         vigil_core::Answers::HealthJson,
         code,
         (!content_type.is_empty()).then_some(content_type),
         body,
-    );
+    ))
+}
+
+/// The verdict of a judged answer; an *invalid* one is an error (exit 3).
+fn verdict(j: Judgement) -> Result<Verdict, String> {
     if j.invalid {
         return Err(j.detail);
     }
@@ -417,8 +414,20 @@ fn judge(code: u16, content_type: &str, body: &[u8]) -> Result<Verdict, String> 
     Ok((j.status, j.report, note))
 }
 
-/// Says why a request failed, in the words an operator looks for.
-fn describe(e: &reqwest::Error, timeout: Duration) -> String {
+/// Says why a probe got no answer, in the words an operator looks for: no connection
+/// is `unreachable`, an answer that is not HTTP is `invalid response`.
+fn describe(e: &ProbeError) -> String {
+    match e.kind {
+        // A TLS failure names itself: `certificate not trusted: UnknownIssuer`.
+        ErrorKind::Timeout | ErrorKind::Url | ErrorKind::Tls => e.message.clone(),
+        ErrorKind::Connect => format!("unreachable: {}", e.message),
+        ErrorKind::Request | ErrorKind::Response => format!("invalid response: {}", e.message),
+        ErrorKind::TooLarge => format!("body larger than {} KiB", MAX_REPORT_BYTES / 1024),
+    }
+}
+
+/// Says why asking the controller failed, in the words an operator looks for.
+fn describe_asking(e: &reqwest::Error, timeout: Duration) -> String {
     if e.is_timeout() {
         return format!("timed out after {}", humantime::format_duration(timeout));
     }

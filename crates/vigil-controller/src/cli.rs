@@ -411,10 +411,13 @@ async fn serve(path: PathBuf, cfg: ControllerConfig, reset_store: bool) -> anyho
         plan_rx.clone(),
         probing_rx.clone(),
         engine_tx.clone(),
-        if lease_task.is_some() {
-            Prober::new(cfg.probe.keep_alive).for_replica(&replica)
-        } else {
-            Prober::new(cfg.probe.keep_alive)
+        {
+            let prober = Prober::for_config(&cfg.probe).context("probe.ca_file")?;
+            if lease_task.is_some() {
+                prober.for_replica(&replica)
+            } else {
+                prober
+            }
         },
         heartbeats.clone(),
         metrics.clone(),

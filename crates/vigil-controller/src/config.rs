@@ -168,6 +168,11 @@ pub struct ProbeConfig {
     /// probe (false: less memory per target, more CPU). Needs a restart to change.
     /// Defaults to true.
     pub keep_alive: bool,
+    /// A PEM file of CA certificates trusted for `https://` targets besides the
+    /// system's roots (a private CA); relative to the config file. Read at start: needs
+    /// a restart to change. Defaults to none (the system's roots only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for ProbeConfig {
@@ -182,6 +187,7 @@ impl Default for ProbeConfig {
             max_body: DEFAULT_MAX_BODY,
             history: DEFAULT_HISTORY,
             keep_alive: DEFAULT_KEEP_ALIVE,
+            ca_file: None,
         }
     }
 }
@@ -486,8 +492,8 @@ impl ReplicasConfig {
 pub struct TargetConfig {
     /// Unique id.
     pub id: String,
-    /// Base URL (`http://host:port`); the probe path is appended. Not needed for
-    /// heartbeat targets.
+    /// Base URL (`http://host:port` or `https://host:port`); the probe path is
+    /// appended. Not needed for heartbeat targets.
     #[serde(default)]
     pub url: String,
     /// Zone label (the fraction cap also applies per zone).
@@ -521,13 +527,12 @@ impl TargetConfig {
             ));
         }
         if !self.heartbeat {
-            if !self.url.starts_with("http://") {
+            // https:// is verified against the system's roots and `probe.ca_file`
+            // (vigil-probe).
+            if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
                 return Err(Invalid::new(
                     format!("{at}.url"),
-                    format!(
-                        "must be an http:// URL (no TLS stack by design), got {:?}",
-                        self.url
-                    ),
+                    format!("must be an http:// or https:// URL, got {:?}", self.url),
                 ));
             }
             self.url
@@ -733,8 +738,8 @@ impl ControllerConfig {
 pub use vigil_config::{ConfigError, ErrorKind};
 
 /// Loads, parses and validates a config file; the error lists every value that cannot
-/// be used. Relative paths inside (data dir, discovery file) are resolved against the
-/// file's directory.
+/// be used. Relative paths inside (data dir, discovery file, `probe.ca_file`) are
+/// resolved against the file's directory.
 pub fn load(path: &Path) -> Result<ControllerConfig, ConfigError> {
     load_with(path, |_| None)
 }
@@ -753,10 +758,20 @@ fn load_with(
 ) -> Result<ControllerConfig, ConfigError> {
     let text = vigil_config::read(path)?;
     let mut config: ControllerConfig = vigil_config::from_str(path, &text)?;
+    let base = path.parent().unwrap_or(Path::new("."));
     let mut bad = config.problems();
+    if let Some(ca) = &mut config.probe.ca_file {
+        if ca.is_relative() {
+            *ca = base.join(&*ca);
+        }
+        // Read now, as the prober will at start: a CA file that cannot be used is a
+        // bad config, not a failure of every https probe.
+        if let Err(e) = vigil_probe::CaFile::read(ca) {
+            bad.push(Invalid::new("probe.ca_file", e.to_string()));
+        }
+    }
     bad.extend(more(&config));
     vigil_config::invalid_all(path, &text, bad)?;
-    let base = path.parent().unwrap_or(Path::new("."));
     if config.data_dir.is_relative() {
         config.data_dir = base.join(&config.data_dir);
     }
@@ -800,7 +815,7 @@ mod tests {
         std::fs::write(
             &path,
             "[probe]\ninterval = \"0s\"\njitter = 0.9\n[heartbeat]\nttl = \"0s\"\n\
-             [[targets]]\nid = \"a\"\nurl = \"https://a\"\n[[targets]]\nid = \"\"\n",
+             [[targets]]\nid = \"a\"\nurl = \"ftp://a\"\n[[targets]]\nid = \"\"\n",
         )
         .unwrap();
         let e = load(&path).unwrap_err();
@@ -817,6 +832,30 @@ mod tests {
             "every problem, in order: {e}"
         );
         assert!(e.to_string().ends_with("5 problems"), "{e}");
+    }
+
+    #[test]
+    fn https_targets_are_valid_and_the_ca_file_is_read_at_load_beside_the_file() {
+        let c = parse("[[targets]]\nid = \"a\"\nurl = \"https://a.example:8443\"\n").unwrap();
+        c.validate().expect("https:// targets are probed over TLS");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.toml");
+        std::fs::write(&path, "[probe]\nca_file = \"certs/ca.pem\"\n").unwrap();
+        let e = load(&path).unwrap_err();
+        assert_eq!(
+            (e.key.as_deref(), e.line),
+            (Some("probe.ca_file"), Some(2)),
+            "{e}"
+        );
+        let resolved = dir.path().join("certs/ca.pem");
+        assert!(
+            e.message.contains(&resolved.display().to_string()),
+            "relative to the config file: {e}"
+        );
+        std::fs::create_dir(dir.path().join("certs")).unwrap();
+        std::fs::write(&resolved, "not PEM\n").unwrap();
+        let e = load(&path).unwrap_err();
+        assert!(e.message.contains("no CERTIFICATE"), "{e}");
     }
 
     #[test]
@@ -879,7 +918,7 @@ mod tests {
                     == "actuator.webhook.secret"
             );
         }
-        assert!(bad("[[targets]]\nid = \"a\"\nurl = \"https://x\"") == "targets[0].url");
+        assert!(bad("[[targets]]\nid = \"a\"\nurl = \"ftp://x\"") == "targets[0].url");
         assert!(bad("[discovery]\npoll = \"1s\"") == "discovery.path");
         assert!(bad("[discovery.aws]\ngroups = []") == "discovery.aws.groups");
         assert!(

@@ -118,6 +118,9 @@ pub(crate) fn describe(e: &std::io::Error, host: &str) -> String {
         Error::InvalidCertificate(
             CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
         ) => format!("certificate not valid for {host}: {tls}"),
+        Error::InvalidCertificate(CertificateError::BadSignature) => {
+            "certificate not trusted: BadSignature (a trusted CA has the issuer's name, another key signed it)".into()
+        }
         Error::InvalidCertificate(c) => format!("certificate refused: {c:?}"),
         Error::AlertReceived(a) => format!("the server refused the TLS handshake: {a:?}"),
         Error::InvalidMessage(_) | Error::InappropriateHandshakeMessage { .. } => {

@@ -339,3 +339,20 @@ fn a_ca_file_that_is_missing_or_not_pem_is_refused_naming_the_file() {
     let e = CaFile::read(&junk).unwrap_err();
     assert!(e.to_string().contains("no CERTIFICATE"), "{e}");
 }
+
+#[tokio::test]
+async fn another_ca_of_the_same_name_is_a_bad_signature_not_trust() {
+    let pki = Pki::new();
+    let impostor = Pki::new();
+    let (addr, _) = serve(impostor.server(&["127.0.0.1"]), health(PASS), usize::MAX).await;
+    let e = client(Some(pki.ca_file()), true)
+        .get(&url(addr), limits(Duration::from_secs(5)))
+        .await
+        .expect_err("signed by another key than the trusted CA's");
+    assert_eq!(e.kind, ErrorKind::Tls, "{e}");
+    assert!(
+        e.message
+            .starts_with("certificate not trusted: BadSignature"),
+        "{e}"
+    );
+}

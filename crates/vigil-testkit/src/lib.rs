@@ -236,7 +236,10 @@ async fn serve(
             if garbage {
                 let mut buf = [0u8; 1024];
                 let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut buf).await;
-                let is_health = buf.windows(7).any(|w| w == b"/readyz" || w == b"/health");
+                // The request line only: a probe's `Accept: application/health+json`
+                // says `/health` too.
+                let line = buf.split(|&b| b == b'\n').next().unwrap_or(&[]);
+                let is_health = line.windows(7).any(|w| w == b"/readyz" || w == b"/health");
                 if !is_health {
                     rq.fetch_add(1, Ordering::Relaxed);
                     let _ = stream.write_all(b"\x00\x01garbage, not HTTP\r\n\r\n").await;

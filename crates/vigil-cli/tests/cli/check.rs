@@ -207,3 +207,54 @@ fn a_url_without_scheme_means_http() {
     let o = vigil_check(&[&format!("{}/health", b.addr())]);
     assert_eq!(code(&o), 0, "stderr: {}", stderr(&o));
 }
+
+// === https ===
+
+#[path = "../tls_support/mod.rs"]
+mod tls_support;
+
+const PASS: &str = r#"{"status":"pass","checks":{"disk:free":[{"status":"pass"}]}}"#;
+
+#[test]
+fn https_passes_with_the_ca_file_and_is_unreachable_without_it() {
+    let pki = tls_support::Pki::new();
+    let addr = pki.serve(tls_support::health_json(PASS));
+    let u = format!("https://{addr}/health");
+    let ca = pki.ca_path();
+    let o = vigil_check(&[&u, "--ca-file", ca.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "trusted through --ca-file: {}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("PASS  https://"), "{out}");
+    assert!(out.contains("pass  disk:free"), "{out}");
+
+    let o = vigil_check(&[&u, "--json"]);
+    assert_eq!(code(&o), 3, "an untrusted certificate is unreachable");
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!(
+            "vigil check: {u}: certificate not trusted: UnknownIssuer"
+        )),
+        "the reason is on stderr: {err}"
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["status"], "invalid");
+    assert_eq!(v["exitCode"], 3);
+}
+
+#[test]
+fn an_unusable_ca_file_exits_3_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let o = vigil_check(&[
+        "https://127.0.0.1:1/health",
+        "--ca-file",
+        junk.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 3);
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("--ca-file {}: no CERTIFICATE", junk.display())),
+        "{err}"
+    );
+}

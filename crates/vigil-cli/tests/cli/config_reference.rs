@@ -501,6 +501,9 @@ fn every_documented_lb_key_loads_with_the_real_loader() {
 const FLEET_SAMPLE: &str = r#"
 api_token = "token"
 
+[probe]
+ca_file = "certs/internal-ca.pem"
+
 [heartbeat]
 secret = "heartbeat-secret"
 

@@ -710,6 +710,7 @@ mod crash;
 mod dashboard;
 mod discovery;
 mod example_workers;
+mod https;
 mod liveness;
 mod replicas;
 mod store;
