@@ -284,6 +284,9 @@ struct TargetRuntime {
 struct GateSeen {
     /// Paused since (the engine's time of the first heartbeat saying so).
     paused_since: Option<Time>,
+    /// Whether a heartbeat showed it pulling: a worker not yet ready after its start
+    /// does not pull either, and is starting, not paused ([`STARTING_PAUSE`]).
+    pulled: bool,
     /// Its state in words while paused.
     state: String,
 }
@@ -1051,11 +1054,17 @@ impl Engine {
     /// (`vigil_core::fleet::cohort`), and logs (and lists among the guard's events) a
     /// shared pause that begins or ends.
     fn judge_pauses(&mut self) {
+        let now = self.clock.now();
         let reports = self.runtime.values().filter_map(|rt| {
             rt.gate.as_ref().map(|g| GateReport {
                 member: &rt.spec.id,
                 cohort: &rt.spec.group,
-                paused: g.paused_since.map(|t| (t, g.state.as_str())),
+                // A worker never seen pulling is starting (its readiness not yet passing),
+                // not paused, until its pause outlasts a start.
+                paused: g
+                    .paused_since
+                    .filter(|&t| g.pulled || now.since(t) >= STARTING_PAUSE)
+                    .map(|t| (t, g.state.as_str())),
             })
         });
         let shared = shared_pauses(reports, self.config.anomaly.shared_fraction);
@@ -1099,6 +1108,12 @@ impl Engine {
     }
 }
 
+/// How long a worker never seen pulling may not pull before its pause counts towards a
+/// shared outage: longer than a worker's start (its readiness passing), so the demo's
+/// four workers starting together are not "a shared outage" for their first second;
+/// a controller started during a real one says so this much later.
+const STARTING_PAUSE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A worker's gate after a probe of it: as its fresh heartbeat says (`worker`), paused
 /// since the first heartbeat that said so; unknown when no fresh heartbeat says.
 fn seen_gate(
@@ -1107,14 +1122,17 @@ fn seen_gate(
     worker: Option<&crate::heartbeat::WorkerSeen>,
 ) -> Option<Box<GateSeen>> {
     let gate = worker?.gate.as_ref()?;
+    let pulled = was.as_ref().is_some_and(|g| g.pulled);
     let since = was.and_then(|g| g.paused_since);
     Some(Box::new(match gate {
         None => GateSeen {
             paused_since: None,
+            pulled: true,
             state: String::new(),
         },
         Some(state) => GateSeen {
             paused_since: Some(since.unwrap_or(now)),
+            pulled,
             state: state.clone(),
         },
     }))
