@@ -24,7 +24,6 @@ use vigil_core::thresholds::{
 };
 use vigil_core::throttle::{AdaptiveThrottleConfig, RetryThrottleConfig};
 
-
 /// Exit code of a configuration that does not load (sysexits' EX_CONFIG): `vigil lb`,
 /// `vigil lb check-config`, and the daemon at start.
 pub const EXIT_BAD_CONFIG: u8 = 78;
