@@ -1,6 +1,6 @@
 //! vigil's one health-probe client: `GET url` over HTTP/1.1, plain or over TLS, bounded
 //! in time and body size, its answer judged by vigil-core's one judge
-//! ([`vigil_core::judge`]). The controller's prober and `vigil check` probe with it.
+//! ([`vigil_core::judge()`]). The controller's prober and `vigil check` probe with it.
 //!
 //! # Why a hand-written client
 //!
