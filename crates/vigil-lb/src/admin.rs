@@ -1,7 +1,8 @@
 //! The admin listener: `/admin/targets` (JSON: every target's state, since when, last
 //! check, ejections, the success-rate rule's last verdict and the reason of its last
 //! change), `POST` and `DELETE /admin/targets/<host:port>/drain` (drain a target, or put
-//! it back), `/metrics` (Prometheus text) and `/livez`. Served on its own address so
+//! it back), `/admin/verdicts` (with `[share]`: this balancer's own probe results, for
+//! its peers, `crate::share`), `/metrics` (Prometheus text) and `/livez`. Served on its own address so
 //! that it can stay private: that address is its only protection (it binds loopback by
 //! default), as for the reads; changes are refused from browsers (a request with an
 //! `Origin` field), so a web page cannot drain targets through a local admin port.
@@ -10,6 +11,7 @@
 
 use crate::metrics::Metrics;
 use crate::pool::PoolRt;
+use crate::share::Feed;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
@@ -275,6 +277,7 @@ pub async fn handle<B>(
     req: &Request<B>,
     pools: &BTreeMap<String, Arc<PoolRt>>,
     metrics: &Metrics,
+    feed: Option<&Feed>,
 ) -> Response<Full<Bytes>> {
     let path = req.uri().path();
     if let Some(target) = path
@@ -316,10 +319,22 @@ pub async fn handle<B>(
             (StatusCode::OK, ctype, body)
         }
         "/livez" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+        "/admin/verdicts" => match feed {
+            Some(f) => (
+                StatusCode::OK,
+                "application/json",
+                serde_json::to_string(&f.verdicts_json()).expect("JSON value serialises"),
+            ),
+            None => (
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "no [share] peers in lb.toml: this balancer shares no verdicts\n".to_string(),
+            ),
+        },
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain",
-            "admin endpoints: /admin/targets, POST|DELETE /admin/targets/<host:port>/drain, /metrics, /livez\n".to_string(),
+            "admin endpoints: /admin/targets, POST|DELETE /admin/targets/<host:port>/drain, /admin/verdicts, /metrics, /livez\n".to_string(),
         ),
     };
     Response::builder()

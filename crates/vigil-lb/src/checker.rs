@@ -17,6 +17,7 @@ use crate::config::{
 use crate::http_util::ErrorChain;
 use crate::metrics::CheckLabels;
 use crate::pool::PoolRt;
+use crate::share::{Feed, PoolFeed};
 use crate::upstream::tls::{Dialer, TargetStream, TargetTls};
 use bytes::Bytes;
 use http::{Request, header};
@@ -27,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use vigil_core::report::MAX_REPORT_BYTES;
+use vigil_core::share::{Plan, STALE_INTERVALS, Turn, Why};
 
 /// The result of one check: passed or not, and what it saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -361,11 +363,13 @@ fn health_check_status(framed: &[u8]) -> Result<u64, String> {
 pub const FIRST_VERDICT_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Checks every target of `pool` until `stop` changes or is dropped (`connect`: the
-/// time limit of each check's connection, `timeouts.connect`).
+/// time limit of each check's connection, `timeouts.connect`). With `share` (`[share]`
+/// has peers), each turn asks the shared plan first ([`checked_with_share`]).
 pub fn spawn_checks(
     pool: Arc<PoolRt>,
     connect: Duration,
     stop: watch::Receiver<()>,
+    share: Option<&Arc<Feed>>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let section = pool.section.load_full();
     let hc = section.health_check.clone();
@@ -374,6 +378,7 @@ pub fn spawn_checks(
     }
     let expected = StatusSet::parse(&hc.expected_statuses).expect("validated config");
     let targets = pool.targets.lock().expect("targets lock").clone();
+    let share = share.and_then(|f| Some((f.clone(), f.pool(&pool.name)?)));
     section
         .targets
         .iter()
@@ -381,6 +386,17 @@ pub fn spawn_checks(
         .map(|(target, addr)| {
             let (pool, hc, expected) = (pool.clone(), hc.clone(), expected.clone());
             let mut stop = stop.clone();
+            if let Some((feed, pf)) = share.clone() {
+                let check = Check {
+                    pool,
+                    hc,
+                    expected,
+                    target,
+                    addr,
+                    connect,
+                };
+                return tokio::spawn(checked_with_share(check, feed, pf, stop));
+            }
             tokio::spawn(async move {
                 loop {
                     // Checks start every interval (+-jitter) from the previous start, not
@@ -415,6 +431,92 @@ pub fn spawn_checks(
             })
         })
         .collect()
+}
+
+/// One target's checks: what a turn needs.
+struct Check {
+    pool: Arc<PoolRt>,
+    hc: HealthCheckConfig,
+    expected: StatusSet,
+    target: Arc<crate::pool::TargetRt>,
+    addr: String,
+    connect: Duration,
+}
+
+/// One target's checks with shared verdicts (`vigil_core::share` has the rules): every
+/// interval (+-jitter, as unshared) the plan says probe, take a peer's pass, or wait;
+/// between turns, a peer's fail wakes the loop for a confirmation probe. Every probe
+/// made here is published (`/admin/verdicts`) and compared with the feed.
+async fn checked_with_share(
+    c: Check,
+    feed: Arc<Feed>,
+    pf: Arc<PoolFeed>,
+    mut stop: watch::Receiver<()>,
+) {
+    let wake = pf.wake(&c.addr).unwrap_or_default();
+    let mut judged = false;
+    let mut turn = Turn::Scheduled;
+    let mut next = tokio::time::Instant::now();
+    loop {
+        let plan = pf.plan(&feed, &c.addr, turn);
+        match plan {
+            Plan::Probe(why) => {
+                if let Why::Fallback(f) = &why
+                    && f.first
+                {
+                    let silent = f.silent_for.map_or_else(
+                        || "ever".to_string(),
+                        |d| format!("{:.1} s", d.as_secs_f64()),
+                    );
+                    tracing::warn!(
+                        pool = %c.pool.name,
+                        target = %c.addr,
+                        "share: no verdict for {} from {} for {silent} ({STALE_INTERVALS} intervals): probing it myself",
+                        c.addr,
+                        f.probers.join(", ")
+                    );
+                }
+                let v = tokio::select! {
+                    biased;
+                    _ = stop.changed() => return,
+                    v = probe(c.target.conns.dialer(), c.connect, &c.hc, &c.expected) => v,
+                };
+                pool_metrics(&c.pool, &c.addr, v.ok);
+                pf.local(&feed, &c.addr, v.ok, &v.detail);
+                judged = c.pool.observe_probe(&c.addr, v.ok, v.detail);
+            }
+            Plan::Take { by, detail } => {
+                c.pool
+                    .metrics()
+                    .share_verdicts_taken
+                    .get_or_create(&crate::metrics::PoolLabels {
+                        pool: c.pool.name.clone(),
+                    })
+                    .inc();
+                judged = c
+                    .pool
+                    .observe_probe(&c.addr, true, format!("{detail} (by {by})"));
+            }
+            Plan::Idle => {}
+        }
+        if turn == Turn::Scheduled {
+            let spread = 1.0 + c.hc.jitter * (2.0 * rand::random::<f64>() - 1.0);
+            let every = if judged {
+                c.hc.interval
+            } else {
+                c.hc.interval.min(FIRST_VERDICT_INTERVAL)
+            };
+            next += every.mul_f64(spread);
+            // A turn that overran (a slow probe) does not make the next ones pile up.
+            next = next.max(tokio::time::Instant::now());
+        }
+        turn = tokio::select! {
+            biased;
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep_until(next) => Turn::Scheduled,
+            _ = wake.notified() => Turn::Woken,
+        };
+    }
 }
 
 /// `check-config`'s look at the network: checks every target once in each pool that

@@ -24,6 +24,9 @@ use vigil_core::thresholds::{
 };
 use vigil_core::throttle::{AdaptiveThrottleConfig, RetryThrottleConfig};
 
+pub mod share;
+pub use share::ShareConfig;
+
 /// Exit code of a configuration that does not load (sysexits' EX_CONFIG): `vigil lb`,
 /// `vigil lb check-config`, and the daemon at start.
 pub const EXIT_BAD_CONFIG: u8 = 78;
@@ -152,6 +155,8 @@ pub struct LbConfig {
     pub limits: LimitsConfig,
     /// What is done with client request header fields.
     pub headers: HeadersConfig,
+    /// Shared probe verdicts among balancers (`[share]`, config/share.rs).
+    pub share: ShareConfig,
     /// Routing rules, tried in order; the first match wins.
     pub routes: Vec<RouteConfig>,
     /// Listeners that terminate TLS (HTTPS), by name, each with its certificates.
@@ -173,6 +178,7 @@ impl Default for LbConfig {
             timeouts: TimeoutsConfig::default(),
             limits: LimitsConfig::default(),
             headers: HeadersConfig::default(),
+            share: ShareConfig::default(),
             routes: Vec::new(),
             tls_listeners: BTreeMap::new(),
             pools: BTreeMap::new(),
@@ -1122,6 +1128,9 @@ impl LbConfig {
         self.tls_problems(&mut bad);
         for (name, pool) in &self.pools {
             pool_problems(name, pool, &mut bad);
+        }
+        if let Err(e) = self.share.validate(self.admin_listen) {
+            bad.push(e.within("share"));
         }
         bad
     }

@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 use crate::park::Park;
 use crate::pool::{Clock, PoolRt};
 use crate::proxy::{Proxy, ProxyTable, RouteRule};
+use crate::share;
 use crate::tls::{self, TlsSlot};
 use crate::upstream::tls::TargetTls;
 use arc_swap::ArcSwap;
@@ -101,6 +102,8 @@ pub struct Lb {
     pools: ArcSwap<BTreeMap<String, Arc<PoolRt>>>,
     config: Mutex<LbConfig>,
     checks: Mutex<Option<watch::Sender<()>>>,
+    /// Shared verdicts with peer balancers (`[share]`), and what stops its pollers.
+    feed: Option<(Arc<share::Feed>, watch::Sender<()>)>,
     /// Each TLS listener's configuration (certificates), swapped on reload.
     tls: Vec<TlsSlot>,
 }
@@ -116,11 +119,16 @@ impl Lb {
         });
         let lb = Arc::new(Lb {
             clock: Clock::new(),
-            metrics,
             proxy,
             pools: ArcSwap::from_pointee(BTreeMap::new()),
             config: Mutex::new(config.clone()),
             checks: Mutex::new(None),
+            feed: share::Feed::new(&config, metrics.clone()).map(|f| {
+                let (tx, rx) = watch::channel(());
+                f.spawn_pollers(rx);
+                (f, tx)
+            }),
+            metrics,
             tls: tls
                 .listeners
                 .into_iter()
@@ -186,8 +194,12 @@ impl Lb {
         )));
         // Restart the checkers on the new settings: their state lives in the pools.
         let (tx, rx) = watch::channel(());
+        let feed = self.feed.as_ref().map(|(f, _)| f);
+        if let Some(f) = feed {
+            f.configure(&config);
+        }
         for pool in pools.values() {
-            checker::spawn_checks(pool.clone(), config.timeouts.connect, rx.clone());
+            checker::spawn_checks(pool.clone(), config.timeouts.connect, rx.clone(), feed);
         }
         // Dropping the old sender stops the old checkers.
         *self.checks.lock().expect("checks lock") = Some(tx);
@@ -732,7 +744,8 @@ async fn serve_admin(listener: TcpListener, lb: Arc<Lb>) {
                 let lb = lb.clone();
                 async move {
                     let pools = lb.pools();
-                    Ok::<_, Infallible>(admin::handle(&req, &pools, &lb.metrics).await)
+                    let feed = lb.feed.as_ref().map(|(f, _)| &**f);
+                    Ok::<_, Infallible>(admin::handle(&req, &pools, &lb.metrics, feed).await)
                 }
             });
             let _ = http1::Builder::new()

@@ -17,7 +17,7 @@
 //! | 2 daemon | [`daemon`] | listeners, worker threads and the accept loop, the tick loop, reload on SIGHUP, drain on SIGTERM |
 //! | 3 downstream | [`downstream`] (with [`downstream::http2`]), [`admin`], [`tls`] | the client side: a lean HTTP/1.1 server and HTTP/2 from clients; the admin listener (`/admin/targets`, `/metrics`); TLS termination, certificates by SNI |
 //! | 4 proxy | [`proxy`], [`tunnel`], [`checker`] | the data path (pick, forward, retry, hedge, answer); upgrades joined byte for byte after a `101`; active health checks |
-//! | 5 pool | [`pool`] | a pool at run time: policy state, lock-free routing snapshots, events logged with their cause |
+//! | 5 pool | [`pool`], [`share`] | a pool at run time: policy state, lock-free routing snapshots, events logged with their cause; shared probe verdicts between balancers (`[share]`, `/admin/verdicts`) |
 //! | 6 upstream | [`upstream`] (with [`upstream::http2`], [`upstream::tls`]) | pooled connections to targets, HTTP/1.1 and HTTP/2, in cleartext or TLS; the one dial every connection to a target is made with |
 //! | 7 shared | [`http_util`], [`body`], [`worker`], [`spare`], [`park`], [`config`], [`metrics`], [`access_log`] | hop-by-hop fields, [`http_util::AttemptFailure`], [`http_util::ErrorChain`]; the client stream and request body; a worker's CPU sharing; idle connections' buffers and their park; `lb.toml`; Prometheus metrics; access logs written off the data path |
 
@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod park;
 pub mod pool;
 pub mod proxy;
+pub mod share;
 pub mod spare;
 pub mod tls;
 pub mod tunnel;
@@ -56,6 +57,7 @@ mod tests {
         ("tunnel", 4),
         ("checker", 4),
         ("pool", 5),
+        ("share", 5),
         ("upstream", 6),
         ("http_util", 7),
         ("body", 7),

@@ -26,6 +26,10 @@
 //! | `vigil_lb_access_log_dropped_total` | | access log lines dropped because the writer fell behind (`[access_log]`; a request never waits for its line) |
 //! | `vigil_lb_access_log_write_errors_total` | | access log lines that could not be written (the file cannot be opened, a full or read-only disk) |
 //! | `vigil_lb_request_fields_dropped_total` | reason | client request header fields not forwarded (`underscore`: a name with `_`, dropped or refused per `headers.underscores`) |
+//! | `vigil_lb_share_peers_live` | | `[share]` peers that answered their feed within 2 intervals |
+//! | `vigil_lb_share_fallback_targets` | pool | targets a peer should probe whose verdicts are stale, probed here every interval instead |
+//! | `vigil_lb_share_disagreements_total` | pool, target | a local probe and a fresh peer verdict made after it differ: one balancer's path to the target, not the target |
+//! | `vigil_lb_share_verdicts_taken_total` | pool | peers' passing verdicts observed instead of a local probe |
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -173,6 +177,14 @@ pub struct Metrics {
     pub client_connections: Family<ListenerLabels, Gauge>,
     /// Client connections refused over the limit, by listener.
     pub client_connections_refused: Family<ListenerLabels, Counter>,
+    /// `[share]` peers live.
+    pub share_peers_live: Gauge,
+    /// Targets probed in fallback, by pool.
+    pub share_fallback_targets: Family<PoolLabels, Gauge>,
+    /// Disagreements of vantage points, by target.
+    pub share_disagreements: Family<TargetLabels, Counter>,
+    /// Peers' passes observed, by pool.
+    pub share_verdicts_taken: Family<PoolLabels, Counter>,
     /// Access log lines dropped because the writer's channel was full.
     pub access_log_dropped: Counter,
     /// Access log lines that could not be written (the file cannot be opened or written).
@@ -300,7 +312,35 @@ impl Metrics {
             "Access log lines that could not be written (file not writable, disk full)",
             access_log_write_errors.clone(),
         );
+        let share_peers_live = Gauge::default();
+        registry.register(
+            "share_peers_live",
+            "[share] peers that answered within 2 intervals",
+            share_peers_live.clone(),
+        );
+        let share_fallback_targets = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "share_fallback_targets",
+            "Targets whose peer verdicts are stale, probed here every interval",
+            share_fallback_targets.clone(),
+        );
+        let share_disagreements = Family::<TargetLabels, Counter>::default();
+        registry.register(
+            "share_disagreements",
+            "Local probe and peer verdict differ: a path to the target, not the target",
+            share_disagreements.clone(),
+        );
+        let share_verdicts_taken = Family::<PoolLabels, Counter>::default();
+        registry.register(
+            "share_verdicts_taken",
+            "Peers' passing verdicts observed instead of a local probe",
+            share_verdicts_taken.clone(),
+        );
         Metrics {
+            share_peers_live,
+            share_fallback_targets,
+            share_disagreements,
+            share_verdicts_taken,
             access_log_dropped,
             access_log_write_errors,
             registry: root,

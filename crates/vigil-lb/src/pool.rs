@@ -13,7 +13,7 @@
 //! service its in-flight requests are told at once (a `Notify`), so idempotent ones can
 //! be retried elsewhere instead of waiting for a frozen target.
 
-use crate::config::{Balance, PoolSection};
+use crate::config::{Balance, CheckType, DEFAULT_HEALTH_PATH, PoolSection};
 use crate::metrics::{Metrics, PoolLabels, RequestLabels, TargetLabels};
 use crate::upstream::ConnPool;
 use crate::upstream::tls::TargetTls;
@@ -891,10 +891,18 @@ impl PoolRt {
                     }
                 }
                 PoolEvent::FailOpen { entered, .. } => {
-                    if *entered {
-                        tracing::error!(pool = %self.name, "{msg}");
-                    } else {
+                    if !*entered {
                         tracing::warn!(pool = %self.name, "{msg}");
+                    } else if let Some(last) = self.default_path_missing(state, now) {
+                        // Most likely a plain web server behind a minimal config: not an
+                        // emergency, a missing `health_check.path` (docs/lb.md, "A plain
+                        // web server").
+                        tracing::warn!(
+                            pool = %self.name,
+                            "{msg}: every target checked answers 404 on the default health_check.path, not a failure of the targets but a missing setting; last: {last}"
+                        );
+                    } else {
+                        tracing::error!(pool = %self.name, "{msg}");
                     }
                 }
             }
@@ -912,6 +920,32 @@ impl PoolRt {
                 t.left_service.notify_waiters();
             }
         }
+    }
+
+    /// When the pool checks the default path ([`DEFAULT_HEALTH_PATH`]) over HTTP and
+    /// every target with a verdict is unhealthy for a 404 there: the last such check's
+    /// detail (which carries the checker's hint). A 404 on a path the operator chose
+    /// is a failure like any other, and is never excused here.
+    fn default_path_missing(&self, state: &Pool<String>, now: Time) -> Option<String> {
+        let hc = &self.section.load().health_check;
+        if hc.check_type != CheckType::Http || hc.path != DEFAULT_HEALTH_PATH {
+            return None;
+        }
+        let mut last = None;
+        for t in state.targets(now) {
+            match t.health {
+                HealthState::Unknown => {}
+                HealthState::Healthy => return None,
+                HealthState::Unhealthy => {
+                    let p = t.last_probe?;
+                    if !p.detail.starts_with("HTTP 404") {
+                        return None;
+                    }
+                    last = Some(p.detail.clone());
+                }
+            }
+        }
+        last
     }
 
     /// Rebuilds and swaps the routing snapshot; updates the gauges.

@@ -447,6 +447,9 @@ const LB_SAMPLE: &str = r#"
 [timeouts]
 per_try = "2s"
 
+[share]
+id = "lb-1"
+
 [[routes]]
 host = "api.example.com"
 path_prefix = "/v1/"

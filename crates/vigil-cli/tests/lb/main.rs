@@ -1705,6 +1705,52 @@ async fn fail_open_counts_every_target_and_a_404_on_the_default_path_says_why() 
     );
 }
 
+/// The first line of `lb`'s log that contains `what`, awaited (at most 20 s).
+async fn log_line(lb: &Lb, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = lb.log();
+        if let Some(l) = log.lines().find(|l| l.contains(what)) {
+            return l.to_string();
+        }
+        assert!(Instant::now() < deadline, "no {what:?} in the log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_web_server_behind_a_minimal_config_is_served_with_a_warning_not_an_error() {
+    // The smallest config a newcomer writes: targets, nothing else. The plain server
+    // has no /readyz (404), so the pool fails open: served, and said at WARN with the
+    // fix, because a 404 on the default path from every target is a missing setting.
+    let site = Backend::start_plain("site");
+    let lb = Lb::start(&format!("[pools.web]\n{}\n", targets_toml(&[&site]))).await;
+    let line = log_line(&lb, "failing open").await;
+    assert!(line.contains(" WARN "), "WARN, not ERROR: {line}");
+    assert!(
+        line.contains("404 on the default health_check.path") && line.contains("path = \"/\""),
+        "the line says why and the fix: {line}"
+    );
+    let r = lb.http.get(lb.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "fail-open serves the site");
+    let log = lb.log();
+    assert!(!log.contains(" ERROR "), "nothing at ERROR:\n{log}");
+
+    // The same server checked on a path the operator chose: a 404 there is a failure
+    // like any other, and fail-open stays an ERROR.
+    let lb = Lb::start(&format!(
+        "[pools.web]\n{}\n[pools.web.health_check]\npath = \"/health\"\n",
+        targets_toml(&[&site])
+    ))
+    .await;
+    let line = log_line(&lb, "failing open").await;
+    assert!(
+        line.contains(" ERROR "),
+        "an explicit path is not excused: {line}"
+    );
+    assert!(!line.contains("default health_check.path"), "{line}");
+}
+
 // The other files of this binary (one binary per component: a 2-core machine
 // links a handful of test binaries, not one per file).
 mod access_log;
@@ -1712,3 +1758,4 @@ mod edge;
 mod front;
 mod overload;
 mod proto;
+mod share;
