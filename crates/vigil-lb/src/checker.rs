@@ -364,7 +364,7 @@ pub const FIRST_VERDICT_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Checks every target of `pool` until `stop` changes or is dropped (`connect`: the
 /// time limit of each check's connection, `timeouts.connect`). With `share` (`[share]`
-/// has peers), each turn asks the shared plan first ([`checked_with_share`]).
+/// has peers), each turn asks the shared plan first (`checked_with_share`).
 pub fn spawn_checks(
     pool: Arc<PoolRt>,
     connect: Duration,
