@@ -493,3 +493,248 @@ async fn without_share_every_balancer_probes_every_target_as_before() {
     )
     .await;
 }
+
+/// A network namespace with a veth pair to the host (`10.77.K.1` host side, `10.77.K.2`
+/// inside), deleted on drop (which deletes the pair too).
+struct Netns {
+    name: String,
+    host_veth: String,
+    host_ip: String,
+    ns_ip: String,
+}
+
+impl Netns {
+    /// Why not, when this machine cannot make one: not root, or no
+    /// `ip netns`.
+    fn create() -> Result<Netns, String> {
+        // Root, asked of `id -u` (no libc dependency for one call).
+        let uid = Command::new("id")
+            .arg("-u")
+            .output()
+            .map_err(|e| e.to_string())?;
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+            return Err("not root".into());
+        }
+        let pid = std::process::id();
+        let k = 20 + pid % 200;
+        let ns = Netns {
+            name: format!("vigil-part-{pid}"),
+            host_veth: format!("vvh{pid}"),
+            host_ip: format!("10.77.{k}.1"),
+            ns_ip: format!("10.77.{k}.2"),
+        };
+        let ns_veth = format!("vvn{pid}");
+        ip(&["netns", "add", &ns.name])?;
+        // From here on Drop cleans up whatever was made.
+        let steps: Vec<Vec<String>> = vec![
+            vec![
+                "link",
+                "add",
+                &ns.host_veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &ns_veth,
+            ],
+            vec!["link", "set", &ns_veth, "netns", &ns.name],
+            vec![
+                "addr",
+                "add",
+                &format!("{}/24", ns.host_ip),
+                "dev",
+                &ns.host_veth,
+            ],
+            vec!["link", "set", &ns.host_veth, "up"],
+            vec![
+                "-n",
+                &ns.name,
+                "addr",
+                "add",
+                &format!("{}/24", ns.ns_ip),
+                "dev",
+                &ns_veth,
+            ],
+            vec!["-n", &ns.name, "link", "set", &ns_veth, "up"],
+            vec!["-n", &ns.name, "link", "set", "lo", "up"],
+        ]
+        .into_iter()
+        .map(|v| v.into_iter().map(str::to_string).collect())
+        .collect();
+        for step in &steps {
+            let args: Vec<&str> = step.iter().map(String::as_str).collect();
+            ip(&args)?;
+        }
+        Ok(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.name]);
+        let _ = ip(&["link", "del", &self.host_veth]);
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A partition: lb-3 runs in its own network namespace, reaching the targets and its
+/// peers over a veth pair, except one target, bound on the host's loopback only (from
+/// the namespace `127.0.0.1` is its own loopback: connection refused). lb-3 routes
+/// around that target, lb-1 and lb-2 keep it, the disagreement is counted and named,
+/// and nobody removes a target on another's view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_balancer_cut_off_from_one_target_routes_around_it_and_the_others_keep_it() {
+    let ns = match Netns::create() {
+        Ok(ns) => ns,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED a_balancer_cut_off_from_one_target...: cannot make a network namespace ({why}); needs root and `ip netns`"
+            );
+            return;
+        }
+    };
+    let host_ip: std::net::IpAddr = ns.host_ip.parse().expect("host veth address");
+    let ns_ip: std::net::IpAddr = ns.ns_ip.parse().expect("ns veth address");
+    // Three targets every balancer reaches (on the host's veth address), one that only
+    // the host's balancers reach.
+    let backends: Vec<Backend> = (0..3)
+        .map(|i| Backend::start_on(&format!("t{i}"), SocketAddr::new(host_ip, free_port())))
+        .chain(std::iter::once(Backend::start("cut")))
+        .collect();
+    let addrs: Vec<SocketAddr> = backends.iter().map(Backend::addr).collect();
+    let cut = addrs[3].to_string();
+    let admins = [
+        SocketAddr::new(host_ip, free_port()),
+        SocketAddr::new(host_ip, free_port()),
+        SocketAddr::new(ns_ip, free_port()),
+    ];
+    let netns_prefix = ["ip", "netns", "exec", ns.name.as_str()];
+    let lbs: Vec<SharedLb> = (0..3)
+        .map(|i| {
+            let id = format!("lb-{}", i + 1);
+            let peers: Vec<SocketAddr> = admins
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, a)| *a)
+                .collect();
+            let listen = if i == 2 { &ns.ns_ip } else { &ns.host_ip };
+            let text = config(listen, admins[i], &id, Some(&peers), &addrs);
+            let prefix: &[&str] = if i == 2 { &netns_prefix } else { &[] };
+            SharedLb::spawn(&id, admins[i], &text, prefix)
+        })
+        .collect();
+    let all: Vec<&SharedLb> = lbs.iter().collect();
+    let host_side: Vec<&SharedLb> = lbs[..2].iter().collect();
+    let cut_off = &lbs[2];
+
+    // The expected views: the host side all four in service, lb-3 all but the cut one.
+    let views_hold = || async {
+        if !all_in_service(&host_side, addrs.len()).await {
+            return false;
+        }
+        let s = cut_off.in_service().await;
+        s.len() == addrs.len() && s.iter().all(|(a, up)| *up == (*a != cut))
+    };
+    wait_until(
+        &all,
+        Duration::from_secs(20),
+        "lb-1 and lb-2 keep every target, lb-3 all but the one it cannot reach",
+        views_hold,
+    )
+    .await;
+    wait_until(
+        &all,
+        Duration::from_secs(20),
+        "every balancer peered",
+        || async {
+            for lb in &all {
+                if lb.metric("vigil_lb_share_peers_live ").await != 2.0 {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+
+    // The disagreement is counted (at whichever side saw the other's contradicting
+    // verdict) and named: lb-3's path, not the target.
+    let counted = || async {
+        let mut n = 0.0;
+        for lb in &all {
+            n += lb
+                .metrics()
+                .await
+                .lines()
+                .filter(|l| {
+                    l.starts_with("vigil_lb_share_disagreements_total")
+                        && l.contains(&format!("target=\"{cut}\""))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>();
+        }
+        n > 0.0
+    };
+    wait_until(
+        &all,
+        Duration::from_secs(10),
+        "vigil_lb_share_disagreements_total counts the cut target",
+        counted,
+    )
+    .await;
+    let named = format!("{cut} fails from lb-3 only");
+    wait_until(
+        &all,
+        Duration::from_secs(10),
+        "a log line names lb-3's path as the one failing",
+        || async { all.iter().any(|lb| lb.log().contains(&named)) },
+    )
+    .await;
+    // No other target is named as disagreed on.
+    for lb in &all {
+        for line in lb.log().lines().filter(|l| l.contains("fails from")) {
+            assert!(
+                line.contains(&cut),
+                "{}: only the cut target disagrees: {line}",
+                lb.id
+            );
+        }
+    }
+
+    // The views hold over many intervals (the slow local probes and the feed coming and
+    // going): nobody removes the cut target on lb-3's view, lb-3 never takes it back on
+    // the others'.
+    let window = INTERVAL * (LOCAL_EVERY * 4);
+    let start = Instant::now();
+    while start.elapsed() < window {
+        assert!(
+            views_hold().await,
+            "the views changed after {:?}: lb-1/lb-2 {:?} {:?}, lb-3 {:?}\n--- lb-3 ---\n{}",
+            start.elapsed(),
+            lbs[0].in_service().await,
+            lbs[1].in_service().await,
+            cut_off.in_service().await,
+            cut_off.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(lbs);
+    drop(backends);
+    drop(ns);
+}
