@@ -46,6 +46,11 @@ pub struct PoolSummary {
     pub unhealthy: usize,
     /// Targets ejected by outlier detection.
     pub ejected: usize,
+    /// The addresses of the unhealthy targets, so the page names what is out, not only
+    /// how many (at most [`NAMED`]).
+    pub unhealthy_targets: Vec<String>,
+    /// The addresses of the ejected targets (at most [`NAMED`]).
+    pub ejected_targets: Vec<String>,
     /// Targets not checked yet.
     pub unknown: usize,
     /// Targets drained through the balancer's admin API (draining or drained).
@@ -64,6 +69,10 @@ pub struct PoolSummary {
     pub window_seconds: u64,
 }
 
+/// How many out-of-service targets a pool's summary names (a fleet-wide outage of
+/// hundreds is a count, not a list).
+pub const NAMED: usize = 8;
+
 /// The latest reads, shared with the dashboard.
 pub type BalancerViews = Arc<ArcSwap<Vec<BalancerView>>>;
 
@@ -80,10 +89,21 @@ pub fn summarize(doc: &serde_json::Value) -> Result<Vec<PoolSummary>, String> {
             ..PoolSummary::default()
         };
         for t in pool["targets"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            let addr = || t["addr"].as_str().unwrap_or("?").to_string();
             match t["state"].as_str().unwrap_or("unknown") {
                 "healthy" | "slow-start" => s.in_service += 1,
-                "unhealthy" => s.unhealthy += 1,
-                "ejected" => s.ejected += 1,
+                "unhealthy" => {
+                    s.unhealthy += 1;
+                    if s.unhealthy_targets.len() < NAMED {
+                        s.unhealthy_targets.push(addr());
+                    }
+                }
+                "ejected" => {
+                    s.ejected += 1;
+                    if s.ejected_targets.len() < NAMED {
+                        s.ejected_targets.push(addr());
+                    }
+                }
                 "draining" | "drained" => s.drained += 1,
                 _ => s.unknown += 1,
             }
@@ -172,8 +192,9 @@ mod tests {
         let doc = serde_json::json!({"pools": {"web": {
             "fail_open": true, "healthy": 1, "panic_threshold": 0.5,
             "targets": [
-                {"state": "healthy"}, {"state": "slow-start"}, {"state": "unhealthy"},
-                {"state": "ejected"}, {"state": "unknown"}, {"state": "draining"},
+                {"state": "healthy"}, {"state": "slow-start"},
+                {"state": "unhealthy", "addr": "10.0.0.3:80"},
+                {"state": "ejected", "addr": "10.0.0.4:80"}, {"state": "unknown"}, {"state": "draining"},
                 {"state": "drained"}
             ],
             "requests": {"answered": 500, "recent": {
@@ -186,6 +207,14 @@ mod tests {
         assert_eq!(
             (p.in_service, p.unhealthy, p.ejected, p.unknown, p.drained),
             (2, 1, 1, 1, 2)
+        );
+        assert_eq!(
+            (&p.unhealthy_targets[..], &p.ejected_targets[..]),
+            (
+                &["10.0.0.3:80".to_string()][..],
+                &["10.0.0.4:80".to_string()][..]
+            ),
+            "the targets out of service are named"
         );
         assert_eq!(
             (p.success_rate, p.answered, p.window_seconds),

@@ -262,8 +262,8 @@ fn balancers(views: &[crate::balancers::BalancerView]) -> Markup {
                             tr data-pool=(p.name) data-fail-open=(p.fail_open)
                                 data-success-rate=[p.success_rate] {
                                 td { (b.url) } td { (p.name) }
-                                td .n { (p.in_service) } td .n { (p.unhealthy) }
-                                td .n { (p.ejected) } td .n { (p.unknown) } td .n { (p.drained) }
+                                td .n { (p.in_service) } td .n { (p.unhealthy) (named(&p.unhealthy_targets, p.unhealthy)) }
+                                td .n { (p.ejected) (named(&p.ejected_targets, p.ejected)) } td .n { (p.unknown) } td .n { (p.drained) }
                                 td .success {
                                     @match p.success_rate {
                                         Some(r) => { (format!("{:.1}%", r * 100.0)) " of " (p.answered) " answers, last " (p.window_seconds) " s" }
@@ -276,6 +276,17 @@ fn balancers(views: &[crate::balancers::BalancerView]) -> Markup {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The targets a balancer's pool has out of service, named after their count (`of` in
+/// all; the summary names at most [`crate::balancers::NAMED`]).
+fn named(targets: &[String], of: usize) -> Markup {
+    html! {
+        @if !targets.is_empty() {
+            small .names { ": " (targets.join(", "))
+                @if of > targets.len() { " and " (of - targets.len()) " more" } }
         }
     }
 }
@@ -333,7 +344,9 @@ fn big_tile(t: &TargetInfo) -> Markup {
             title=(tile_title(t)) {
             div .id { (t.id()) }
             div .st { (t.state)
-                @if t.consecutive_failures > 0 { " ×" (t.consecutive_failures) }
+                @if t.consecutive_failures > 0 {
+                    " · " (t.consecutive_failures) " failed "
+                    @if t.consecutive_failures == 1 { "check" } @else { "checks in a row" } }
                 @if !t.spec.zone.is_empty() { " · zone " span .zone { (t.spec.zone) } } }
             @if let Some(why) = t.failure() { div .why { "failing: " (why) } }
             @if let Some(h) = &t.hold {

@@ -194,6 +194,11 @@ async fn dashboard_loads_cleanly_shows_targets_by_zone_and_changes_when_one_fail
         "the failing check is on the tile, not only in its tooltip: {}",
         tile_inner(&dom, "t4")
     );
+    assert!(
+        tile_inner(&dom, "t4").contains(" failed check"),
+        "the failure streak is said in words, not a bare count: {}",
+        tile_inner(&dom, "t4")
+    );
     assert_eq!(count_of(&dom, "reported"), Some(1), "per-state counts");
     assert_eq!(count_of(&dom, "healthy"), Some(5), "per-state counts");
     assert_eq!(count_of(&dom, "unhealthy"), Some(0), "per-state counts");
@@ -714,6 +719,10 @@ async fn the_dashboard_shows_the_balancers_pools_beside_the_guard_and_says_dry_r
     let pools = element(&dom, "section", "balancers");
     let web = row(pools).expect("the web pool's row in the browser's DOM");
     assert_eq!(cells(&web), ["2", "1", "0", "0", "0"], "{web}");
+    assert!(
+        web.contains(&format!(": {}</small>", bs[0].addr())),
+        "the unhealthy target is named beside its count: {web}"
+    );
     assert!(web.contains("healthy targets only"), "{web}");
     assert!(
         web.contains(&rate) && web.contains("data-success-rate="),
