@@ -249,7 +249,9 @@ def caddy_config(cert, key):
   admin off
   auto_https disable_redirects
   default_sni localhost
-  servers {{ protocols h1 h2 h2c }}
+  servers {{
+    protocols h1 h2 h2c
+  }}
 }}
 http://:{plain} {{
   bind 127.0.0.1
@@ -519,7 +521,11 @@ def main():
             for name in order:
                 proc = None
                 try:
-                    proc = start(name, tmp, cert, key, vigil)
+                    try:
+                        proc = start(name, tmp, cert, key, vigil)
+                    except RuntimeError as e:
+                        print(e, file=sys.stderr)
+                        continue
                     for test in tests:
                         try:
                             r = measure(name, proc, test, args)
