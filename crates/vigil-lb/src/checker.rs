@@ -470,7 +470,7 @@ async fn checked_with_share(
                     );
                     tracing::warn!(
                         pool = %c.pool.name,
-                        target = %c.addr,
+                        target_addr = %c.addr,
                         "share: no verdict for {} from {} for {silent} ({STALE_INTERVALS} intervals): probing it myself",
                         c.addr,
                         f.probers.join(", ")

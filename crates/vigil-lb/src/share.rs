@@ -96,7 +96,7 @@ impl PoolFeed {
             .inc();
         tracing::warn!(
             pool = %self.name,
-            target = %d.target,
+            target_addr = %d.target,
             from = %d.failing_from(),
             "{d}; {} trusts only its own probes of it until the views agree",
             d.me
