@@ -411,17 +411,7 @@ pub fn spawn_checks(
                     };
                     pool_metrics(&pool, &addr, v.ok);
                     let judged = pool.observe_probe(&addr, v.ok, v.detail);
-                    let spread = 1.0 + hc.jitter * (2.0 * rand::random::<f64>() - 1.0);
-                    // Until the checks have a verdict (at start, or a target added by a
-                    // reload), check at the fast interval: a new target is in service
-                    // after `healthy_threshold` quick passes, not that many intervals
-                    // (HAProxy's `fastinter`). After that, every `interval`.
-                    let every = if judged {
-                        hc.interval
-                    } else {
-                        hc.interval.min(FIRST_VERDICT_INTERVAL)
-                    };
-                    let next = started + every.mul_f64(spread);
+                    let next = started + next_check_in(&hc, judged);
                     tokio::select! {
                         biased;
                         _ = stop.changed() => return,
@@ -431,6 +421,20 @@ pub fn spawn_checks(
             })
         })
         .collect()
+}
+
+/// The time from one check's start to the next's: the interval +-jitter. Until the
+/// checks have a verdict (at start, or a target added by a reload), the fast interval:
+/// a new target is in service after `healthy_threshold` quick passes, not that many
+/// intervals (HAProxy's `fastinter`). After that, every `interval`.
+fn next_check_in(hc: &HealthCheckConfig, judged: bool) -> Duration {
+    let spread = 1.0 + hc.jitter * (2.0 * rand::random::<f64>() - 1.0);
+    let every = if judged {
+        hc.interval
+    } else {
+        hc.interval.min(FIRST_VERDICT_INTERVAL)
+    };
+    every.mul_f64(spread)
 }
 
 /// One target's checks: what a turn needs.
@@ -500,13 +504,7 @@ async fn checked_with_share(
             Plan::Idle => {}
         }
         if turn == Turn::Scheduled {
-            let spread = 1.0 + c.hc.jitter * (2.0 * rand::random::<f64>() - 1.0);
-            let every = if judged {
-                c.hc.interval
-            } else {
-                c.hc.interval.min(FIRST_VERDICT_INTERVAL)
-            };
-            next += every.mul_f64(spread);
+            next += next_check_in(&c.hc, judged);
             // A turn that overran (a slow probe) does not make the next ones pile up.
             next = next.max(tokio::time::Instant::now());
         }
